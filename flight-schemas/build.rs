@@ -1,1 +1,11 @@
-fn main() {}
+//! Compiles the rendezvous and collective `.proto` files with tonic 0.14 into OUT_DIR.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/rendezvous.proto", "proto/collective.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure()
+        .bytes(".kindling.collective.v1.Chunk.data")
+        .compile_protos(&protos, &["proto"])?;
+    Ok(())
+}

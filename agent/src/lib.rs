@@ -1,1 +1,30 @@
-//! placeholder
+//! The Kindling agent and the barrier rendezvous service.
+//!
+//! - [`server`]: start/stop an agent (Flight + collective on one port).
+//! - [`flight`]: the Flight service (ingest, actions, model, prediction).
+//! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
+//! - [`cache`]: shard cache with memory budget and disk spill.
+//! - [`trainer`]: the data-parallel burn training loop.
+//! - [`collective`]: ring all-reduce and broadcast between agents.
+//! - [`model`], [`tensorize`], [`params`]: burn models, Arrow → tensors, weights ↔ buffers/Arrow.
+//! - [`checkpoint`]: checkpoints per job and attempt.
+//! - [`rendezvous_link`]: the agent's side of the rendezvous.
+//! - [`rendezvous`]: the barrier rendezvous service (server, client, embedded mode).
+
+pub mod cache;
+pub mod checkpoint;
+pub mod collective;
+pub mod error;
+pub mod flight;
+pub mod job;
+pub mod model;
+pub mod params;
+pub mod registry;
+pub mod rendezvous;
+pub mod rendezvous_link;
+pub mod server;
+pub mod tensorize;
+pub mod trainer;
+
+pub use error::AgentError;
+pub use server::{AgentConfig, AgentHandle, start};

@@ -1,1 +1,35 @@
-//! placeholder
+//! Kindling's wire contract: everything two Kindling processes (or a client in
+//! another language) must agree on, and nothing else.
+//!
+//! - [`descriptor`]: Flight path descriptors and tickets (`[job_id, "train"]`, …).
+//! - [`metadata`]: per-batch `app_metadata` (producer + sequence) and `PutResult` acks.
+//! - [`action`]: Flight action names and their JSON bodies.
+//! - [`spec`]: the [`JobSpec`](spec::JobSpec), validated on construction.
+//! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
+//! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
+//! - [`pb`]: the generated rendezvous and collective gRPC services.
+
+pub mod action;
+pub mod auth;
+pub mod descriptor;
+pub mod metadata;
+pub mod schema;
+pub mod spec;
+
+/// Generated protobuf messages and tonic services.
+pub mod pb {
+    /// The barrier rendezvous service (`kindling.rendezvous.v1`).
+    pub mod rendezvous {
+        #![allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
+        tonic::include_proto!("kindling.rendezvous.v1");
+    }
+    /// The agent-to-agent collective service (`kindling.collective.v1`).
+    pub mod collective {
+        #![allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
+        tonic::include_proto!("kindling.collective.v1");
+    }
+}
+
+pub use action::{Action, ActionKind};
+pub use descriptor::{DataPath, Split};
+pub use spec::{JobSpec, ModelSpec, OptimizerSpec, Task};

@@ -1,0 +1,290 @@
+//! The shard cache: a job split's committed batches, in memory up to a byte
+//! budget shared by the whole agent, spilled to node-local Arrow IPC files past it.
+//!
+//! Batches arrive per producer stream and only become visible to the trainer
+//! when their stream commits; an aborted stream's batches are dropped.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::array::RecordBatch;
+use arrow::ipc::reader::FileReader;
+use arrow::ipc::writer::FileWriter;
+
+use crate::error::AgentError;
+
+/// The agent-wide memory budget for cached batches.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Arc<Self> {
+        Arc::new(MemoryBudget {
+            limit,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    /// Reserves `bytes` if they fit.
+    fn try_reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used + bytes <= self.limit).then_some(used + bytes)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes in use.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// One cached batch, in memory or on disk. Dropping it frees its memory or file.
+#[derive(Debug)]
+pub enum CachedBatch {
+    /// Held in memory.
+    Memory {
+        /// The batch.
+        batch: RecordBatch,
+        /// Bytes charged to the budget.
+        bytes: u64,
+        /// The budget to give them back to.
+        budget: Arc<MemoryBudget>,
+    },
+    /// Spilled to an Arrow IPC file.
+    Disk {
+        /// The file.
+        path: PathBuf,
+        /// File size.
+        bytes: u64,
+        /// Rows in it.
+        rows: usize,
+    },
+}
+
+impl CachedBatch {
+    /// The batch, read back from disk if it was spilled.
+    pub fn load(&self) -> Result<RecordBatch, AgentError> {
+        match self {
+            CachedBatch::Memory { batch, .. } => Ok(batch.clone()),
+            CachedBatch::Disk { path, .. } => {
+                let file = File::open(path)
+                    .map_err(|e| AgentError::io(format!("open spill file {}", path.display()), e))?;
+                let mut reader = FileReader::try_new(file, None).map_err(AgentError::arrow)?;
+                reader
+                    .next()
+                    .ok_or_else(|| AgentError::Training(format!("spill file {} is empty", path.display())))?
+                    .map_err(AgentError::arrow)
+            }
+        }
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        match self {
+            CachedBatch::Memory { batch, .. } => batch.num_rows(),
+            CachedBatch::Disk { rows, .. } => *rows,
+        }
+    }
+}
+
+impl Drop for CachedBatch {
+    fn drop(&mut self) {
+        match self {
+            CachedBatch::Memory { bytes, budget, .. } => budget.release(*bytes),
+            CachedBatch::Disk { path, .. } => {
+                if let Err(e) = std::fs::remove_file(path.as_path()) {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove spill file");
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    stream: u64,
+    committed: bool,
+    batch: Arc<CachedBatch>,
+}
+
+/// The batches of one job split on this agent.
+#[derive(Debug)]
+pub struct ShardCache {
+    dir: PathBuf,
+    budget: Arc<MemoryBudget>,
+    entries: Vec<Entry>,
+    next_file: u64,
+}
+
+impl ShardCache {
+    /// A cache spilling into `dir` (created on first spill).
+    pub fn new(dir: impl Into<PathBuf>, budget: Arc<MemoryBudget>) -> Self {
+        ShardCache {
+            dir: dir.into(),
+            budget,
+            entries: Vec::new(),
+            next_file: 0,
+        }
+    }
+
+    /// Adds a batch of `stream`, not yet visible to readers.
+    pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<(), AgentError> {
+        let bytes = batch.get_array_memory_size() as u64;
+        let cached = if self.budget.try_reserve(bytes) {
+            CachedBatch::Memory {
+                batch,
+                bytes,
+                budget: self.budget.clone(),
+            }
+        } else {
+            self.spill(&batch)?
+        };
+        self.entries.push(Entry {
+            stream,
+            committed: false,
+            batch: Arc::new(cached),
+        });
+        Ok(())
+    }
+
+    fn spill(&mut self, batch: &RecordBatch) -> Result<CachedBatch, AgentError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| AgentError::io(format!("create spill dir {}", self.dir.display()), e))?;
+        let path = self.dir.join(format!("batch-{:08}.arrow", self.next_file));
+        self.next_file += 1;
+        write_ipc_file(&path, batch)?;
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        Ok(CachedBatch::Disk {
+            path,
+            bytes,
+            rows: batch.num_rows(),
+        })
+    }
+
+    /// Makes a stream's batches visible.
+    pub fn commit(&mut self, stream: u64) {
+        for e in self.entries.iter_mut().filter(|e| e.stream == stream) {
+            e.committed = true;
+        }
+    }
+
+    /// Drops a stream's uncommitted batches.
+    pub fn abort(&mut self, stream: u64) {
+        self.entries.retain(|e| e.committed || e.stream != stream);
+    }
+
+    /// The committed batches, in arrival order.
+    pub fn snapshot(&self) -> Vec<Arc<CachedBatch>> {
+        self.entries
+            .iter()
+            .filter(|e| e.committed)
+            .map(|e| e.batch.clone())
+            .collect()
+    }
+
+    /// Committed rows.
+    pub fn committed_rows(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|e| e.committed)
+            .map(|e| e.batch.rows() as u64)
+            .sum()
+    }
+
+    /// `(bytes in memory, bytes on disk)` of every batch, committed or not.
+    pub fn bytes(&self) -> (u64, u64) {
+        self.entries
+            .iter()
+            .fold((0, 0), |(m, d), e| match e.batch.as_ref() {
+                CachedBatch::Memory { bytes, .. } => (m + bytes, d),
+                CachedBatch::Disk { bytes, .. } => (m, d + bytes),
+            })
+    }
+
+    /// Drops everything.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
+fn write_ipc_file(path: &Path, batch: &RecordBatch) -> Result<(), AgentError> {
+    let file =
+        File::create(path).map_err(|e| AgentError::io(format!("create spill file {}", path.display()), e))?;
+    let mut writer = FileWriter::try_new(BufWriter::new(file), &batch.schema()).map_err(AgentError::arrow)?;
+    writer.write(batch).map_err(AgentError::arrow)?;
+    writer.finish().map_err(AgentError::arrow)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    fn batch(start: i64, n: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        RecordBatch::try_new(
+            schema,
+            vec![Arc::new(Int64Array::from_iter_values(start..start + n))],
+        )
+        .expect("batch")
+    }
+
+    #[test]
+    fn spills_past_the_budget_and_reads_back_identically() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let one = batch(0, 1000).get_array_memory_size() as u64;
+        let budget = MemoryBudget::new(one * 2);
+        let mut cache = ShardCache::new(dir.path().join("s"), budget.clone());
+        for i in 0..5 {
+            cache.append(1, batch(i * 1000, 1000)).expect("append");
+        }
+        let (mem, disk) = cache.bytes();
+        assert!(mem <= one * 2, "memory {mem} over budget");
+        assert!(disk > 0, "nothing spilled");
+        assert_eq!(cache.committed_rows(), 0, "uncommitted rows are invisible");
+        cache.commit(1);
+        let loaded: Vec<RecordBatch> = cache.snapshot().iter().map(|b| b.load().expect("load")).collect();
+        for (i, b) in loaded.iter().enumerate() {
+            assert_eq!(b, &batch(i as i64 * 1000, 1000));
+        }
+        cache.clear();
+        assert_eq!(budget.used(), 0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("s")).expect("dir").count(),
+            0,
+            "spill files removed"
+        );
+    }
+
+    #[test]
+    fn abort_drops_only_that_streams_uncommitted_batches() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cache = ShardCache::new(dir.path(), MemoryBudget::new(u64::MAX));
+        cache.append(1, batch(0, 10)).expect("append");
+        cache.append(2, batch(10, 5)).expect("append");
+        cache.commit(1);
+        cache.append(1, batch(20, 7)).expect("append");
+        cache.abort(2);
+        cache.abort(1);
+        assert_eq!(cache.committed_rows(), 10);
+        assert_eq!(cache.snapshot().len(), 1);
+    }
+}

@@ -1,0 +1,391 @@
+//! The collective service between agents and the ring operations built on it:
+//! all-reduce (reduce-scatter + all-gather) of `f32` buffers, and broadcast of bytes.
+//!
+//! Every agent serves [`CollectiveService`], which drops incoming chunks into
+//! the shared [`Inbox`]. A [`Ring`] (one per job attempt) only ever pushes to
+//! the next rank and waits on its inbox for the previous one, so a ring of `W`
+//! ranks moves `2(W-1)/W` of the buffer per rank, whatever `W`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::pb::collective::collective_client::CollectiveClient;
+use kindling_schemas::pb::collective::collective_server::Collective;
+use kindling_schemas::pb::collective::{Chunk, PushAck};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::error::AgentError;
+
+/// Largest chunk pushed in one message; larger segments travel in parts.
+pub const MAX_PART_BYTES: usize = 4 << 20;
+/// Largest message the collective server accepts.
+pub const MAX_MESSAGE_BYTES: usize = MAX_PART_BYTES + (64 << 10);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    job_id: String,
+    attempt: u32,
+    op: u64,
+    step: u32,
+    from_rank: u32,
+    part: u32,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Waiting(oneshot::Sender<Bytes>),
+    Arrived(Bytes),
+}
+
+/// Chunks that arrived, or receivers waiting for them, per job attempt.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    inner: Mutex<InboxState>,
+}
+
+#[derive(Debug, Default)]
+struct InboxState {
+    slots: HashMap<Key, Slot>,
+    /// The attempt each job is on; older attempts are fenced.
+    attempts: HashMap<String, u32>,
+}
+
+impl Inbox {
+    /// A new, empty inbox.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Inbox::default())
+    }
+
+    /// Moves `job_id` to `attempt`: chunks and waiters of older attempts are dropped.
+    pub fn enter_attempt(&self, job_id: &str, attempt: u32) {
+        let mut s = self.lock();
+        s.attempts.insert(job_id.to_owned(), attempt);
+        s.slots.retain(|k, _| k.job_id != job_id || k.attempt >= attempt);
+    }
+
+    /// Forgets a job.
+    pub fn forget(&self, job_id: &str) {
+        let mut s = self.lock();
+        s.attempts.remove(job_id);
+        s.slots.retain(|k, _| k.job_id != job_id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        // A poisoned lock only means another thread panicked mid-update of a map
+        // that stays structurally valid.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn deliver(&self, key: Key, data: Bytes) -> Result<(), Status> {
+        let mut s = self.lock();
+        if let Some(&current) = s.attempts.get(&key.job_id) {
+            if key.attempt < current {
+                return Err(Status::failed_precondition(format!(
+                    "chunk for attempt {} of job `{}` refused: the job is on attempt {current}",
+                    key.attempt, key.job_id
+                )));
+            }
+        }
+        match s.slots.remove(&key) {
+            Some(Slot::Waiting(tx)) => {
+                // The receiver may have given up (timeout / cancel); nothing to keep then.
+                let _ = tx.send(data);
+            }
+            Some(Slot::Arrived(_)) => {
+                return Err(Status::already_exists(format!(
+                    "duplicate chunk op {} step {} part {} from rank {}",
+                    key.op, key.step, key.part, key.from_rank
+                )));
+            }
+            None => {
+                s.slots.insert(key, Slot::Arrived(data));
+            }
+        }
+        Ok(())
+    }
+
+    fn take_or_wait(&self, key: Key) -> Result<Bytes, oneshot::Receiver<Bytes>> {
+        let mut s = self.lock();
+        match s.slots.remove(&key) {
+            Some(Slot::Arrived(data)) => Ok(data),
+            _ => {
+                let (tx, rx) = oneshot::channel();
+                s.slots.insert(key, Slot::Waiting(tx));
+                Err(rx)
+            }
+        }
+    }
+}
+
+/// The gRPC face of the inbox.
+#[derive(Debug, Clone)]
+pub struct CollectiveService {
+    inbox: Arc<Inbox>,
+}
+
+impl CollectiveService {
+    /// Serves `inbox`.
+    pub fn new(inbox: Arc<Inbox>) -> Self {
+        CollectiveService { inbox }
+    }
+}
+
+#[tonic::async_trait]
+impl Collective for CollectiveService {
+    async fn push(&self, request: Request<Chunk>) -> Result<Response<PushAck>, Status> {
+        let c = request.into_inner();
+        let key = Key {
+            job_id: c.job_id,
+            attempt: c.attempt,
+            op: c.op,
+            step: c.step,
+            from_rank: c.from_rank,
+            part: c.part,
+        };
+        self.inbox.deliver(key, c.data)?;
+        Ok(Response::new(PushAck {}))
+    }
+}
+
+type Client = CollectiveClient<InterceptedService<Channel, BearerAttach>>;
+
+/// One rank's view of a ring for one job attempt.
+#[derive(Debug)]
+pub struct Ring {
+    job_id: String,
+    attempt: u32,
+    rank: u32,
+    world: u32,
+    next: Option<(String, Client)>,
+    inbox: Arc<Inbox>,
+    op: u64,
+    timeout: Duration,
+    cancel: CancellationToken,
+}
+
+/// How to reach the ring's peers.
+#[derive(Debug, Clone)]
+pub struct RingConfig {
+    /// The job.
+    pub job_id: String,
+    /// The attempt.
+    pub attempt: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Collective addresses of all ranks, in rank order.
+    pub peers: Vec<String>,
+    /// Bearer token for the peers.
+    pub token: Option<Token>,
+    /// How long to wait for a peer's chunk before failing.
+    pub timeout: Duration,
+}
+
+impl Ring {
+    /// Connects (lazily) to the next rank.
+    pub fn new(config: RingConfig, inbox: Arc<Inbox>, cancel: CancellationToken) -> Result<Ring, AgentError> {
+        let world = config.peers.len() as u32;
+        if world == 0 || config.rank >= world {
+            return Err(AgentError::InvalidInput(format!(
+                "rank {} outside a world of {world}",
+                config.rank
+            )));
+        }
+        let next = if world > 1 {
+            let addr = config.peers[((config.rank + 1) % world) as usize].clone();
+            let channel = Endpoint::from_shared(addr.clone())
+                .map_err(|e| AgentError::PeerUnavailable {
+                    peer: addr.clone(),
+                    reason: e.to_string(),
+                })?
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(config.timeout)
+                .tcp_nodelay(true)
+                .connect_lazy();
+            let attach = BearerAttach::new(config.token.as_ref())
+                .map_err(|e| AgentError::InvalidInput(e.to_string()))?;
+            let client = CollectiveClient::with_interceptor(channel, attach)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+            Some((addr, client))
+        } else {
+            None
+        };
+        Ok(Ring {
+            job_id: config.job_id,
+            attempt: config.attempt,
+            rank: config.rank,
+            world,
+            next,
+            inbox,
+            op: 0,
+            timeout: config.timeout,
+            cancel,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> u32 {
+        self.world
+    }
+
+    /// Sums `buf` element-wise across all ranks, in place; every rank ends with
+    /// bitwise-identical values.
+    pub async fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), AgentError> {
+        let w = self.world as usize;
+        self.op += 1;
+        if w == 1 {
+            return Ok(());
+        }
+        let r = self.rank as usize;
+        let bounds: Vec<usize> = (0..=w).map(|i| buf.len() * i / w).collect();
+        let seg = |i: usize| bounds[i % w]..bounds[i % w + 1];
+        // Reduce-scatter: after step s, segment (r - s - 1) holds s + 2 contributions.
+        for s in 0..w - 1 {
+            let send = seg(r + w - s);
+            let recv = seg(r + w - s - 1);
+            let payload = encode_f32(&buf[send]);
+            let (_, got) =
+                tokio::try_join!(self.send(s as u32, payload), self.recv(s as u32, recv.len() * 4))?;
+            for (dst, v) in buf[recv].iter_mut().zip(decode_f32(&got)) {
+                *dst += v;
+            }
+        }
+        // All-gather: rank r now owns the full sum of segment r + 1; pass them round.
+        for s in 0..w - 1 {
+            let step = (w - 1 + s) as u32;
+            let send = seg(r + 1 + w - s);
+            let recv = seg(r + w - s);
+            let payload = encode_f32(&buf[send]);
+            let (_, got) = tokio::try_join!(self.send(step, payload), self.recv(step, recv.len() * 4))?;
+            for (dst, v) in buf[recv].iter_mut().zip(decode_f32(&got)) {
+                *dst = v;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `bytes` from `root` to every rank; returns them on every rank.
+    pub async fn broadcast(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, AgentError> {
+        self.op += 1;
+        if self.world == 1 {
+            return bytes.ok_or_else(|| AgentError::InvalidInput("broadcast root has no payload".into()));
+        }
+        let last = (root + self.world - 1) % self.world;
+        let data = if self.rank == root {
+            bytes.ok_or_else(|| AgentError::InvalidInput("broadcast root has no payload".into()))?
+        } else {
+            // Length first (8 bytes), then the payload, both relayed along the ring.
+            let len_bytes = self.recv(0, 8).await?;
+            let len = u64::from_le_bytes(len_bytes[..8].try_into().unwrap_or([0; 8])) as usize;
+            let got = self.recv(1, len).await?;
+            got.to_vec()
+        };
+        if self.rank != last {
+            self.send(0, Bytes::copy_from_slice(&(data.len() as u64).to_le_bytes()))
+                .await?;
+            self.send(1, Bytes::from(data.clone())).await?;
+        }
+        Ok(data)
+    }
+
+    async fn send(&self, step: u32, payload: Bytes) -> Result<(), AgentError> {
+        let Some((addr, client)) = &self.next else {
+            return Ok(());
+        };
+        let parts = payload.len().div_ceil(MAX_PART_BYTES).max(1);
+        for part in 0..parts {
+            let data = payload.slice(part * MAX_PART_BYTES..((part + 1) * MAX_PART_BYTES).min(payload.len()));
+            let chunk = Chunk {
+                job_id: self.job_id.clone(),
+                attempt: self.attempt,
+                op: self.op,
+                step,
+                from_rank: self.rank,
+                part: part as u32,
+                data,
+            };
+            let mut client = client.clone();
+            tokio::select! {
+                r = client.push(chunk) => r.map_err(|s| peer_error(addr, &s))?,
+                _ = self.cancel.cancelled() => return Err(self.cancelled()),
+            };
+        }
+        Ok(())
+    }
+
+    async fn recv(&self, step: u32, len: usize) -> Result<Bytes, AgentError> {
+        let from = (self.rank + self.world - 1) % self.world;
+        let parts = len.div_ceil(MAX_PART_BYTES).max(1);
+        let mut out = Vec::with_capacity(len);
+        for part in 0..parts {
+            let key = Key {
+                job_id: self.job_id.clone(),
+                attempt: self.attempt,
+                op: self.op,
+                step,
+                from_rank: from,
+                part: part as u32,
+            };
+            let data = match self.inbox.take_or_wait(key) {
+                Ok(d) => d,
+                Err(rx) => tokio::select! {
+                    r = tokio::time::timeout(self.timeout, rx) => match r {
+                        Ok(Ok(d)) => d,
+                        Ok(Err(_)) => return Err(self.cancelled()),
+                        Err(_) => return Err(AgentError::PeerUnavailable {
+                            peer: format!("rank {from}"),
+                            reason: format!("no data within {:?} (op {}, step {step})", self.timeout, self.op),
+                        }),
+                    },
+                    _ = self.cancel.cancelled() => return Err(self.cancelled()),
+                },
+            };
+            if parts == 1 {
+                return Ok(data);
+            }
+            out.extend_from_slice(&data);
+        }
+        Ok(Bytes::from(out))
+    }
+
+    fn cancelled(&self) -> AgentError {
+        AgentError::AttemptFailed {
+            job_id: self.job_id.clone(),
+            attempt: self.attempt,
+            cause: "collective operation aborted".into(),
+        }
+    }
+}
+
+fn peer_error(addr: &str, s: &Status) -> AgentError {
+    AgentError::PeerUnavailable {
+        peer: addr.to_owned(),
+        reason: format!("{}: {}", s.code(), s.message()),
+    }
+}
+
+fn encode_f32(values: &[f32]) -> Bytes {
+    let mut out = Vec::with_capacity(values.len() * 4);
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    Bytes::from(out)
+}
+
+fn decode_f32(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}

@@ -1,0 +1,344 @@
+//! One job on one agent: its data (shard caches and producer positions), its
+//! state, and the task that gangs with the other agents, trains, and re-joins
+//! the next attempt when the rendezvous fails the current one.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kindling_schemas::action::{AgentJobState, AgentJobStatus};
+use kindling_schemas::auth::Token;
+use kindling_schemas::descriptor::Split;
+use kindling_schemas::schema::FeatureLayout;
+use kindling_schemas::spec::JobSpec;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{MemoryBudget, ShardCache};
+use crate::checkpoint::CheckpointStore;
+use crate::collective::{Inbox, Ring, RingConfig};
+use crate::error::AgentError;
+use crate::model::Net;
+use crate::rendezvous_link::{AttemptMembership, RendezvousLink};
+use crate::trainer::{self, Progress, TrainContext};
+
+/// Agent-wide settings a job needs.
+#[derive(Debug, Clone)]
+pub struct JobEnv {
+    /// This agent's id.
+    pub agent_id: String,
+    /// Root of spill directories.
+    pub spill_dir: PathBuf,
+    /// Root of checkpoint directories.
+    pub checkpoint_dir: PathBuf,
+    /// The agent's cache budget.
+    pub budget: Arc<MemoryBudget>,
+    /// Inbox of the collective service.
+    pub inbox: Arc<Inbox>,
+    /// Token for peers and the rendezvous.
+    pub token: Option<Token>,
+    /// How long a ring operation waits for a peer.
+    pub collective_timeout: Duration,
+}
+
+/// A producer's committed position in one split.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProducerPosition {
+    /// The next sequence number not yet committed.
+    pub next_seq: u64,
+    /// Rows committed.
+    pub rows: u64,
+}
+
+/// Mutable state of a job, behind one lock.
+#[derive(Debug)]
+pub struct JobData {
+    /// Lifecycle state.
+    pub state: AgentJobState,
+    /// Current attempt (0 before the first join).
+    pub attempt: u32,
+    /// Rank in the current attempt.
+    pub rank: Option<u32>,
+    /// World size of the current attempt.
+    pub world_size: u32,
+    /// The failure or cancellation cause.
+    pub error: Option<String>,
+    /// Training rows.
+    pub train: ShardCache,
+    /// Eval rows.
+    pub eval: ShardCache,
+    /// Layout agreed by the first accepted stream of each split.
+    pub layout: Option<FeatureLayout>,
+    /// Committed positions per (split, producer).
+    pub producers: HashMap<(Split, String), ProducerPosition>,
+    /// Next stream id (for staging).
+    pub next_stream: u64,
+    /// Splits whose producers said they are done.
+    pub end_of_data: HashMap<Split, bool>,
+}
+
+/// A job on this agent.
+#[derive(Debug)]
+pub struct Job {
+    /// The job id.
+    pub job_id: String,
+    /// What to train.
+    pub spec: JobSpec,
+    /// Rendezvous URL.
+    pub rendezvous: String,
+    /// Mutable state.
+    pub data: Mutex<JobData>,
+    /// Live training numbers.
+    pub progress: Arc<Mutex<Progress>>,
+    /// Cancels the whole job.
+    pub cancel: CancellationToken,
+    /// The trained model, once the job succeeded.
+    pub model: Mutex<Option<Arc<Net>>>,
+    data_changed: watch::Sender<u64>,
+    env: JobEnv,
+}
+
+impl Job {
+    /// A new job with empty caches.
+    pub fn new(
+        job_id: String,
+        spec: JobSpec,
+        rendezvous: String,
+        env: JobEnv,
+        cancel: CancellationToken,
+    ) -> Arc<Job> {
+        let spill = env.spill_dir.join(&job_id);
+        let data = JobData {
+            state: AgentJobState::Ganging,
+            attempt: 0,
+            rank: None,
+            world_size: spec.num_slots,
+            error: None,
+            train: ShardCache::new(spill.join("train"), env.budget.clone()),
+            eval: ShardCache::new(spill.join("eval"), env.budget.clone()),
+            layout: None,
+            producers: HashMap::new(),
+            next_stream: 0,
+            end_of_data: HashMap::new(),
+        };
+        Arc::new(Job {
+            job_id,
+            spec,
+            rendezvous,
+            data: Mutex::new(data),
+            progress: Arc::new(Mutex::new(Progress::default())),
+            cancel,
+            model: Mutex::new(None),
+            data_changed: watch::channel(0).0,
+            env,
+        })
+    }
+
+    /// Locks the mutable state.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, JobData> {
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes whoever waits for data (called after commits and end-of-data).
+    pub fn notify_data(&self) {
+        self.data_changed.send_modify(|v| *v += 1);
+    }
+
+    fn set_state(&self, state: AgentJobState) {
+        let mut d = self.lock();
+        if !d.state.is_terminal() {
+            d.state = state;
+        }
+    }
+
+    /// The job's status on this agent.
+    pub fn status(&self) -> AgentJobStatus {
+        let d = self.lock();
+        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (m1, d1) = d.train.bytes();
+        let (m2, d2) = d.eval.bytes();
+        AgentJobStatus {
+            job_id: self.job_id.clone(),
+            agent_id: self.env.agent_id.clone(),
+            state: d.state,
+            attempt: d.attempt,
+            rank: d.rank,
+            world_size: d.world_size,
+            epoch: p.epoch,
+            epochs: self.spec.epochs,
+            step: p.step,
+            steps_per_epoch: p.steps_per_epoch,
+            loss: p.loss,
+            rows_train: d.train.committed_rows(),
+            rows_eval: d.eval.committed_rows(),
+            rows_trained_per_epoch: p.rows_trained_per_epoch.clone(),
+            samples_per_sec: p.samples_per_sec,
+            cache_bytes_memory: m1 + m2,
+            cache_bytes_disk: d1 + d2,
+            history: p.history.clone(),
+            resumed_from_epoch: p.resumed_from_epoch,
+            error: d.error.clone(),
+        }
+    }
+
+    /// Cancels the job and drops its data.
+    pub fn cancel(&self, reason: &str) {
+        {
+            let mut d = self.lock();
+            if !d.state.is_terminal() {
+                d.state = AgentJobState::Cancelled;
+                d.error = Some(format!("cancelled: {reason}"));
+            }
+            d.train.clear();
+            d.eval.clear();
+        }
+        self.cancel.cancel();
+        self.env.inbox.forget(&self.job_id);
+        self.notify_data();
+    }
+
+    fn fail(&self, cause: String) {
+        let mut d = self.lock();
+        if !d.state.is_terminal() {
+            d.state = AgentJobState::Failed;
+            d.error = Some(cause);
+        }
+    }
+
+    /// Waits until the train split has ended (or the token fires).
+    async fn wait_for_data(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
+        let mut rx = self.data_changed.subscribe();
+        loop {
+            if self
+                .lock()
+                .end_of_data
+                .get(&Split::Train)
+                .copied()
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return Err(AgentError::Cancelled("agent shutting down".into())) },
+                _ = cancel.cancelled() => return Err(AgentError::Cancelled("while waiting for data".into())),
+            }
+        }
+    }
+
+    /// Runs the job to the end: gang, wait for data, train; on a failed
+    /// attempt, re-join the next one and resume from the latest checkpoint.
+    pub async fn run(self: Arc<Self>, link: RendezvousLink) {
+        loop {
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            self.set_state(AgentJobState::Ganging);
+            let membership = match link.join(&self.job_id, &self.env.agent_id, &self.cancel).await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    // The job ended at the rendezvous (failed for good, cancelled or done).
+                    let status = link.job_outcome(&self.job_id).await;
+                    match status {
+                        Ok((AgentJobState::Succeeded, _))
+                            if self.model.lock().map(|m| m.is_some()).unwrap_or(false) => {}
+                        Ok((AgentJobState::Cancelled, cause)) => self.cancel(&cause),
+                        Ok((_, cause)) => self.fail(cause),
+                        Err(e) => self.fail(e.to_string()),
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.fail(format!("could not join the gang: {e}"));
+                    return;
+                }
+            };
+            let attempt = membership.attempt;
+            {
+                let mut d = self.lock();
+                d.attempt = attempt;
+                d.rank = Some(membership.rank);
+                d.world_size = membership.peers.len() as u32;
+            }
+            self.env.inbox.enter_attempt(&self.job_id, attempt);
+            let attempt_cancel = self.cancel.child_token();
+            let watcher = link.watch_attempt(&self.job_id, attempt, attempt_cancel.clone());
+            let result = self.run_attempt(&membership, attempt_cancel.clone()).await;
+            attempt_cancel.cancel();
+            watcher.abort();
+            match result {
+                Ok(model) => {
+                    *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(model));
+                    if let Err(e) = link.complete(&self.job_id, attempt).await {
+                        tracing::warn!(job = %self.job_id, error = %e, "could not report completion");
+                    }
+                    self.set_state(AgentJobState::Succeeded);
+                    return;
+                }
+                Err(e) => {
+                    if self.cancel.is_cancelled() {
+                        return;
+                    }
+                    tracing::warn!(job = %self.job_id, attempt, error = %e, "attempt failed");
+                    self.set_state(AgentJobState::Recovering);
+                    // Tell the rendezvous unless it told us (then this is a no-op there).
+                    if let Err(re) = link
+                        .report_failure(&self.job_id, attempt, &self.env.agent_id, &e.to_string())
+                        .await
+                    {
+                        tracing::debug!(job = %self.job_id, error = %re, "failure report not taken");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn run_attempt(&self, m: &AttemptMembership, cancel: CancellationToken) -> Result<Net, AgentError> {
+        self.set_state(AgentJobState::Ingesting);
+        self.wait_for_data(&cancel).await?;
+        self.set_state(AgentJobState::Training);
+        let (train, eval, layout) = {
+            let d = self.lock();
+            let layout = d.layout.clone().ok_or_else(|| {
+                AgentError::InvalidInput(
+                    "end of data before any stream reached this agent: send at least the schema".into(),
+                )
+            })?;
+            (d.train.snapshot(), d.eval.snapshot(), layout)
+        };
+        let ring = Ring::new(
+            RingConfig {
+                job_id: self.job_id.clone(),
+                attempt: m.attempt,
+                rank: m.rank,
+                peers: m.peers.clone(),
+                token: self.env.token.clone(),
+                timeout: self.env.collective_timeout,
+            },
+            self.env.inbox.clone(),
+            cancel.clone(),
+        )?;
+        let ctx = TrainContext {
+            job_id: self.job_id.clone(),
+            attempt: m.attempt,
+            spec: self.spec.clone(),
+            layout,
+            train,
+            eval,
+            ring,
+            runtime: tokio::runtime::Handle::current(),
+            checkpoints: CheckpointStore::new(
+                &self.env.checkpoint_dir,
+                &self.job_id,
+                self.spec.checkpoint.keep_last,
+            ),
+            progress: self.progress.clone(),
+            cancel,
+            shuffle: self.spec.shuffle,
+        };
+        let outcome = tokio::task::spawn_blocking(move || trainer::train(ctx))
+            .await
+            .map_err(|e| AgentError::Training(format!("trainer thread panicked: {e}")))??;
+        Ok(outcome.model)
+    }
+}

@@ -1,0 +1,277 @@
+//! Moving a model's parameters and gradients in and out of flat buffers:
+//! gradients into one `f32` buffer for the all-reduce and back into
+//! `GradientsParams`; weights into an Arrow table (name, shape, values) that
+//! any language can read, and back.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, Float32Array, ListArray, RecordBatch, StringArray, UInt64Array};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Float32Type, Schema, UInt64Type};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+
+use crate::error::AgentError;
+use crate::model::Net;
+
+/// Where each parameter's gradient sits in the flat buffer.
+#[derive(Debug, Clone)]
+pub struct GradLayout {
+    entries: Vec<(ParamId, Vec<usize>, Device)>,
+    len: usize,
+}
+
+impl GradLayout {
+    /// Total number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No parameters.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+struct Flatten<'a> {
+    grads: &'a GradientsParams,
+    out: Vec<f32>,
+    entries: Vec<(ParamId, Vec<usize>, Device)>,
+}
+
+impl ModuleVisitor for Flatten<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let shape = param.lazy_shape().dims::<D>().to_vec();
+        let n: usize = shape.iter().product();
+        match self.grads.get::<D>(param.id) {
+            Some(g) => {
+                let device = g.device();
+                let data = g.into_data().convert::<f32>();
+                match data.as_slice::<f32>() {
+                    Ok(values) => self.out.extend_from_slice(values),
+                    Err(_) => self.out.extend(std::iter::repeat_n(0.0, n)),
+                }
+                self.entries.push((param.id, shape, device));
+            }
+            None => {
+                // A parameter without a gradient still takes its place so every rank
+                // lays the buffer out identically.
+                self.out.extend(std::iter::repeat_n(0.0, n));
+                self.entries.push((param.id, shape, param.val().device().inner()));
+            }
+        }
+    }
+}
+
+/// Flattens `grads` of `model` into one buffer in module visit order.
+pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> (Vec<f32>, GradLayout) {
+    let mut v = Flatten {
+        grads,
+        out: Vec::new(),
+        entries: Vec::new(),
+    };
+    model.visit(&mut v);
+    let len = v.out.len();
+    (
+        v.out,
+        GradLayout {
+            entries: v.entries,
+            len,
+        },
+    )
+}
+
+/// Zero gradients laid out like `model`'s (for a rank with no rows in a step).
+pub fn zero_grads(model: &Net) -> (Vec<f32>, GradLayout) {
+    flatten_grads(model, &GradientsParams::new())
+}
+
+/// Rebuilds `GradientsParams` from a flat buffer laid out by [`flatten_grads`].
+pub fn unflatten_grads(values: &[f32], layout: &GradLayout) -> GradientsParams {
+    let mut grads = GradientsParams::new();
+    let mut offset = 0;
+    for (id, shape, device) in &layout.entries {
+        let n: usize = shape.iter().product();
+        let data = TensorData::new(values[offset..offset + n].to_vec(), shape.clone());
+        offset += n;
+        match shape.len() {
+            1 => grads.register::<1>(*id, Tensor::from_data(data, device)),
+            2 => grads.register::<2>(*id, Tensor::from_data(data, device)),
+            3 => grads.register::<3>(*id, Tensor::from_data(data, device)),
+            4 => grads.register::<4>(*id, Tensor::from_data(data, device)),
+            _ => {}
+        }
+    }
+    grads
+}
+
+struct Collect {
+    names: Vec<String>,
+    shapes: Vec<Vec<usize>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl ModuleVisitor for Collect {
+    fn visit_float_with_path<const D: usize>(&mut self, path: &[String], _id: ParamId, tensor: &Tensor<D>) {
+        self.names.push(path.join("."));
+        self.shapes.push(tensor.dims().to_vec());
+        let data = tensor.to_data().convert::<f32>();
+        self.values
+            .push(data.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default());
+    }
+}
+
+/// The schema of a model table.
+pub fn model_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new(
+            "shape",
+            DataType::List(Arc::new(Field::new("item", DataType::UInt64, false))),
+            false,
+        ),
+        Field::new(
+            "values",
+            DataType::List(Arc::new(Field::new("item", DataType::Float32, false))),
+            false,
+        ),
+    ]))
+}
+
+/// The model's weights as an Arrow table: one row per parameter tensor
+/// (`name`, `shape`, row-major `values`).
+pub fn to_arrow(model: &Net) -> Result<RecordBatch, AgentError> {
+    let mut c = Collect {
+        names: Vec::new(),
+        shapes: Vec::new(),
+        values: Vec::new(),
+    };
+    model.visit(&mut c);
+    let names = StringArray::from(c.names);
+    let shape_values: Vec<u64> = c.shapes.iter().flatten().map(|&d| d as u64).collect();
+    let shapes = ListArray::new(
+        Arc::new(Field::new("item", DataType::UInt64, false)),
+        OffsetBuffer::from_lengths(c.shapes.iter().map(Vec::len)),
+        Arc::new(UInt64Array::from(shape_values)),
+        None,
+    );
+    let lengths: Vec<usize> = c.values.iter().map(Vec::len).collect();
+    let flat: Vec<f32> = c.values.into_iter().flatten().collect();
+    let values = ListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(Float32Array::from(flat)),
+        None,
+    );
+    RecordBatch::try_new(
+        model_schema(),
+        vec![Arc::new(names), Arc::new(shapes), Arc::new(values)],
+    )
+    .map_err(AgentError::arrow)
+}
+
+struct Replace {
+    tensors: std::vec::IntoIter<(Vec<usize>, Vec<f32>)>,
+    error: Option<String>,
+}
+
+impl ModuleMapper for Replace {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some((shape, values)) = self.tensors.next() else {
+            self.error
+                .get_or_insert_with(|| "the table has fewer parameters than the model".into());
+            return param;
+        };
+        let want = param.lazy_shape().dims::<D>().to_vec();
+        if shape != want {
+            self.error.get_or_insert_with(|| {
+                format!("parameter shape {shape:?} does not match the model's {want:?}")
+            });
+            return param;
+        }
+        param.map(|t| Tensor::from_data(TensorData::new(values, shape), &t.device()))
+    }
+}
+
+/// Loads weights from a table made by [`to_arrow`] into `model` (same
+/// architecture), checking names, count and shapes.
+pub fn from_arrow(model: Net, table: &RecordBatch) -> Result<Net, AgentError> {
+    let bad = |m: String| AgentError::InvalidInput(format!("model table: {m}"));
+    if table.schema().fields() != model_schema().fields() {
+        return Err(bad(format!(
+            "expected columns name, shape, values; got {:?}",
+            table.schema()
+        )));
+    }
+    let mut expected = Collect {
+        names: Vec::new(),
+        shapes: Vec::new(),
+        values: Vec::new(),
+    };
+    model.visit(&mut expected);
+    let names = table.column(0).as_string::<i32>();
+    if names.len() != expected.names.len() {
+        return Err(bad(format!(
+            "{} parameters, the model has {}",
+            names.len(),
+            expected.names.len()
+        )));
+    }
+    let shapes = table.column(1).as_list::<i32>();
+    let values = table.column(2).as_list::<i32>();
+    let mut tensors = Vec::with_capacity(names.len());
+    for i in 0..names.len() {
+        if names.value(i) != expected.names[i] {
+            return Err(bad(format!(
+                "parameter {i} is `{}`, the model has `{}`",
+                names.value(i),
+                expected.names[i]
+            )));
+        }
+        let shape: Vec<usize> = shapes
+            .value(i)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .iter()
+            .map(|&d| d as usize)
+            .collect();
+        let vals = values.value(i).as_primitive::<Float32Type>().values().to_vec();
+        if shape.iter().product::<usize>() != vals.len() {
+            return Err(bad(format!(
+                "`{}` has {} values for shape {shape:?}",
+                names.value(i),
+                vals.len()
+            )));
+        }
+        tensors.push((shape, vals));
+    }
+    let mut r = Replace {
+        tensors: tensors.into_iter(),
+        error: None,
+    };
+    let model = model.map(&mut r);
+    match r.error {
+        Some(e) => Err(bad(e)),
+        None => Ok(model),
+    }
+}
+
+/// Encodes the model as burn record bytes (for broadcast and checkpoints).
+pub fn to_record_bytes(model: &Net) -> Result<Vec<u8>, AgentError> {
+    let bytes = model
+        .clone()
+        .into_record()
+        .into_bytes()
+        .map_err(|e| AgentError::Record(e.to_string()))?;
+    Ok(bytes.to_vec())
+}
+
+/// Loads burn record bytes made by [`to_record_bytes`] into `model`.
+pub fn from_record_bytes(model: Net, bytes: Vec<u8>) -> Result<Net, AgentError> {
+    let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+        .map_err(|e| AgentError::Record(e.to_string()))?;
+    model
+        .try_load_record(record)
+        .map_err(|e| AgentError::Record(e.to_string()))
+}

@@ -1,0 +1,214 @@
+//! Starting and stopping one agent process: the Flight and collective
+//! services on one listener, registration with the rendezvous, shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::pb::collective::collective_server::CollectiveServer;
+use kindling_schemas::pb::rendezvous::AgentInfo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::cache::MemoryBudget;
+use crate::collective::{self, CollectiveService, Inbox};
+use crate::error::AgentError;
+use crate::flight::AgentFlightService;
+use crate::job::JobEnv;
+use crate::registry::JobRegistry;
+use crate::rendezvous_link::RendezvousLink;
+
+/// Largest Flight message an agent accepts (one record batch).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// How an agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// Unique id, e.g. the node name.
+    pub agent_id: String,
+    /// Address to listen on (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// Host other processes use to reach this agent (default: the listen IP).
+    pub advertise_host: Option<String>,
+    /// Kubernetes node (or machine) name.
+    pub node_name: String,
+    /// Job slots offered.
+    pub capacity: u32,
+    /// Bearer token required from callers and sent to peers.
+    pub token: Option<Token>,
+    /// Rendezvous to register with (none: not registered, only reachable directly).
+    pub rendezvous: Option<String>,
+    /// Node-local directory for spill files and checkpoints.
+    pub work_dir: PathBuf,
+    /// Bytes of cached batches kept in memory before spilling.
+    pub memory_budget: u64,
+    /// How long a collective step waits for a peer.
+    pub collective_timeout: Duration,
+    /// Largest incoming message.
+    pub max_message_bytes: usize,
+}
+
+impl AgentConfig {
+    /// A loopback agent with a 1 GiB cache budget working in `work_dir`.
+    ///
+    /// ```
+    /// let c = kindling_agent::AgentConfig::local("agent-0", "/var/tmp/kindling");
+    /// assert_eq!(c.listen.ip().to_string(), "127.0.0.1");
+    /// ```
+    pub fn local(agent_id: impl Into<String>, work_dir: impl Into<PathBuf>) -> Self {
+        let agent_id = agent_id.into();
+        AgentConfig {
+            node_name: agent_id.clone(),
+            agent_id,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise_host: None,
+            capacity: 1,
+            token: None,
+            rendezvous: None,
+            work_dir: work_dir.into(),
+            memory_budget: 1 << 30,
+            collective_timeout: Duration::from_secs(60),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct AgentHandle {
+    addr: SocketAddr,
+    url: String,
+    agent_id: String,
+    jobs: Arc<JobRegistry>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    server: Option<JoinHandle<()>>,
+}
+
+impl AgentHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://host:port` of the Flight (and collective) endpoint.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The agent id.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// The agent's jobs (for status and tests).
+    pub fn jobs(&self) -> &Arc<JobRegistry> {
+        &self.jobs
+    }
+
+    /// Stops serving, cancels every job, and waits for all tasks to end.
+    pub async fn shutdown_and_wait(mut self) {
+        self.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// Simulates a crash: connections drop at once, heartbeats stop, nothing
+    /// is reported to the rendezvous (its lease lapses).
+    pub fn kill(mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+        self.cancel.cancel();
+    }
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Starts an agent: binds, serves, and registers with the rendezvous if one is configured.
+pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| AgentError::io(format!("bind {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| AgentError::io("local address", e))?;
+    let host = config
+        .advertise_host
+        .clone()
+        .unwrap_or_else(|| addr.ip().to_string());
+    let url = format!("http://{host}:{}", addr.port());
+    let cancel = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let inbox = Inbox::new();
+    let env = JobEnv {
+        agent_id: config.agent_id.clone(),
+        spill_dir: config.work_dir.join("spill").join(&config.agent_id),
+        checkpoint_dir: config.work_dir.join("checkpoints").join(&config.agent_id),
+        budget: MemoryBudget::new(config.memory_budget),
+        inbox: inbox.clone(),
+        token: config.token.clone(),
+        collective_timeout: config.collective_timeout,
+    };
+    let jobs = JobRegistry::new(env, tracker.clone(), cancel.child_token());
+    let check = BearerCheck::new(config.token.clone());
+    let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    let flight = InterceptedService::new(flight, check.clone());
+    let collective = CollectiveServer::new(CollectiveService::new(inbox))
+        .max_decoding_message_size(collective::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(collective::MAX_MESSAGE_BYTES);
+    let collective = InterceptedService::new(collective, check);
+    let shutdown = cancel.clone();
+    let server = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(flight)
+            .add_service(collective)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "agent server stopped");
+        }
+    });
+    if let Some(rv) = &config.rendezvous {
+        let link = RendezvousLink::connect(rv, config.token.as_ref())?;
+        let info = AgentInfo {
+            agent_id: config.agent_id.clone(),
+            flight_address: url.clone(),
+            collective_address: url.clone(),
+            node_name: config.node_name.clone(),
+            capacity: config.capacity,
+            has_gpu: cfg!(feature = "gpu"),
+        };
+        let heartbeat = link.register(info, cancel.child_token()).await?;
+        tracker.spawn(async move {
+            let _ = heartbeat.await;
+        });
+    }
+    tracing::info!(agent = %config.agent_id, %url, "agent serving");
+    Ok(AgentHandle {
+        addr,
+        url,
+        agent_id: config.agent_id,
+        jobs,
+        cancel,
+        tracker,
+        server: Some(server),
+    })
+}

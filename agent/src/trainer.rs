@@ -1,0 +1,408 @@
+//! The data-parallel training loop. Runs on its own thread (burn is
+//! synchronous and CPU-heavy) and calls the async ring through a runtime handle.
+//!
+//! Per attempt: agree on where to start (the latest checkpoint any rank holds,
+//! else rank 0's fresh weights) and broadcast it; per epoch: agree on the
+//! number of steps (every rank's row count); per step: forward, backward,
+//! all-reduce of `[gradient sums…, rows, loss sum]`, divide by the total rows,
+//! the same optimizer step everywhere. A rank that ran out of rows contributes
+//! zeros, so every row of every shard is trained exactly once per epoch and
+//! the replicas stay bitwise identical.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
+use burn::tensor::{Device, Tensor};
+use kindling_schemas::action::EpochMetrics;
+use kindling_schemas::schema::FeatureLayout;
+use kindling_schemas::spec::{JobSpec, OptimizerSpec, Task};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::CachedBatch;
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, CheckpointStore};
+use crate::collective::Ring;
+use crate::error::AgentError;
+use crate::model::{Net, mean_loss};
+use crate::{params, tensorize};
+
+/// Live numbers of a running training, shared with the status endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// Current epoch (from 1).
+    pub epoch: u32,
+    /// Steps done in the epoch.
+    pub step: u64,
+    /// Steps in the epoch.
+    pub steps_per_epoch: u64,
+    /// Mean loss of the latest step across ranks.
+    pub loss: Option<f64>,
+    /// Samples per second on this rank over the epoch so far.
+    pub samples_per_sec: f64,
+    /// Rows this rank trained per completed epoch.
+    pub rows_trained_per_epoch: Vec<u64>,
+    /// Completed epochs' metrics.
+    pub history: Vec<EpochMetrics>,
+    /// Epoch of the checkpoint this attempt resumed from.
+    pub resumed_from_epoch: Option<u32>,
+}
+
+/// Everything one rank needs to train one attempt.
+#[derive(Debug)]
+pub struct TrainContext {
+    /// The job.
+    pub job_id: String,
+    /// Attempt.
+    pub attempt: u32,
+    /// What to train.
+    pub spec: JobSpec,
+    /// How batches map to the model input.
+    pub layout: FeatureLayout,
+    /// This rank's training shard.
+    pub train: Vec<Arc<CachedBatch>>,
+    /// This rank's eval shard.
+    pub eval: Vec<Arc<CachedBatch>>,
+    /// The ring to the other ranks.
+    pub ring: Ring,
+    /// Runtime to drive the ring from this thread.
+    pub runtime: tokio::runtime::Handle,
+    /// Where checkpoints go.
+    pub checkpoints: CheckpointStore,
+    /// Live progress.
+    pub progress: Arc<Mutex<Progress>>,
+    /// Fires when the attempt fails or the job is cancelled.
+    pub cancel: CancellationToken,
+    /// Shuffle the order of cached batches every epoch.
+    pub shuffle: bool,
+}
+
+/// The result of a successful training.
+#[derive(Debug)]
+pub struct TrainOutcome {
+    /// The trained model (inference mode, plain device).
+    pub model: Net,
+    /// Metrics per epoch.
+    pub history: Vec<EpochMetrics>,
+}
+
+/// The burn device for a spec.
+pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
+    if spec.use_gpu {
+        #[cfg(feature = "gpu")]
+        {
+            return Ok(Device::wgpu(Default::default()));
+        }
+        #[cfg(not(feature = "gpu"))]
+        {
+            return Err(AgentError::InvalidInput(
+                "use_gpu is set but this agent was built without the `gpu` feature".into(),
+            ));
+        }
+    }
+    Ok(Device::flex())
+}
+
+fn optimizer(spec: &JobSpec) -> ModuleOptimizer {
+    match spec.optimizer {
+        OptimizerSpec::Sgd { momentum, .. } => {
+            let mut c = SgdConfig::new();
+            if momentum > 0.0 {
+                c = c.with_momentum(Some(MomentumConfig {
+                    momentum,
+                    dampening: 0.0,
+                    nesterov: false,
+                }));
+            }
+            c.init()
+        }
+        OptimizerSpec::Adam { beta1, beta2, .. } => {
+            AdamConfig::new().with_beta_1(beta1).with_beta_2(beta2).init()
+        }
+    }
+}
+
+fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Trains one attempt to the end. Returns early with an error when the ring
+/// fails (a peer died), the token is cancelled, or the loss diverges.
+pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
+    let spec = ctx.spec.clone();
+    let base = device_for(&spec)?;
+    base.seed(spec.seed);
+    let device = base.clone().autodiff();
+    let mut model = Net::new(&spec, ctx.layout.input_dim, &device);
+    let mut optim = optimizer(&spec);
+    let lr = spec.optimizer.learning_rate();
+    let rt = ctx.runtime.clone();
+    let rank = ctx.ring.rank() as usize;
+    let world = ctx.ring.world() as usize;
+
+    // Where to start: the newest checkpoint any rank holds, else rank 0's weights.
+    let mine = ctx.checkpoints.latest_epoch();
+    let mut epochs = vec![0f32; world];
+    epochs[rank] = mine as f32;
+    rt.block_on(ctx.ring.all_reduce_sum(&mut epochs))?;
+    let (root, best) = epochs.iter().enumerate().fold(
+        (0usize, 0f32),
+        |acc, (r, &e)| if e > acc.1 { (r, e) } else { acc },
+    );
+    let mut start_epoch = 0;
+    let mut history = Vec::new();
+    let mut rows_per_epoch = Vec::new();
+    if best > 0.0 {
+        let payload = if rank == root {
+            ctx.checkpoints.load_latest()?.map(|c| checkpoint::pack(&c))
+        } else {
+            None
+        };
+        let bytes = rt.block_on(ctx.ring.broadcast(root as u32, payload))?;
+        let ckpt = checkpoint::unpack(&bytes)?;
+        model = params::from_record_bytes(model, ckpt.weights)?;
+        optim = optim
+            .from_bytes(burn::tensor::Bytes::from_bytes_vec(ckpt.optimizer))
+            .map_err(|e| AgentError::Record(e.to_string()))?;
+        start_epoch = ckpt.meta.epoch;
+        history = ckpt.meta.history;
+        rows_per_epoch = ckpt.meta.rows_trained_per_epoch;
+        let mut p = lock(&ctx.progress);
+        p.resumed_from_epoch = Some(start_epoch);
+        p.history = history.clone();
+        p.rows_trained_per_epoch = rows_per_epoch.clone();
+    } else {
+        let payload = (rank == 0).then(|| params::to_record_bytes(&model)).transpose()?;
+        let bytes = rt.block_on(ctx.ring.broadcast(0, payload))?;
+        if rank != 0 {
+            model = params::from_record_bytes(model, bytes)?;
+        }
+    }
+
+    let local_rows: u64 = ctx.train.iter().map(|b| b.rows() as u64).sum();
+    for epoch in start_epoch + 1..=spec.epochs {
+        let started = Instant::now();
+        let mut counts = vec![0f32; world];
+        counts[rank] = local_rows as f32;
+        rt.block_on(ctx.ring.all_reduce_sum(&mut counts))?;
+        let b = spec.batch_size as f64;
+        let steps = counts
+            .iter()
+            .map(|&n| (n as f64 / b).ceil() as u64)
+            .max()
+            .unwrap_or(0);
+        {
+            let mut p = lock(&ctx.progress);
+            p.epoch = epoch;
+            p.step = 0;
+            p.steps_per_epoch = steps;
+        }
+        let mut order: Vec<usize> = (0..ctx.train.len()).collect();
+        if ctx.shuffle {
+            let seed = spec.seed ^ ((epoch as u64) << 32) ^ rank as u64;
+            order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        }
+        let mut cursor = BatchCursor::new(ctx.train.clone(), order, spec.batch_size);
+        let mut loss_sum = 0f64;
+        let mut rows_total = 0f64;
+        let mut rows_mine = 0u64;
+        for step in 0..steps {
+            if ctx.cancel.is_cancelled() {
+                return Err(AgentError::AttemptFailed {
+                    job_id: ctx.job_id.clone(),
+                    attempt: ctx.attempt,
+                    cause: "cancelled".into(),
+                });
+            }
+            let (mut buf, layout) = match cursor.next_batch()? {
+                Some(batch) => {
+                    let n = batch.num_rows();
+                    let x = tensorize::features(&batch, &ctx.layout, &device)?;
+                    let y = tensorize::targets(&batch, &spec.label, spec.task, &device)?;
+                    let loss = mean_loss(spec.task, model.forward(x), y, &device);
+                    let loss_value = loss.clone().into_scalar::<f32>() as f64;
+                    if !loss_value.is_finite() {
+                        return Err(AgentError::Training(format!(
+                            "loss became {loss_value} at epoch {epoch}, step {step}: lower the learning rate or normalise the features"
+                        )));
+                    }
+                    let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
+                    let grads = GradientsParams::from_grads(sum_loss.backward(), &model);
+                    let (mut buf, layout) = params::flatten_grads(&model, &grads);
+                    buf.push(n as f32);
+                    buf.push((loss_value * n as f64) as f32);
+                    rows_mine += n as u64;
+                    (buf, layout)
+                }
+                None => {
+                    let (mut buf, layout) = params::zero_grads(&model);
+                    buf.extend([0.0, 0.0]);
+                    (buf, layout)
+                }
+            };
+            rt.block_on(ctx.ring.all_reduce_sum(&mut buf))?;
+            let step_loss = buf.pop().unwrap_or(0.0) as f64;
+            let n_total = buf.pop().unwrap_or(0.0) as f64;
+            if n_total > 0.0 {
+                let inv = (1.0 / n_total) as f32;
+                buf.iter_mut().for_each(|g| *g *= inv);
+                let grads = params::unflatten_grads(&buf, &layout);
+                model = optim.step(lr, model, grads);
+            }
+            loss_sum += step_loss;
+            rows_total += n_total;
+            let mut p = lock(&ctx.progress);
+            p.step = step + 1;
+            p.loss = (n_total > 0.0).then(|| step_loss / n_total);
+            p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        }
+        let (eval_loss, eval_accuracy) = evaluate(&mut ctx, &model.valid(), rank, world)?;
+        let metrics = EpochMetrics {
+            epoch,
+            train_loss: if rows_total > 0.0 {
+                loss_sum / rows_total
+            } else {
+                0.0
+            },
+            rows: rows_mine,
+            eval_loss,
+            eval_accuracy,
+            samples_per_sec: rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9),
+        };
+        tracing::info!(job = %ctx.job_id, rank, epoch, loss = metrics.train_loss, ?eval_accuracy, "epoch done");
+        history.push(metrics);
+        rows_per_epoch.push(rows_mine);
+        {
+            let mut p = lock(&ctx.progress);
+            p.history = history.clone();
+            p.rows_trained_per_epoch = rows_per_epoch.clone();
+        }
+        let every = spec.checkpoint.every_epochs;
+        if every > 0 && (epoch % every == 0 || epoch == spec.epochs) {
+            let ckpt = Checkpoint {
+                meta: CheckpointMeta {
+                    epoch,
+                    attempt: ctx.attempt,
+                    rows_trained_per_epoch: rows_per_epoch.clone(),
+                    history: history.clone(),
+                },
+                weights: params::to_record_bytes(&model)?,
+                optimizer: optim
+                    .into_bytes()
+                    .map_err(|e| AgentError::Record(e.to_string()))?
+                    .to_vec(),
+            };
+            ctx.checkpoints.save(&spec, &ckpt)?;
+        }
+    }
+    Ok(TrainOutcome {
+        model: model.valid(),
+        history,
+    })
+}
+
+/// Loss and accuracy over every rank's eval shard (identical on all ranks).
+fn evaluate(
+    ctx: &mut TrainContext,
+    model: &Net,
+    rank: usize,
+    world: usize,
+) -> Result<(Option<f64>, Option<f64>), AgentError> {
+    let device = device_for(&ctx.spec)?;
+    let mut sums = [0f64; 3]; // loss sum, correct, rows
+    for cached in &ctx.eval {
+        let batch = cached.load()?;
+        let n = batch.num_rows();
+        if n == 0 {
+            continue;
+        }
+        let out = model.forward(tensorize::features(&batch, &ctx.layout, &device)?);
+        let y = tensorize::targets(&batch, &ctx.spec.label, ctx.spec.task, &device)?;
+        let loss = mean_loss(ctx.spec.task, out.clone(), y, &device).into_scalar::<f32>() as f64;
+        sums[0] += loss * n as f64;
+        sums[2] += n as f64;
+        if let Task::Classification { .. } = ctx.spec.task {
+            let predicted = out.argmax(1).into_data().convert::<i64>();
+            let labels = tensorize::class_labels(&batch, &ctx.spec.label)?;
+            let p = predicted
+                .as_slice::<i64>()
+                .map_err(|e| AgentError::Training(format!("{e:?}")))?;
+            sums[1] += p.iter().zip(&labels).filter(|(a, b)| a == b).count() as f64;
+        }
+    }
+    let mut buf = vec![0f32; 3 * world];
+    for (i, s) in sums.iter().enumerate() {
+        buf[rank * 3 + i] = *s as f32;
+    }
+    ctx.runtime.clone().block_on(ctx.ring.all_reduce_sum(&mut buf))?;
+    let mut total = [0f64; 3];
+    for r in 0..world {
+        for i in 0..3 {
+            total[i] += buf[r * 3 + i] as f64;
+        }
+    }
+    if total[2] == 0.0 {
+        return Ok((None, None));
+    }
+    let accuracy = matches!(ctx.spec.task, Task::Classification { .. }).then(|| total[1] / total[2]);
+    Ok((Some(total[0] / total[2]), accuracy))
+}
+
+/// Cuts a shard's cached batches, in a given order, into training batches of
+/// `batch_size` rows (the last may be smaller), concatenating across cached
+/// batches when needed. Holds at most one cached batch in memory.
+#[derive(Debug)]
+pub struct BatchCursor {
+    cached: Vec<Arc<CachedBatch>>,
+    order: std::vec::IntoIter<usize>,
+    current: Option<(RecordBatch, usize)>,
+    batch_size: usize,
+}
+
+impl BatchCursor {
+    /// A cursor over `cached` in `order`.
+    pub fn new(cached: Vec<Arc<CachedBatch>>, order: Vec<usize>, batch_size: usize) -> Self {
+        BatchCursor {
+            cached,
+            order: order.into_iter(),
+            current: None,
+            batch_size,
+        }
+    }
+
+    /// The next training batch, or `None` when the shard is exhausted.
+    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>, AgentError> {
+        let mut parts = Vec::new();
+        let mut need = self.batch_size;
+        while need > 0 {
+            let (batch, pos) = match self.current.take() {
+                Some(c) => c,
+                None => match self.order.next() {
+                    Some(i) => (self.cached[i].load()?, 0),
+                    None => break,
+                },
+            };
+            let take = need.min(batch.num_rows() - pos);
+            if take > 0 {
+                parts.push(batch.slice(pos, take));
+            }
+            need -= take;
+            if pos + take < batch.num_rows() {
+                self.current = Some((batch, pos + take));
+            }
+        }
+        match parts.len() {
+            0 => Ok(None),
+            1 => Ok(parts.pop()),
+            _ => {
+                let schema = parts[0].schema();
+                arrow::compute::concat_batches(&schema, &parts)
+                    .map(Some)
+                    .map_err(AgentError::arrow)
+            }
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Flight actions: names and JSON request/response bodies.
+//!
+//! | action | request | response |
+//! |---|---|---|
+//! | `start_job` | [`StartJob`] | [`StartJobResponse`] |
+//! | `job_status` | [`JobRef`] | [`AgentJobStatus`] |
+//! | `cancel_job` | [`CancelJob`] | [`AgentJobStatus`] |
+//! | `end_of_data` | [`EndOfData`] | [`EndOfDataResponse`] |
+//! | `list_jobs` | `{}` | [`JobList`] |
+//!
+//! Each `DoAction` returns exactly one `Result` whose body is the response JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::descriptor::Split;
+use crate::spec::JobSpec;
+
+/// The known action names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    /// Start (or re-start) training a job on this agent.
+    StartJob,
+    /// The agent's view of a job.
+    JobStatus,
+    /// Stop a job and drop its data.
+    CancelJob,
+    /// No more rows will come for a split.
+    EndOfData,
+    /// Every job the agent knows.
+    ListJobs,
+}
+
+impl ActionKind {
+    /// Every action, for `ListActions`.
+    pub const ALL: [ActionKind; 5] = [
+        ActionKind::StartJob,
+        ActionKind::JobStatus,
+        ActionKind::CancelJob,
+        ActionKind::EndOfData,
+        ActionKind::ListJobs,
+    ];
+
+    /// The wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActionKind::StartJob => "start_job",
+            ActionKind::JobStatus => "job_status",
+            ActionKind::CancelJob => "cancel_job",
+            ActionKind::EndOfData => "end_of_data",
+            ActionKind::ListJobs => "list_jobs",
+        }
+    }
+
+    /// One-line description, for `ListActions`.
+    pub fn description(self) -> &'static str {
+        match self {
+            ActionKind::StartJob => {
+                "Start a job: {job_id, spec, rendezvous}. The agent joins the job's gang."
+            }
+            ActionKind::JobStatus => "A job's state on this agent: {job_id}.",
+            ActionKind::CancelJob => "Cancel a job and drop its data: {job_id, reason}.",
+            ActionKind::EndOfData => "No more rows for a split: {job_id, split, expected_rows?}.",
+            ActionKind::ListJobs => "Every job this agent knows: {}.",
+        }
+    }
+
+    /// Looks a name up.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A parsed action.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// `start_job`.
+    StartJob(StartJob),
+    /// `job_status`.
+    JobStatus(JobRef),
+    /// `cancel_job`.
+    CancelJob(CancelJob),
+    /// `end_of_data`.
+    EndOfData(EndOfData),
+    /// `list_jobs`.
+    ListJobs,
+}
+
+/// An action that does not follow the contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    /// Unknown action name.
+    #[error("unknown action `{0}`; known: start_job, job_status, cancel_job, end_of_data, list_jobs")]
+    Unknown(String),
+    /// The body is not the expected JSON.
+    #[error("malformed body for action `{action}`: {reason}")]
+    MalformedBody {
+        /// Action name.
+        action: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Action {
+    /// Parses an action from its name and body; validates the embedded spec and job id.
+    pub fn parse(name: &str, body: &[u8]) -> Result<Action, ActionError> {
+        let kind = ActionKind::from_name(name).ok_or_else(|| ActionError::Unknown(name.to_owned()))?;
+        let bad = |reason: String| ActionError::MalformedBody {
+            action: kind.name(),
+            reason,
+        };
+        fn json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, String> {
+            serde_json::from_slice(body).map_err(|e| e.to_string())
+        }
+        let check = |job_id: &str| crate::descriptor::check_job_id(job_id).map_err(|e| bad(e.to_string()));
+        Ok(match kind {
+            ActionKind::StartJob => {
+                let a: StartJob = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                a.spec.validate().map_err(|e| bad(e.to_string()))?;
+                Action::StartJob(a)
+            }
+            ActionKind::JobStatus => {
+                let a: JobRef = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                Action::JobStatus(a)
+            }
+            ActionKind::CancelJob => {
+                let a: CancelJob = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                Action::CancelJob(a)
+            }
+            ActionKind::EndOfData => {
+                let a: EndOfData = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                Action::EndOfData(a)
+            }
+            ActionKind::ListJobs => Action::ListJobs,
+        })
+    }
+
+    /// The action's kind.
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::StartJob(_) => ActionKind::StartJob,
+            Action::JobStatus(_) => ActionKind::JobStatus,
+            Action::CancelJob(_) => ActionKind::CancelJob,
+            Action::EndOfData(_) => ActionKind::EndOfData,
+            Action::ListJobs => ActionKind::ListJobs,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        let v = match self {
+            Action::StartJob(a) => serde_json::to_vec(a),
+            Action::JobStatus(a) => serde_json::to_vec(a),
+            Action::CancelJob(a) => serde_json::to_vec(a),
+            Action::EndOfData(a) => serde_json::to_vec(a),
+            Action::ListJobs => Ok(b"{}".to_vec()),
+        };
+        v.unwrap_or_default()
+    }
+
+    /// As an `arrow_flight::Action`.
+    pub fn to_flight(&self) -> arrow_flight::Action {
+        arrow_flight::Action::new(self.kind().name(), self.body())
+    }
+}
+
+/// `start_job`: train `spec` as a member of `job_id`'s gang at `rendezvous`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StartJob {
+    /// The job.
+    pub job_id: String,
+    /// What to train.
+    pub spec: JobSpec,
+    /// Rendezvous URL, e.g. `http://127.0.0.1:7070`.
+    pub rendezvous: String,
+}
+
+/// Names a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRef {
+    /// The job.
+    pub job_id: String,
+}
+
+/// `cancel_job`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelJob {
+    /// The job.
+    pub job_id: String,
+    /// Why; shown in status.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `end_of_data`: the producer(s) of a split are done.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndOfData {
+    /// The job.
+    pub job_id: String,
+    /// Which split.
+    pub split: Split,
+    /// If set, the agent checks its committed rows equal this and fails otherwise.
+    #[serde(default)]
+    pub expected_rows: Option<u64>,
+}
+
+/// Answer to `start_job`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartJobResponse {
+    /// The job.
+    pub job_id: String,
+    /// The agent that accepted it.
+    pub agent_id: String,
+}
+
+/// Answer to `end_of_data`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndOfDataResponse {
+    /// The job.
+    pub job_id: String,
+    /// Which split.
+    pub split: Split,
+    /// Rows committed for the split on this agent.
+    pub rows: u64,
+}
+
+/// A job's lifecycle on one agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentJobState {
+    /// Joining the gang at the rendezvous.
+    Ganging,
+    /// Gang formed; receiving rows.
+    Ingesting,
+    /// Training.
+    Training,
+    /// An attempt failed; re-joining the next one.
+    Recovering,
+    /// Finished; the model can be fetched.
+    Succeeded,
+    /// Failed for good; see `error`.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl AgentJobState {
+    /// The job will not change any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            AgentJobState::Succeeded | AgentJobState::Failed | AgentJobState::Cancelled
+        )
+    }
+}
+
+/// Metrics of one finished epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochMetrics {
+    /// Epoch number, from 1.
+    pub epoch: u32,
+    /// Mean training loss over the epoch (all ranks).
+    pub train_loss: f64,
+    /// Rows trained in the epoch on this rank.
+    pub rows: u64,
+    /// Loss on the eval split, when there is one.
+    #[serde(default)]
+    pub eval_loss: Option<f64>,
+    /// Accuracy on the eval split, for classification.
+    #[serde(default)]
+    pub eval_accuracy: Option<f64>,
+    /// Samples per second on this rank.
+    #[serde(default)]
+    pub samples_per_sec: f64,
+}
+
+/// A job as one agent sees it (`job_status`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentJobStatus {
+    /// The job.
+    pub job_id: String,
+    /// This agent.
+    pub agent_id: String,
+    /// Lifecycle state.
+    pub state: AgentJobState,
+    /// Rendezvous attempt (from 1).
+    pub attempt: u32,
+    /// This agent's rank in the attempt, once the gang formed.
+    pub rank: Option<u32>,
+    /// Ranks in the attempt.
+    pub world_size: u32,
+    /// Current epoch (from 1; 0 before training).
+    pub epoch: u32,
+    /// Epochs in the spec.
+    pub epochs: u32,
+    /// Steps done in the current epoch.
+    pub step: u64,
+    /// Steps in the current epoch (agreed by all ranks).
+    pub steps_per_epoch: u64,
+    /// Latest training loss.
+    pub loss: Option<f64>,
+    /// Rows committed for training.
+    pub rows_train: u64,
+    /// Rows committed for evaluation.
+    pub rows_eval: u64,
+    /// Rows trained on this rank, per epoch, completed epochs only.
+    pub rows_trained_per_epoch: Vec<u64>,
+    /// Current training speed on this rank.
+    pub samples_per_sec: f64,
+    /// Cached Arrow bytes held in memory.
+    pub cache_bytes_memory: u64,
+    /// Cached Arrow bytes spilled to disk.
+    pub cache_bytes_disk: u64,
+    /// Metrics of completed epochs.
+    pub history: Vec<EpochMetrics>,
+    /// Epoch of the checkpoint the current attempt resumed from, if any.
+    pub resumed_from_epoch: Option<u32>,
+    /// The error that failed or cancelled the job.
+    pub error: Option<String>,
+}
+
+/// Answer to `list_jobs`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobList {
+    /// Every job.
+    pub jobs: Vec<AgentJobStatus>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Task;
+
+    fn spec() -> JobSpec {
+        JobSpec::builder()
+            .task(Task::Classification { num_classes: 2 })
+            .features(["a"])
+            .label("y")
+            .build()
+            .expect("valid")
+    }
+
+    #[test]
+    fn every_action_round_trips() {
+        let actions = [
+            Action::StartJob(StartJob {
+                job_id: "j".into(),
+                spec: spec(),
+                rendezvous: "http://127.0.0.1:1".into(),
+            }),
+            Action::JobStatus(JobRef { job_id: "j".into() }),
+            Action::CancelJob(CancelJob {
+                job_id: "j".into(),
+                reason: "user".into(),
+            }),
+            Action::EndOfData(EndOfData {
+                job_id: "j".into(),
+                split: Split::Eval,
+                expected_rows: Some(5),
+            }),
+            Action::ListJobs,
+        ];
+        for a in actions {
+            let f = a.to_flight();
+            assert_eq!(Action::parse(&f.r#type, &f.body).expect("parses"), a);
+        }
+    }
+
+    #[test]
+    fn bad_actions_are_named() {
+        assert_eq!(
+            Action::parse("train", b"{}"),
+            Err(ActionError::Unknown("train".into()))
+        );
+        let err = Action::parse("job_status", b"{").expect_err("malformed");
+        assert!(matches!(
+            err,
+            ActionError::MalformedBody {
+                action: "job_status",
+                ..
+            }
+        ));
+        let err = Action::parse("job_status", br#"{"job_id":"a/b"}"#).expect_err("bad id");
+        assert!(err.to_string().contains("invalid job id"), "{err}");
+        let mut bad_spec = spec();
+        bad_spec.epochs = 0;
+        let body = serde_json::to_vec(&StartJob {
+            job_id: "j".into(),
+            spec: bad_spec,
+            rendezvous: String::new(),
+        })
+        .expect("json");
+        let err = Action::parse("start_job", &body).expect_err("bad spec");
+        assert!(err.to_string().contains("`epochs`"), "{err}");
+    }
+
+    #[test]
+    fn status_round_trips() {
+        let s = AgentJobStatus {
+            job_id: "j".into(),
+            agent_id: "a".into(),
+            state: AgentJobState::Training,
+            attempt: 2,
+            rank: Some(1),
+            world_size: 2,
+            epoch: 3,
+            epochs: 5,
+            step: 10,
+            steps_per_epoch: 20,
+            loss: Some(0.5),
+            rows_train: 100,
+            rows_eval: 10,
+            rows_trained_per_epoch: vec![100, 100],
+            samples_per_sec: 1e4,
+            cache_bytes_memory: 1,
+            cache_bytes_disk: 2,
+            history: vec![EpochMetrics {
+                epoch: 1,
+                train_loss: 0.7,
+                rows: 100,
+                eval_loss: Some(0.6),
+                eval_accuracy: Some(0.9),
+                samples_per_sec: 1e4,
+            }],
+            resumed_from_epoch: Some(2),
+            error: None,
+        };
+        let json = serde_json::to_string(&s).expect("json");
+        assert_eq!(serde_json::from_str::<AgentJobStatus>(&json).expect("parse"), s);
+    }
+}

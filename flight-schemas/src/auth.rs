@@ -1,0 +1,163 @@
+//! Bearer-token authentication, shared by every Kindling gRPC server and client.
+//!
+//! Callers send `authorization: Bearer <token>`. Servers check it in one
+//! interceptor ([`BearerCheck`]) rather than in each handler; clients attach it
+//! with [`BearerAttach`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+/// The metadata key carrying the token.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// A shared secret. Its `Debug` output never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(Arc<str>);
+
+impl Token {
+    /// Wraps a secret.
+    ///
+    /// ```
+    /// let t = kindling_schemas::auth::Token::new("s3cret");
+    /// assert_eq!(format!("{t:?}"), "Token(<redacted>)");
+    /// ```
+    pub fn new(secret: impl Into<String>) -> Self {
+        Token(Arc::from(secret.into()))
+    }
+
+    /// The secret itself; only for building the header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The full header value, `Bearer <token>`.
+    pub fn header_value(&self) -> String {
+        format!("Bearer {}", self.0)
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// Server-side interceptor: refuses calls without the right bearer token with
+/// `Unauthenticated`. With no token configured every call is allowed.
+#[derive(Clone, Debug)]
+pub struct BearerCheck {
+    expected: Option<Token>,
+}
+
+impl BearerCheck {
+    /// Checks for `token`; `None` disables the check (loopback development only).
+    pub fn new(token: Option<Token>) -> Self {
+        BearerCheck { expected: token }
+    }
+
+    /// Checks one request's metadata.
+    pub fn check(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(());
+        };
+        let Some(value) = metadata.get(AUTHORIZATION) else {
+            return Err(Status::unauthenticated(
+                "missing bearer token: send `authorization: Bearer <token>`",
+            ));
+        };
+        let presented = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Status::unauthenticated("malformed authorization header: expected `Bearer <token>`")
+            })?;
+        if constant_time_eq(presented.as_bytes(), expected.expose().as_bytes()) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("invalid bearer token"))
+        }
+    }
+}
+
+impl Interceptor for BearerCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        self.check(request.metadata())?;
+        Ok(request)
+    }
+}
+
+/// Client-side interceptor: attaches the bearer token to every call.
+#[derive(Clone, Debug)]
+pub struct BearerAttach {
+    header: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl BearerAttach {
+    /// Attaches `token` (nothing when `None`).
+    ///
+    /// Returns `Err` when the token contains characters not allowed in a header.
+    pub fn new(token: Option<&Token>) -> Result<Self, InvalidToken> {
+        let header = token
+            .map(|t| t.header_value().parse().map_err(|_| InvalidToken))
+            .transpose()?;
+        Ok(BearerAttach { header })
+    }
+}
+
+impl Interceptor for BearerAttach {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(h) = &self.header {
+            request.metadata_mut().insert(AUTHORIZATION, h.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// The token cannot be sent as an HTTP header value.
+#[derive(Debug, thiserror::Error)]
+#[error("the token contains characters that are not valid in an HTTP header")]
+pub struct InvalidToken;
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req_with(header: Option<&str>) -> Request<()> {
+        let mut r = Request::new(());
+        if let Some(h) = header {
+            r.metadata_mut()
+                .insert(AUTHORIZATION, h.parse().expect("ascii header"));
+        }
+        r
+    }
+
+    #[test]
+    fn check_accepts_right_token_and_refuses_others() {
+        let mut check = BearerCheck::new(Some(Token::new("abc")));
+        assert!(check.call(req_with(Some("Bearer abc"))).is_ok());
+        for bad in [None, Some("Bearer abd"), Some("abc"), Some("Bearer ")] {
+            let err = check.call(req_with(bad)).expect_err("must refuse");
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn attach_then_check_round_trips() {
+        let token = Token::new("xyz");
+        let mut attach = BearerAttach::new(Some(&token)).expect("valid token");
+        let req = attach.call(Request::new(())).expect("attach");
+        assert!(BearerCheck::new(Some(token)).check(req.metadata()).is_ok());
+    }
+}

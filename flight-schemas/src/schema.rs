@@ -1,0 +1,489 @@
+//! Arrow schema conventions and their validation against a [`JobSpec`].
+//!
+//! - A feature column is a numeric scalar (any integer or float type) or a
+//!   `FixedSizeList<Float32>` (an embedding or an image); the model input is
+//!   the features concatenated in spec order.
+//! - The label is an integer type for classification, and a numeric type for
+//!   regression.
+//! - A training stream carries exactly the feature and label columns (a
+//!   prediction stream may omit the label); any other column is refused.
+//! - Nulls, NaN and infinities in any used column are refused per batch by
+//!   [`validate_batch`]. The schema's nullability flag itself is not an error:
+//!   Spark marks nearly every column nullable, so the values are what is checked.
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+
+use crate::spec::{JobSpec, ModelSpec, Task};
+
+/// How one feature column maps into the model input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FeatureKind {
+    /// One numeric value per row.
+    Scalar(DataType),
+    /// `len` Float32 values per row.
+    Vector {
+        /// List length.
+        len: usize,
+    },
+}
+
+/// A feature column and its place in the input vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureColumn {
+    /// Column name.
+    pub name: String,
+    /// Scalar or vector.
+    pub kind: FeatureKind,
+    /// Offset of its first value in the input vector.
+    pub offset: usize,
+}
+
+/// The result of validating a schema: how batches become tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FeatureLayout {
+    /// Feature columns in spec order.
+    pub features: Vec<FeatureColumn>,
+    /// Width of the model input.
+    pub input_dim: usize,
+    /// The label's type, when the stream carries the label.
+    pub label: Option<DataType>,
+}
+
+/// A schema or batch that does not fit the job spec. Every variant names the column.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// A feature or the label is not in the stream.
+    #[error("column `{column}` is missing from the stream (it is the {role} in the job spec)")]
+    MissingColumn {
+        /// Column.
+        column: String,
+        /// `feature` or `label`.
+        role: &'static str,
+    },
+    /// The stream has a column the spec does not use.
+    #[error("unknown column `{column}`: it is neither a feature nor the label of the job spec")]
+    UnknownColumn {
+        /// Column.
+        column: String,
+    },
+    /// A column has a type the contract does not allow there.
+    #[error("column `{column}` has type {found}, expected {expected}")]
+    WrongType {
+        /// Column.
+        column: String,
+        /// What it is.
+        found: DataType,
+        /// What is allowed.
+        expected: &'static str,
+    },
+    /// The feature widths do not fit the model.
+    #[error("features give an input of width {found}, but the model needs {expected}")]
+    WrongWidth {
+        /// What the features give.
+        found: usize,
+        /// What the model needs.
+        expected: usize,
+    },
+    /// Null values in a used column.
+    #[error(
+        "column `{column}` has {count} null value(s); Kindling does not impute: drop or fill them in the ETL"
+    )]
+    Nulls {
+        /// Column.
+        column: String,
+        /// How many.
+        count: usize,
+    },
+    /// NaN or infinity.
+    #[error("column `{column}` has a non-finite value (NaN or infinity) at row {row}")]
+    NonFinite {
+        /// Column.
+        column: String,
+        /// Row within the batch.
+        row: usize,
+    },
+    /// A class label outside `0..num_classes`.
+    #[error("label column `{column}` has class {value} at row {row}, outside 0..{num_classes}")]
+    LabelOutOfRange {
+        /// Column.
+        column: String,
+        /// Offending value.
+        value: i64,
+        /// Row within the batch.
+        row: usize,
+        /// Classes in the spec.
+        num_classes: usize,
+    },
+}
+
+const NUMERIC: &str =
+    "a numeric scalar (Int8..Int64, UInt8..UInt64, Float16/32/64) or FixedSizeList<Float32>";
+
+fn is_numeric(t: &DataType) -> bool {
+    t.is_integer() || t.is_floating()
+}
+
+/// What a stream is for, which decides how strict [`validate`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// Training or eval rows: exactly the features and the label.
+    Train,
+    /// Rows to predict: the features are required; the label and any other
+    /// columns are allowed and passed through to the output.
+    Predict,
+}
+
+/// Validates a stream's schema against the spec.
+///
+/// ```
+/// use arrow::datatypes::{DataType, Field, Schema};
+/// use kindling_schemas::{schema::{validate, StreamKind}, spec::{JobSpec, Task}};
+/// let spec = JobSpec::builder().task(Task::Classification { num_classes: 2 })
+///     .features(["x"]).label("y").build().unwrap();
+/// let schema = Schema::new(vec![
+///     Field::new("x", DataType::Float64, true),
+///     Field::new("y", DataType::Int32, true),
+/// ]);
+/// assert_eq!(validate(&schema, &spec, StreamKind::Train).unwrap().input_dim, 1);
+/// ```
+pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<FeatureLayout, SchemaError> {
+    let require_label = kind == StreamKind::Train;
+    for field in schema.fields().iter().filter(|_| require_label) {
+        if *field.name() != spec.label && !spec.features.contains(field.name()) {
+            return Err(SchemaError::UnknownColumn {
+                column: field.name().clone(),
+            });
+        }
+    }
+    let mut features = Vec::with_capacity(spec.features.len());
+    let mut offset = 0;
+    for name in &spec.features {
+        let field = schema
+            .field_with_name(name)
+            .map_err(|_| SchemaError::MissingColumn {
+                column: name.clone(),
+                role: "feature",
+            })?;
+        let kind = match field.data_type() {
+            t if is_numeric(t) => FeatureKind::Scalar(t.clone()),
+            DataType::FixedSizeList(inner, len) if *inner.data_type() == DataType::Float32 && *len > 0 => {
+                FeatureKind::Vector { len: *len as usize }
+            }
+            other => {
+                return Err(SchemaError::WrongType {
+                    column: name.clone(),
+                    found: other.clone(),
+                    expected: NUMERIC,
+                });
+            }
+        };
+        let width = match kind {
+            FeatureKind::Scalar(_) => 1,
+            FeatureKind::Vector { len } => len,
+        };
+        features.push(FeatureColumn {
+            name: name.clone(),
+            kind,
+            offset,
+        });
+        offset += width;
+    }
+    if let ModelSpec::Cnn {
+        channels,
+        height,
+        width,
+        ..
+    } = &spec.model
+    {
+        let expected = channels * height * width;
+        if offset != expected {
+            return Err(SchemaError::WrongWidth {
+                found: offset,
+                expected,
+            });
+        }
+    }
+    let label = match schema.field_with_name(&spec.label) {
+        Ok(field) => {
+            let t = field.data_type();
+            let ok = match spec.task {
+                Task::Classification { .. } => t.is_integer(),
+                Task::Regression => is_numeric(t),
+            };
+            if !ok {
+                return Err(SchemaError::WrongType {
+                    column: spec.label.clone(),
+                    found: t.clone(),
+                    expected: match spec.task {
+                        Task::Classification { .. } => "an integer class label",
+                        Task::Regression => "a numeric label",
+                    },
+                });
+            }
+            Some(t.clone())
+        }
+        Err(_) if require_label => {
+            return Err(SchemaError::MissingColumn {
+                column: spec.label.clone(),
+                role: "label",
+            });
+        }
+        Err(_) => None,
+    };
+    Ok(FeatureLayout {
+        features,
+        input_dim: offset,
+        label,
+    })
+}
+
+/// Checks the values of one batch's feature and label columns: no nulls, no
+/// NaN/infinity, class labels in range. The batch must have a schema that
+/// [`validate`] accepted; other (pass-through) columns are not looked at.
+pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaError> {
+    let schema = batch.schema();
+    let used = schema
+        .fields()
+        .iter()
+        .zip(batch.columns())
+        .filter(|(f, _)| *f.name() == spec.label || spec.features.contains(f.name()));
+    for (field, column) in used {
+        let name = field.name();
+        if column.null_count() > 0 {
+            return Err(SchemaError::Nulls {
+                column: name.clone(),
+                count: column.null_count(),
+            });
+        }
+        let values: &dyn Array = match column.data_type() {
+            DataType::FixedSizeList(..) => {
+                let list = column.as_fixed_size_list();
+                if list.values().null_count() > 0 {
+                    return Err(SchemaError::Nulls {
+                        column: name.clone(),
+                        count: list.values().null_count(),
+                    });
+                }
+                list.values().as_ref()
+            }
+            _ => column.as_ref(),
+        };
+        let width = match column.data_type() {
+            DataType::FixedSizeList(_, n) => (*n).max(1) as usize,
+            _ => 1,
+        };
+        let non_finite = match values.data_type() {
+            DataType::Float32 => values
+                .as_primitive::<Float32Type>()
+                .values()
+                .iter()
+                .position(|v| !v.is_finite()),
+            DataType::Float64 => values
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .position(|v| !v.is_finite()),
+            DataType::Float16 => values
+                .as_primitive::<arrow::datatypes::Float16Type>()
+                .values()
+                .iter()
+                .position(|v| !v.is_finite()),
+            _ => None,
+        };
+        if let Some(i) = non_finite {
+            let offset = match column.data_type() {
+                DataType::FixedSizeList(..) => column.as_fixed_size_list().value_offset_at(0) as usize,
+                _ => 0,
+            };
+            return Err(SchemaError::NonFinite {
+                column: name.clone(),
+                row: i.saturating_sub(offset) / width,
+            });
+        }
+        if let (true, Task::Classification { num_classes }) = (*name == spec.label, spec.task) {
+            let labels =
+                arrow::compute::cast(column, &DataType::Int64).map_err(|_| SchemaError::WrongType {
+                    column: name.clone(),
+                    found: column.data_type().clone(),
+                    expected: "an integer class label",
+                })?;
+            if let Some((row, &value)) = labels
+                .as_primitive::<arrow::datatypes::Int64Type>()
+                .values()
+                .iter()
+                .enumerate()
+                .find(|(_, v)| **v < 0 || **v >= num_classes as i64)
+            {
+                return Err(SchemaError::LabelOutOfRange {
+                    column: name.clone(),
+                    value,
+                    row,
+                    num_classes,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{FixedSizeListArray, Float32Array, Float64Array, Int32Array};
+    use arrow::datatypes::Field;
+
+    use super::*;
+    use crate::spec::Task;
+
+    fn spec(features: &[&str]) -> JobSpec {
+        JobSpec::builder()
+            .task(Task::Classification { num_classes: 3 })
+            .features(features.iter().copied())
+            .label("y")
+            .build()
+            .expect("valid")
+    }
+
+    fn fsl_field(name: &str, len: i32) -> Field {
+        Field::new(
+            name,
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), len),
+            true,
+        )
+    }
+
+    #[test]
+    fn layout_concatenates_scalars_and_vectors() {
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            fsl_field("emb", 4),
+            Field::new("y", DataType::Int32, true),
+            Field::new("b", DataType::Float32, false),
+        ]);
+        let layout = validate(&schema, &spec(&["a", "emb", "b"]), StreamKind::Train).expect("valid");
+        assert_eq!(layout.input_dim, 6);
+        assert_eq!(
+            layout.features.iter().map(|f| f.offset).collect::<Vec<_>>(),
+            vec![0, 1, 5]
+        );
+        assert_eq!(layout.label, Some(DataType::Int32));
+    }
+
+    #[test]
+    fn schema_errors_name_the_column() {
+        let s = spec(&["a"]);
+        let cases = [
+            (Schema::new(vec![Field::new("y", DataType::Int32, true)]), "`a`"),
+            (
+                Schema::new(vec![
+                    Field::new("a", DataType::Utf8, true),
+                    Field::new("y", DataType::Int32, true),
+                ]),
+                "`a`",
+            ),
+            (
+                Schema::new(vec![
+                    Field::new("a", DataType::Float64, true),
+                    Field::new("y", DataType::Float32, true),
+                ]),
+                "`y`",
+            ),
+            (
+                Schema::new(vec![
+                    Field::new("a", DataType::Float64, true),
+                    Field::new("y", DataType::Int32, true),
+                    Field::new("z", DataType::Int32, true),
+                ]),
+                "`z`",
+            ),
+            (Schema::new(vec![Field::new("a", DataType::Float64, true)]), "`y`"),
+        ];
+        for (schema, column) in cases {
+            let err = validate(&schema, &s, StreamKind::Train).expect_err(column);
+            assert!(err.to_string().contains(column), "{err} should name {column}");
+        }
+        // Prediction streams may omit the label and carry other columns.
+        let features_only = Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new("a", DataType::Float64, true),
+        ]);
+        assert_eq!(
+            validate(&features_only, &s, StreamKind::Predict)
+                .expect("valid")
+                .label,
+            None
+        );
+    }
+
+    #[test]
+    fn batch_errors_name_column_and_row() {
+        let s = spec(&["a", "emb"]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Float64, true),
+            fsl_field("emb", 2),
+            Field::new("y", DataType::Int32, true),
+        ]));
+        let emb = |vals: Vec<f32>| {
+            FixedSizeListArray::new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                2,
+                Arc::new(Float32Array::from(vals)),
+                None,
+            )
+        };
+        let batch = |a: Vec<Option<f64>>, e: Vec<f32>, y: Vec<i32>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Float64Array::from(a)),
+                    Arc::new(emb(e)),
+                    Arc::new(Int32Array::from(y)),
+                ],
+            )
+            .expect("batch")
+        };
+        assert!(validate_batch(&batch(vec![Some(1.0), Some(2.0)], vec![0.0; 4], vec![0, 2]), &s).is_ok());
+        assert_eq!(
+            validate_batch(&batch(vec![Some(1.0), None], vec![0.0; 4], vec![0, 1]), &s),
+            Err(SchemaError::Nulls {
+                column: "a".into(),
+                count: 1
+            })
+        );
+        assert_eq!(
+            validate_batch(
+                &batch(
+                    vec![Some(1.0), Some(1.0)],
+                    vec![0.0, 0.0, 0.0, f32::NAN],
+                    vec![0, 1]
+                ),
+                &s
+            ),
+            Err(SchemaError::NonFinite {
+                column: "emb".into(),
+                row: 1
+            })
+        );
+        assert_eq!(
+            validate_batch(
+                &batch(vec![Some(1.0), Some(f64::INFINITY)], vec![0.0; 4], vec![0, 1]),
+                &s
+            ),
+            Err(SchemaError::NonFinite {
+                column: "a".into(),
+                row: 1
+            })
+        );
+        assert_eq!(
+            validate_batch(&batch(vec![Some(1.0), Some(1.0)], vec![0.0; 4], vec![0, 3]), &s),
+            Err(SchemaError::LabelOutOfRange {
+                column: "y".into(),
+                value: 3,
+                row: 1,
+                num_classes: 3
+            })
+        );
+    }
+}

@@ -1,0 +1,609 @@
+//! The job spec: what to train, on which columns, how, and on how many slots.
+//!
+//! A [`JobSpec`] is only ever handed out validated: build it with
+//! [`JobSpec::builder`] or parse it with [`JobSpec::from_json`]; both name the
+//! offending field in their error.
+
+use serde::{Deserialize, Serialize};
+
+/// The model architecture.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ModelSpec {
+    /// One dense layer: linear regression, or logistic (softmax) regression
+    /// for a classification task.
+    Linear,
+    /// A multi-layer perceptron with ReLU between the hidden layers.
+    Mlp {
+        /// Widths of the hidden layers, e.g. `[256, 128]`.
+        hidden: Vec<usize>,
+    },
+    /// A small CNN over one `FixedSizeList<Float32>` image feature, laid out
+    /// row-major as `channels × height × width`.
+    Cnn {
+        /// Input channels (1 for grey scale).
+        channels: usize,
+        /// Image height.
+        height: usize,
+        /// Image width.
+        width: usize,
+        /// Output channels of each 3×3 conv (+ReLU +2×2 max-pool) block.
+        conv: Vec<usize>,
+        /// Hidden width of the dense layer after the convolutions.
+        dense: usize,
+    },
+}
+
+/// What the label means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Task {
+    /// Integer class labels in `0..num_classes`.
+    Classification {
+        /// Number of classes (≥ 2).
+        num_classes: usize,
+    },
+    /// A real-valued label.
+    Regression,
+}
+
+/// The loss function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// Softmax cross-entropy (classification).
+    CrossEntropy,
+    /// Mean squared error (regression).
+    Mse,
+}
+
+/// The optimizer and its hyper-parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum OptimizerSpec {
+    /// Stochastic gradient descent.
+    Sgd {
+        /// Step size.
+        learning_rate: f64,
+        /// Momentum (0 disables).
+        #[serde(default)]
+        momentum: f64,
+    },
+    /// Adam.
+    Adam {
+        /// Step size.
+        learning_rate: f64,
+        /// β₁.
+        #[serde(default = "default_beta1")]
+        beta1: f32,
+        /// β₂.
+        #[serde(default = "default_beta2")]
+        beta2: f32,
+    },
+}
+
+fn default_beta1() -> f32 {
+    0.9
+}
+fn default_beta2() -> f32 {
+    0.999
+}
+
+impl OptimizerSpec {
+    /// Adam with the usual betas.
+    pub fn adam(learning_rate: f64) -> Self {
+        OptimizerSpec::Adam {
+            learning_rate,
+            beta1: default_beta1(),
+            beta2: default_beta2(),
+        }
+    }
+
+    /// Plain SGD.
+    pub fn sgd(learning_rate: f64) -> Self {
+        OptimizerSpec::Sgd {
+            learning_rate,
+            momentum: 0.0,
+        }
+    }
+
+    /// The learning rate.
+    pub fn learning_rate(&self) -> f64 {
+        match self {
+            OptimizerSpec::Sgd { learning_rate, .. } | OptimizerSpec::Adam { learning_rate, .. } => {
+                *learning_rate
+            }
+        }
+    }
+}
+
+/// When to checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPolicy {
+    /// Checkpoint after every `every_epochs` epochs (0: never, except on demand).
+    pub every_epochs: u32,
+    /// How many completed checkpoints to keep per job.
+    pub keep_last: u32,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        CheckpointPolicy {
+            every_epochs: 1,
+            keep_last: 2,
+        }
+    }
+}
+
+/// Everything an agent needs to know to train one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Architecture.
+    pub model: ModelSpec,
+    /// Classification or regression.
+    pub task: Task,
+    /// Loss; must fit the task.
+    pub loss: Loss,
+    /// Optimizer.
+    pub optimizer: OptimizerSpec,
+    /// Passes over the data.
+    pub epochs: u32,
+    /// Rows per step on each rank.
+    pub batch_size: usize,
+    /// Number of agents (ranks) training together.
+    pub num_slots: u32,
+    /// Train on the GPU (burn-wgpu) instead of the CPU.
+    #[serde(default)]
+    pub use_gpu: bool,
+    /// Seed for weight init and shuffling.
+    #[serde(default)]
+    pub seed: u64,
+    /// Feature columns, in the order they are concatenated into the input.
+    pub features: Vec<String>,
+    /// Label column.
+    pub label: String,
+    /// Checkpointing.
+    #[serde(default)]
+    pub checkpoint: CheckpointPolicy,
+    /// Visit each rank's cached batches in a new seeded order every epoch.
+    #[serde(default = "default_true")]
+    pub shuffle: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A job spec field failed validation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid job spec: `{field}`: {reason}")]
+pub struct SpecError {
+    /// The field, e.g. `batch_size` or `features[2]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl SpecError {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        SpecError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Upper bounds that keep a malformed spec from exhausting an agent.
+pub const MAX_SLOTS: u32 = 4096;
+/// Largest accepted layer width.
+pub const MAX_WIDTH: usize = 1 << 16;
+
+impl JobSpec {
+    /// Starts a builder with defaults: linear model, Adam(1e-3), 1 epoch,
+    /// batch 64, 1 slot, CPU, seed 0.
+    ///
+    /// ```
+    /// use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
+    /// let spec = JobSpec::builder()
+    ///     .model(ModelSpec::Mlp { hidden: vec![32] })
+    ///     .task(Task::Classification { num_classes: 3 })
+    ///     .features(["x1", "x2"])
+    ///     .label("y")
+    ///     .num_slots(2)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(spec.num_slots, 2);
+    /// ```
+    pub fn builder() -> JobSpecBuilder {
+        JobSpecBuilder::default()
+    }
+
+    /// Parses and validates a JSON spec.
+    pub fn from_json(json: &str) -> Result<JobSpec, SpecError> {
+        let spec: JobSpec =
+            serde_json::from_str(json).map_err(|e| SpecError::new("<json>", e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The spec as JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.features.is_empty() {
+            return Err(SpecError::new(
+                "features",
+                "at least one feature column is required",
+            ));
+        }
+        for (i, f) in self.features.iter().enumerate() {
+            if f.trim().is_empty() {
+                return Err(SpecError::new(format!("features[{i}]"), "empty column name"));
+            }
+            if self.features[..i].contains(f) {
+                return Err(SpecError::new(
+                    format!("features[{i}]"),
+                    format!("column `{f}` listed twice"),
+                ));
+            }
+            if *f == self.label {
+                return Err(SpecError::new(
+                    format!("features[{i}]"),
+                    format!("`{f}` is also the label"),
+                ));
+            }
+        }
+        if self.label.trim().is_empty() {
+            return Err(SpecError::new("label", "empty column name"));
+        }
+        if self.epochs == 0 {
+            return Err(SpecError::new("epochs", "must be at least 1"));
+        }
+        if self.batch_size == 0 || self.batch_size > 1 << 20 {
+            return Err(SpecError::new("batch_size", "must be in 1..=1048576"));
+        }
+        if self.num_slots == 0 || self.num_slots > MAX_SLOTS {
+            return Err(SpecError::new("num_slots", format!("must be in 1..={MAX_SLOTS}")));
+        }
+        let lr = self.optimizer.learning_rate();
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(SpecError::new(
+                "optimizer.learning_rate",
+                "must be a finite number > 0",
+            ));
+        }
+        if let OptimizerSpec::Sgd { momentum, .. } = self.optimizer {
+            if !(0.0..1.0).contains(&momentum) {
+                return Err(SpecError::new("optimizer.momentum", "must be in [0, 1)"));
+            }
+        }
+        if let OptimizerSpec::Adam { beta1, beta2, .. } = self.optimizer {
+            if !(0.0..1.0).contains(&beta1) {
+                return Err(SpecError::new("optimizer.beta1", "must be in [0, 1)"));
+            }
+            if !(0.0..1.0).contains(&beta2) {
+                return Err(SpecError::new("optimizer.beta2", "must be in [0, 1)"));
+            }
+        }
+        match (self.task, self.loss) {
+            (Task::Classification { num_classes }, Loss::CrossEntropy) => {
+                if !(2..=MAX_WIDTH).contains(&num_classes) {
+                    return Err(SpecError::new(
+                        "task.num_classes",
+                        format!("must be in 2..={MAX_WIDTH}"),
+                    ));
+                }
+            }
+            (Task::Regression, Loss::Mse) => {}
+            (Task::Classification { .. }, Loss::Mse) => {
+                return Err(SpecError::new(
+                    "loss",
+                    "mse does not fit a classification task; use cross_entropy",
+                ));
+            }
+            (Task::Regression, Loss::CrossEntropy) => {
+                return Err(SpecError::new(
+                    "loss",
+                    "cross_entropy does not fit a regression task; use mse",
+                ));
+            }
+        }
+        match &self.model {
+            ModelSpec::Linear => {}
+            ModelSpec::Mlp { hidden } => {
+                if hidden.is_empty() {
+                    return Err(SpecError::new(
+                        "model.hidden",
+                        "an MLP needs at least one hidden layer (use `linear` for none)",
+                    ));
+                }
+                for (i, w) in hidden.iter().enumerate() {
+                    if *w == 0 || *w > MAX_WIDTH {
+                        return Err(SpecError::new(
+                            format!("model.hidden[{i}]"),
+                            format!("must be in 1..={MAX_WIDTH}"),
+                        ));
+                    }
+                }
+            }
+            ModelSpec::Cnn {
+                channels,
+                height,
+                width,
+                conv,
+                dense,
+            } => {
+                if *channels == 0 || *channels > 64 {
+                    return Err(SpecError::new("model.channels", "must be in 1..=64"));
+                }
+                let mut h = *height;
+                let mut w = *width;
+                if h == 0 || w == 0 || h > 4096 || w > 4096 {
+                    return Err(SpecError::new(
+                        "model.height",
+                        "height and width must be in 1..=4096",
+                    ));
+                }
+                if conv.is_empty() {
+                    return Err(SpecError::new(
+                        "model.conv",
+                        "a CNN needs at least one conv block",
+                    ));
+                }
+                for (i, c) in conv.iter().enumerate() {
+                    if *c == 0 || *c > 1024 {
+                        return Err(SpecError::new(format!("model.conv[{i}]"), "must be in 1..=1024"));
+                    }
+                    h /= 2;
+                    w /= 2;
+                    if h == 0 || w == 0 {
+                        return Err(SpecError::new(
+                            format!("model.conv[{i}]"),
+                            "too many pooling blocks for the image size",
+                        ));
+                    }
+                }
+                if *dense == 0 || *dense > MAX_WIDTH {
+                    return Err(SpecError::new(
+                        "model.dense",
+                        format!("must be in 1..={MAX_WIDTH}"),
+                    ));
+                }
+                if self.features.len() != 1 {
+                    return Err(SpecError::new(
+                        "features",
+                        "a CNN takes exactly one FixedSizeList<Float32> image column",
+                    ));
+                }
+            }
+        }
+        if self.checkpoint.keep_last == 0 {
+            return Err(SpecError::new("checkpoint.keep_last", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Width of the model's output layer.
+    pub fn output_dim(&self) -> usize {
+        match self.task {
+            Task::Classification { num_classes } => num_classes,
+            Task::Regression => 1,
+        }
+    }
+}
+
+/// Builds a [`JobSpec`], validating in [`build`](JobSpecBuilder::build).
+#[derive(Clone, Debug)]
+pub struct JobSpecBuilder {
+    spec: JobSpec,
+    loss_set: bool,
+}
+
+impl Default for JobSpecBuilder {
+    fn default() -> Self {
+        JobSpecBuilder {
+            spec: JobSpec {
+                model: ModelSpec::Linear,
+                task: Task::Regression,
+                loss: Loss::Mse,
+                optimizer: OptimizerSpec::adam(1e-3),
+                epochs: 1,
+                batch_size: 64,
+                num_slots: 1,
+                use_gpu: false,
+                seed: 0,
+                features: Vec::new(),
+                label: String::new(),
+                checkpoint: CheckpointPolicy::default(),
+                shuffle: true,
+            },
+            loss_set: false,
+        }
+    }
+}
+
+impl JobSpecBuilder {
+    /// Sets the model.
+    pub fn model(mut self, model: ModelSpec) -> Self {
+        self.spec.model = model;
+        self
+    }
+    /// Sets the task; the loss follows it unless set explicitly.
+    pub fn task(mut self, task: Task) -> Self {
+        self.spec.task = task;
+        self
+    }
+    /// Sets the loss explicitly.
+    pub fn loss(mut self, loss: Loss) -> Self {
+        self.spec.loss = loss;
+        self.loss_set = true;
+        self
+    }
+    /// Sets the optimizer.
+    pub fn optimizer(mut self, optimizer: OptimizerSpec) -> Self {
+        self.spec.optimizer = optimizer;
+        self
+    }
+    /// Sets the number of epochs.
+    pub fn epochs(mut self, epochs: u32) -> Self {
+        self.spec.epochs = epochs;
+        self
+    }
+    /// Sets the per-rank batch size.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.spec.batch_size = batch_size;
+        self
+    }
+    /// Sets the number of slots (ranks).
+    pub fn num_slots(mut self, num_slots: u32) -> Self {
+        self.spec.num_slots = num_slots;
+        self
+    }
+    /// Trains on the GPU.
+    pub fn use_gpu(mut self, use_gpu: bool) -> Self {
+        self.spec.use_gpu = use_gpu;
+        self
+    }
+    /// Sets the seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.spec.seed = seed;
+        self
+    }
+    /// Sets the feature columns.
+    pub fn features<I, S>(mut self, features: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spec.features = features.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Sets the label column.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.spec.label = label.into();
+        self
+    }
+    /// Sets the checkpoint policy.
+    pub fn checkpoint(mut self, policy: CheckpointPolicy) -> Self {
+        self.spec.checkpoint = policy;
+        self
+    }
+    /// Shuffles batch order every epoch (default on).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.spec.shuffle = shuffle;
+        self
+    }
+    /// Validates and returns the spec.
+    pub fn build(mut self) -> Result<JobSpec, SpecError> {
+        if !self.loss_set {
+            self.spec.loss = match self.spec.task {
+                Task::Classification { .. } => Loss::CrossEntropy,
+                Task::Regression => Loss::Mse,
+            };
+        }
+        self.spec.validate()?;
+        Ok(self.spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> JobSpecBuilder {
+        JobSpec::builder()
+            .task(Task::Classification { num_classes: 2 })
+            .features(["a", "b"])
+            .label("y")
+    }
+
+    #[test]
+    fn json_round_trip_keeps_every_field() {
+        let spec = base()
+            .model(ModelSpec::Mlp { hidden: vec![16, 8] })
+            .optimizer(OptimizerSpec::Sgd {
+                learning_rate: 0.1,
+                momentum: 0.9,
+            })
+            .epochs(3)
+            .batch_size(32)
+            .num_slots(4)
+            .use_gpu(true)
+            .seed(7)
+            .build()
+            .expect("valid");
+        let back = JobSpec::from_json(&spec.to_json()).expect("parses");
+        assert_eq!(back, spec);
+        let cnn = base()
+            .features(["img"])
+            .model(ModelSpec::Cnn {
+                channels: 1,
+                height: 8,
+                width: 8,
+                conv: vec![4, 8],
+                dense: 16,
+            })
+            .build()
+            .expect("valid cnn");
+        assert_eq!(JobSpec::from_json(&cnn.to_json()).expect("parses"), cnn);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(JobSpecBuilder, &str)> = vec![
+            (base().features(Vec::<String>::new()), "features"),
+            (base().features(["a", "a"]), "features[1]"),
+            (base().features(["a", "y"]), "features[1]"),
+            (base().label(""), "label"),
+            (base().epochs(0), "epochs"),
+            (base().batch_size(0), "batch_size"),
+            (base().num_slots(0), "num_slots"),
+            (
+                base().optimizer(OptimizerSpec::adam(f64::NAN)),
+                "optimizer.learning_rate",
+            ),
+            (
+                base().task(Task::Classification { num_classes: 1 }),
+                "task.num_classes",
+            ),
+            (base().loss(Loss::Mse), "loss"),
+            (base().model(ModelSpec::Mlp { hidden: vec![] }), "model.hidden"),
+            (
+                base().model(ModelSpec::Mlp { hidden: vec![4, 0] }),
+                "model.hidden[1]",
+            ),
+            (
+                base().model(ModelSpec::Cnn {
+                    channels: 1,
+                    height: 4,
+                    width: 4,
+                    conv: vec![2, 2, 2],
+                    dense: 4,
+                }),
+                "model.conv[2]",
+            ),
+        ];
+        for (builder, field) in cases {
+            let err = builder.build().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.to_string().contains(field));
+        }
+    }
+
+    #[test]
+    fn from_json_rejects_unknown_model_and_invalid_values() {
+        let err = JobSpec::from_json(r#"{"model":{"kind":"transformer"}}"#).expect_err("unknown");
+        assert_eq!(err.field, "<json>");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&base().build().expect("ok").to_json()).expect("json");
+        v["epochs"] = 0.into();
+        assert_eq!(
+            JobSpec::from_json(&v.to_string()).expect_err("epochs").field,
+            "epochs"
+        );
+    }
+}
