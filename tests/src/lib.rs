@@ -1,1 +1,3 @@
-//! placeholder
+//! End-to-end tests and fixtures: a real Spark Connect server, agents and rendezvous on loopback.
+
+pub mod spark;

@@ -1,0 +1,375 @@
+//! Streaming record batches into agents: a typed Flight client for one agent
+//! and a [`ShardWriter`] that `DoPut`s one producer's batches with bounded
+//! bytes in flight and checks what the agent committed.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, SchemaAsIpc};
+use futures::StreamExt;
+use kindling_schemas::action::Action;
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::descriptor::DataPath;
+use kindling_schemas::metadata::{BatchMetadata, PutAck};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// Largest message exchanged with an agent.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Errors talking to an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The agent address is malformed.
+    #[error("invalid agent address {addr}: {reason}")]
+    Address {
+        /// The address.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The agent refused or failed a call.
+    #[error("agent {agent}: {}: {}", .status.code(), .status.message())]
+    Agent {
+        /// The agent.
+        agent: String,
+        /// The gRPC status.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// The agent answered something that does not follow the contract.
+    #[error("agent {agent} broke the protocol: {reason}")]
+    Protocol {
+        /// The agent.
+        agent: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Arrow encoding failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+}
+
+impl FeedError {
+    /// Whether a retry (or re-sending to another agent) can help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            FeedError::Agent { status, .. } => matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::Aborted
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+            ),
+            _ => false,
+        }
+    }
+
+    /// The gRPC code, when the agent answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            FeedError::Agent { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+type Inner = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
+
+/// A Flight client for one agent, with the bearer token attached to every call.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    url: String,
+    inner: Inner,
+}
+
+impl AgentClient {
+    /// Connects lazily to the agent at `url` (`http://host:port`).
+    pub fn connect(url: &str, token: Option<&Token>) -> Result<Self, FeedError> {
+        let addr_err = |reason: String| FeedError::Address {
+            addr: url.to_owned(),
+            reason,
+        };
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| addr_err(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let attach = BearerAttach::new(token).map_err(|e| addr_err(e.to_string()))?;
+        let inner = FlightServiceClient::with_interceptor(channel, attach)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(AgentClient {
+            url: url.to_owned(),
+            inner,
+        })
+    }
+
+    /// The agent's address.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The raw Flight client.
+    pub fn flight(&self) -> Inner {
+        self.inner.clone()
+    }
+
+    fn status(&self, s: tonic::Status) -> FeedError {
+        FeedError::Agent {
+            agent: self.url.clone(),
+            status: Box::new(s),
+        }
+    }
+
+    /// Runs an action and decodes its JSON answer.
+    pub async fn action<T: DeserializeOwned>(&self, action: &Action) -> Result<T, FeedError> {
+        let mut results = self
+            .inner
+            .clone()
+            .do_action(action.to_flight())
+            .await
+            .map_err(|s| self.status(s))?
+            .into_inner();
+        let first = results
+            .next()
+            .await
+            .ok_or_else(|| FeedError::Protocol {
+                agent: self.url.clone(),
+                reason: "empty action result".into(),
+            })?
+            .map_err(|s| self.status(s))?;
+        serde_json::from_slice(&first.body).map_err(|e| FeedError::Protocol {
+            agent: self.url.clone(),
+            reason: format!("action `{}` answered malformed JSON: {e}", action.kind().name()),
+        })
+    }
+
+    /// Opens a `DoPut` of one producer's batches to `path`.
+    pub async fn put(
+        &self,
+        path: &DataPath,
+        producer: impl Into<String>,
+        schema: &Schema,
+        window_bytes: usize,
+    ) -> Result<ShardWriter, FeedError> {
+        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes).await
+    }
+}
+
+/// What an agent committed for one producer's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShardReceipt {
+    /// Rows the agent holds for the producer after the commit.
+    pub rows_committed: u64,
+    /// Rows this stream sent.
+    pub rows_sent: u64,
+    /// Batches the agent already had (re-sent after a retry).
+    pub duplicate_batches: u64,
+    /// The whole stream was a duplicate of one committed earlier.
+    pub duplicate_stream: bool,
+}
+
+/// One producer's `DoPut` to one agent, with at most `window` bytes unacknowledged.
+#[derive(Debug)]
+pub struct ShardWriter {
+    agent: String,
+    producer: String,
+    tx: Option<mpsc::Sender<FlightData>>,
+    window: Arc<Semaphore>,
+    window_kib: u32,
+    charged: Arc<Mutex<VecDeque<u32>>>,
+    acks: JoinHandle<Result<Option<(u64, u64, bool)>, FeedError>>,
+    seq: u64,
+    rows_sent: u64,
+    generator: IpcDataGenerator,
+    tracker: DictionaryTracker,
+    options: IpcWriteOptions,
+}
+
+impl ShardWriter {
+    async fn open(
+        client: AgentClient,
+        path: &DataPath,
+        producer: String,
+        schema: &Schema,
+        window_bytes: usize,
+    ) -> Result<Self, FeedError> {
+        let options = IpcWriteOptions::default();
+        let mut schema_msg: FlightData = SchemaAsIpc::new(schema, &options).into();
+        schema_msg.flight_descriptor = Some(path.descriptor());
+        let (tx, rx) = mpsc::channel::<FlightData>(4);
+        tx.send(schema_msg).await.map_err(|_| FeedError::Protocol {
+            agent: client.url.clone(),
+            reason: "request stream closed before it started".into(),
+        })?;
+        let window_kib = (window_bytes / 1024).clamp(1, u32::MAX as usize >> 4) as u32;
+        let window = Arc::new(Semaphore::new(window_kib as usize));
+        let charged = Arc::new(Mutex::new(VecDeque::new()));
+        let agent = client.url.clone();
+        let acks = {
+            let window = window.clone();
+            let charged = charged.clone();
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                let result = read_acks(&client, rx, &producer, &window, &charged).await;
+                // Wake a writer blocked on the window: the stream is over.
+                window.close();
+                result
+            })
+        };
+        Ok(ShardWriter {
+            agent,
+            producer,
+            tx: Some(tx),
+            window,
+            window_kib,
+            charged,
+            acks,
+            seq: 0,
+            rows_sent: 0,
+            generator: IpcDataGenerator::default(),
+            tracker: DictionaryTracker::new(false),
+            options,
+        })
+    }
+
+    /// Sends one batch, waiting while the window is full.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<(), FeedError> {
+        let (dicts, encoded) =
+            self.generator
+                .encode(batch, &mut self.tracker, &self.options, &mut Default::default())?;
+        if !dicts.is_empty() {
+            return Err(FeedError::Protocol {
+                agent: self.agent.clone(),
+                reason: "dictionary-encoded columns are not part of the contract; cast them first".into(),
+            });
+        }
+        let bytes = encoded.arrow_data.len() + encoded.ipc_message.len();
+        let kib = ((bytes / 1024).max(1) as u32).min(self.window_kib);
+        let permit = self.window.clone().acquire_many_owned(kib).await;
+        let Ok(permit) = permit else {
+            return Err(self.stream_error().await);
+        };
+        permit.forget();
+        self.charged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(kib);
+        let meta = BatchMetadata {
+            producer: self.producer.clone(),
+            seq: self.seq,
+            attempt: 0,
+        };
+        let mut msg: FlightData = encoded.into();
+        msg.app_metadata = meta.encode().into();
+        let sent = match &self.tx {
+            Some(tx) => tx.send(msg).await.is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(self.stream_error().await);
+        }
+        self.seq += 1;
+        self.rows_sent += batch.num_rows() as u64;
+        Ok(())
+    }
+
+    async fn stream_error(&mut self) -> FeedError {
+        self.tx = None;
+        match (&mut self.acks).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(_)) => FeedError::Protocol {
+                agent: self.agent.clone(),
+                reason: "stream ended early".into(),
+            },
+            Err(e) => FeedError::Protocol {
+                agent: self.agent.clone(),
+                reason: format!("ack reader failed: {e}"),
+            },
+        }
+    }
+
+    /// Closes the stream and waits for the agent's commit.
+    pub async fn finish(mut self) -> Result<ShardReceipt, FeedError> {
+        self.tx = None;
+        let (rows_committed, duplicate_batches, duplicate_stream) = match (&mut self.acks).await {
+            Ok(r) => match r? {
+                Some(c) => c,
+                None if self.seq == 0 => (0, 0, false),
+                None => {
+                    return Err(FeedError::Protocol {
+                        agent: self.agent.clone(),
+                        reason: "the stream ended without a commit acknowledgement".into(),
+                    });
+                }
+            },
+            Err(e) => {
+                return Err(FeedError::Protocol {
+                    agent: self.agent.clone(),
+                    reason: format!("ack reader failed: {e}"),
+                });
+            }
+        };
+        Ok(ShardReceipt {
+            rows_committed,
+            rows_sent: self.rows_sent,
+            duplicate_batches,
+            duplicate_stream,
+        })
+    }
+
+    /// Rows sent so far.
+    pub fn rows_sent(&self) -> u64 {
+        self.rows_sent
+    }
+}
+
+async fn read_acks(
+    client: &AgentClient,
+    rx: mpsc::Receiver<FlightData>,
+    producer: &str,
+    window: &Semaphore,
+    charged: &Mutex<VecDeque<u32>>,
+) -> Result<Option<(u64, u64, bool)>, FeedError> {
+    let mut results = client
+        .inner
+        .clone()
+        .do_put(ReceiverStream::new(rx))
+        .await
+        .map_err(|s| client.status(s))?
+        .into_inner();
+    let mut duplicates = 0;
+    let mut committed = None;
+    while let Some(r) = results.next().await {
+        let r = r.map_err(|s| client.status(s))?;
+        let ack = PutAck::decode(&r.app_metadata).map_err(|e| FeedError::Protocol {
+            agent: client.url.clone(),
+            reason: e.to_string(),
+        })?;
+        if ack.producer != producer {
+            continue;
+        }
+        if ack.committed {
+            committed = Some((ack.rows, ack.duplicate));
+            continue;
+        }
+        if ack.duplicate {
+            duplicates += 1;
+        }
+        if let Some(kib) = charged.lock().unwrap_or_else(|p| p.into_inner()).pop_front() {
+            window.add_permits(kib as usize);
+        }
+    }
+    // A stream that sent no batch has nothing to commit and gets no final ack.
+    Ok(committed.map(|(rows, dup)| (rows, duplicates, dup)))
+}

@@ -1,0 +1,136 @@
+//! Local mode: the rendezvous and a set of agents inside this process on
+//! 127.0.0.1, speaking the same protocols as a cluster.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig, ServerConfig};
+use kindling_agent::{AgentConfig, AgentError, AgentHandle};
+use kindling_schemas::auth::Token;
+
+/// Settings of a local cluster.
+#[derive(Clone, Debug)]
+pub struct LocalClusterConfig {
+    /// Token for every service (a random one by default).
+    pub token: Option<Token>,
+    /// Where agents spill and checkpoint.
+    pub work_dir: PathBuf,
+    /// Per-agent cache budget.
+    pub memory_budget: u64,
+    /// Agent lease at the rendezvous.
+    pub lease: Duration,
+    /// How long a join waits for the whole gang.
+    pub gang_timeout: Duration,
+    /// How long an agent's ring step waits for a peer.
+    pub collective_timeout: Duration,
+}
+
+impl LocalClusterConfig {
+    /// Defaults working in `work_dir`.
+    ///
+    /// ```
+    /// let c = kindling::local::LocalClusterConfig::new("/var/tmp/kindling-local");
+    /// assert!(c.token.is_some());
+    /// ```
+    pub fn new(work_dir: impl Into<PathBuf>) -> Self {
+        LocalClusterConfig {
+            token: Some(Token::new(uuid::Uuid::new_v4().simple().to_string())),
+            work_dir: work_dir.into(),
+            memory_budget: 1 << 30,
+            lease: Duration::from_secs(3),
+            gang_timeout: Duration::from_secs(60),
+            collective_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// An in-process rendezvous plus agents.
+#[derive(Debug)]
+pub struct LocalCluster {
+    config: LocalClusterConfig,
+    rendezvous: Option<EmbeddedRendezvous>,
+    agents: Vec<Option<AgentHandle>>,
+}
+
+/// Local mode failed to start.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The rendezvous did not start.
+    #[error("local rendezvous: {0}")]
+    Rendezvous(String),
+    /// An agent did not start.
+    #[error("local agent: {0}")]
+    Agent(#[from] AgentError),
+}
+
+impl LocalCluster {
+    /// Starts the rendezvous and `agents` agents.
+    pub async fn start(agents: usize, config: LocalClusterConfig) -> Result<Self, LocalError> {
+        let rv_config = RendezvousConfig {
+            lease: config.lease,
+            gang_timeout: config.gang_timeout,
+            ..RendezvousConfig::default()
+        };
+        let rendezvous = EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone()))
+            .await
+            .map_err(|e| LocalError::Rendezvous(e.to_string()))?;
+        let mut cluster = LocalCluster {
+            config,
+            rendezvous: Some(rendezvous),
+            agents: Vec::new(),
+        };
+        for _ in 0..agents {
+            cluster.add_agent().await?;
+        }
+        Ok(cluster)
+    }
+
+    /// The rendezvous URL.
+    pub fn rendezvous_url(&self) -> String {
+        self.rendezvous.as_ref().map(|r| r.url()).unwrap_or_default()
+    }
+
+    /// The shared token.
+    pub fn token(&self) -> Option<&Token> {
+        self.config.token.as_ref()
+    }
+
+    /// Starts one more agent; returns its index.
+    pub async fn add_agent(&mut self) -> Result<usize, LocalError> {
+        let index = self.agents.len();
+        let mut c = AgentConfig::local(format!("local-agent-{index}"), self.config.work_dir.clone());
+        c.token = self.config.token.clone();
+        c.rendezvous = Some(self.rendezvous_url());
+        c.memory_budget = self.config.memory_budget;
+        c.collective_timeout = self.config.collective_timeout;
+        self.agents.push(Some(kindling_agent::start(c).await?));
+        Ok(index)
+    }
+
+    /// The running agents.
+    pub fn agents(&self) -> impl Iterator<Item = &AgentHandle> {
+        self.agents.iter().flatten()
+    }
+
+    /// Agent `index`, if it is running.
+    pub fn agent(&self, index: usize) -> Option<&AgentHandle> {
+        self.agents.get(index).and_then(Option::as_ref)
+    }
+
+    /// Fault hook: kills agent `index` as a crash would (no goodbye to the rendezvous).
+    pub fn kill_agent(&mut self, index: usize) {
+        if let Some(a) = self.agents.get_mut(index).and_then(Option::take) {
+            a.kill();
+        }
+    }
+
+    /// Stops every agent and the rendezvous.
+    pub async fn shutdown(mut self) {
+        for a in self.agents.drain(..).flatten() {
+            a.shutdown_and_wait().await;
+        }
+        if let Some(r) = self.rendezvous.take() {
+            let _ = r.shutdown_and_wait().await;
+        }
+    }
+}

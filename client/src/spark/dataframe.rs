@@ -1,0 +1,856 @@
+//! `DataFrame`: an immutable, lazy Spark Connect plan and the actions that run it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{Array, Int64Array, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use futures::TryStreamExt;
+use spark_connect_proto::analyze_plan_request::{self as analyze, Analyze};
+use spark_connect_proto::analyze_plan_response::Result as AnalyzeResult;
+use spark_connect_proto::relation::RelType;
+use spark_connect_proto::{self as proto, Plan, Relation, StorageLevel};
+
+use super::column::{Column, ColumnRef};
+use super::error::{Error, Result};
+use super::functions::{count, lit};
+use super::grouped::GroupedData;
+use super::session::SparkSession;
+use super::stream::{self, SparkStream};
+use super::types::spark_to_arrow_schema;
+
+/// How two DataFrames are joined.
+///
+/// ```
+/// use kindling::spark::JoinType;
+/// assert_ne!(JoinType::Inner, JoinType::LeftOuter);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinType {
+    /// Rows with a match on both sides.
+    Inner,
+    /// All left rows, right columns null where no match.
+    LeftOuter,
+    /// All right rows, left columns null where no match.
+    RightOuter,
+    /// All rows of both sides.
+    FullOuter,
+    /// Left rows that have a match (left columns only).
+    LeftSemi,
+    /// Left rows without a match (left columns only).
+    LeftAnti,
+    /// Cartesian product.
+    Cross,
+}
+
+impl From<JoinType> for proto::join::JoinType {
+    fn from(how: JoinType) -> Self {
+        use proto::join::JoinType as P;
+        match how {
+            JoinType::Inner => P::Inner,
+            JoinType::LeftOuter => P::LeftOuter,
+            JoinType::RightOuter => P::RightOuter,
+            JoinType::FullOuter => P::FullOuter,
+            JoinType::LeftSemi => P::LeftSemi,
+            JoinType::LeftAnti => P::LeftAnti,
+            JoinType::Cross => P::Cross,
+        }
+    }
+}
+
+/// Output of [`DataFrame::explain`].
+///
+/// ```
+/// let mode = kindling::spark::ExplainMode::Formatted;
+/// # let _ = mode;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExplainMode {
+    /// Physical plan.
+    Simple,
+    /// Parsed, analyzed, optimized and physical plans.
+    Extended,
+    /// Generated code.
+    Codegen,
+    /// Plan with statistics.
+    Cost,
+    /// Physical plan outline and node details.
+    Formatted,
+}
+
+/// A lazy, immutable Spark query. Every transformation returns a new `DataFrame`
+/// (cloning is cheap: the session is an `Arc` and the plan is shared); nothing
+/// runs until an action (`execute_stream`, `collect`, `count`, `schema`, ...).
+///
+/// ```no_run
+/// # async fn demo(spark: kindling::spark::SparkSession) -> Result<(), kindling::spark::Error> {
+/// use kindling::spark::functions::*;
+/// let trips = spark.read().option("header", "true").option("inferSchema", "true").csv(["trips.csv"]);
+/// let features = trips
+///     .filter(col("km").gt(0))
+///     .with_column("fare_per_km", col("fare") / col("km"))
+///     .group_by(["city"])
+///     .agg([mean(col("fare_per_km")).alias("mean_fpk"), count(col("*")).alias("n")])
+///     .order_by([col("n").desc()]);
+/// let batches = features.collect().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DataFrame {
+    session: SparkSession,
+    plan: Arc<Relation>,
+}
+
+impl fmt::Debug for DataFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataFrame")
+            .field("session_id", &self.session.session_id())
+            .field("plan_id", &self.plan_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DataFrame {
+    pub(crate) fn new(session: SparkSession, plan: Relation) -> Self {
+        Self {
+            session,
+            plan: Arc::new(plan),
+        }
+    }
+
+    fn input(&self) -> Option<Box<Relation>> {
+        Some(Box::new(Relation::clone(&self.plan)))
+    }
+
+    fn derive(&self, rel_type: RelType) -> Self {
+        self.session.dataframe(rel_type)
+    }
+
+    fn plan_id(&self) -> Option<i64> {
+        self.plan.common.as_ref().and_then(|c| c.plan_id)
+    }
+
+    fn root(&self) -> Plan {
+        Plan {
+            op_type: Some(proto::plan::OpType::Root(Relation::clone(&self.plan))),
+        }
+    }
+
+    /// The session this DataFrame runs in.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let spark = df.session();
+    /// # }
+    /// ```
+    pub fn session(&self) -> &SparkSession {
+        &self.session
+    }
+
+    /// The Spark Connect plan (for inspection or custom relations).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// assert!(df.relation().rel_type.is_some());
+    /// # }
+    /// ```
+    pub fn relation(&self) -> &Relation {
+        &self.plan
+    }
+
+    /// A column of *this* DataFrame, unambiguous in joins (`left.col("id")`).
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// use kindling::spark::JoinType;
+    /// let joined = a.join(&b, a.col("id").eq(b.col("id")), JoinType::Inner);
+    /// # }
+    /// ```
+    pub fn col(&self, name: &str) -> Column {
+        Column::attribute(name, self.plan_id())
+    }
+
+    /// Projects columns or expressions.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::col;
+    /// let a = df.select(["id", "name"]);
+    /// let b = df.select([col("fare") * 2, col("id")]);
+    /// # }
+    /// ```
+    pub fn select<C: ColumnRef>(&self, columns: impl IntoIterator<Item = C>) -> Self {
+        self.derive(RelType::Project(Box::new(proto::Project {
+            input: self.input(),
+            expressions: columns.into_iter().map(|c| c.to_column().expr).collect(),
+        })))
+    }
+
+    /// Projects SQL expression strings (`"fare * 2 AS double_fare"`).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let b = df.select_expr(["id", "fare * 2 AS double_fare"]);
+    /// # }
+    /// ```
+    pub fn select_expr<S: AsRef<str>>(&self, exprs: impl IntoIterator<Item = S>) -> Self {
+        self.select(exprs.into_iter().map(|e| super::functions::expr(e.as_ref())))
+    }
+
+    /// Keeps rows where `condition` is true.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::col;
+    /// let adults = df.filter(col("age").ge(18));
+    /// # }
+    /// ```
+    pub fn filter(&self, condition: Column) -> Self {
+        self.derive(RelType::Filter(Box::new(proto::Filter {
+            input: self.input(),
+            condition: Some(condition.expr),
+        })))
+    }
+
+    /// Same as [`DataFrame::filter`].
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let adults = df.r#where(kindling::spark::functions::expr("age >= 18"));
+    /// # }
+    /// ```
+    pub fn r#where(&self, condition: Column) -> Self {
+        self.filter(condition)
+    }
+
+    /// Adds or replaces one column.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::{col, sqrt};
+    /// let df = df.with_column("root", sqrt(col("x")));
+    /// # }
+    /// ```
+    pub fn with_column(&self, name: &str, column: Column) -> Self {
+        self.with_columns([(name, column)])
+    }
+
+    /// Adds or replaces several columns at once.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::{col, lit};
+    /// let df = df.with_columns([("one", lit(1)), ("twice", col("x") * 2)]);
+    /// # }
+    /// ```
+    pub fn with_columns<S: AsRef<str>>(&self, columns: impl IntoIterator<Item = (S, Column)>) -> Self {
+        self.derive(RelType::WithColumns(Box::new(proto::WithColumns {
+            input: self.input(),
+            aliases: columns
+                .into_iter()
+                .map(|(name, column)| column.into_alias(name.as_ref()))
+                .collect(),
+        })))
+    }
+
+    /// Renames a column (no-op if it does not exist).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.with_column_renamed("fare_amount", "fare");
+    /// # }
+    /// ```
+    pub fn with_column_renamed(&self, existing: &str, new: &str) -> Self {
+        self.derive(RelType::WithColumnsRenamed(Box::new(proto::WithColumnsRenamed {
+            input: self.input(),
+            renames: vec![proto::with_columns_renamed::Rename {
+                col_name: existing.to_string(),
+                new_col_name: new.to_string(),
+            }],
+            ..Default::default()
+        })))
+    }
+
+    /// Drops columns by name (unknown names are ignored, as in Spark).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.drop(["raw", "debug"]);
+    /// # }
+    /// ```
+    pub fn drop<S: AsRef<str>>(&self, columns: impl IntoIterator<Item = S>) -> Self {
+        self.derive(RelType::Drop(Box::new(proto::Drop {
+            input: self.input(),
+            column_names: columns.into_iter().map(|c| c.as_ref().to_string()).collect(),
+            ..Default::default()
+        })))
+    }
+
+    /// Joins on a boolean condition.
+    ///
+    /// ```no_run
+    /// # fn demo(trips: kindling::spark::DataFrame, zones: kindling::spark::DataFrame) {
+    /// use kindling::spark::JoinType;
+    /// let df = trips.join(&zones, trips.col("zone").eq(zones.col("id")), JoinType::LeftOuter);
+    /// # }
+    /// ```
+    pub fn join(&self, other: &DataFrame, on: Column, how: JoinType) -> Self {
+        self.join_relation(other, Some(on), Vec::new(), how)
+    }
+
+    /// Joins on equally named columns, which appear once in the output.
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let df = a.join_using(&b, ["id"], kindling::spark::JoinType::Inner);
+    /// # }
+    /// ```
+    pub fn join_using<S: AsRef<str>>(
+        &self,
+        other: &DataFrame,
+        columns: impl IntoIterator<Item = S>,
+        how: JoinType,
+    ) -> Self {
+        let using = columns.into_iter().map(|c| c.as_ref().to_string()).collect();
+        self.join_relation(other, None, using, how)
+    }
+
+    /// Cartesian product.
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let df = a.cross_join(&b);
+    /// # }
+    /// ```
+    pub fn cross_join(&self, other: &DataFrame) -> Self {
+        self.join_relation(other, None, Vec::new(), JoinType::Cross)
+    }
+
+    fn join_relation(
+        &self,
+        other: &DataFrame,
+        on: Option<Column>,
+        using_columns: Vec<String>,
+        how: JoinType,
+    ) -> Self {
+        self.derive(RelType::Join(Box::new(proto::Join {
+            left: self.input(),
+            right: other.input(),
+            join_condition: on.map(|c| c.expr),
+            join_type: proto::join::JoinType::from(how) as i32,
+            using_columns,
+            join_data_type: None,
+        })))
+    }
+
+    /// Groups rows for aggregation.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::{col, sum};
+    /// let totals = df.group_by(["city"]).agg([sum(col("fare")).alias("total")]);
+    /// # }
+    /// ```
+    pub fn group_by<C: ColumnRef>(&self, columns: impl IntoIterator<Item = C>) -> GroupedData {
+        GroupedData::new(
+            self.clone(),
+            columns.into_iter().map(ColumnRef::to_column).collect(),
+        )
+    }
+
+    /// Aggregates over all rows (a group-by with no keys).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::{col, max};
+    /// let top = df.agg([max(col("fare"))]);
+    /// # }
+    /// ```
+    pub fn agg(&self, aggregates: impl IntoIterator<Item = Column>) -> Self {
+        self.group_by(Vec::<Column>::new()).agg(aggregates)
+    }
+
+    pub(crate) fn aggregate(&self, keys: Vec<Column>, aggregates: Vec<Column>) -> Self {
+        self.derive(RelType::Aggregate(Box::new(proto::Aggregate {
+            input: self.input(),
+            group_type: proto::aggregate::GroupType::Groupby as i32,
+            grouping_expressions: keys.into_iter().map(|c| c.expr).collect(),
+            aggregate_expressions: aggregates.into_iter().map(|c| c.expr).collect(),
+            ..Default::default()
+        })))
+    }
+
+    /// Sorts globally; names or columns sort ascending unless `.desc()`.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// use kindling::spark::functions::col;
+    /// let df = df.order_by([col("fare").desc(), col("id").asc()]);
+    /// # }
+    /// ```
+    pub fn order_by<C: ColumnRef>(&self, columns: impl IntoIterator<Item = C>) -> Self {
+        self.derive(RelType::Sort(Box::new(proto::Sort {
+            input: self.input(),
+            order: columns
+                .into_iter()
+                .map(|c| c.to_column().into_sort_order())
+                .collect(),
+            is_global: Some(true),
+        })))
+    }
+
+    /// Same as [`DataFrame::order_by`].
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.sort(["id"]);
+    /// # }
+    /// ```
+    pub fn sort<C: ColumnRef>(&self, columns: impl IntoIterator<Item = C>) -> Self {
+        self.order_by(columns)
+    }
+
+    /// The first `n` rows.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let head = df.limit(10);
+    /// # }
+    /// ```
+    pub fn limit(&self, n: i32) -> Self {
+        self.derive(RelType::Limit(Box::new(proto::Limit {
+            input: self.input(),
+            limit: n,
+        })))
+    }
+
+    /// Skips the first `n` rows.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let rest = df.offset(10);
+    /// # }
+    /// ```
+    pub fn offset(&self, n: i32) -> Self {
+        self.derive(RelType::Offset(Box::new(proto::Offset {
+            input: self.input(),
+            offset: n,
+        })))
+    }
+
+    /// Distinct rows.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let unique = df.distinct();
+    /// # }
+    /// ```
+    pub fn distinct(&self) -> Self {
+        self.derive(RelType::Deduplicate(Box::new(proto::Deduplicate {
+            input: self.input(),
+            all_columns_as_keys: Some(true),
+            ..Default::default()
+        })))
+    }
+
+    /// Keeps the first row per distinct value of `columns`.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let one_per_user = df.drop_duplicates(["user"]);
+    /// # }
+    /// ```
+    pub fn drop_duplicates<S: AsRef<str>>(&self, columns: impl IntoIterator<Item = S>) -> Self {
+        self.derive(RelType::Deduplicate(Box::new(proto::Deduplicate {
+            input: self.input(),
+            column_names: columns.into_iter().map(|c| c.as_ref().to_string()).collect(),
+            ..Default::default()
+        })))
+    }
+
+    fn set_op(
+        &self,
+        other: &DataFrame,
+        op: proto::set_operation::SetOpType,
+        all: bool,
+        by_name: bool,
+    ) -> Self {
+        self.derive(RelType::SetOp(Box::new(proto::SetOperation {
+            left_input: self.input(),
+            right_input: other.input(),
+            set_op_type: op as i32,
+            is_all: Some(all),
+            by_name: Some(by_name),
+            allow_missing_columns: Some(false),
+        })))
+    }
+
+    /// Rows of both, by position, duplicates kept (`UNION ALL`, like PySpark's `union`).
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let both = a.union(&b);
+    /// # }
+    /// ```
+    pub fn union(&self, other: &DataFrame) -> Self {
+        self.set_op(other, proto::set_operation::SetOpType::Union, true, false)
+    }
+
+    /// Rows of both, columns matched by name.
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let both = a.union_by_name(&b);
+    /// # }
+    /// ```
+    pub fn union_by_name(&self, other: &DataFrame) -> Self {
+        self.set_op(other, proto::set_operation::SetOpType::Union, true, true)
+    }
+
+    /// Distinct rows present in both.
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let common = a.intersect(&b);
+    /// # }
+    /// ```
+    pub fn intersect(&self, other: &DataFrame) -> Self {
+        self.set_op(other, proto::set_operation::SetOpType::Intersect, false, false)
+    }
+
+    /// Distinct rows of `self` not in `other` (`EXCEPT`).
+    ///
+    /// ```no_run
+    /// # fn demo(a: kindling::spark::DataFrame, b: kindling::spark::DataFrame) {
+    /// let only_a = a.subtract(&b);
+    /// # }
+    /// ```
+    pub fn subtract(&self, other: &DataFrame) -> Self {
+        self.set_op(other, proto::set_operation::SetOpType::Except, false, false)
+    }
+
+    /// Round-robin shuffle into `n` partitions.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.repartition(8);
+    /// # }
+    /// ```
+    pub fn repartition(&self, n: i32) -> Self {
+        self.derive(RelType::Repartition(Box::new(proto::Repartition {
+            input: self.input(),
+            num_partitions: n,
+            shuffle: Some(true),
+        })))
+    }
+
+    /// Hash-partitions by `columns` (into `n` partitions, or the session default).
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.repartition_by(Some(4), ["user"]);
+    /// # }
+    /// ```
+    pub fn repartition_by<C: ColumnRef>(&self, n: Option<i32>, columns: impl IntoIterator<Item = C>) -> Self {
+        self.derive(RelType::RepartitionByExpression(Box::new(
+            proto::RepartitionByExpression {
+                input: self.input(),
+                partition_exprs: columns.into_iter().map(|c| c.to_column().expr).collect(),
+                num_partitions: n,
+            },
+        )))
+    }
+
+    /// Merges down to `n` partitions without a shuffle.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let df = df.coalesce(1);
+    /// # }
+    /// ```
+    pub fn coalesce(&self, n: i32) -> Self {
+        self.derive(RelType::Repartition(Box::new(proto::Repartition {
+            input: self.input(),
+            num_partitions: n,
+            shuffle: Some(false),
+        })))
+    }
+
+    fn sample_bounds(&self, lower: f64, upper: f64, with_replacement: bool, seed: i64) -> Self {
+        self.derive(RelType::Sample(Box::new(proto::Sample {
+            input: self.input(),
+            lower_bound: lower,
+            upper_bound: upper,
+            with_replacement: Some(with_replacement),
+            seed: Some(seed),
+            deterministic_order: true,
+        })))
+    }
+
+    /// A Bernoulli sample of about `fraction` of the rows; the same seed and input
+    /// partitioning give the same rows.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let tenth = df.sample(0.1, 42);
+    /// # }
+    /// ```
+    pub fn sample(&self, fraction: f64, seed: i64) -> Self {
+        self.sample_bounds(0.0, fraction, false, seed)
+    }
+
+    /// A Poisson sample with replacement, `fraction` = expected times each row is drawn.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) {
+    /// let boot = df.sample_with_replacement(1.0, 7);
+    /// # }
+    /// ```
+    pub fn sample_with_replacement(&self, fraction: f64, seed: i64) -> Self {
+        self.sample_bounds(0.0, fraction, true, seed)
+    }
+
+    /// Splits rows by (normalised) `weights`: disjoint, covering every row once,
+    /// and deterministic for a seed and input partitioning.
+    ///
+    /// ```no_run
+    /// # fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let splits = df.random_split(&[0.8, 0.2], 42)?;
+    /// let (train, test) = (&splits[0], &splits[1]);
+    /// # Ok(()) }
+    /// ```
+    pub fn random_split(&self, weights: &[f64], seed: i64) -> Result<Vec<DataFrame>> {
+        if weights.is_empty() || weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+            return Err(Error::InvalidArgument(
+                "random_split weights must be non-negative and finite".into(),
+            ));
+        }
+        let total: f64 = weights.iter().sum();
+        if total <= 0.0 {
+            return Err(Error::InvalidArgument(
+                "random_split weights must sum to more than 0".into(),
+            ));
+        }
+        let mut bounds = Vec::with_capacity(weights.len() + 1);
+        bounds.push(0.0);
+        let mut acc = 0.0;
+        for w in weights {
+            acc += w / total;
+            bounds.push(acc);
+        }
+        // Make the last bound exactly 1 so no row falls off the end by rounding.
+        if let Some(last) = bounds.last_mut() {
+            *last = 1.0;
+        }
+        Ok(bounds
+            .windows(2)
+            .map(|b| self.sample_bounds(b[0], b[1], false, seed))
+            .collect())
+    }
+
+    /// Names the DataFrame for SQL: `spark.sql("SELECT * FROM name")`.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// df.create_or_replace_temp_view("trips").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_or_replace_temp_view(&self, name: &str) -> Result<()> {
+        let command = proto::Command {
+            command_type: Some(proto::command::CommandType::CreateDataframeView(
+                proto::CreateDataFrameViewCommand {
+                    input: Some(Relation::clone(&self.plan)),
+                    name: name.to_string(),
+                    is_global: false,
+                    replace: true,
+                },
+            )),
+        };
+        let plan = Plan {
+            op_type: Some(proto::plan::OpType::Command(command)),
+        };
+        stream::execute_command(self.session.transport(), plan).await?;
+        Ok(())
+    }
+
+    /// Caches the result at `level` on first use (see [`StorageLevel`] helpers
+    /// [`memory_and_disk`](super::memory_and_disk)).
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let df = df.persist(kindling::spark::memory_and_disk()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn persist(&self, level: StorageLevel) -> Result<Self> {
+        self.analyze(Analyze::Persist(analyze::Persist {
+            relation: Some(Relation::clone(&self.plan)),
+            storage_level: Some(level),
+        }))
+        .await?;
+        Ok(self.clone())
+    }
+
+    /// [`DataFrame::persist`] with memory and disk.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let df = df.cache().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn cache(&self) -> Result<Self> {
+        self.persist(super::memory_and_disk()).await
+    }
+
+    /// Drops the cached data.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// df.unpersist(true).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn unpersist(&self, blocking: bool) -> Result<Self> {
+        self.analyze(Analyze::Unpersist(analyze::Unpersist {
+            relation: Some(Relation::clone(&self.plan)),
+            blocking: Some(blocking),
+        }))
+        .await?;
+        Ok(self.clone())
+    }
+
+    /// The storage level this DataFrame is cached at (all `false` when not cached).
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let cached = df.storage_level().await?.use_memory;
+    /// # Ok(()) }
+    /// ```
+    pub async fn storage_level(&self) -> Result<StorageLevel> {
+        match self
+            .analyze(Analyze::GetStorageLevel(analyze::GetStorageLevel {
+                relation: Some(Relation::clone(&self.plan)),
+            }))
+            .await?
+        {
+            AnalyzeResult::GetStorageLevel(r) => r
+                .storage_level
+                .ok_or_else(|| Error::Protocol("no storage level in answer".into())),
+            other => Err(unexpected("a storage level", &other)),
+        }
+    }
+
+    /// The analyzed result schema as Arrow, without running the query.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// for field in df.schema().await?.fields() { println!("{field}"); }
+    /// # Ok(()) }
+    /// ```
+    pub async fn schema(&self) -> Result<SchemaRef> {
+        match self
+            .analyze(Analyze::Schema(analyze::Schema {
+                plan: Some(self.root()),
+            }))
+            .await?
+        {
+            AnalyzeResult::Schema(s) => {
+                let schema = s
+                    .schema
+                    .ok_or_else(|| Error::Protocol("no schema in answer".into()))?;
+                Ok(Arc::new(spark_to_arrow_schema(&schema)?))
+            }
+            other => Err(unexpected("a schema", &other)),
+        }
+    }
+
+    /// Spark's query plan as text.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// println!("{}", df.explain(kindling::spark::ExplainMode::Formatted).await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn explain(&self, mode: ExplainMode) -> Result<String> {
+        use analyze::explain::ExplainMode as P;
+        let mode = match mode {
+            ExplainMode::Simple => P::Simple,
+            ExplainMode::Extended => P::Extended,
+            ExplainMode::Codegen => P::Codegen,
+            ExplainMode::Cost => P::Cost,
+            ExplainMode::Formatted => P::Formatted,
+        };
+        match self
+            .analyze(Analyze::Explain(analyze::Explain {
+                plan: Some(self.root()),
+                explain_mode: mode as i32,
+            }))
+            .await?
+        {
+            AnalyzeResult::Explain(e) => Ok(e.explain_string),
+            other => Err(unexpected("an explain string", &other)),
+        }
+    }
+
+    async fn analyze(&self, request: Analyze) -> Result<AnalyzeResult> {
+        self.session.transport().analyze(request).await
+    }
+
+    /// Runs the query and streams its Arrow batches as Spark sends them
+    /// (see [`SparkStream`]); the schema is available before iterating.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// use futures::TryStreamExt;
+    /// let mut stream = df.execute_stream().await?;
+    /// while let Some(batch) = stream.try_next().await? { println!("{} rows", batch.num_rows()); }
+    /// # Ok(()) }
+    /// ```
+    pub async fn execute_stream(&self) -> Result<SparkStream> {
+        stream::execute(self.session.transport(), self.root()).await
+    }
+
+    /// Runs the query and keeps every batch: only for small results (use
+    /// [`DataFrame::execute_stream`] otherwise). Empty results give no batches.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let batches = df.limit(100).collect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn collect(&self) -> Result<Vec<RecordBatch>> {
+        self.execute_stream().await?.try_collect().await
+    }
+
+    /// Number of rows (runs a `count(1)` aggregate on the server).
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let n = df.count().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn count(&self) -> Result<i64> {
+        let batches = self.agg([count(lit(1)).alias("count")]).collect().await?;
+        batches
+            .first()
+            .and_then(|b| b.column(0).as_any().downcast_ref::<Int64Array>())
+            .filter(|a| !a.is_empty() && a.is_valid(0))
+            .map(|a| a.value(0))
+            .ok_or_else(|| Error::Protocol("count returned no value".into()))
+    }
+
+    /// Prints the first `n` rows as a table.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// df.show(20).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn show(&self, n: i32) -> Result<()> {
+        let batches = self.limit(n).collect().await?;
+        println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);
+        Ok(())
+    }
+}
+
+fn unexpected(what: &str, got: &AnalyzeResult) -> Error {
+    Error::Protocol(format!("expected {what}, got {got:?}"))
+}

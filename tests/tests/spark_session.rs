@@ -1,0 +1,59 @@
+//! Session: URL parsing, identity, config and version against the real server.
+
+use kindling::spark::{Error, RemoteUrl, SparkSession};
+use kindling_tests::spark::spark_remote;
+
+#[tokio::test]
+async fn connects_and_reports_version_and_identity() -> Result<(), Error> {
+    let spark = SparkSession::connect(&format!("{}/;user_id=kindling-test", spark_remote())).await?;
+    assert!(spark.version().await?.starts_with("4."));
+    assert_eq!(spark.session_id().len(), 36);
+    assert!(spark.user_agent().contains("kindling/"));
+    let other = SparkSession::connect(&spark_remote()).await?;
+    assert_ne!(spark.session_id(), other.session_id());
+    Ok(())
+}
+
+#[tokio::test]
+async fn config_set_get_unset_is_per_session() -> Result<(), Error> {
+    let spark = SparkSession::connect(&spark_remote()).await?;
+    let other = SparkSession::connect(&spark_remote()).await?;
+    spark.conf_set("spark.sql.shuffle.partitions", "7").await?;
+    assert_eq!(
+        spark.conf_get("spark.sql.shuffle.partitions").await?.as_deref(),
+        Some("7")
+    );
+    let theirs = other.conf_get("spark.sql.shuffle.partitions").await?;
+    assert_ne!(theirs.as_deref(), Some("7"));
+    spark.conf_unset("spark.sql.shuffle.partitions").await?;
+    assert_eq!(spark.conf_get("spark.sql.shuffle.partitions").await?, theirs);
+    Ok(())
+}
+
+#[tokio::test]
+async fn session_id_from_url_is_used() -> Result<(), Error> {
+    let id = "6f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b";
+    let spark = SparkSession::connect(&format!("{}/;session_id={id}", spark_remote())).await?;
+    assert_eq!(spark.session_id(), id);
+    Ok(())
+}
+
+#[test]
+fn url_parameters_and_redaction() -> Result<(), Error> {
+    let url = RemoteUrl::parse("sc://example.com:443/;use_ssl=true;token=TOPSECRET;user_id=ada;x-team=ml")?;
+    assert_eq!(url.address(), "example.com:443");
+    assert!(url.use_ssl());
+    assert_eq!(url.token(), Some("TOPSECRET"));
+    assert_eq!(url.user_id(), Some("ada"));
+    assert_eq!(url.headers(), vec![("x-team".to_string(), "ml".to_string())]);
+    assert!(!format!("{url:?} {url}").contains("TOPSECRET"));
+    assert!(matches!(
+        RemoteUrl::parse("sc://h/;token=x"),
+        Err(Error::InvalidUrl { .. })
+    ));
+    assert!(matches!(
+        RemoteUrl::parse("sc://h:notaport"),
+        Err(Error::InvalidUrl { .. })
+    ));
+    Ok(())
+}
