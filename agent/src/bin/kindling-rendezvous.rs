@@ -1,0 +1,135 @@
+//! `kindling-rendezvous`: the barrier rendezvous service as a process
+//! (Kubernetes Deployment + Service). Same `serve` as the embedded mode.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use kindling_agent::rendezvous::{RendezvousConfig, ServerConfig, serve};
+use kindling_schemas::auth::Token;
+use tokio_util::sync::CancellationToken;
+
+/// Gang start, barrier / all-gather and whole-group retry for Kindling agents.
+#[derive(Debug, Parser)]
+#[command(name = "kindling-rendezvous", version)]
+struct Cli {
+    /// Address to listen on.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_LISTEN", default_value = "0.0.0.0:7070")]
+    listen: SocketAddr,
+    /// File holding the bearer token (trailing whitespace ignored).
+    #[arg(long, env = "KINDLING_TOKEN_FILE", conflicts_with = "token")]
+    token_file: Option<PathBuf>,
+    /// The bearer token itself (prefer --token-file; never logged).
+    #[arg(long, env = "KINDLING_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Run without authentication (development on loopback only).
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// Agent lease: heartbeats must arrive at least this often (ms).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_LEASE_MS", default_value_t = 10_000)]
+    lease_ms: u64,
+    /// Default time a join waits for the whole gang (ms).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_GANG_TIMEOUT_MS", default_value_t = 60_000)]
+    gang_timeout_ms: u64,
+    /// Default time an all-gather/barrier waits for every member (ms).
+    #[arg(
+        long,
+        env = "KINDLING_RENDEZVOUS_BARRIER_TIMEOUT_MS",
+        default_value_t = 300_000
+    )]
+    barrier_timeout_ms: u64,
+    /// How long finished jobs stay queryable (s).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_RETENTION_SECS", default_value_t = 3_600)]
+    retention_secs: u64,
+    /// Largest all-gather payload per member (bytes).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_MAX_PAYLOAD_BYTES", default_value_t = 4 << 20)]
+    max_payload_bytes: usize,
+    /// Attempts of jobs created with max_attempts = 0.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_DEFAULT_MAX_ATTEMPTS", default_value_t = 3)]
+    default_max_attempts: u32,
+}
+
+impl TryFrom<&Cli> for ServerConfig {
+    type Error = anyhow::Error;
+
+    fn try_from(cli: &Cli) -> anyhow::Result<Self> {
+        let token = match (&cli.token_file, &cli.token) {
+            (Some(path), _) => {
+                let raw = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the token file {}", path.display()))?;
+                let secret = raw.trim_end();
+                if secret.is_empty() {
+                    bail!("the token file {} is empty", path.display());
+                }
+                Some(Token::new(secret))
+            }
+            (None, Some(secret)) if !secret.is_empty() => Some(Token::new(secret.clone())),
+            _ if cli.allow_unauthenticated => None,
+            _ => bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)"),
+        };
+        let rendezvous = RendezvousConfig {
+            lease: Duration::from_millis(cli.lease_ms),
+            gang_timeout: Duration::from_millis(cli.gang_timeout_ms),
+            barrier_timeout: Duration::from_millis(cli.barrier_timeout_ms),
+            retention: Duration::from_secs(cli.retention_secs),
+            max_payload_bytes: cli.max_payload_bytes,
+            default_max_attempts: cli.default_max_attempts,
+            ..RendezvousConfig::default()
+        };
+        rendezvous.validate().context("invalid rendezvous settings")?;
+        Ok(ServerConfig::new(rendezvous, token))
+    }
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let config = ServerConfig::try_from(&cli)?;
+    if config.token.is_none() {
+        tracing::warn!("authentication disabled (--allow-unauthenticated)");
+    }
+    let listener = tokio::net::TcpListener::bind(cli.listen)
+        .await
+        .with_context(|| format!("binding {}", cli.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, config = ?config.rendezvous, "rendezvous listening");
+
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, config, shutdown.clone()));
+    tokio::select! {
+        r = shutdown_signal() => {
+            r?;
+            tracing::info!("shutting down: waking blocked calls and draining");
+            shutdown.cancel();
+        }
+        _ = shutdown.cancelled() => {}
+    }
+    server
+        .await
+        .context("the rendezvous task panicked")?
+        .context("serving the rendezvous")?;
+    tracing::info!("rendezvous stopped");
+    Ok(())
+}

@@ -1,0 +1,536 @@
+//! Typed async client of the rendezvous, used by agents and the TrainingJob:
+//! registration with a background heartbeat ([`AgentLease`]), jobs, joins
+//! ([`Gang`]: barrier / all-gather with sequence numbers kept for you),
+//! failure reports, watch streams and status.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::pb::rendezvous as pb;
+use kindling_schemas::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use super::error::ClientError;
+use super::state::{
+    AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
+};
+
+type Result<T, E = ClientError> = std::result::Result<T, E>;
+type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
+
+/// A stream of a job's states: the current one first, then every change
+/// (intermediate states may be skipped); ends after a terminal state.
+pub struct JobWatch {
+    inner: Pin<Box<dyn Stream<Item = Result<JobStatus>> + Send>>,
+}
+
+impl std::fmt::Debug for JobWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobWatch").finish_non_exhaustive()
+    }
+}
+
+impl Stream for JobWatch {
+    type Item = Result<JobStatus>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+/// Client of the rendezvous service. Cheap to clone (shares the connection).
+///
+/// Each blocked join/all-gather holds one HTTP/2 stream; for thousands of
+/// members in one process spread them over several channels
+/// ([`with_channel`](Self::with_channel)).
+#[derive(Clone, Debug)]
+pub struct RendezvousClient {
+    inner: Inner,
+}
+
+impl RendezvousClient {
+    /// Connects to `url` (e.g. `http://rendezvous:7070`) with a bearer token.
+    pub async fn connect(url: impl Into<String>, token: Option<&Token>) -> Result<Self> {
+        let url = url.into();
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|source| ClientError::InvalidEndpoint {
+                url: url.clone(),
+                source,
+            })?
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect { url, source })?;
+        Self::with_channel(channel, token)
+    }
+
+    /// A client over an existing channel.
+    pub fn with_channel(channel: Channel, token: Option<&Token>) -> Result<Self> {
+        let inner = GrpcClient::with_interceptor(channel, BearerAttach::new(token)?)
+            // All-gather replies carry world × payload bytes; the server is trusted.
+            .max_decoding_message_size(usize::MAX);
+        Ok(RendezvousClient { inner })
+    }
+
+    fn grpc(&self) -> Inner {
+        self.inner.clone()
+    }
+
+    // ---- agents -------------------------------------------------------------
+
+    /// Registers an agent and keeps its lease alive with a background
+    /// heartbeat (every lease / 3) until the returned [`AgentLease`] is
+    /// stopped or dropped. If the server forgot the agent (its lease lapsed)
+    /// the heartbeat registers it again.
+    pub async fn register(&self, agent: AgentInfo) -> Result<AgentLease> {
+        let lease = self.register_once(agent.clone()).await?;
+        let (failed_tx, failed_rx) = watch::channel(Vec::new());
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(heartbeat_loop(
+            self.clone(),
+            agent.clone(),
+            lease,
+            failed_tx,
+            cancel.clone(),
+        ));
+        tasks.close();
+        Ok(AgentLease {
+            agent_id: agent.agent_id,
+            lease,
+            cancel,
+            tasks,
+            failed: failed_rx,
+        })
+    }
+
+    async fn register_once(&self, agent: AgentInfo) -> Result<Duration> {
+        let reply = self
+            .grpc()
+            .register_agent(pb::RegisterAgentRequest { agent: Some(agent) })
+            .await
+            .map_err(ClientError::rpc("register"))?
+            .into_inner();
+        Ok(Duration::from_millis(reply.lease_ms.max(1)))
+    }
+
+    /// One heartbeat (the [`AgentLease`] sends them for you).
+    pub async fn heartbeat(&self, agent_id: &str) -> Result<HeartbeatReply> {
+        let reply = self
+            .grpc()
+            .heartbeat(pb::HeartbeatRequest {
+                agent_id: agent_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("heartbeat"))?
+            .into_inner();
+        Ok(HeartbeatReply {
+            lease: Duration::from_millis(reply.lease_ms),
+            failed_attempts: reply.failed_attempts,
+        })
+    }
+
+    /// Removes the agent now (its running attempts fail).
+    pub async fn deregister(&self, agent_id: &str) -> Result<()> {
+        self.grpc()
+            .deregister_agent(pb::DeregisterAgentRequest {
+                agent_id: agent_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("deregister"))?;
+        Ok(())
+    }
+
+    /// Agents with a live lease, by agent id.
+    pub async fn list_agents(&self) -> Result<Vec<AgentInfo>> {
+        Ok(self
+            .grpc()
+            .list_agents(pb::ListAgentsRequest {})
+            .await
+            .map_err(ClientError::rpc("list_agents"))?
+            .into_inner()
+            .agents)
+    }
+
+    // ---- jobs ---------------------------------------------------------------
+
+    /// Creates a job; returns the attempt to join. Idempotent for an active
+    /// job with identical parameters; otherwise ALREADY_EXISTS.
+    pub async fn create_job(&self, job: &JobConfig) -> Result<u32> {
+        let ms = |d: Option<Duration>| d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+        Ok(self
+            .grpc()
+            .create_job(pb::CreateJobRequest {
+                job_id: job.job_id.clone(),
+                num_slots: job.num_slots,
+                max_attempts: job.max_attempts,
+                spec_summary: job.spec_summary.clone(),
+                gang_timeout_ms: ms(job.gang_timeout),
+                barrier_timeout_ms: ms(job.barrier_timeout),
+            })
+            .await
+            .map_err(ClientError::rpc("create_job"))?
+            .into_inner()
+            .attempt)
+    }
+
+    /// Joins `agent_id` to `attempt` and waits for the whole gang. Fails with
+    /// DEADLINE_EXCEEDED ("k of n members joined") after the gang timeout,
+    /// ABORTED if the attempt fails meanwhile, CANCELLED if the job is cancelled.
+    pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<Gang> {
+        let reply = self
+            .grpc()
+            .join(pb::JoinRequest {
+                job_id: job_id.to_owned(),
+                attempt,
+                agent_id: agent_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("join"))?
+            .into_inner();
+        if reply.rank >= reply.world_size || reply.peers.len() != reply.world_size as usize {
+            return Err(ClientError::Malformed {
+                op: "join",
+                detail: format!(
+                    "rank {} / world {} with {} peers",
+                    reply.rank,
+                    reply.world_size,
+                    reply.peers.len()
+                ),
+            });
+        }
+        Ok(Gang {
+            client: self.clone(),
+            agent_id: agent_id.to_owned(),
+            membership: Membership {
+                job_id: job_id.to_owned(),
+                attempt: reply.attempt,
+                rank: reply.rank,
+                world_size: reply.world_size,
+                peers: reply.peers.into(),
+            },
+            next_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Low-level all-gather: every member's payload in rank order once all
+    /// members called with this `seq`. Prefer [`Gang::all_gather`].
+    pub async fn all_gather(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        rank: u32,
+        seq: u64,
+        payload: impl Into<Bytes>,
+    ) -> Result<Vec<Bytes>> {
+        let payload: Bytes = payload.into();
+        let reply = self
+            .grpc()
+            .all_gather(pb::AllGatherRequest {
+                job_id: job_id.to_owned(),
+                attempt,
+                rank,
+                seq,
+                payload: payload.into(),
+            })
+            .await
+            .map_err(ClientError::rpc("all_gather"))?
+            .into_inner();
+        Ok(reply.payloads.into_iter().map(Bytes::from).collect())
+    }
+
+    /// Reports the attempt failed. Returns the attempt to re-join, or `None`
+    /// when the job ran out of attempts.
+    pub async fn report_failure(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        agent_id: &str,
+        cause: &str,
+    ) -> Result<Option<u32>> {
+        let next = self
+            .grpc()
+            .report_failure(pb::ReportFailureRequest {
+                job_id: job_id.to_owned(),
+                attempt,
+                agent_id: agent_id.to_owned(),
+                cause: cause.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("report_failure"))?
+            .into_inner()
+            .next_attempt;
+        Ok((next > 0).then_some(next))
+    }
+
+    /// Marks the job succeeded (idempotent for the completing attempt).
+    pub async fn complete(&self, job_id: &str, attempt: u32) -> Result<()> {
+        self.grpc()
+            .complete_job(pb::CompleteJobRequest {
+                job_id: job_id.to_owned(),
+                attempt,
+            })
+            .await
+            .map_err(ClientError::rpc("complete"))?;
+        Ok(())
+    }
+
+    /// Cancels the job; every blocked call of it returns CANCELLED.
+    pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<()> {
+        self.grpc()
+            .cancel_job(pb::CancelJobRequest {
+                job_id: job_id.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("cancel"))?;
+        Ok(())
+    }
+
+    /// The job's status.
+    pub async fn status(&self, job_id: &str) -> Result<JobStatus> {
+        let reply = self
+            .grpc()
+            .job_status(pb::JobStatusRequest {
+                job_id: job_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("status"))?
+            .into_inner();
+        status_from_pb("status", reply)
+    }
+
+    /// Every job the server still knows.
+    pub async fn list_jobs(&self) -> Result<Vec<JobStatus>> {
+        self.grpc()
+            .list_jobs(pb::ListJobsRequest {})
+            .await
+            .map_err(ClientError::rpc("list_jobs"))?
+            .into_inner()
+            .jobs
+            .into_iter()
+            .map(|s| status_from_pb("list_jobs", s))
+            .collect()
+    }
+
+    /// Streams the job's state changes, starting with the current state.
+    pub async fn watch(&self, job_id: &str) -> Result<JobWatch> {
+        let stream = self
+            .grpc()
+            .watch(pb::WatchRequest {
+                job_id: job_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("watch"))?
+            .into_inner();
+        let inner = Box::pin(stream.map(|event| {
+            let event = event.map_err(ClientError::rpc("watch"))?;
+            let status = event.status.ok_or_else(|| ClientError::Malformed {
+                op: "watch",
+                detail: "event without status".to_owned(),
+            })?;
+            status_from_pb("watch", status)
+        }));
+        Ok(JobWatch { inner })
+    }
+}
+
+fn from_unix_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {
+    let state = pb::JobState::try_from(s.state)
+        .ok()
+        .and_then(JobState::from_pb)
+        .ok_or_else(|| ClientError::Malformed {
+            op,
+            detail: format!("unknown job state {}", s.state),
+        })?;
+    Ok(JobStatus {
+        job_id: s.job_id,
+        state,
+        attempt: s.attempt,
+        max_attempts: s.max_attempts,
+        num_slots: s.num_slots,
+        members: s.members,
+        failures: s
+            .failures
+            .into_iter()
+            .map(|f| AttemptFailure {
+                attempt: f.attempt,
+                agent_id: f.agent_id,
+                cause: f.cause,
+                at: from_unix_ms(f.at_unix_ms),
+            })
+            .collect(),
+        spec_summary: s.spec_summary,
+        created: from_unix_ms(s.created_unix_ms),
+        updated: from_unix_ms(s.updated_unix_ms),
+        cancel_reason: (!s.cancel_reason.is_empty()).then_some(s.cancel_reason),
+    })
+}
+
+/// A registered agent's lease, kept alive by a background heartbeat task.
+/// Dropping it stops the heartbeats (the lease then lapses on the server).
+#[derive(Debug)]
+pub struct AgentLease {
+    agent_id: String,
+    lease: Duration,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    failed: watch::Receiver<Vec<AttemptRef>>,
+}
+
+impl AgentLease {
+    /// The agent's id.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// The lease the server granted.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Failed attempts this agent joined, as of the latest heartbeat reply.
+    pub fn failed_attempts(&self) -> watch::Receiver<Vec<AttemptRef>> {
+        self.failed.clone()
+    }
+
+    /// Stops heartbeating and waits for the task to end, without
+    /// deregistering: the lease lapses on the server (like a crash).
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        self.tasks.wait().await;
+    }
+
+    /// Stops heartbeating and deregisters the agent.
+    pub async fn deregister(self, client: &RendezvousClient) -> Result<()> {
+        self.cancel.cancel();
+        self.tasks.wait().await;
+        client.deregister(&self.agent_id).await
+    }
+}
+
+impl Drop for AgentLease {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn heartbeat_loop(
+    client: RendezvousClient,
+    agent: AgentInfo,
+    lease: Duration,
+    failed: watch::Sender<Vec<AttemptRef>>,
+    cancel: CancellationToken,
+) {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let beat = tokio::select! {
+            _ = cancel.cancelled() => return,
+            beat = tokio::time::timeout(lease, client.heartbeat(&agent.agent_id)) => beat,
+        };
+        match beat {
+            Ok(Ok(reply)) => {
+                failed.send_if_modified(|current| {
+                    let changed = *current != reply.failed_attempts;
+                    if changed {
+                        *current = reply.failed_attempts;
+                    }
+                    changed
+                });
+            }
+            Ok(Err(e)) if e.code() == Some(tonic::Code::NotFound) => {
+                tracing::warn!(agent = %agent.agent_id, "lease lapsed on the server; registering again");
+                if let Err(e) = client.register_once(agent.clone()).await {
+                    tracing::warn!(agent = %agent.agent_id, error = %e, "re-registration failed");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(agent = %agent.agent_id, error = %e, "heartbeat failed"),
+            Err(_) => tracing::warn!(agent = %agent.agent_id, "heartbeat timed out"),
+        }
+    }
+}
+
+/// This member's place in a formed gang, with the collective calls of the
+/// attempt. Sequence numbers are kept here: every member must make the same
+/// sequence of barrier / all-gather calls.
+#[derive(Debug)]
+pub struct Gang {
+    client: RendezvousClient,
+    agent_id: String,
+    membership: Membership,
+    next_seq: AtomicU64,
+}
+
+impl Gang {
+    /// Rank, world size, peers.
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+    /// This member's rank (ranks follow ascending agent id).
+    pub fn rank(&self) -> u32 {
+        self.membership.rank
+    }
+    /// Number of members.
+    pub fn world_size(&self) -> u32 {
+        self.membership.world_size
+    }
+    /// The attempt this gang belongs to.
+    pub fn attempt(&self) -> u32 {
+        self.membership.attempt
+    }
+    /// Every member in rank order.
+    pub fn peers(&self) -> &[AgentInfo] {
+        &self.membership.peers
+    }
+
+    /// Like Spark's `BarrierTaskContext.allGather`: every member's payload in
+    /// rank order. Fails (ABORTED / DEADLINE_EXCEEDED) when the attempt fails.
+    pub async fn all_gather(&self, payload: impl Into<Bytes>) -> Result<Vec<Bytes>> {
+        let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
+        let m = &self.membership;
+        self.client
+            .all_gather(&m.job_id, m.attempt, m.rank, seq, payload)
+            .await
+    }
+
+    /// Like Spark's `BarrierTaskContext.barrier`.
+    pub async fn barrier(&self) -> Result<()> {
+        self.all_gather(Bytes::new()).await.map(drop)
+    }
+
+    /// Reports this attempt failed; returns the attempt to re-join.
+    pub async fn report_failure(&self, cause: &str) -> Result<Option<u32>> {
+        let m = &self.membership;
+        self.client
+            .report_failure(&m.job_id, m.attempt, &self.agent_id, cause)
+            .await
+    }
+
+    /// Marks the job succeeded.
+    pub async fn complete(&self) -> Result<()> {
+        let m = &self.membership;
+        self.client.complete(&m.job_id, m.attempt).await
+    }
+}

@@ -1,0 +1,341 @@
+//! The tonic `Rendezvous` service over [`RendezvousState`], the one mapping
+//! from [`RendezvousError`] to `tonic::Status`, and [`serve`], which the
+//! binary and the embedded mode both run.
+
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::Stream;
+use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::pb::rendezvous as pb;
+use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use super::error::{CURRENT_ATTEMPT_METADATA, RendezvousError};
+use super::state::{AttemptFailure, JobConfig, JobStatus, RendezvousConfig, RendezvousState};
+
+impl From<RendezvousError> for Status {
+    fn from(err: RendezvousError) -> Status {
+        use RendezvousError as E;
+        let message = err.to_string();
+        let mut status = match &err {
+            E::InvalidArgument(_) | E::PayloadTooLarge { .. } => Status::invalid_argument(message),
+            E::JobNotFound { .. } | E::AgentNotRegistered { .. } => Status::not_found(message),
+            E::JobExists { .. } => Status::already_exists(message),
+            E::StaleAttempt { .. } | E::WrongState { .. } => Status::failed_precondition(message),
+            E::JobCancelled { .. } => Status::cancelled(message),
+            E::GangTimeout { .. } | E::BarrierTimeout { .. } => Status::deadline_exceeded(message),
+            E::AttemptFailed { .. } | E::Superseded => Status::aborted(message),
+            E::ShuttingDown | E::Transport { .. } => Status::unavailable(message),
+        };
+        if let Some(attempt) = err.current_attempt()
+            && let Ok(value) = attempt.to_string().parse()
+        {
+            status.metadata_mut().insert(CURRENT_ATTEMPT_METADATA, value);
+        }
+        status
+    }
+}
+
+/// Everything [`serve`] needs besides the listener.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub rendezvous: RendezvousConfig,
+    /// Bearer token every call must present; `None` disables auth (loopback only).
+    pub token: Option<Token>,
+    /// HTTP/2 concurrent streams per connection: every blocked join/all-gather
+    /// holds one, so this bounds the members one client connection can carry.
+    pub max_concurrent_streams: u32,
+}
+
+impl ServerConfig {
+    /// Defaults with this token.
+    pub fn new(rendezvous: RendezvousConfig, token: Option<Token>) -> Self {
+        ServerConfig {
+            rendezvous,
+            token,
+            max_concurrent_streams: 16_384,
+        }
+    }
+}
+
+/// Serves the rendezvous on `listener` until `shutdown` is cancelled, then
+/// wakes every blocked call (UNAVAILABLE), ends watch streams, drains
+/// in-flight calls and stops the reaper.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Result<(), RendezvousError> {
+    let state = RendezvousState::new(config.rendezvous.clone())?;
+    let tasks = TaskTracker::new();
+    tasks.spawn(run_reaper(state.clone(), shutdown.clone()));
+
+    let max_payload = config.rendezvous.max_payload_bytes;
+    let service = RendezvousService {
+        state: state.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let server = RendezvousServer::new(service)
+        // Room for the largest payload plus the request's other fields, so
+        // our own PayloadTooLarge check answers rather than the codec.
+        .max_decoding_message_size(max_payload.saturating_add(64 << 10))
+        .max_encoding_message_size(usize::MAX);
+    let svc = InterceptedService::new(server, BearerCheck::new(config.token.clone()));
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let signal = {
+        let shutdown = shutdown.clone();
+        let state = state.clone();
+        async move {
+            shutdown.cancelled().await;
+            state.close();
+        }
+    };
+    let result = tonic::transport::Server::builder()
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await
+        .map_err(|e| RendezvousError::transport("serving the rendezvous", e));
+    shutdown.cancel();
+    state.close();
+    tasks.close();
+    tasks.wait().await;
+    result
+}
+
+async fn run_reaper(state: RendezvousState, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(state.config().reap_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => { state.reap(); }
+        }
+    }
+}
+
+/// The gRPC service; handlers validate, call the state machine, convert.
+#[derive(Debug, Clone)]
+pub struct RendezvousService {
+    state: RendezvousState,
+    shutdown: CancellationToken,
+}
+
+impl RendezvousService {
+    /// A service over `state`; `shutdown` ends its watch streams.
+    pub fn new(state: RendezvousState, shutdown: CancellationToken) -> Self {
+        RendezvousService { state, shutdown }
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn failure_to_pb(f: &AttemptFailure) -> pb::Failure {
+    pb::Failure {
+        attempt: f.attempt,
+        agent_id: f.agent_id.clone(),
+        cause: f.cause.clone(),
+        at_unix_ms: unix_ms(f.at),
+    }
+}
+
+/// Domain status → wire status.
+pub(crate) fn status_to_pb(s: &JobStatus) -> pb::JobStatusResponse {
+    pb::JobStatusResponse {
+        job_id: s.job_id.clone(),
+        state: s.state.to_pb() as i32,
+        attempt: s.attempt,
+        max_attempts: s.max_attempts,
+        num_slots: s.num_slots,
+        members: s.members.clone(),
+        failures: s.failures.iter().map(failure_to_pb).collect(),
+        spec_summary: s.spec_summary.clone(),
+        created_unix_ms: unix_ms(s.created),
+        updated_unix_ms: unix_ms(s.updated),
+        cancel_reason: s.cancel_reason.clone().unwrap_or_default(),
+    }
+}
+
+fn millis(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Rendezvous for RendezvousService {
+    async fn register_agent(
+        &self,
+        request: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let agent = request
+            .into_inner()
+            .agent
+            .ok_or_else(|| RendezvousError::invalid("agent must be set"))?;
+        let lease = self.state.register_agent(agent)?;
+        Ok(Response::new(pb::RegisterAgentResponse {
+            lease_ms: duration_ms(lease),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let reply = self.state.heartbeat(&request.into_inner().agent_id)?;
+        Ok(Response::new(pb::HeartbeatResponse {
+            lease_ms: duration_ms(reply.lease),
+            failed_attempts: reply.failed_attempts,
+        }))
+    }
+
+    async fn deregister_agent(
+        &self,
+        request: Request<pb::DeregisterAgentRequest>,
+    ) -> Result<Response<pb::DeregisterAgentResponse>, Status> {
+        self.state.deregister_agent(&request.into_inner().agent_id)?;
+        Ok(Response::new(pb::DeregisterAgentResponse {}))
+    }
+
+    async fn list_agents(
+        &self,
+        _request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let agents = self.state.list_agents()?;
+        Ok(Response::new(pb::ListAgentsResponse { agents }))
+    }
+
+    async fn create_job(
+        &self,
+        request: Request<pb::CreateJobRequest>,
+    ) -> Result<Response<pb::CreateJobResponse>, Status> {
+        let r = request.into_inner();
+        let attempt = self.state.create_job(JobConfig {
+            job_id: r.job_id,
+            num_slots: r.num_slots,
+            max_attempts: r.max_attempts,
+            spec_summary: r.spec_summary,
+            gang_timeout: millis(r.gang_timeout_ms),
+            barrier_timeout: millis(r.barrier_timeout_ms),
+        })?;
+        Ok(Response::new(pb::CreateJobResponse { attempt }))
+    }
+
+    async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+        let r = request.into_inner();
+        let m = self.state.join(&r.job_id, r.attempt, &r.agent_id).await?;
+        Ok(Response::new(pb::JoinResponse {
+            attempt: m.attempt,
+            rank: m.rank,
+            world_size: m.world_size,
+            peers: m.peers.to_vec(),
+        }))
+    }
+
+    async fn all_gather(
+        &self,
+        request: Request<pb::AllGatherRequest>,
+    ) -> Result<Response<pb::AllGatherResponse>, Status> {
+        let r = request.into_inner();
+        let payloads = self
+            .state
+            .all_gather(&r.job_id, r.attempt, r.rank, r.seq, Bytes::from(r.payload))
+            .await?;
+        Ok(Response::new(pb::AllGatherResponse {
+            payloads: payloads.iter().map(|p| p.to_vec()).collect(),
+        }))
+    }
+
+    async fn report_failure(
+        &self,
+        request: Request<pb::ReportFailureRequest>,
+    ) -> Result<Response<pb::ReportFailureResponse>, Status> {
+        let r = request.into_inner();
+        let next = self
+            .state
+            .report_failure(&r.job_id, r.attempt, &r.agent_id, &r.cause)?;
+        Ok(Response::new(pb::ReportFailureResponse {
+            next_attempt: next.unwrap_or(0),
+        }))
+    }
+
+    async fn complete_job(
+        &self,
+        request: Request<pb::CompleteJobRequest>,
+    ) -> Result<Response<pb::CompleteJobResponse>, Status> {
+        let r = request.into_inner();
+        self.state.complete_job(&r.job_id, r.attempt)?;
+        Ok(Response::new(pb::CompleteJobResponse {}))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        let r = request.into_inner();
+        self.state.cancel_job(&r.job_id, &r.reason)?;
+        Ok(Response::new(pb::CancelJobResponse {}))
+    }
+
+    async fn job_status(
+        &self,
+        request: Request<pb::JobStatusRequest>,
+    ) -> Result<Response<pb::JobStatusResponse>, Status> {
+        let status = self.state.job_status(&request.into_inner().job_id)?;
+        Ok(Response::new(status_to_pb(&status)))
+    }
+
+    async fn list_jobs(
+        &self,
+        _request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let jobs = self.state.list_jobs()?;
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(status_to_pb).collect(),
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let rx = self.state.watch(&request.into_inner().job_id)?;
+        // Pulled by the transport: each item is the latest state (a slow
+        // watcher skips intermediate states, it never blocks the service).
+        // Ends after a terminal state, when the job is collected, or on shutdown.
+        let stream = futures::stream::unfold(
+            (rx, self.shutdown.clone(), true, false),
+            |(mut rx, shutdown, first, done)| async move {
+                if done {
+                    return None;
+                }
+                if !first {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        changed = rx.changed() => changed.ok()?,
+                    }
+                }
+                let status = rx.borrow_and_update().clone();
+                let terminal = status.state.is_terminal();
+                let event = pb::JobEvent {
+                    status: Some(status_to_pb(&status)),
+                };
+                Some((Ok(event), (rx, shutdown, false, terminal)))
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,1260 @@
+//! The rendezvous state machine: agents and their leases, jobs, attempts,
+//! gangs and collectives. No gRPC here; `server.rs` is a thin shell over it.
+//!
+//! One mutex guards everything; no lock is held across an `.await`. A blocked
+//! call (join, all-gather) parks a `oneshot` sender in the state and awaits the
+//! receiver; whoever moves the attempt on (the last member to arrive, a
+//! failure, a timeout, a cancel, shutdown) resolves every parked sender under
+//! the lock, so all blocked members learn the outcome at once.
+//!
+//! Time is `tokio::time`, so timeouts can be tested with paused time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use kindling_schemas::pb::rendezvous as pb;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::error::RendezvousError;
+
+pub use pb::{AgentInfo, AttemptRef};
+
+type Result<T, E = RendezvousError> = std::result::Result<T, E>;
+
+/// Service-wide settings; per-job timeouts in [`JobConfig`] override the defaults.
+///
+/// ```
+/// use std::time::Duration;
+/// use kindling_agent::rendezvous::RendezvousConfig;
+/// let config = RendezvousConfig::default().with_lease(Duration::from_secs(5));
+/// config.validate().unwrap();
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RendezvousConfig {
+    /// Heartbeats must arrive at least this often or the agent's lease lapses.
+    pub lease: Duration,
+    /// Default time a join waits for the whole gang (from the attempt's first join).
+    pub gang_timeout: Duration,
+    /// Default time an all-gather waits for every member (from the first arrival).
+    pub barrier_timeout: Duration,
+    /// How long a finished job stays queryable before it is garbage-collected.
+    pub retention: Duration,
+    /// Largest all-gather payload one member may send.
+    pub max_payload_bytes: usize,
+    /// Attempts of a job created with `max_attempts = 0`.
+    pub default_max_attempts: u32,
+    /// Largest `num_slots` a job may ask for.
+    pub max_slots: u32,
+}
+
+impl Default for RendezvousConfig {
+    fn default() -> Self {
+        RendezvousConfig {
+            lease: Duration::from_secs(10),
+            gang_timeout: Duration::from_secs(60),
+            barrier_timeout: Duration::from_secs(300),
+            retention: Duration::from_secs(3600),
+            max_payload_bytes: 4 << 20,
+            default_max_attempts: 3,
+            max_slots: 65_536,
+        }
+    }
+}
+
+impl RendezvousConfig {
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+    /// Sets the default gang timeout.
+    pub fn with_gang_timeout(mut self, timeout: Duration) -> Self {
+        self.gang_timeout = timeout;
+        self
+    }
+    /// Sets the default barrier timeout.
+    pub fn with_barrier_timeout(mut self, timeout: Duration) -> Self {
+        self.barrier_timeout = timeout;
+        self
+    }
+    /// Sets the retention of finished jobs.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+    /// Sets the maximum all-gather payload.
+    pub fn with_max_payload_bytes(mut self, max: usize) -> Self {
+        self.max_payload_bytes = max;
+        self
+    }
+    /// Sets the default number of attempts.
+    pub fn with_default_max_attempts(mut self, attempts: u32) -> Self {
+        self.default_max_attempts = attempts;
+        self
+    }
+
+    /// Checks every value is usable.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("lease", self.lease),
+            ("gang_timeout", self.gang_timeout),
+            ("barrier_timeout", self.barrier_timeout),
+        ];
+        for (name, d) in positive {
+            if d.is_zero() {
+                return Err(RendezvousError::invalid(format!("{name} must be > 0")));
+            }
+        }
+        if self.max_payload_bytes == 0 || self.default_max_attempts == 0 || self.max_slots == 0 {
+            return Err(RendezvousError::invalid(
+                "max_payload_bytes, default_max_attempts and max_slots must be > 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How often the reaper looks for lapsed leases and expired jobs.
+    pub fn reap_interval(&self) -> Duration {
+        (self.lease / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
+    }
+}
+
+/// What `create_job` registers.
+///
+/// ```
+/// use kindling_agent::rendezvous::JobConfig;
+/// let job = JobConfig::new("job-1", 4).with_max_attempts(2).with_spec_summary("{}");
+/// assert_eq!(job.num_slots, 4);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobConfig {
+    pub job_id: String,
+    pub num_slots: u32,
+    /// 0 = the server default.
+    pub max_attempts: u32,
+    /// Opaque (JSON) summary of the job spec, echoed in status.
+    pub spec_summary: String,
+    /// `None` = the server default.
+    pub gang_timeout: Option<Duration>,
+    /// `None` = the server default.
+    pub barrier_timeout: Option<Duration>,
+}
+
+impl JobConfig {
+    /// A job of `num_slots` members with server defaults for everything else.
+    pub fn new(job_id: impl Into<String>, num_slots: u32) -> Self {
+        JobConfig {
+            job_id: job_id.into(),
+            num_slots,
+            max_attempts: 0,
+            spec_summary: String::new(),
+            gang_timeout: None,
+            barrier_timeout: None,
+        }
+    }
+    /// Sets the number of attempts (0 = server default).
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+    /// Sets the spec summary.
+    pub fn with_spec_summary(mut self, summary: impl Into<String>) -> Self {
+        self.spec_summary = summary.into();
+        self
+    }
+    /// Sets the gang timeout.
+    pub fn with_gang_timeout(mut self, timeout: Duration) -> Self {
+        self.gang_timeout = Some(timeout);
+        self
+    }
+    /// Sets the barrier timeout.
+    pub fn with_barrier_timeout(mut self, timeout: Duration) -> Self {
+        self.barrier_timeout = Some(timeout);
+        self
+    }
+}
+
+/// Lifecycle of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobState {
+    /// Waiting for the members of the current attempt to join.
+    Ganging,
+    /// All members joined; the attempt is running.
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobState {
+    /// Succeeded, failed or cancelled.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
+    }
+
+    pub(crate) fn to_pb(self) -> pb::JobState {
+        match self {
+            JobState::Ganging => pb::JobState::Ganging,
+            JobState::Running => pb::JobState::Running,
+            JobState::Succeeded => pb::JobState::Succeeded,
+            JobState::Failed => pb::JobState::Failed,
+            JobState::Cancelled => pb::JobState::Cancelled,
+        }
+    }
+
+    pub(crate) fn from_pb(state: pb::JobState) -> Option<Self> {
+        Some(match state {
+            pb::JobState::Unspecified => return None,
+            pb::JobState::Ganging => JobState::Ganging,
+            pb::JobState::Running => JobState::Running,
+            pb::JobState::Succeeded => JobState::Succeeded,
+            pb::JobState::Failed => JobState::Failed,
+            pb::JobState::Cancelled => JobState::Cancelled,
+        })
+    }
+}
+
+/// One failed attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptFailure {
+    pub attempt: u32,
+    /// The agent whose lease lapsed or who reported, or `"rendezvous"` for timeouts.
+    pub agent_id: String,
+    pub cause: String,
+    pub at: SystemTime,
+}
+
+/// A job's state as seen by `status`, `list_jobs` and `watch`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobStatus {
+    pub job_id: String,
+    pub state: JobState,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub num_slots: u32,
+    /// Current attempt's members in rank order (join order while ganging).
+    pub members: Vec<String>,
+    /// Every failed attempt, oldest first: `failures[0]` is the first cause.
+    pub failures: Vec<AttemptFailure>,
+    pub spec_summary: String,
+    pub created: SystemTime,
+    pub updated: SystemTime,
+    pub cancel_reason: Option<String>,
+}
+
+impl JobStatus {
+    /// The first failure's cause, which a failed job reports.
+    pub fn first_cause(&self) -> Option<&str> {
+        self.failures.first().map(|f| f.cause.as_str())
+    }
+}
+
+/// What a successful join returns: this member's place in the gang.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Membership {
+    pub job_id: String,
+    pub attempt: u32,
+    /// Index in `peers`; ranks are assigned by ascending agent id.
+    pub rank: u32,
+    pub world_size: u32,
+    /// Every member in rank order.
+    pub peers: Arc<[AgentInfo]>,
+}
+
+/// The failure source recorded for timeouts detected by the rendezvous itself.
+pub const RENDEZVOUS_REPORTER: &str = "rendezvous";
+
+type JoinWaiter = oneshot::Sender<Result<Membership>>;
+type GatherResult = Arc<Vec<Bytes>>;
+type GatherWaiter = oneshot::Sender<Result<GatherResult>>;
+
+struct Agent {
+    info: AgentInfo,
+    lease_until: Instant,
+    /// Latest failed attempt per job this agent joined (heartbeat reply).
+    notices: BTreeMap<String, AttemptRef>,
+}
+
+struct Joiner {
+    agent_id: String,
+    waiter: Option<JoinWaiter>,
+}
+
+struct Collective {
+    seq: u64,
+    payloads: Vec<Option<Bytes>>,
+    waiters: Vec<Option<GatherWaiter>>,
+    arrived: usize,
+    deadline: Instant,
+}
+
+/// The current attempt of a job.
+#[derive(Default)]
+struct Gang {
+    /// Join order; after formation, the members.
+    joined: Vec<Joiner>,
+    deadline: Option<Instant>,
+    /// Set when the gang formed: members in rank order.
+    members: Option<Arc<[AgentInfo]>>,
+    collective: Option<Collective>,
+    last_gather: Option<(u64, GatherResult)>,
+}
+
+impl Gang {
+    fn resolve_all(&mut self, err: &RendezvousError) {
+        for j in &mut self.joined {
+            if let Some(w) = j.waiter.take() {
+                let _ = w.send(Err(err.clone()));
+            }
+        }
+        if let Some(c) = self.collective.take() {
+            for w in c.waiters.into_iter().flatten() {
+                let _ = w.send(Err(err.clone()));
+            }
+        }
+    }
+}
+
+struct Job {
+    config: JobConfig,
+    gang_timeout: Duration,
+    barrier_timeout: Duration,
+    state: JobState,
+    attempt: u32,
+    failures: Vec<AttemptFailure>,
+    cancel_reason: Option<String>,
+    created: SystemTime,
+    updated: SystemTime,
+    finished_at: Option<Instant>,
+    gang: Gang,
+    events: watch::Sender<JobStatus>,
+}
+
+impl Job {
+    fn status(&self) -> JobStatus {
+        let members = match &self.gang.members {
+            Some(m) => m.iter().map(|a| a.agent_id.clone()).collect(),
+            None => self.gang.joined.iter().map(|j| j.agent_id.clone()).collect(),
+        };
+        JobStatus {
+            job_id: self.config.job_id.clone(),
+            state: self.state,
+            attempt: self.attempt,
+            max_attempts: self.config.max_attempts,
+            num_slots: self.config.num_slots,
+            members,
+            failures: self.failures.clone(),
+            spec_summary: self.config.spec_summary.clone(),
+            created: self.created,
+            updated: self.updated,
+            cancel_reason: self.cancel_reason.clone(),
+        }
+    }
+
+    /// Records a state change and tells the watchers.
+    fn publish(&mut self) {
+        self.updated = SystemTime::now();
+        let status = self.status();
+        self.events.send_replace(status);
+    }
+
+    fn finish(&mut self, state: JobState) {
+        self.state = state;
+        self.finished_at = Some(Instant::now());
+    }
+
+    /// Refuses calls on a finished job.
+    fn check_active(&self) -> Result<()> {
+        match self.state {
+            JobState::Cancelled => Err(RendezvousError::JobCancelled {
+                job_id: self.config.job_id.clone(),
+                reason: self.cancel_reason.clone().unwrap_or_default(),
+            }),
+            JobState::Succeeded | JobState::Failed => Err(self.wrong_state(format!(
+                "the job already ended ({:?}); no further calls are accepted",
+                self.state
+            ))),
+            JobState::Ganging | JobState::Running => Ok(()),
+        }
+    }
+
+    /// Fencing: the call must name the current attempt.
+    fn check_attempt(&self, given: u32) -> Result<()> {
+        if given == self.attempt {
+            Ok(())
+        } else {
+            Err(RendezvousError::StaleAttempt {
+                job_id: self.config.job_id.clone(),
+                current: self.attempt,
+                given,
+            })
+        }
+    }
+
+    fn wrong_state(&self, detail: String) -> RendezvousError {
+        RendezvousError::WrongState {
+            job_id: self.config.job_id.clone(),
+            detail,
+        }
+    }
+
+    fn is_member(&self, agent_id: &str) -> bool {
+        self.gang.joined.iter().any(|j| j.agent_id == agent_id)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    agents: HashMap<String, Agent>,
+    jobs: HashMap<String, Job>,
+    closed: bool,
+}
+
+/// Fails the job's current attempt: records the cause, wakes every blocked
+/// call with the error `make_err(next_attempt)` builds, tells the members
+/// (heartbeat notices, watchers) and opens the next attempt or fails the job.
+fn fail_attempt(
+    agents: &mut HashMap<String, Agent>,
+    job: &mut Job,
+    reporter: &str,
+    cause: String,
+    make_err: impl FnOnce(Option<u32>) -> RendezvousError,
+) -> Option<u32> {
+    let attempt = job.attempt;
+    job.failures.push(AttemptFailure {
+        attempt,
+        agent_id: reporter.to_owned(),
+        cause: cause.clone(),
+        at: SystemTime::now(),
+    });
+    let next = (attempt < job.config.max_attempts).then_some(attempt + 1);
+    let err = make_err(next);
+    let mut gang = std::mem::take(&mut job.gang);
+    gang.resolve_all(&err);
+    notify_members(agents, &gang, &job.config.job_id, attempt, &err.to_string());
+    match next {
+        Some(n) => {
+            job.attempt = n;
+            job.state = JobState::Ganging;
+        }
+        None => job.finish(JobState::Failed),
+    }
+    tracing::info!(job = %job.config.job_id, attempt, ?next, %cause, "attempt failed");
+    job.publish();
+    next
+}
+
+fn notify_members(agents: &mut HashMap<String, Agent>, gang: &Gang, job_id: &str, attempt: u32, cause: &str) {
+    for j in &gang.joined {
+        if let Some(agent) = agents.get_mut(&j.agent_id) {
+            agent.notices.insert(
+                job_id.to_owned(),
+                AttemptRef {
+                    job_id: job_id.to_owned(),
+                    attempt,
+                    cause: cause.to_owned(),
+                },
+            );
+        }
+    }
+}
+
+fn require(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        Err(RendezvousError::invalid(format!("{what} must not be empty")))
+    } else {
+        Ok(())
+    }
+}
+
+fn require_attempt(attempt: u32) -> Result<()> {
+    if attempt == 0 {
+        Err(RendezvousError::invalid("attempts are numbered from 1"))
+    } else {
+        Ok(())
+    }
+}
+
+/// What the reaper did in one pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Agents whose lease lapsed.
+    pub lapsed_agents: Vec<String>,
+    /// Attempts failed because of a lapsed lease or an expired timeout.
+    pub failed_attempts: Vec<(String, u32)>,
+    /// Finished jobs removed after their retention.
+    pub collected_jobs: Vec<String>,
+}
+
+/// Heartbeat answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    pub lease: Duration,
+    /// Attempts this agent joined that failed (latest per job).
+    pub failed_attempts: Vec<AttemptRef>,
+}
+
+/// The whole rendezvous state; cheap to clone (shared).
+#[derive(Clone)]
+pub struct RendezvousState {
+    config: Arc<RendezvousConfig>,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for RendezvousState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RendezvousState")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RendezvousState {
+    /// An empty state.
+    pub fn new(config: RendezvousConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(RendezvousState {
+            config: Arc::new(config),
+            state: Arc::new(Mutex::new(State::default())),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RendezvousConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        let guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.closed {
+            Err(RendezvousError::ShuttingDown)
+        } else {
+            Ok(guard)
+        }
+    }
+
+    // ---- agents -------------------------------------------------------------
+
+    /// Registers (or re-registers) an agent and starts its lease.
+    pub fn register_agent(&self, info: AgentInfo) -> Result<Duration> {
+        require("agent_id", &info.agent_id)?;
+        let lease = self.config.lease;
+        let mut st = self.lock()?;
+        let lease_until = Instant::now() + lease;
+        match st.agents.get_mut(&info.agent_id) {
+            Some(agent) => {
+                agent.info = info;
+                agent.lease_until = lease_until;
+            }
+            None => {
+                tracing::debug!(agent = %info.agent_id, "agent registered");
+                st.agents.insert(
+                    info.agent_id.clone(),
+                    Agent {
+                        info,
+                        lease_until,
+                        notices: BTreeMap::new(),
+                    },
+                );
+            }
+        }
+        Ok(lease)
+    }
+
+    /// Renews an agent's lease; replies with the attempts it joined that failed.
+    pub fn heartbeat(&self, agent_id: &str) -> Result<HeartbeatReply> {
+        require("agent_id", agent_id)?;
+        let lease = self.config.lease;
+        let mut st = self.lock()?;
+        let agent = st
+            .agents
+            .get_mut(agent_id)
+            .ok_or_else(|| RendezvousError::AgentNotRegistered {
+                agent_id: agent_id.to_owned(),
+            })?;
+        agent.lease_until = Instant::now() + lease;
+        Ok(HeartbeatReply {
+            lease,
+            failed_attempts: agent.notices.values().cloned().collect(),
+        })
+    }
+
+    /// Removes an agent at once, as if its lease lapsed.
+    pub fn deregister_agent(&self, agent_id: &str) -> Result<()> {
+        require("agent_id", agent_id)?;
+        let mut st = self.lock()?;
+        if !st.agents.contains_key(agent_id) {
+            return Err(RendezvousError::AgentNotRegistered {
+                agent_id: agent_id.to_owned(),
+            });
+        }
+        let cause = format!("agent `{agent_id}` deregistered");
+        remove_agent(&mut st, agent_id, &cause);
+        Ok(())
+    }
+
+    /// Live agents, by agent id.
+    pub fn list_agents(&self) -> Result<Vec<AgentInfo>> {
+        let st = self.lock()?;
+        let now = Instant::now();
+        let mut agents: Vec<AgentInfo> = st
+            .agents
+            .values()
+            .filter(|a| a.lease_until > now)
+            .map(|a| a.info.clone())
+            .collect();
+        agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        Ok(agents)
+    }
+
+    // ---- jobs ---------------------------------------------------------------
+
+    /// Creates a job and returns the attempt to join (1). Creating an active
+    /// job again with identical parameters returns its current attempt;
+    /// different parameters, or a finished job, give `JobExists`.
+    pub fn create_job(&self, config: JobConfig) -> Result<u32> {
+        require("job_id", &config.job_id)?;
+        if config.num_slots == 0 || config.num_slots > self.config.max_slots {
+            return Err(RendezvousError::invalid(format!(
+                "num_slots must be in 1..={}, got {}",
+                self.config.max_slots, config.num_slots
+            )));
+        }
+        let mut config = config;
+        if config.max_attempts == 0 {
+            config.max_attempts = self.config.default_max_attempts;
+        }
+        let gang_timeout = config
+            .gang_timeout
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.config.gang_timeout);
+        let barrier_timeout = config
+            .barrier_timeout
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.config.barrier_timeout);
+        let mut st = self.lock()?;
+        if let Some(job) = st.jobs.get(&config.job_id) {
+            let same = job.config.num_slots == config.num_slots
+                && job.config.max_attempts == config.max_attempts
+                && job.config.spec_summary == config.spec_summary
+                && job.gang_timeout == gang_timeout
+                && job.barrier_timeout == barrier_timeout;
+            return match (same, job.state.is_terminal()) {
+                (true, false) => Ok(job.attempt),
+                (true, true) => Err(RendezvousError::JobExists {
+                    job_id: config.job_id,
+                    detail: format!("it already ended ({:?}); use a new job id", job.state),
+                }),
+                (false, _) => Err(RendezvousError::JobExists {
+                    job_id: config.job_id,
+                    detail: "with different parameters".to_owned(),
+                }),
+            };
+        }
+        let now = SystemTime::now();
+        let job_id = config.job_id.clone();
+        let mut job = Job {
+            config,
+            gang_timeout,
+            barrier_timeout,
+            state: JobState::Ganging,
+            attempt: 1,
+            failures: Vec::new(),
+            cancel_reason: None,
+            created: now,
+            updated: now,
+            finished_at: None,
+            gang: Gang::default(),
+            events: watch::Sender::new(placeholder_status()),
+        };
+        job.publish();
+        tracing::info!(job = %job_id, slots = job.config.num_slots, "job created");
+        st.jobs.insert(job_id, job);
+        Ok(1)
+    }
+
+    /// Joins `agent_id` to the current attempt and waits until all
+    /// `num_slots` members joined (or the gang timeout, a failure, a cancel).
+    pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<Membership> {
+        let (rx, deadline) = self.join_start(job_id, attempt, agent_id)?;
+        self.await_outcome(rx, deadline, |s| s.expire_gang(job_id, attempt, Instant::now()))
+            .await
+    }
+
+    fn join_start(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        agent_id: &str,
+    ) -> Result<(oneshot::Receiver<Result<Membership>>, Instant)> {
+        require("job_id", job_id)?;
+        require("agent_id", agent_id)?;
+        require_attempt(attempt)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = st
+            .jobs
+            .get_mut(job_id)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })?;
+        job.check_active()?;
+        job.check_attempt(attempt)?;
+        let agent = st
+            .agents
+            .get_mut(agent_id)
+            .ok_or_else(|| RendezvousError::AgentNotRegistered {
+                agent_id: agent_id.to_owned(),
+            })?;
+        let (tx, rx) = oneshot::channel();
+        if let Some(members) = &job.gang.members {
+            // Already formed: a retried join gets its membership again.
+            let rank = members
+                .iter()
+                .position(|m| m.agent_id == agent_id)
+                .ok_or_else(|| {
+                    job.wrong_state(format!(
+                        "attempt {attempt} already formed with {} members; agent `{agent_id}` is not one of them",
+                        members.len()
+                    ))
+                })?;
+            let _ = tx.send(Ok(membership(job_id, attempt, rank, members)));
+            return Ok((rx, Instant::now()));
+        }
+        let now = Instant::now();
+        let deadline = *job.gang.deadline.get_or_insert(now + job.gang_timeout);
+        match job.gang.joined.iter_mut().find(|j| j.agent_id == agent_id) {
+            // A retried join replaces the earlier waiter.
+            Some(j) => j.waiter = Some(tx),
+            None => {
+                job.gang.joined.push(Joiner {
+                    agent_id: agent_id.to_owned(),
+                    waiter: Some(tx),
+                });
+                agent.notices.remove(job_id);
+            }
+        }
+        if job.gang.joined.len() == job.config.num_slots as usize {
+            form_gang(&st.agents, job);
+        }
+        Ok((rx, deadline))
+    }
+
+    /// Fails the attempt if it is still ganging past its deadline. `Some` is
+    /// a new deadline to keep waiting for; `None` means the waiter has been
+    /// (or is being) resolved.
+    fn expire_gang(&self, job_id: &str, attempt: u32, now: Instant) -> Option<Instant> {
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        let job = st.jobs.get_mut(job_id)?;
+        if job.attempt != attempt || job.state != JobState::Ganging {
+            return None;
+        }
+        let deadline = job.gang.deadline?;
+        if now < deadline {
+            return Some(deadline);
+        }
+        expire_gang_now(&mut st.agents, job);
+        None
+    }
+
+    /// All-gather inside the current attempt: returns every member's payload
+    /// in rank order once all members called with this `seq`. An empty
+    /// payload makes it a plain barrier.
+    pub async fn all_gather(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        rank: u32,
+        seq: u64,
+        payload: Bytes,
+    ) -> Result<Arc<Vec<Bytes>>> {
+        let (rx, deadline) = self.gather_start(job_id, attempt, rank, seq, payload)?;
+        self.await_outcome(rx, deadline, |s| {
+            s.expire_gather(job_id, attempt, seq, Instant::now())
+        })
+        .await
+    }
+
+    fn gather_start(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        rank: u32,
+        seq: u64,
+        payload: Bytes,
+    ) -> Result<(oneshot::Receiver<Result<GatherResult>>, Instant)> {
+        require("job_id", job_id)?;
+        require_attempt(attempt)?;
+        if payload.len() > self.config.max_payload_bytes {
+            return Err(RendezvousError::PayloadTooLarge {
+                size: payload.len(),
+                max: self.config.max_payload_bytes,
+            });
+        }
+        let mut st = self.lock()?;
+        let job = st
+            .jobs
+            .get_mut(job_id)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })?;
+        job.check_active()?;
+        job.check_attempt(attempt)?;
+        let Some(members) = &job.gang.members else {
+            return Err(job.wrong_state(format!(
+                "attempt {attempt} is still ganging ({} of {} members joined)",
+                job.gang.joined.len(),
+                job.config.num_slots
+            )));
+        };
+        let world = members.len();
+        if rank as usize >= world {
+            return Err(RendezvousError::invalid(format!(
+                "rank {rank} out of range for world size {world}"
+            )));
+        }
+        let (tx, rx) = oneshot::channel();
+        if let Some((last_seq, result)) = &job.gang.last_gather
+            && *last_seq == seq
+        {
+            // A retried call of the collective that just completed.
+            let _ = tx.send(Ok(result.clone()));
+            return Ok((rx, Instant::now()));
+        }
+        let expected = job.gang.last_gather.as_ref().map_or(0, |(s, _)| s + 1);
+        let barrier_timeout = job.barrier_timeout;
+        let in_progress = job.gang.collective.as_ref().map(|c| c.seq);
+        match in_progress {
+            Some(current) if current != seq => {
+                return Err(job.wrong_state(format!(
+                    "collective {seq} called while collective {current} is in progress"
+                )));
+            }
+            None if seq != expected => {
+                return Err(job.wrong_state(format!(
+                    "collective {seq} out of order: the next collective is {expected}"
+                )));
+            }
+            _ => {}
+        }
+        let collective = job.gang.collective.get_or_insert_with(|| Collective {
+            seq,
+            payloads: vec![None; world],
+            waiters: (0..world).map(|_| None).collect(),
+            arrived: 0,
+            deadline: Instant::now() + barrier_timeout,
+        });
+        let r = rank as usize;
+        if collective.payloads[r].replace(payload).is_none() {
+            collective.arrived += 1;
+        }
+        collective.waiters[r] = Some(tx);
+        let deadline = collective.deadline;
+        if collective.arrived == world
+            && let Some(c) = job.gang.collective.take()
+        {
+            let result: GatherResult =
+                Arc::new(c.payloads.into_iter().map(Option::unwrap_or_default).collect());
+            for w in c.waiters.into_iter().flatten() {
+                let _ = w.send(Ok(result.clone()));
+            }
+            job.gang.last_gather = Some((seq, result));
+        }
+        Ok((rx, deadline))
+    }
+
+    fn expire_gather(&self, job_id: &str, attempt: u32, seq: u64, now: Instant) -> Option<Instant> {
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        let job = st.jobs.get_mut(job_id)?;
+        if job.attempt != attempt || job.state != JobState::Running {
+            return None;
+        }
+        let c = job.gang.collective.as_ref().filter(|c| c.seq == seq)?;
+        if now < c.deadline {
+            return Some(c.deadline);
+        }
+        expire_gather_now(&mut st.agents, job);
+        None
+    }
+
+    async fn await_outcome<T>(
+        &self,
+        mut rx: oneshot::Receiver<Result<T>>,
+        mut deadline: Instant,
+        expire: impl Fn(&Self) -> Option<Instant>,
+    ) -> Result<T> {
+        loop {
+            match tokio::time::timeout_at(deadline, &mut rx).await {
+                Ok(outcome) => return outcome.unwrap_or(Err(RendezvousError::Superseded)),
+                Err(_elapsed) => match expire(self) {
+                    Some(later) => deadline = later,
+                    None => return rx.await.unwrap_or(Err(RendezvousError::Superseded)),
+                },
+            }
+        }
+    }
+
+    /// A member (or the driver) reports the attempt failed. Returns the
+    /// attempt to re-join, or `None` when the job ran out of attempts.
+    /// Reporting an attempt that already failed changes nothing.
+    pub fn report_failure(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        reporter: &str,
+        cause: &str,
+    ) -> Result<Option<u32>> {
+        require("job_id", job_id)?;
+        require("agent_id", reporter)?;
+        require_attempt(attempt)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = st
+            .jobs
+            .get_mut(job_id)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })?;
+        job.check_active()?;
+        if attempt < job.attempt {
+            return Ok(Some(job.attempt));
+        }
+        job.check_attempt(attempt)?;
+        let cause = if cause.is_empty() {
+            format!("agent `{reporter}` reported a failure")
+        } else {
+            format!("agent `{reporter}` reported: {cause}")
+        };
+        let job_id = job_id.to_owned();
+        Ok(fail_attempt(
+            &mut st.agents,
+            job,
+            reporter,
+            cause.clone(),
+            |next_attempt| RendezvousError::AttemptFailed {
+                job_id,
+                attempt,
+                cause,
+                next_attempt,
+            },
+        ))
+    }
+
+    /// Marks the job succeeded. Idempotent for the attempt that completed it.
+    pub fn complete_job(&self, job_id: &str, attempt: u32) -> Result<()> {
+        require("job_id", job_id)?;
+        require_attempt(attempt)?;
+        let mut st = self.lock()?;
+        let job = st
+            .jobs
+            .get_mut(job_id)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })?;
+        if job.state == JobState::Succeeded && job.attempt == attempt {
+            return Ok(());
+        }
+        job.check_active()?;
+        job.check_attempt(attempt)?;
+        if job.state != JobState::Running {
+            return Err(job.wrong_state(format!("attempt {attempt} cannot complete: it is still ganging")));
+        }
+        let err = job.wrong_state(format!("attempt {attempt} completed"));
+        job.gang.resolve_all(&err);
+        job.finish(JobState::Succeeded);
+        job.publish();
+        tracing::info!(job = %job_id, attempt, "job succeeded");
+        Ok(())
+    }
+
+    /// Cancels an active job and wakes every blocked call with `JobCancelled`.
+    /// Cancelling a cancelled job is a no-op.
+    pub fn cancel_job(&self, job_id: &str, reason: &str) -> Result<()> {
+        require("job_id", job_id)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = st
+            .jobs
+            .get_mut(job_id)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })?;
+        if job.state == JobState::Cancelled {
+            return Ok(());
+        }
+        job.check_active()?;
+        let reason = if reason.is_empty() {
+            "no reason given".to_owned()
+        } else {
+            reason.to_owned()
+        };
+        let err = RendezvousError::JobCancelled {
+            job_id: job_id.to_owned(),
+            reason: reason.clone(),
+        };
+        job.gang.resolve_all(&err);
+        notify_members(&mut st.agents, &job.gang, job_id, job.attempt, &err.to_string());
+        job.cancel_reason = Some(reason);
+        job.finish(JobState::Cancelled);
+        job.publish();
+        tracing::info!(job = %job_id, "job cancelled");
+        Ok(())
+    }
+
+    /// A job's status.
+    pub fn job_status(&self, job_id: &str) -> Result<JobStatus> {
+        require("job_id", job_id)?;
+        let st = self.lock()?;
+        st.jobs
+            .get(job_id)
+            .map(Job::status)
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })
+    }
+
+    /// Every job (until garbage-collected), by job id.
+    pub fn list_jobs(&self) -> Result<Vec<JobStatus>> {
+        let st = self.lock()?;
+        let mut jobs: Vec<JobStatus> = st.jobs.values().map(Job::status).collect();
+        jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        Ok(jobs)
+    }
+
+    /// The job's state changes; the receiver starts at the current state and
+    /// closes when the job is garbage-collected or the service shuts down.
+    pub fn watch(&self, job_id: &str) -> Result<watch::Receiver<JobStatus>> {
+        require("job_id", job_id)?;
+        let st = self.lock()?;
+        st.jobs
+            .get(job_id)
+            .map(|j| j.events.subscribe())
+            .ok_or_else(|| RendezvousError::JobNotFound {
+                job_id: job_id.to_owned(),
+            })
+    }
+
+    // ---- housekeeping -------------------------------------------------------
+
+    /// Removes agents whose lease lapsed (failing their attempts), fails
+    /// gangs and collectives past their deadline with no waiter left to
+    /// notice, and garbage-collects jobs finished longer than the retention.
+    pub fn reap(&self) -> ReapReport {
+        let mut report = ReapReport::default();
+        let Ok(mut guard) = self.lock() else {
+            return report;
+        };
+        let st = &mut *guard;
+        let now = Instant::now();
+        let lapsed: Vec<String> = st
+            .agents
+            .iter()
+            .filter(|(_, a)| a.lease_until <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for agent_id in lapsed {
+            let cause = format!(
+                "lease of agent `{agent_id}` lapsed: no heartbeat within {:?}",
+                self.config.lease
+            );
+            tracing::warn!(agent = %agent_id, "agent lease lapsed");
+            report.failed_attempts.extend(remove_agent(st, &agent_id, &cause));
+            report.lapsed_agents.push(agent_id);
+        }
+        for job in st.jobs.values_mut() {
+            let attempt = job.attempt;
+            let gang_expired = job.state == JobState::Ganging && job.gang.deadline.is_some_and(|d| d <= now);
+            let gather_expired = job.state == JobState::Running
+                && job.gang.collective.as_ref().is_some_and(|c| c.deadline <= now);
+            if gang_expired {
+                expire_gang_now(&mut st.agents, job);
+            } else if gather_expired {
+                expire_gather_now(&mut st.agents, job);
+            } else {
+                continue;
+            }
+            report.failed_attempts.push((job.config.job_id.clone(), attempt));
+        }
+        let retention = self.config.retention;
+        let expired: Vec<String> = st
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.finished_at.is_some_and(|t| t + retention <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for job_id in expired {
+            st.jobs.remove(&job_id);
+            for agent in st.agents.values_mut() {
+                agent.notices.remove(&job_id);
+            }
+            tracing::debug!(job = %job_id, "finished job garbage-collected");
+            report.collected_jobs.push(job_id);
+        }
+        report
+    }
+
+    /// Shuts down: every blocked call returns `ShuttingDown`, watchers end,
+    /// and every later call is refused.
+    pub fn close(&self) {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.closed = true;
+        for job in std::mem::take(&mut st.jobs).into_values() {
+            let mut job = job;
+            job.gang.resolve_all(&RendezvousError::ShuttingDown);
+        }
+    }
+}
+
+fn placeholder_status() -> JobStatus {
+    JobStatus {
+        job_id: String::new(),
+        state: JobState::Ganging,
+        attempt: 0,
+        max_attempts: 0,
+        num_slots: 0,
+        members: Vec::new(),
+        failures: Vec::new(),
+        spec_summary: String::new(),
+        created: SystemTime::UNIX_EPOCH,
+        updated: SystemTime::UNIX_EPOCH,
+        cancel_reason: None,
+    }
+}
+
+fn membership(job_id: &str, attempt: u32, rank: usize, members: &Arc<[AgentInfo]>) -> Membership {
+    Membership {
+        job_id: job_id.to_owned(),
+        attempt,
+        rank: rank as u32,
+        world_size: members.len() as u32,
+        peers: members.clone(),
+    }
+}
+
+/// All members joined: ranks by agent id, release every join at once.
+fn form_gang(agents: &HashMap<String, Agent>, job: &mut Job) {
+    let mut members: Vec<AgentInfo> = job
+        .gang
+        .joined
+        .iter()
+        .map(|j| {
+            agents
+                .get(&j.agent_id)
+                .map(|a| a.info.clone())
+                .unwrap_or_else(|| AgentInfo {
+                    agent_id: j.agent_id.clone(),
+                    ..AgentInfo::default()
+                })
+        })
+        .collect();
+    members.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+    let members: Arc<[AgentInfo]> = members.into();
+    let job_id = job.config.job_id.clone();
+    let attempt = job.attempt;
+    for j in &mut job.gang.joined {
+        if let Some(w) = j.waiter.take()
+            && let Some(rank) = members.iter().position(|m| m.agent_id == j.agent_id)
+        {
+            let _ = w.send(Ok(membership(&job_id, attempt, rank, &members)));
+        }
+    }
+    job.gang.members = Some(members);
+    job.gang.deadline = None;
+    job.state = JobState::Running;
+    tracing::info!(job = %job_id, attempt, world = job.config.num_slots, "gang formed");
+    job.publish();
+}
+
+fn expire_gang_now(agents: &mut HashMap<String, Agent>, job: &mut Job) {
+    let job_id = job.config.job_id.clone();
+    let attempt = job.attempt;
+    let joined = job.gang.joined.len();
+    let expected = job.config.num_slots as usize;
+    let timeout = job.gang_timeout;
+    let cause =
+        format!("gang timeout: {joined} of {expected} members joined attempt {attempt} within {timeout:?}");
+    fail_attempt(agents, job, RENDEZVOUS_REPORTER, cause, |next_attempt| {
+        RendezvousError::GangTimeout {
+            job_id,
+            attempt,
+            joined,
+            expected,
+            timeout,
+            next_attempt,
+        }
+    });
+}
+
+fn expire_gather_now(agents: &mut HashMap<String, Agent>, job: &mut Job) {
+    let Some(c) = job.gang.collective.as_ref() else {
+        return;
+    };
+    let job_id = job.config.job_id.clone();
+    let attempt = job.attempt;
+    let (seq, arrived, expected) = (c.seq, c.arrived, c.payloads.len());
+    let missing: Vec<usize> = (0..expected).filter(|r| c.payloads[*r].is_none()).collect();
+    let timeout = job.barrier_timeout;
+    let cause = format!(
+        "barrier timeout: {arrived} of {expected} members reached collective {seq} of attempt {attempt} within {timeout:?} (missing ranks {missing:?})"
+    );
+    fail_attempt(agents, job, RENDEZVOUS_REPORTER, cause, |next_attempt| {
+        RendezvousError::BarrierTimeout {
+            job_id,
+            attempt,
+            seq,
+            arrived,
+            expected,
+            timeout,
+            next_attempt,
+        }
+    });
+}
+
+/// Drops an agent: fails the running attempts it is a member of; while a
+/// gang is still forming it just leaves it (no attempt is burnt).
+fn remove_agent(st: &mut State, agent_id: &str, cause: &str) -> Vec<(String, u32)> {
+    let mut failed = Vec::new();
+    st.agents.remove(agent_id);
+    for job in st.jobs.values_mut() {
+        if job.state.is_terminal() || !job.is_member(agent_id) {
+            continue;
+        }
+        if job.gang.members.is_some() {
+            let attempt = job.attempt;
+            let job_id = job.config.job_id.clone();
+            let cause = cause.to_owned();
+            failed.push((job_id.clone(), attempt));
+            fail_attempt(&mut st.agents, job, agent_id, cause.clone(), |next_attempt| {
+                RendezvousError::AttemptFailed {
+                    job_id,
+                    attempt,
+                    cause,
+                    next_attempt,
+                }
+            });
+        } else {
+            if let Some(pos) = job.gang.joined.iter().position(|j| j.agent_id == agent_id) {
+                let j = job.gang.joined.remove(pos);
+                if let Some(w) = j.waiter {
+                    let _ = w.send(Err(RendezvousError::AgentNotRegistered {
+                        agent_id: agent_id.to_owned(),
+                    }));
+                }
+            }
+            if job.gang.joined.is_empty() {
+                job.gang.deadline = None;
+            }
+        }
+    }
+    failed
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests;

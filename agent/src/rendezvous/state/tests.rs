@@ -1,0 +1,268 @@
+//! State-machine tests, no gRPC; timeouts with paused tokio time.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::advance;
+
+use super::*;
+
+fn agent(id: &str) -> AgentInfo {
+    AgentInfo {
+        agent_id: id.to_owned(),
+        flight_address: format!("http://{id}:50051"),
+        collective_address: format!("http://{id}:50052"),
+        node_name: format!("node-{id}"),
+        capacity: 1,
+        has_gpu: false,
+    }
+}
+
+fn state() -> RendezvousState {
+    RendezvousState::new(
+        RendezvousConfig::default()
+            .with_lease(Duration::from_secs(10))
+            .with_gang_timeout(Duration::from_secs(30))
+            .with_barrier_timeout(Duration::from_secs(60))
+            .with_retention(Duration::from_secs(100)),
+    )
+    .unwrap()
+}
+
+fn with_agents(ids: &[&str]) -> RendezvousState {
+    let s = state();
+    for id in ids {
+        s.register_agent(agent(id)).unwrap();
+    }
+    s
+}
+
+async fn form(s: &RendezvousState, job: &str, attempt: u32, ids: &[&str]) -> Vec<Membership> {
+    let joins = ids.iter().map(|id| {
+        let s = s.clone();
+        let (job, id) = (job.to_owned(), id.to_string());
+        tokio::spawn(async move { s.join(&job, attempt, &id).await })
+    });
+    let mut out = Vec::new();
+    for j in joins.collect::<Vec<_>>() {
+        out.push(j.await.unwrap().unwrap());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn gang_releases_everyone_with_ranks_by_agent_id() {
+    let s = with_agents(&["c", "a", "b"]);
+    assert_eq!(s.create_job(JobConfig::new("j", 3)).unwrap(), 1);
+    let members = form(&s, "j", 1, &["c", "a", "b"]).await;
+    let ranks: Vec<u32> = members.iter().map(|m| m.rank).collect();
+    assert_eq!(ranks, vec![2, 0, 1]);
+    let order: Vec<&str> = members[0].peers.iter().map(|p| p.agent_id.as_str()).collect();
+    assert_eq!(order, vec!["a", "b", "c"]);
+    assert!(members.iter().all(|m| m.world_size == 3 && m.attempt == 1));
+    assert_eq!(s.job_status("j").unwrap().state, JobState::Running);
+    // A retried join after formation gets the same membership.
+    assert_eq!(s.join("j", 1, "b").await.unwrap().rank, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_gang_fails_after_the_gang_timeout_saying_how_many_joined() {
+    let s = with_agents(&["a", "b"]);
+    s.create_job(JobConfig::new("j", 2).with_max_attempts(2)).unwrap();
+    let err = s.join("j", 1, "a").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RendezvousError::GangTimeout {
+                joined: 1,
+                expected: 2,
+                next_attempt: Some(2),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("1 of 2 members joined"), "{err}");
+    let status = s.job_status("j").unwrap();
+    assert_eq!((status.state, status.attempt), (JobState::Ganging, 2));
+    assert!(status.first_cause().unwrap().contains("gang timeout"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_gather_returns_payloads_in_rank_order() {
+    let s = with_agents(&["a", "b", "c"]);
+    s.create_job(JobConfig::new("j", 3)).unwrap();
+    let members = form(&s, "j", 1, &["b", "c", "a"]).await;
+    for seq in 0..3u64 {
+        let calls: Vec<_> = members
+            .iter()
+            .map(|m| {
+                let s = s.clone();
+                let rank = m.rank;
+                tokio::spawn(async move {
+                    let payload = Bytes::from(format!("r{rank}s{seq}"));
+                    s.all_gather("j", 1, rank, seq, payload).await
+                })
+            })
+            .collect();
+        for c in calls {
+            let got = c.await.unwrap().unwrap();
+            let want: Vec<Bytes> = (0..3).map(|r| Bytes::from(format!("r{r}s{seq}"))).collect();
+            assert_eq!(*got, want);
+        }
+    }
+    // Out-of-order collective is refused without changing anything.
+    let err = s.all_gather("j", 1, 0, 7, Bytes::new()).await.unwrap_err();
+    assert!(matches!(err, RendezvousError::WrongState { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lapsed_lease_fails_the_attempt_and_wakes_blocked_members() {
+    let s = with_agents(&["a", "b"]);
+    s.create_job(JobConfig::new("j", 2)).unwrap();
+    form(&s, "j", 1, &["a", "b"]).await;
+    let blocked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.all_gather("j", 1, 0, 0, Bytes::new()).await })
+    };
+    tokio::task::yield_now().await;
+    // Only "a" keeps heartbeating.
+    advance(Duration::from_secs(6)).await;
+    s.heartbeat("a").unwrap();
+    advance(Duration::from_secs(6)).await;
+    let report = s.reap();
+    assert_eq!(report.lapsed_agents, vec!["b".to_owned()]);
+    let err = blocked.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RendezvousError::AttemptFailed {
+                attempt: 1,
+                next_attempt: Some(2),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("lease of agent `b` lapsed"), "{err}");
+    let hb = s.heartbeat("a").unwrap();
+    assert_eq!(hb.failed_attempts.len(), 1);
+    assert_eq!(hb.failed_attempts[0].attempt, 1);
+    assert_eq!(s.job_status("j").unwrap().attempt, 2);
+    // Fencing: the old attempt is refused, naming both attempts.
+    let err = s.join("j", 1, "a").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RendezvousError::StaleAttempt {
+                current: 2,
+                given: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn barrier_timeout_fails_the_attempt() {
+    let s = with_agents(&["a", "b"]);
+    s.create_job(JobConfig::new("j", 2).with_barrier_timeout(Duration::from_secs(5)))
+        .unwrap();
+    form(&s, "j", 1, &["a", "b"]).await;
+    let err = s.all_gather("j", 1, 1, 0, Bytes::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RendezvousError::BarrierTimeout {
+                arrived: 1,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        s.job_status("j")
+            .unwrap()
+            .first_cause()
+            .unwrap()
+            .contains("missing ranks [0]")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_attempts_fails_the_job_with_the_first_cause() {
+    let s = with_agents(&["a"]);
+    s.create_job(JobConfig::new("j", 1).with_max_attempts(2)).unwrap();
+    form(&s, "j", 1, &["a"]).await;
+    assert_eq!(s.report_failure("j", 1, "a", "oom").unwrap(), Some(2));
+    // A second report of the same failed attempt changes nothing.
+    assert_eq!(s.report_failure("j", 1, "a", "oom again").unwrap(), Some(2));
+    form(&s, "j", 2, &["a"]).await;
+    assert_eq!(s.report_failure("j", 2, "a", "nan loss").unwrap(), None);
+    let status = s.job_status("j").unwrap();
+    assert_eq!(status.state, JobState::Failed);
+    assert_eq!(status.failures.len(), 2);
+    assert!(status.first_cause().unwrap().contains("oom"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_wakes_blocked_joins_and_finished_jobs_are_collected() {
+    let s = with_agents(&["a", "b"]);
+    s.create_job(JobConfig::new("j", 2)).unwrap();
+    let blocked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.join("j", 1, "a").await })
+    };
+    tokio::task::yield_now().await;
+    s.cancel_job("j", "user asked").unwrap();
+    let err = blocked.await.unwrap().unwrap_err();
+    assert!(matches!(err, RendezvousError::JobCancelled { .. }), "{err}");
+    s.cancel_job("j", "again").unwrap();
+    advance(Duration::from_secs(101)).await;
+    s.heartbeat("a").unwrap();
+    s.heartbeat("b").unwrap();
+    assert_eq!(s.reap().collected_jobs, vec!["j".to_owned()]);
+    assert!(matches!(
+        s.job_status("j"),
+        Err(RendezvousError::JobNotFound { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_requests_are_refused_without_state_change() {
+    let s = with_agents(&["a"]);
+    assert!(matches!(
+        s.create_job(JobConfig::new("j", 0)),
+        Err(RendezvousError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.create_job(JobConfig::new("", 1)),
+        Err(RendezvousError::InvalidArgument(_))
+    ));
+    assert!(s.list_jobs().unwrap().is_empty());
+    s.create_job(JobConfig::new("j", 1)).unwrap();
+    // Idempotent with the same parameters, refused with others.
+    assert_eq!(s.create_job(JobConfig::new("j", 1)).unwrap(), 1);
+    assert!(matches!(
+        s.create_job(JobConfig::new("j", 2)),
+        Err(RendezvousError::JobExists { .. })
+    ));
+    form(&s, "j", 1, &["a"]).await;
+    let big = Bytes::from(vec![0u8; s.config().max_payload_bytes + 1]);
+    assert!(matches!(
+        s.all_gather("j", 1, 0, 0, big).await,
+        Err(RendezvousError::PayloadTooLarge { .. })
+    ));
+    assert!(matches!(
+        s.all_gather("j", 1, 1, 0, Bytes::new()).await,
+        Err(RendezvousError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        s.join("nope", 1, "a").await,
+        Err(RendezvousError::JobNotFound { .. })
+    ));
+    // Nothing above disturbed the collective sequence.
+    assert_eq!(s.all_gather("j", 1, 0, 0, Bytes::new()).await.unwrap().len(), 1);
+}
