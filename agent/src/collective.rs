@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
 use kindling_schemas::pb::collective::collective_client::CollectiveClient;
-use kindling_schemas::pb::collective::collective_server::Collective;
+use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
 use kindling_schemas::pb::collective::{Chunk, PushAck};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -152,6 +152,18 @@ impl Collective for CollectiveService {
         self.inbox.deliver(key, c.data)?;
         Ok(Response::new(PushAck {}))
     }
+}
+
+/// The collective gRPC service over `inbox`, authenticated by `check`, with
+/// message limits sized for [`MAX_PART_BYTES`] chunks.
+pub fn grpc_service(
+    inbox: Arc<Inbox>,
+    check: BearerCheck,
+) -> InterceptedService<CollectiveServer<CollectiveService>, BearerCheck> {
+    let server = CollectiveServer::new(CollectiveService::new(inbox))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    InterceptedService::new(server, check)
 }
 
 type Client = CollectiveClient<InterceptedService<Channel, BearerAttach>>;

@@ -371,6 +371,8 @@ struct Ingest {
     stream: u64,
     /// Per producer, what this stream staged.
     staged: HashMap<String, Staged>,
+    /// Producers whose batches in this stream were all already committed.
+    duplicates_only: std::collections::HashSet<String>,
     schema_seen: bool,
 }
 
@@ -386,6 +388,7 @@ impl Ingest {
             split,
             stream,
             staged: HashMap::new(),
+            duplicates_only: Default::default(),
             schema_seen: false,
         }
     }
@@ -464,6 +467,7 @@ impl Ingest {
             .copied()
             .unwrap_or_default();
         if meta.seq < committed.next_seq && !self.staged.contains_key(&meta.producer) {
+            self.duplicates_only.insert(meta.producer.clone());
             return Ok(PutAck {
                 producer: meta.producer,
                 seq: meta.seq,
@@ -535,6 +539,24 @@ impl Ingest {
                     seq: st.next.saturating_sub(1),
                     rows: pos.rows,
                     duplicate: !still_next,
+                    committed: true,
+                    bytes: 0,
+                });
+            }
+            for producer in self.duplicates_only.drain() {
+                if acks.iter().any(|a| a.producer == producer) {
+                    continue;
+                }
+                let pos = d
+                    .producers
+                    .get(&(split, producer.clone()))
+                    .copied()
+                    .unwrap_or_default();
+                acks.push(PutAck {
+                    producer,
+                    seq: pos.next_seq.saturating_sub(1),
+                    rows: pos.rows,
+                    duplicate: true,
                     committed: true,
                     bytes: 0,
                 });

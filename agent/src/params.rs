@@ -106,17 +106,28 @@ pub fn unflatten_grads(values: &[f32], layout: &GradLayout) -> GradientsParams {
     grads
 }
 
+#[derive(Default)]
 struct Collect {
+    path: Vec<String>,
     names: Vec<String>,
     shapes: Vec<Vec<usize>>,
     values: Vec<Vec<f32>>,
 }
 
 impl ModuleVisitor for Collect {
-    fn visit_float_with_path<const D: usize>(&mut self, path: &[String], _id: ParamId, tensor: &Tensor<D>) {
-        self.names.push(path.join("."));
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let tensor = param.val();
+        self.names.push(self.path.join("."));
         self.shapes.push(tensor.dims().to_vec());
-        let data = tensor.to_data().convert::<f32>();
+        let data = tensor.into_data().convert::<f32>();
         self.values
             .push(data.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default());
     }
@@ -142,11 +153,7 @@ pub fn model_schema() -> Arc<Schema> {
 /// The model's weights as an Arrow table: one row per parameter tensor
 /// (`name`, `shape`, row-major `values`).
 pub fn to_arrow(model: &Net) -> Result<RecordBatch, AgentError> {
-    let mut c = Collect {
-        names: Vec::new(),
-        shapes: Vec::new(),
-        values: Vec::new(),
-    };
+    let mut c = Collect::default();
     model.visit(&mut c);
     let names = StringArray::from(c.names);
     let shape_values: Vec<u64> = c.shapes.iter().flatten().map(|&d| d as u64).collect();
@@ -204,11 +211,7 @@ pub fn from_arrow(model: Net, table: &RecordBatch) -> Result<Net, AgentError> {
             table.schema()
         )));
     }
-    let mut expected = Collect {
-        names: Vec::new(),
-        shapes: Vec::new(),
-        values: Vec::new(),
-    };
+    let mut expected = Collect::default();
     model.visit(&mut expected);
     let names = table.column(0).as_string::<i32>();
     if names.len() != expected.names.len() {

@@ -149,6 +149,10 @@ impl RendezvousLink {
                     ) =>
                 {
                     tracing::info!(job = job_id, error = %s, "re-joining");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        _ = cancel.cancelled() => return Err(AgentError::Cancelled("while joining".into())),
+                    }
                     continue;
                 }
                 Err(s) if s.code() == Code::Cancelled => return Ok(None),

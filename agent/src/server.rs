@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use kindling_schemas::auth::{BearerCheck, Token};
-use kindling_schemas::pb::collective::collective_server::CollectiveServer;
 use kindling_schemas::pb::rendezvous::AgentInfo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -18,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::cache::MemoryBudget;
-use crate::collective::{self, CollectiveService, Inbox};
+use crate::collective::{self, Inbox};
 use crate::error::AgentError;
 use crate::flight::AgentFlightService;
 use crate::job::JobEnv;
@@ -170,10 +169,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let flight = InterceptedService::new(flight, check.clone());
-    let collective = CollectiveServer::new(CollectiveService::new(inbox))
-        .max_decoding_message_size(collective::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(collective::MAX_MESSAGE_BYTES);
-    let collective = InterceptedService::new(collective, check);
+    let collective = collective::grpc_service(inbox, check);
     let shutdown = cancel.clone();
     let server = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()

@@ -134,9 +134,15 @@ fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
 pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let spec = ctx.spec.clone();
     let base = device_for(&spec)?;
-    base.seed(spec.seed);
     let device = base.clone().autodiff();
-    let mut model = Net::new(&spec, ctx.layout.input_dim, &device);
+    let mut model = {
+        // Agents in one process share the device RNG: seed and init atomically so
+        // the same seed always gives the same initial weights.
+        static INIT: Mutex<()> = Mutex::new(());
+        let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
+        base.seed(spec.seed);
+        Net::new(&spec, ctx.layout.input_dim, &device)
+    };
     let mut optim = optimizer(&spec);
     let lr = spec.optimizer.learning_rate();
     let rt = ctx.runtime.clone();

@@ -1,0 +1,181 @@
+//! Flight ingest into a real agent: exactly-once acks, schema refusal, spill, auth.
+
+use std::sync::Arc;
+
+use arrow::array::{Float64Array, Int32Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use kindling::feed::AgentClient;
+use kindling_schemas::action::{Action, AgentJobState, JobRef};
+use kindling_schemas::descriptor::Split;
+use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
+use kindling_tests::cluster::*;
+
+fn spec(num_slots: u32) -> JobSpec {
+    JobSpec::builder()
+        .model(ModelSpec::Mlp { hidden: vec![8] })
+        .task(Task::Classification { num_classes: 2 })
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(num_slots)
+        .batch_size(64)
+        .epochs(1)
+        .build()
+        .expect("spec")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_batch_is_acknowledged_as_duplicate_and_stored_once() {
+    let (cluster, _dir) = cluster(1).await;
+    start_job(&cluster, "dup", &spec(1), &[0]).await;
+    let c = agent_client(&cluster, 0);
+    let batches = [rule_batch(100, 1), rule_batch(50, 2)];
+    let first = put(&c, "dup", Split::Train, "p", &batches).await.expect("first");
+    assert_eq!(first.rows_committed, 150);
+    // The producer retries the whole stream (it never saw the commit).
+    let again = put(&c, "dup", Split::Train, "p", &batches).await.expect("again");
+    assert_eq!(again.duplicate_batches, 2);
+    assert_eq!(again.rows_committed, 150, "nothing stored twice");
+    // And continues where it left off with a new batch.
+    let more = {
+        let mut w = c
+            .put(
+                &kindling_schemas::descriptor::DataPath::data("dup", Split::Train),
+                "p",
+                &rule_schema(),
+                1 << 20,
+            )
+            .await
+            .expect("open");
+        for b in &batches {
+            w.write(b).await.expect("dup write");
+        }
+        w.write(&rule_batch(25, 3)).await.expect("new write");
+        w.finish().await.expect("finish")
+    };
+    assert_eq!(more.rows_committed, 175);
+    assert_eq!(status(&c, "dup").await.rows_train, 175);
+    assert_eq!(end_of_data(&c, "dup", Split::Train, Some(175)).await.rows, 175);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_schema_or_bad_values_are_refused_naming_the_column_and_store_nothing() {
+    let (cluster, _dir) = cluster(1).await;
+    start_job(&cluster, "bad", &spec(1), &[0]).await;
+    let c = agent_client(&cluster, 0);
+
+    let string_feature = Arc::new(Schema::new(vec![
+        Field::new("x1", DataType::Utf8, true),
+        Field::new("x2", DataType::Float64, true),
+        Field::new("y", DataType::Int32, true),
+    ]));
+    let b = RecordBatch::try_new(
+        string_feature,
+        vec![
+            Arc::new(StringArray::from(vec!["a"])),
+            Arc::new(Float64Array::from(vec![1.0])),
+            Arc::new(Int32Array::from(vec![1])),
+        ],
+    )
+    .expect("batch");
+    let err = put(&c, "bad", Split::Train, "p", &[b])
+        .await
+        .expect_err("string feature");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(err.to_string().contains("`x1`"), "{err}");
+
+    let null_label = RecordBatch::try_new(
+        rule_schema(),
+        vec![
+            Arc::new(Float64Array::from(vec![0.5, 0.1])),
+            Arc::new(arrow::array::Float32Array::from(vec![0.5, 0.2])),
+            Arc::new(Int32Array::from(vec![Some(1), None])),
+        ],
+    )
+    .expect("batch");
+    // A good batch first: it must be dropped with the stream.
+    let err = put(&c, "bad", Split::Train, "p", &[rule_batch(10, 1), null_label])
+        .await
+        .expect_err("null label");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(
+        err.to_string().contains("`y`") && err.to_string().contains("null"),
+        "{err}"
+    );
+
+    let s = status(&c, "bad").await;
+    assert_eq!(
+        (s.rows_train, s.cache_bytes_memory, s.cache_bytes_disk),
+        (0, 0, 0),
+        "nothing stored"
+    );
+    // The producer can start over cleanly.
+    assert_eq!(
+        put(&c, "bad", Split::Train, "p", &[rule_batch(10, 1)])
+            .await
+            .expect("clean")
+            .rows_committed,
+        10
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_bigger_than_the_budget_spills_and_still_trains() {
+    let budget = 128 << 10;
+    let (cluster, _dir) = cluster_with_budget(1, budget).await;
+    let mut s = spec(1);
+    s.epochs = 2;
+    start_job(&cluster, "spill", &s, &[0]).await;
+    let c = agent_client(&cluster, 0);
+    let batches: Vec<_> = (0..40).map(|i| rule_batch(4000, i)).collect();
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    assert!(bytes as u64 > 8 * budget, "shard must dwarf the budget");
+    put(&c, "spill", Split::Train, "p", &batches).await.expect("put");
+    let before = status(&c, "spill").await;
+    assert!(
+        before.cache_bytes_memory <= budget,
+        "memory {} over budget {budget}",
+        before.cache_bytes_memory
+    );
+    assert!(before.cache_bytes_disk > 0, "nothing spilled");
+    end_of_data(&c, "spill", Split::Train, Some(160_000)).await;
+    let done = wait_done(&c, "spill").await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
+    assert_eq!(done.rows_trained_per_epoch, vec![160_000, 160_000]);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_the_token_or_for_unknown_jobs_are_refused() {
+    let (cluster, _dir) = cluster(1).await;
+    let url = cluster.agent(0).expect("agent").url().to_owned();
+    let anonymous = AgentClient::connect(&url, None).expect("client");
+    let err = anonymous
+        .action::<serde_json::Value>(&Action::ListJobs)
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), Some(tonic::Code::Unauthenticated));
+    let wrong =
+        AgentClient::connect(&url, Some(&kindling_schemas::auth::Token::new("nope"))).expect("client");
+    let err = wrong
+        .action::<serde_json::Value>(&Action::ListJobs)
+        .await
+        .expect_err("bad token");
+    assert_eq!(err.code(), Some(tonic::Code::Unauthenticated));
+
+    let c = agent_client(&cluster, 0);
+    let err = c
+        .action::<serde_json::Value>(&Action::JobStatus(JobRef {
+            job_id: "ghost".into(),
+        }))
+        .await
+        .expect_err("unknown job");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound));
+    assert!(err.to_string().contains("ghost"));
+    let err = put(&c, "ghost", Split::Train, "p", &[rule_batch(3, 1)])
+        .await
+        .expect_err("unknown job put");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound));
+    cluster.shutdown().await;
+}

@@ -1,0 +1,217 @@
+//! Data-parallel training across real agents on loopback.
+
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use arrow::datatypes::Float32Type;
+use futures::TryStreamExt;
+use kindling_agent::rendezvous::RendezvousClient;
+use kindling_schemas::action::AgentJobState;
+use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling_tests::cluster::*;
+
+fn logistic(num_slots: u32, batch: usize, epochs: u32) -> JobSpec {
+    JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(num_slots)
+        .batch_size(batch)
+        .epochs(epochs)
+        .seed(7)
+        .build()
+        .expect("spec")
+}
+
+/// The model table of a job, as (name, values) pairs.
+async fn weights(client: &kindling::feed::AgentClient, job_id: &str) -> Vec<(String, Vec<f32>)> {
+    let ticket = DataPath::Model {
+        job_id: job_id.into(),
+    }
+    .ticket();
+    let stream = client.flight().do_get(ticket).await.expect("do_get").into_inner();
+    let batches: Vec<_> = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+        stream.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))),
+    )
+    .try_collect()
+    .await
+    .expect("model table");
+    let mut out = Vec::new();
+    for b in batches {
+        let names = b.column(0).as_string::<i32>();
+        let values = b.column(2).as_list::<i32>();
+        for i in 0..b.num_rows() {
+            out.push((
+                names.value(i).to_owned(),
+                values.value(i).as_primitive::<Float32Type>().values().to_vec(),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_agents_learn_a_separating_rule() {
+    let (cluster, _dir) = cluster(2).await;
+    let spec = logistic(2, 32, 8);
+    start_job(&cluster, "rule", &spec, &[0, 1]).await;
+    let eval = rule_batch(1000, 99);
+    for i in 0..2 {
+        let c = agent_client(&cluster, i);
+        let shard = [rule_batch(1500, i as u64 + 1), rule_batch(500, i as u64 + 10)];
+        let r = put(&c, "rule", Split::Train, "shard", &shard).await.expect("put");
+        assert_eq!((r.rows_sent, r.rows_committed), (2000, 2000));
+        // Eval rows are split between the agents; metrics are gathered over both.
+        let half = eval.slice(i * 500, 500);
+        put(&c, "rule", Split::Eval, "eval", &[half])
+            .await
+            .expect("eval put");
+        end_of_data(&c, "rule", Split::Eval, Some(500)).await;
+        end_of_data(&c, "rule", Split::Train, Some(2000)).await;
+    }
+    let s0 = wait_done(&agent_client(&cluster, 0), "rule").await;
+    let s1 = wait_done(&agent_client(&cluster, 1), "rule").await;
+    assert_eq!(s0.state, AgentJobState::Succeeded, "{s0:#?}");
+    assert_eq!(s1.state, AgentJobState::Succeeded, "{s1:#?}");
+    let last = s0.history.last().expect("history");
+    let accuracy = last.eval_accuracy.expect("accuracy");
+    assert!(accuracy > 0.95, "eval accuracy {accuracy}");
+    let strip = |h: &[kindling_schemas::action::EpochMetrics]| {
+        h.iter()
+            .map(|m| (m.epoch, m.train_loss, m.eval_loss, m.eval_accuracy))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&s0.history), strip(&s1.history), "ranks agree on metrics");
+    assert_eq!(
+        s0.rows_trained_per_epoch,
+        vec![2000; 8],
+        "every row trained once per epoch"
+    );
+    // Loss went down.
+    assert!(last.train_loss < s0.history[0].train_loss);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_ranks_equal_each_other_and_one_rank_with_double_batch() {
+    let (cluster, _dir) = cluster(2).await;
+    let b = 16;
+    let mut two = logistic(2, b, 3);
+    two.shuffle = false;
+    let mut one = logistic(1, 2 * b, 3);
+    one.shuffle = false;
+    let a = rule_batch(640, 1);
+    let c = rule_batch(640, 2);
+
+    start_job(&cluster, "two", &two, &[0, 1]).await;
+    for (i, shard) in [&a, &c].into_iter().enumerate() {
+        let client = agent_client(&cluster, i);
+        put(&client, "two", Split::Train, "s", std::slice::from_ref(shard))
+            .await
+            .expect("put");
+        end_of_data(&client, "two", Split::Train, Some(640)).await;
+    }
+    // One rank with batch 2b sees, at step k, rank 0's batch k then rank 1's.
+    let mut interleaved = Vec::new();
+    for k in 0..640 / b {
+        interleaved.push(a.slice(k * b, b));
+        interleaved.push(c.slice(k * b, b));
+    }
+    start_job(&cluster, "one", &one, &[0]).await;
+    let c0 = agent_client(&cluster, 0);
+    put(&c0, "one", Split::Train, "s", &interleaved)
+        .await
+        .expect("put");
+    end_of_data(&c0, "one", Split::Train, Some(1280)).await;
+
+    for (job, agent) in [("two", 0), ("two", 1), ("one", 0)] {
+        let s = wait_done(&agent_client(&cluster, agent), job).await;
+        assert_eq!(s.state, AgentJobState::Succeeded, "{job}@{agent}: {s:#?}");
+    }
+    let w0 = weights(&agent_client(&cluster, 0), "two").await;
+    let w1 = weights(&agent_client(&cluster, 1), "two").await;
+    let single = weights(&c0, "one").await;
+    assert!(!w0.is_empty());
+    for ((n0, v0), (n1, v1)) in w0.iter().zip(&w1) {
+        assert_eq!(n0, n1);
+        let same_bits = v0.iter().zip(v1).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same_bits, "{n0}: ranks differ: {v0:?} vs {v1:?}");
+    }
+    let mut max_diff = 0f32;
+    for ((n0, v0), (ns, vs)) in w0.iter().zip(&single) {
+        assert_eq!(n0, ns);
+        for (x, y) in v0.iter().zip(vs) {
+            max_diff = max_diff.max((x - y).abs());
+        }
+    }
+    assert!(
+        max_diff < 1e-5,
+        "2 ranks × b vs 1 rank × 2b: max abs diff {max_diff}"
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
+    let (mut cluster, _dir) = cluster(2).await;
+    let mut spec = logistic(2, 8, 6);
+    spec.checkpoint = CheckpointPolicy {
+        every_epochs: 1,
+        keep_last: 2,
+    };
+    start_job(&cluster, "crash", &spec, &[0, 1]).await;
+    let shards = [rule_batch(3000, 5), rule_batch(3000, 6)];
+    for (i, shard) in shards.iter().enumerate() {
+        let c = agent_client(&cluster, i);
+        put(&c, "crash", Split::Train, "s", std::slice::from_ref(shard))
+            .await
+            .expect("put");
+        end_of_data(&c, "crash", Split::Train, Some(3000)).await;
+    }
+    let c0 = agent_client(&cluster, 0);
+    // Mid-epoch 2 or later: epoch 1's checkpoint exists.
+    wait_until(&c0, "crash", Duration::from_secs(120), |s| {
+        s.epoch >= 2 && s.step > 0
+    })
+    .await;
+    cluster.kill_agent(1);
+
+    // The survivor learns of the failure from the rendezvous and waits for the next gang.
+    wait_until(&c0, "crash", Duration::from_secs(30), |s| {
+        matches!(s.state, AgentJobState::Recovering | AgentJobState::Ganging)
+    })
+    .await;
+    // The client's part: a replacement agent gets the lost shard.
+    let replacement = cluster.add_agent().await.expect("replacement");
+    start_on(&cluster, replacement, "crash", &spec).await;
+    let cr = agent_client(&cluster, replacement);
+    put(&cr, "crash", Split::Train, "s", std::slice::from_ref(&shards[1]))
+        .await
+        .expect("re-send");
+    end_of_data(&cr, "crash", Split::Train, Some(3000)).await;
+
+    let s0 = wait_done(&c0, "crash").await;
+    let sr = wait_done(&cr, "crash").await;
+    assert_eq!(s0.state, AgentJobState::Succeeded, "{s0:#?}");
+    assert_eq!(sr.state, AgentJobState::Succeeded, "{sr:#?}");
+    assert!(s0.attempt >= 2, "a new attempt formed: {s0:#?}");
+    let resumed = s0.resumed_from_epoch.expect("resumed from a checkpoint");
+    assert!(resumed >= 1);
+    assert_eq!(s0.history.len(), 6, "all epochs accounted for");
+    assert_eq!(
+        sr.resumed_from_epoch,
+        Some(resumed),
+        "both ranks resumed from the same checkpoint"
+    );
+    // Every epoch trained each shard's rows exactly once.
+    assert_eq!(s0.rows_trained_per_epoch, vec![3000; 6]);
+    let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+        .await
+        .expect("rv");
+    let status = rv.status("crash").await.expect("status");
+    assert!(!status.failures.is_empty(), "the rendezvous recorded the failure");
+    cluster.shutdown().await;
+}
