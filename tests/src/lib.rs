@@ -1,3 +1,4 @@
 //! End-to-end tests and fixtures: a real Spark Connect server, agents and rendezvous on loopback.
 
+pub mod cluster;
 pub mod spark;
