@@ -89,11 +89,19 @@ async fn collective_rounds(
     rounds: usize,
     payload: usize,
 ) -> (Vec<Duration>, Vec<Duration>) {
-    let gangs = futures::future::join_all(members.iter().enumerate().map(|(i, id)| {
-        let c = clients[i % clients.len()].clone();
-        async move { c.join(job, 1, id).await }
-    }))
-    .await;
+    let joins: Vec<_> = members
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let c = clients[i % clients.len()].clone();
+            let (job, id) = (job.to_owned(), id.clone());
+            tokio::spawn(async move { c.join(&job, 1, &id).await })
+        })
+        .collect();
+    let mut gangs = Vec::with_capacity(joins.len());
+    for j in joins {
+        gangs.push(j.await.expect("join task"));
+    }
     let tasks: Vec<_> = gangs
         .into_iter()
         .map(|g| {
@@ -173,12 +181,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .create_job(&JobConfig::new(&job, args.gang_members as u32))
             .await?;
         let t = Instant::now();
-        let joined = futures::future::join_all(ids[..args.gang_members].iter().enumerate().map(|(i, id)| {
-            let c = clients[i % clients.len()].clone();
-            let job = job.clone();
-            async move { c.join(&job, 1, id).await }
-        }))
-        .await;
+        // One task per member, as members are separate processes in reality.
+        let joins: Vec<_> = ids[..args.gang_members]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let c = clients[i % clients.len()].clone();
+                let (job, id) = (job.clone(), id.clone());
+                tokio::spawn(async move { c.join(&job, 1, &id).await })
+            })
+            .collect();
+        let mut joined = Vec::with_capacity(joins.len());
+        for j in joins {
+            joined.push(j.await?);
+        }
         gang_times.push(t.elapsed());
         for g in joined {
             g?;
