@@ -18,7 +18,7 @@ pub struct CheckpointMeta {
     pub epoch: u32,
     /// Attempt that wrote it.
     pub attempt: u32,
-    /// Data position: rows this rank had trained, per completed epoch.
+    /// Data position: rows trained by all ranks, per completed epoch.
     pub rows_trained_per_epoch: Vec<u64>,
     /// Metrics of the completed epochs (JSON of `EpochMetrics`).
     pub history: Vec<kindling_schemas::action::EpochMetrics>,

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow::array::{ArrayRef, Float32Array, Int64Array, ListArray, RecordBatch};
+use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -619,7 +620,7 @@ fn predict_stream(
 }
 
 /// Appends prediction columns to `batch`: `prediction` (class or value) and,
-/// for classification, `probabilities` (`FixedSizeList<Float32>`).
+/// for classification, `probabilities` (`List<Float32>`, one per class).
 pub fn predict_batch(
     model: &Net,
     spec: &JobSpec,
@@ -658,19 +659,13 @@ pub fn predict_batch(
                 .as_slice::<f32>()
                 .map_err(|e| AgentError::Training(format!("{e:?}")))?
                 .to_vec();
+            // A variable-size list: Spark has no FixedSizeList type, and predictions
+            // often go straight back into Spark.
             let item = Arc::new(Field::new("item", DataType::Float32, false));
-            let list = FixedSizeListArray::new(
-                item.clone(),
-                num_classes as i32,
-                Arc::new(Float32Array::from(p)),
-                None,
-            );
+            let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(num_classes, n));
+            let list = ListArray::new(item.clone(), offsets, Arc::new(Float32Array::from(p)), None);
             fields.push(Arc::new(Field::new("prediction", DataType::Int64, false)));
-            fields.push(Arc::new(Field::new(
-                "probabilities",
-                DataType::FixedSizeList(item, num_classes as i32),
-                false,
-            )));
+            fields.push(Arc::new(Field::new("probabilities", DataType::List(item), false)));
             columns.push(Arc::new(Int64Array::from(classes)));
             columns.push(Arc::new(list));
         }

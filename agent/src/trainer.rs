@@ -43,7 +43,7 @@ pub struct Progress {
     pub loss: Option<f64>,
     /// Samples per second on this rank over the epoch so far.
     pub samples_per_sec: f64,
-    /// Rows this rank trained per completed epoch.
+    /// Rows all ranks trained together per completed epoch.
     pub rows_trained_per_epoch: Vec<u64>,
     /// Completed epochs' metrics.
     pub history: Vec<EpochMetrics>,
@@ -280,7 +280,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         };
         tracing::info!(job = %ctx.job_id, rank, epoch, loss = metrics.train_loss, ?eval_accuracy, "epoch done");
         history.push(metrics);
-        rows_per_epoch.push(rows_mine);
+        rows_per_epoch.push(rows_total as u64);
         {
             let mut p = lock(&ctx.progress);
             p.history = history.clone();

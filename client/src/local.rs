@@ -2,6 +2,7 @@
 //! 127.0.0.1, speaking the same protocols as a cluster.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig, ServerConfig};
@@ -44,12 +45,14 @@ impl LocalClusterConfig {
     }
 }
 
-/// An in-process rendezvous plus agents.
+/// An in-process rendezvous plus agents. Shareable: every method takes
+/// `&self`, so a test can kill an agent while a job trains on the cluster.
 #[derive(Debug)]
 pub struct LocalCluster {
     config: LocalClusterConfig,
-    rendezvous: Option<EmbeddedRendezvous>,
-    agents: Vec<Option<AgentHandle>>,
+    rendezvous: Mutex<Option<EmbeddedRendezvous>>,
+    rendezvous_url: String,
+    agents: Mutex<Vec<Option<AgentHandle>>>,
 }
 
 /// Local mode failed to start.
@@ -74,10 +77,11 @@ impl LocalCluster {
         let rendezvous = EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone()))
             .await
             .map_err(|e| LocalError::Rendezvous(e.to_string()))?;
-        let mut cluster = LocalCluster {
+        let cluster = LocalCluster {
             config,
-            rendezvous: Some(rendezvous),
-            agents: Vec::new(),
+            rendezvous_url: rendezvous.url(),
+            rendezvous: Mutex::new(Some(rendezvous)),
+            agents: Mutex::new(Vec::new()),
         };
         for _ in 0..agents {
             cluster.add_agent().await?;
@@ -85,9 +89,13 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    fn agents_lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<AgentHandle>>> {
+        self.agents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The rendezvous URL.
     pub fn rendezvous_url(&self) -> String {
-        self.rendezvous.as_ref().map(|r| r.url()).unwrap_or_default()
+        self.rendezvous_url.clone()
     }
 
     /// The shared token.
@@ -96,40 +104,59 @@ impl LocalCluster {
     }
 
     /// Starts one more agent; returns its index.
-    pub async fn add_agent(&mut self) -> Result<usize, LocalError> {
-        let index = self.agents.len();
-        let mut c = AgentConfig::local(format!("local-agent-{index}"), self.config.work_dir.clone());
+    pub async fn add_agent(&self) -> Result<usize, LocalError> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut c = AgentConfig::local(format!("local-agent-{}", &id[..8]), self.config.work_dir.clone());
         c.token = self.config.token.clone();
         c.rendezvous = Some(self.rendezvous_url());
         c.memory_budget = self.config.memory_budget;
         c.collective_timeout = self.config.collective_timeout;
-        self.agents.push(Some(kindling_agent::start(c).await?));
-        Ok(index)
+        let handle = kindling_agent::start(c).await?;
+        let mut agents = self.agents_lock();
+        agents.push(Some(handle));
+        Ok(agents.len() - 1)
     }
 
-    /// The running agents.
-    pub fn agents(&self) -> impl Iterator<Item = &AgentHandle> {
-        self.agents.iter().flatten()
+    /// Flight URL of agent `index`, if it is running.
+    pub fn agent_url(&self, index: usize) -> Option<String> {
+        self.agents_lock()
+            .get(index)
+            .and_then(Option::as_ref)
+            .map(|a| a.url().to_owned())
     }
 
-    /// Agent `index`, if it is running.
-    pub fn agent(&self, index: usize) -> Option<&AgentHandle> {
-        self.agents.get(index).and_then(Option::as_ref)
+    /// Index of the running agent serving `url`.
+    pub fn index_of(&self, url: &str) -> Option<usize> {
+        self.agents_lock()
+            .iter()
+            .position(|a| a.as_ref().is_some_and(|a| a.url() == url))
+    }
+
+    /// Flight URLs of the running agents.
+    pub fn agent_urls(&self) -> Vec<String> {
+        self.agents_lock()
+            .iter()
+            .flatten()
+            .map(|a| a.url().to_owned())
+            .collect()
     }
 
     /// Fault hook: kills agent `index` as a crash would (no goodbye to the rendezvous).
-    pub fn kill_agent(&mut self, index: usize) {
-        if let Some(a) = self.agents.get_mut(index).and_then(Option::take) {
+    pub fn kill_agent(&self, index: usize) {
+        let killed = self.agents_lock().get_mut(index).and_then(Option::take);
+        if let Some(a) = killed {
             a.kill();
         }
     }
 
     /// Stops every agent and the rendezvous.
-    pub async fn shutdown(mut self) {
-        for a in self.agents.drain(..).flatten() {
+    pub async fn shutdown(self) {
+        let agents: Vec<AgentHandle> = self.agents_lock().drain(..).flatten().collect();
+        for a in agents {
             a.shutdown_and_wait().await;
         }
-        if let Some(r) = self.rendezvous.take() {
+        let rv = self.rendezvous.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(r) = rv {
             let _ = r.shutdown_and_wait().await;
         }
     }

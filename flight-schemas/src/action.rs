@@ -307,7 +307,8 @@ pub struct AgentJobStatus {
     pub rows_train: u64,
     /// Rows committed for evaluation.
     pub rows_eval: u64,
-    /// Rows trained on this rank, per epoch, completed epochs only.
+    /// Rows trained by all ranks together, per completed epoch (equal to the
+    /// dataset's rows when every row was trained exactly once).
     pub rows_trained_per_epoch: Vec<u64>,
     /// Current training speed on this rank.
     pub samples_per_sec: f64,

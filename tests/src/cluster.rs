@@ -82,8 +82,8 @@ pub fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
 
 /// A Flight client for agent `index`.
 pub fn agent_client(cluster: &LocalCluster, index: usize) -> AgentClient {
-    let agent = cluster.agent(index).expect("agent running");
-    AgentClient::connect(agent.url(), cluster.token()).expect("client")
+    let url = cluster.agent_url(index).expect("agent running");
+    AgentClient::connect(&url, cluster.token()).expect("client")
 }
 
 /// Creates `job_id` at the rendezvous and starts it on the given agents.

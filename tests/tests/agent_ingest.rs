@@ -149,7 +149,7 @@ async fn a_shard_bigger_than_the_budget_spills_and_still_trains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_without_the_token_or_for_unknown_jobs_are_refused() {
     let (cluster, _dir) = cluster(1).await;
-    let url = cluster.agent(0).expect("agent").url().to_owned();
+    let url = cluster.agent_url(0).expect("agent");
     let anonymous = AgentClient::connect(&url, None).expect("client");
     let err = anonymous
         .action::<serde_json::Value>(&Action::ListJobs)

@@ -156,7 +156,7 @@ async fn two_ranks_equal_each_other_and_one_rank_with_double_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
-    let (mut cluster, _dir) = cluster(2).await;
+    let (cluster, _dir) = cluster(2).await;
     let mut spec = logistic(2, 8, 6);
     spec.checkpoint = CheckpointPolicy {
         every_epochs: 1,
@@ -207,7 +207,8 @@ async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
         "both ranks resumed from the same checkpoint"
     );
     // Every epoch trained each shard's rows exactly once.
-    assert_eq!(s0.rows_trained_per_epoch, vec![3000; 6]);
+    assert_eq!(s0.rows_trained_per_epoch, vec![6000; 6]);
+    assert_eq!(sr.rows_trained_per_epoch, vec![6000; 6]);
     let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
         .await
         .expect("rv");

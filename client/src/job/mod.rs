@@ -1,0 +1,364 @@
+//! `TrainingJob`: train a burn model on a Spark DataFrame across agents — the
+//! Rust counterpart of `MirroredStrategyRunner(num_slots, local_mode, use_gpu)`
+//! and `TorchDistributor`, without their intermediate files.
+//!
+//! - [`TrainingJob`] / [`TrainingJobBuilder`]: the validated job.
+//! - `fit`: create the gang, stream the DataFrame into the agents, follow training.
+//! - [`TrainedModel`]: metrics, weights, save/load, predict (also back into Spark).
+//! - [`TrainingEvent`]: progress, as a stream for the application and as bars/log lines.
+
+mod fit;
+mod model;
+mod progress;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kindling_schemas::auth::Token;
+use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, SpecError, Task};
+use tokio::sync::mpsc;
+
+pub use model::TrainedModel;
+pub use progress::{ProgressMode, TrainingEvent};
+
+/// Everything that can make a training job fail.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The job was configured wrongly.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A builder setting is invalid.
+    #[error("invalid training job: {0}")]
+    Config(String),
+    /// The DataFrame's columns or values do not fit the spec (nothing was trained).
+    #[error("the data does not fit the job: {0}")]
+    Data(#[from] kindling_schemas::schema::SchemaError),
+    /// Spark failed.
+    #[error(transparent)]
+    Spark(#[from] crate::spark::Error),
+    /// Fewer live agents than slots.
+    #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
+    NotEnoughAgents {
+        /// Slots asked for.
+        needed: u32,
+        /// Live agents.
+        live: usize,
+        /// Where they were counted.
+        rendezvous: String,
+    },
+    /// An agent refused or failed.
+    #[error(transparent)]
+    Feed(#[from] crate::feed::FeedError),
+    /// The rendezvous refused or failed.
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+    /// Local mode could not start.
+    #[error(transparent)]
+    Local(#[from] crate::local::LocalError),
+    /// Rows were lost or duplicated on the way to an agent.
+    #[error("shard {shard}: sent {sent} rows but agent {agent} committed {committed}")]
+    RowMismatch {
+        /// Shard.
+        shard: usize,
+        /// Agent.
+        agent: String,
+        /// Rows sent.
+        sent: u64,
+        /// Rows committed.
+        committed: u64,
+    },
+    /// Training failed on the agents.
+    #[error("training of job `{job_id}` failed: {cause}")]
+    TrainingFailed {
+        /// The job.
+        job_id: String,
+        /// The first cause.
+        cause: String,
+    },
+    /// A model file or directory could not be read or written.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The model could not be built or loaded.
+    #[error(transparent)]
+    Model(#[from] kindling_agent::AgentError),
+}
+
+impl JobError {
+    /// Whether running the job again could help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            JobError::Spark(e) => e.is_retryable(),
+            JobError::Feed(e) => e.is_retryable(),
+            JobError::NotEnoughAgents { .. } | JobError::Rendezvous(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A validated training job.
+///
+/// ```no_run
+/// # async fn demo(df: kindling::DataFrame) -> Result<(), kindling::job::JobError> {
+/// use kindling::job::TrainingJob;
+/// use kindling_schemas::spec::{ModelSpec, Task};
+/// let model = TrainingJob::builder()
+///     .model(ModelSpec::Mlp { hidden: vec![64] })
+///     .task(Task::Classification { num_classes: 10 })
+///     .features(["pixels"])
+///     .label("digit")
+///     .num_slots(2)
+///     .epochs(5)
+///     .local_mode(true)
+///     .build()?
+///     .fit(&df)
+///     .await?;
+/// println!("{:?}", model.history().last());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TrainingJob {
+    spec: JobSpec,
+    job_id: Option<String>,
+    local_mode: bool,
+    rendezvous: Option<String>,
+    token: Option<Token>,
+    eval_fraction: f64,
+    work_dir: PathBuf,
+    max_attempts: u32,
+    window_bytes: usize,
+    persist: bool,
+    gang_timeout: Duration,
+    progress: ProgressMode,
+    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+}
+
+impl TrainingJob {
+    /// Starts a builder.
+    pub fn builder() -> TrainingJobBuilder {
+        TrainingJobBuilder::default()
+    }
+
+    /// The job spec sent to the agents.
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// Whether the job runs its own rendezvous and agents in this process.
+    pub fn is_local(&self) -> bool {
+        self.local_mode
+    }
+}
+
+/// Builds a [`TrainingJob`]; [`build`](Self::build) validates everything.
+#[derive(Debug)]
+pub struct TrainingJobBuilder {
+    spec: kindling_schemas::spec::JobSpecBuilder,
+    job_id: Option<String>,
+    local_mode: Option<bool>,
+    rendezvous: Option<String>,
+    token: Option<Token>,
+    eval_fraction: f64,
+    work_dir: Option<PathBuf>,
+    max_attempts: u32,
+    window_bytes: usize,
+    persist: bool,
+    gang_timeout: Duration,
+    progress: ProgressMode,
+    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+}
+
+impl Default for TrainingJobBuilder {
+    fn default() -> Self {
+        TrainingJobBuilder {
+            spec: JobSpec::builder(),
+            job_id: None,
+            local_mode: None,
+            rendezvous: None,
+            token: None,
+            eval_fraction: 0.0,
+            work_dir: None,
+            max_attempts: 3,
+            window_bytes: 32 << 20,
+            persist: true,
+            gang_timeout: Duration::from_secs(60),
+            progress: ProgressMode::Auto,
+            events: None,
+        }
+    }
+}
+
+macro_rules! spec_setter {
+    ($(#[$doc:meta] $name:ident: $ty:ty),* $(,)?) => {$(
+        #[$doc]
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.spec = self.spec.$name(value);
+            self
+        }
+    )*};
+}
+
+impl TrainingJobBuilder {
+    spec_setter! {
+        /// The model architecture.
+        model: ModelSpec,
+        /// Classification (with the number of classes) or regression.
+        task: Task,
+        /// The optimizer and learning rate.
+        optimizer: OptimizerSpec,
+        /// Passes over the data.
+        epochs: u32,
+        /// Rows per step on each agent.
+        batch_size: usize,
+        /// Number of agents training together.
+        num_slots: u32,
+        /// Train on GPUs (agents built with the `gpu` feature).
+        use_gpu: bool,
+        /// Seed for weight init, shuffling and the eval split.
+        seed: u64,
+        /// Checkpoint policy.
+        checkpoint: CheckpointPolicy,
+        /// Shuffle batch order every epoch.
+        shuffle: bool,
+    }
+
+    /// Feature columns, concatenated in this order.
+    pub fn features<I, S>(mut self, features: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spec = self.spec.features(features);
+        self
+    }
+
+    /// The label column.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.spec = self.spec.label(label);
+        self
+    }
+
+    /// Runs the rendezvous and `num_slots` agents in this process (the default
+    /// when no rendezvous is given).
+    pub fn local_mode(mut self, local: bool) -> Self {
+        self.local_mode = Some(local);
+        self
+    }
+
+    /// The rendezvous of a cluster, e.g. `http://kindling-rendezvous:7070`.
+    pub fn rendezvous(mut self, url: impl Into<String>) -> Self {
+        self.rendezvous = Some(url.into());
+        self
+    }
+
+    /// The cluster's bearer token.
+    pub fn token(mut self, token: Token) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Holds out this fraction of rows (seeded random split) and reports
+    /// eval loss and accuracy after every epoch.
+    pub fn eval_fraction(mut self, fraction: f64) -> Self {
+        self.eval_fraction = fraction;
+        self
+    }
+
+    /// Names the job (default: a random id).
+    pub fn job_id(mut self, job_id: impl Into<String>) -> Self {
+        self.job_id = Some(job_id.into());
+        self
+    }
+
+    /// Where local-mode agents spill and checkpoint (default: a temporary directory).
+    pub fn work_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.work_dir = Some(dir.into());
+        self
+    }
+
+    /// Gang attempts before the job fails.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Unacknowledged bytes allowed in flight per shard.
+    pub fn window_bytes(mut self, bytes: usize) -> Self {
+        self.window_bytes = bytes;
+        self
+    }
+
+    /// Persist the DataFrame in Spark during the job so a lost shard can be
+    /// re-sent cheaply and identically (default on).
+    pub fn persist(mut self, persist: bool) -> Self {
+        self.persist = persist;
+        self
+    }
+
+    /// How long agents wait for the whole gang.
+    pub fn gang_timeout(mut self, timeout: Duration) -> Self {
+        self.gang_timeout = timeout;
+        self
+    }
+
+    /// How progress is shown.
+    pub fn progress(mut self, mode: ProgressMode) -> Self {
+        self.progress = mode;
+        self
+    }
+
+    /// Also sends every progress event to `events`.
+    pub fn events(mut self, events: mpsc::UnboundedSender<TrainingEvent>) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Validates and returns the job.
+    pub fn build(self) -> Result<TrainingJob, JobError> {
+        let spec = self.spec.build()?;
+        if !(0.0..0.9).contains(&self.eval_fraction) {
+            return Err(JobError::Config(format!(
+                "eval_fraction must be in [0, 0.9), got {}",
+                self.eval_fraction
+            )));
+        }
+        if self.max_attempts == 0 {
+            return Err(JobError::Config("max_attempts must be at least 1".into()));
+        }
+        if self.window_bytes < 64 << 10 {
+            return Err(JobError::Config("window_bytes must be at least 64 KiB".into()));
+        }
+        if let Some(id) = &self.job_id {
+            kindling_schemas::descriptor::check_job_id(id).map_err(|e| JobError::Config(e.to_string()))?;
+        }
+        let local_mode = self.local_mode.unwrap_or(self.rendezvous.is_none());
+        if !local_mode && self.rendezvous.is_none() {
+            return Err(JobError::Config(
+                "a cluster job needs .rendezvous(url); or use .local_mode(true)".into(),
+            ));
+        }
+        let work_dir = self
+            .work_dir
+            .unwrap_or_else(|| std::env::temp_dir().join("kindling-local"));
+        Ok(TrainingJob {
+            spec,
+            job_id: self.job_id,
+            local_mode,
+            rendezvous: self.rendezvous,
+            token: self.token,
+            eval_fraction: self.eval_fraction,
+            work_dir,
+            max_attempts: self.max_attempts,
+            window_bytes: self.window_bytes,
+            persist: self.persist,
+            gang_timeout: self.gang_timeout,
+            progress: self.progress,
+            events: self.events,
+        })
+    }
+}

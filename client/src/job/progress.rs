@@ -1,0 +1,245 @@
+//! Progress of a training job: events for the application, progress bars on a
+//! terminal, plain log lines otherwise.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use kindling_schemas::action::EpochMetrics;
+use tokio::sync::mpsc;
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProgressMode {
+    /// Bars on a terminal, log lines otherwise.
+    #[default]
+    Auto,
+    /// Always bars.
+    Bars,
+    /// Always log lines (on stderr).
+    Log,
+    /// Nothing shown (events are still sent).
+    Silent,
+}
+
+/// One thing that happened in a training job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrainingEvent {
+    /// The job was created and its agents chosen.
+    Started {
+        /// The job.
+        job_id: String,
+        /// Flight URLs of the agents, by shard.
+        agents: Vec<String>,
+    },
+    /// Rows streamed into a shard so far.
+    Streamed {
+        /// Train or eval.
+        split: &'static str,
+        /// Shard index.
+        shard: usize,
+        /// Rows sent.
+        rows: u64,
+        /// Rows per second since the split started.
+        rows_per_sec: f64,
+    },
+    /// All rows of a split landed, exactly once.
+    Fed {
+        /// Train or eval.
+        split: &'static str,
+        /// Rows per shard.
+        rows_per_shard: Vec<u64>,
+    },
+    /// A training step progressed (reported from rank 0).
+    Step {
+        /// Epoch, from 1.
+        epoch: u32,
+        /// Step within the epoch.
+        step: u64,
+        /// Steps in the epoch.
+        steps: u64,
+        /// Latest loss.
+        loss: Option<f64>,
+        /// Samples per second across ranks.
+        samples_per_sec: f64,
+    },
+    /// An epoch ended.
+    Epoch(EpochMetrics),
+    /// An attempt failed and the gang is re-forming.
+    Recovering {
+        /// The new attempt.
+        attempt: u32,
+        /// Shards re-sent to replacement agents.
+        resent_shards: Vec<usize>,
+    },
+    /// Training finished.
+    Finished {
+        /// The job.
+        job_id: String,
+    },
+}
+
+/// Fans events out to the application's channel and to the screen.
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    bars: Option<MultiProgress>,
+    shard_bars: HashMap<(&'static str, usize), ProgressBar>,
+    train_bar: Option<ProgressBar>,
+    log: bool,
+    last_log: Instant,
+}
+
+impl Reporter {
+    pub(crate) fn new(mode: ProgressMode, events: Option<mpsc::UnboundedSender<TrainingEvent>>) -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let (bars, log) = match mode {
+            ProgressMode::Auto if terminal => (Some(MultiProgress::new()), false),
+            ProgressMode::Auto | ProgressMode::Log => (None, true),
+            ProgressMode::Bars => (Some(MultiProgress::new()), false),
+            ProgressMode::Silent => (None, false),
+        };
+        Reporter {
+            events,
+            bars,
+            shard_bars: HashMap::new(),
+            train_bar: None,
+            log,
+            last_log: Instant::now(),
+        }
+    }
+
+    pub(crate) fn emit(&mut self, event: TrainingEvent) {
+        self.show(&event);
+        if let Some(tx) = &self.events {
+            // The application may have dropped its receiver; progress is best effort.
+            let _ = tx.send(event);
+        }
+    }
+
+    fn show(&mut self, event: &TrainingEvent) {
+        if let Some(bars) = &self.bars {
+            match event {
+                TrainingEvent::Streamed {
+                    split,
+                    shard,
+                    rows,
+                    rows_per_sec,
+                } => {
+                    let bar = self.shard_bars.entry((split, *shard)).or_insert_with(|| {
+                        let b = bars.add(ProgressBar::new_spinner());
+                        b.set_style(
+                            ProgressStyle::with_template("{prefix:>12} {spinner} {msg}")
+                                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                        );
+                        b.set_prefix(format!("{split} shard {shard}"));
+                        b
+                    });
+                    bar.set_message(format!("{rows} rows  {rows_per_sec:.0} rows/s"));
+                    bar.tick();
+                }
+                TrainingEvent::Fed { split, .. } => {
+                    for ((s, _), b) in &self.shard_bars {
+                        if s == split {
+                            b.finish();
+                        }
+                    }
+                }
+                TrainingEvent::Step {
+                    epoch,
+                    step,
+                    steps,
+                    loss,
+                    samples_per_sec,
+                } => {
+                    let bar = self.train_bar.get_or_insert_with(|| {
+                        let b = bars.add(ProgressBar::new(*steps));
+                        b.set_style(
+                            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+                                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                        );
+                        b
+                    });
+                    bar.set_length(*steps);
+                    bar.set_position(*step);
+                    bar.set_prefix(format!("epoch {epoch}"));
+                    let loss = loss.map(|l| format!("loss {l:.4}")).unwrap_or_default();
+                    bar.set_message(format!("{loss}  {samples_per_sec:.0} samples/s"));
+                }
+                TrainingEvent::Epoch(m) => {
+                    let _ = bars.println(epoch_line(m));
+                }
+                TrainingEvent::Recovering {
+                    attempt,
+                    resent_shards,
+                } => {
+                    let _ = bars.println(format!(
+                        "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
+                    ));
+                }
+                TrainingEvent::Finished { .. } => {
+                    if let Some(b) = self.train_bar.take() {
+                        b.finish_and_clear();
+                    }
+                }
+                TrainingEvent::Started { .. } => {}
+            }
+        } else if self.log {
+            let line = match event {
+                TrainingEvent::Started { job_id, agents } => {
+                    Some(format!("job {job_id} started on {} agents", agents.len()))
+                }
+                TrainingEvent::Streamed {
+                    split,
+                    shard,
+                    rows,
+                    rows_per_sec,
+                } => (self.last_log.elapsed().as_secs() >= 2)
+                    .then(|| format!("{split} shard {shard}: {rows} rows ({rows_per_sec:.0} rows/s)")),
+                TrainingEvent::Fed {
+                    split,
+                    rows_per_shard,
+                } => Some(format!(
+                    "{split}: every row landed once, rows per shard {rows_per_shard:?}"
+                )),
+                TrainingEvent::Step {
+                    epoch,
+                    step,
+                    steps,
+                    loss,
+                    samples_per_sec,
+                } => (self.last_log.elapsed().as_secs() >= 2).then(|| {
+                    format!(
+                        "epoch {epoch} step {step}/{steps} loss {:.4} {samples_per_sec:.0} samples/s",
+                        loss.unwrap_or(f64::NAN)
+                    )
+                }),
+                TrainingEvent::Epoch(m) => Some(epoch_line(m)),
+                TrainingEvent::Recovering {
+                    attempt,
+                    resent_shards,
+                } => Some(format!(
+                    "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
+                )),
+                TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
+            };
+            if let Some(line) = line {
+                self.last_log = Instant::now();
+                eprintln!("[kindling] {line}");
+            }
+        }
+    }
+}
+
+fn epoch_line(m: &EpochMetrics) -> String {
+    let mut s = format!("epoch {} train loss {:.4}", m.epoch, m.train_loss);
+    if let Some(l) = m.eval_loss {
+        s.push_str(&format!("  eval loss {l:.4}"));
+    }
+    if let Some(a) = m.eval_accuracy {
+        s.push_str(&format!("  eval accuracy {:.2}%", a * 100.0));
+    }
+    s.push_str(&format!("  {:.0} samples/s/rank", m.samples_per_sec));
+    s
+}

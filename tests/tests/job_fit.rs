@@ -1,0 +1,305 @@
+//! `TrainingJob` end to end: a real Spark Connect server, real local agents.
+
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use kindling::job::{JobError, ProgressMode, TrainingEvent, TrainingJob};
+use kindling::local::{LocalCluster, LocalClusterConfig};
+use kindling::{DataFrame, SparkSession};
+use kindling_schemas::action::{Action, AgentJobState, JobList};
+use kindling_schemas::schema::SchemaError;
+use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+use kindling_tests::spark::spark_remote;
+
+const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+     (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
+
+async fn rule_df(spark: &SparkSession, rows: usize) -> DataFrame {
+    spark
+        .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
+        .await
+        .expect("sql")
+}
+
+fn job(slots: u32, epochs: u32) -> kindling::job::TrainingJobBuilder {
+    TrainingJob::builder()
+        .model(ModelSpec::Mlp { hidden: vec![16] })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.02))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(slots)
+        .batch_size(64)
+        .epochs(epochs)
+        .eval_fraction(0.2)
+        .seed(3)
+        .progress(ProgressMode::Silent)
+}
+
+async fn spark() -> SparkSession {
+    SparkSession::connect(&spark_remote()).await.expect("spark")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_fit_on_two_slots_matches_one_slot_and_predicts_back_into_spark() {
+    let spark = spark().await;
+    let df = rule_df(&spark, 20_000).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let two = job(2, 5)
+        .local_mode(true)
+        .events(tx)
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("fit 2");
+    let one = job(1, 5)
+        .local_mode(true)
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("fit 1");
+    let acc = |m: &kindling::job::TrainedModel| {
+        m.history()
+            .last()
+            .and_then(|h| h.eval_accuracy)
+            .expect("accuracy")
+    };
+    assert!(acc(&two) > 0.95, "2 slots: {}", acc(&two));
+    assert!(
+        (acc(&two) - acc(&one)).abs() <= 0.01,
+        "2 slots {} vs 1 slot {}",
+        acc(&two),
+        acc(&one)
+    );
+
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    assert!(matches!(events.first(), Some(TrainingEvent::Started { agents, .. }) if agents.len() == 2));
+    let fed: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            TrainingEvent::Fed {
+                split: "train",
+                rows_per_shard,
+            } => Some(rows_per_shard.iter().sum()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fed.len(), 1);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, TrainingEvent::Epoch(_)))
+            .count(),
+        5
+    );
+    // Every epoch trained exactly the training split's rows.
+    for h in two.history() {
+        assert!(h.rows > 0);
+    }
+
+    // Predictions stream back and round-trip into Spark.
+    let features = df.select(["x1", "x2", "y"]);
+    let predicted = two
+        .predict_into_spark(&spark, &features)
+        .await
+        .expect("predict into spark");
+    assert_eq!(predicted.count().await.expect("count"), 20_000);
+    let wrong = predicted.filter(kindling::functions::col("prediction").neq(kindling::functions::col("y")));
+    let errors = wrong.count().await.expect("count");
+    assert!(errors < 1_000, "{errors} of 20000 mispredicted");
+
+    // Save, load, predict locally: same answers.
+    let dir = tempfile::tempdir().expect("tempdir");
+    two.save(dir.path()).expect("save");
+    let loaded = kindling::job::TrainedModel::load(dir.path()).expect("load");
+    let a: Vec<_> = two
+        .predict(&features.limit(500))
+        .await
+        .expect("predict")
+        .try_collect()
+        .await
+        .expect("a");
+    let b: Vec<_> = loaded
+        .predict(&features.limit(500))
+        .await
+        .expect("predict")
+        .try_collect()
+        .await
+        .expect("b");
+    assert_eq!(a, b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_agent_is_replaced_and_every_epoch_trains_every_row_once() {
+    let spark = spark().await;
+    let df = rule_df(&spark, 30_000).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.lease = Duration::from_millis(600);
+    let cluster = std::sync::Arc::new(LocalCluster::start(2, config).await.expect("cluster"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = job(2, 6)
+        .batch_size(16)
+        .eval_fraction(0.0)
+        .events(tx)
+        .build()
+        .expect("job");
+    let fit = {
+        let cluster = cluster.clone();
+        let df = df.clone();
+        tokio::spawn(async move { job.fit_on(&cluster, &df).await })
+    };
+    // Kill one of the job's agents once epoch 2 is under way.
+    let mut victim = None;
+    while let Some(e) = rx.recv().await {
+        match e {
+            TrainingEvent::Started { agents, .. } => victim = Some(agents[1].clone()),
+            TrainingEvent::Step { epoch, .. } if epoch >= 2 => break,
+            _ => {}
+        }
+    }
+    let victim = victim.expect("started");
+    cluster.kill_agent(cluster.index_of(&victim).expect("victim index"));
+    let mut recovered = false;
+    while let Some(e) = rx.recv().await {
+        if let TrainingEvent::Recovering { resent_shards, .. } = &e {
+            assert_eq!(resent_shards, &vec![1]);
+            recovered = true;
+        }
+    }
+    let model = fit.await.expect("task").expect("fit survives the crash");
+    assert!(recovered, "the client re-sent the lost shard");
+    assert_eq!(model.history().len(), 6);
+    let rows = df.count().await.expect("count") as u64;
+    // The agents' counters: every epoch trained exactly the dataset's rows.
+    for url in cluster.agent_urls() {
+        let c = kindling::feed::AgentClient::connect(&url, cluster.token()).expect("client");
+        let jobs: JobList = c.action(&Action::ListJobs).await.expect("list");
+        for j in jobs.jobs.iter().filter(|j| j.state == AgentJobState::Succeeded) {
+            assert_eq!(j.rows_trained_per_epoch, vec![rows; 6], "agent {url}");
+        }
+    }
+    std::sync::Arc::try_unwrap(cluster)
+        .expect("sole owner")
+        .shutdown()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_few_agents_is_a_clear_error() {
+    let spark = spark().await;
+    let df = rule_df(&spark, 100).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(1, LocalClusterConfig::new(dir.path()))
+        .await
+        .expect("cluster");
+    let mut builder = job(2, 1).local_mode(false).rendezvous(cluster.rendezvous_url());
+    if let Some(t) = cluster.token() {
+        builder = builder.token(t.clone());
+    }
+    let err = builder.build().expect("job").fit(&df).await.expect_err("too few");
+    assert!(
+        matches!(
+            err,
+            JobError::NotEnoughAgents {
+                needed: 2,
+                live: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("needs 2 agents but only 1"), "{err}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn string_features_and_null_labels_fail_before_training() {
+    let spark = spark().await;
+    let strings = spark
+        .sql("SELECT CAST(id AS STRING) AS x1, CAST(id AS DOUBLE) AS x2, CAST(id % 2 AS INT) AS y FROM range(100)")
+        .await
+        .expect("sql");
+    let err = job(2, 1)
+        .local_mode(true)
+        .build()
+        .expect("job")
+        .fit(&strings)
+        .await
+        .expect_err("string");
+    match &err {
+        JobError::Data(SchemaError::WrongType { column, .. }) => assert_eq!(column, "x1"),
+        other => panic!("expected a wrong-type error naming x1, got {other}"),
+    }
+    let nulls = spark
+        .sql("SELECT CAST(id AS DOUBLE) AS x1, CAST(id AS DOUBLE) AS x2, CASE WHEN id = 77 THEN NULL ELSE CAST(id % 2 AS INT) END AS y FROM range(100)")
+        .await
+        .expect("sql");
+    let err = job(2, 1)
+        .local_mode(true)
+        .eval_fraction(0.0)
+        .build()
+        .expect("job")
+        .fit(&nulls)
+        .await
+        .expect_err("nulls");
+    match &err {
+        JobError::Data(SchemaError::Nulls { column, .. }) => assert_eq!(column, "y"),
+        other => panic!("expected a null error naming y, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_client_leaves_no_job_running_on_the_agents() {
+    let spark = spark().await;
+    let df = rule_df(&spark, 200_000).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.lease = Duration::from_millis(600);
+    let cluster = std::sync::Arc::new(LocalCluster::start(2, config).await.expect("cluster"));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = job(2, 50)
+        .eval_fraction(0.0)
+        .window_bytes(256 << 10)
+        .events(tx)
+        .build()
+        .expect("job");
+    let fit = {
+        let cluster = cluster.clone();
+        tokio::spawn(async move { job.fit_on(&cluster, &df).await })
+    };
+    // Cancel mid-stream.
+    while let Some(e) = rx.recv().await {
+        if matches!(e, TrainingEvent::Streamed { .. } | TrainingEvent::Fed { .. }) {
+            break;
+        }
+    }
+    fit.abort();
+    let _ = fit.await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut running = 0;
+        for url in cluster.agent_urls() {
+            let c = kindling::feed::AgentClient::connect(&url, cluster.token()).expect("client");
+            let jobs: JobList = c.action(&Action::ListJobs).await.expect("list");
+            running += jobs.jobs.iter().filter(|j| !j.state.is_terminal()).count();
+        }
+        if running == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{running} jobs still running on the agents"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::sync::Arc::try_unwrap(cluster)
+        .expect("sole owner")
+        .shutdown()
+        .await;
+}
