@@ -87,7 +87,7 @@ async fn two_agents_learn_a_separating_rule() {
     assert_eq!(strip(&s0.history), strip(&s1.history), "ranks agree on metrics");
     assert_eq!(
         s0.rows_trained_per_epoch,
-        vec![2000; 8],
+        vec![4000; 8],
         "every row trained once per epoch"
     );
     // Loss went down.
