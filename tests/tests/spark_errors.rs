@@ -86,15 +86,26 @@ async fn nothing_listening_is_a_connection_error_naming_the_address() {
 }
 
 #[tokio::test]
-async fn unroutable_host_times_out_instead_of_hanging() {
+async fn silent_peer_is_a_connection_error_not_a_hang() {
+    // Accepts TCP connections (kernel backlog) but never speaks HTTP/2.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = silent
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
     let result = tokio::time::timeout(
         Duration::from_secs(60),
         SparkSession::builder()
-            .remote("sc://10.255.255.1:15002")
+            .remote(format!("sc://127.0.0.1:{port}"))
             .connect_timeout(Duration::from_millis(500))
             .connect(),
     )
     .await
-    .unwrap_or_else(|_| panic!("connecting to an unroutable host hung"));
-    assert!(matches!(result, Err(Error::Connection { ref address, .. }) if address == "10.255.255.1:15002"));
+    .unwrap_or_else(|_| panic!("connecting to a silent peer hung"));
+    let expected = format!("127.0.0.1:{port}");
+    assert!(
+        matches!(result, Err(Error::Connection { ref address, .. }) if *address == expected),
+        "{result:?}"
+    );
+    drop(silent);
 }

@@ -8,7 +8,9 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
 use spark_connect_core::compute_crc32;
-use spark_connect_proto::add_artifacts_request::{ArtifactChunk, BeginChunkedArtifact, Payload};
+use spark_connect_proto::add_artifacts_request::{
+    ArtifactChunk, Batch, BeginChunkedArtifact, Payload, SingleChunkArtifact,
+};
 use spark_connect_proto::config_request::{GetWithDefault, operation::OpType};
 use spark_connect_proto::relation::RelType;
 use spark_connect_proto::{AddArtifactsRequest, ChunkedCachedLocalRelation, KeyValue, LocalRelation};
@@ -16,6 +18,7 @@ use spark_connect_proto::{AddArtifactsRequest, ChunkedCachedLocalRelation, KeyVa
 use super::dataframe::DataFrame;
 use super::error::{Error, Result};
 use super::session::SparkSession;
+use super::types::schema_to_ddl;
 
 /// Bytes per AddArtifacts message (the artifact protocol chunks within an artifact).
 const ARTIFACT_MESSAGE_BYTES: usize = 1024 * 1024;
@@ -115,10 +118,15 @@ impl SparkSession {
                 data: Some(data),
                 schema: None,
             }),
-            None => RelType::ChunkedCachedLocalRelation(ChunkedCachedLocalRelation {
-                data_hashes: uploader.finish().await?,
-                schema_hash: None,
-            }),
+            None => {
+                // The server requires the schema (Spark DDL, UTF-8) as its own artifact.
+                let ddl = schema_to_ddl(&schema)?;
+                let schema_hash = uploader.add_schema(Bytes::from(ddl.into_bytes())).await?;
+                RelType::ChunkedCachedLocalRelation(ChunkedCachedLocalRelation {
+                    data_hashes: uploader.finish().await?,
+                    schema_hash: Some(schema_hash),
+                })
+            }
         };
         Ok(self.dataframe(rel_type))
     }
@@ -262,6 +270,14 @@ impl<'a> Uploader<'a> {
         Ok(())
     }
 
+    /// Uploads a blob that is not a data chunk; returns its hash.
+    async fn add_schema(&mut self, blob: Bytes) -> Result<String> {
+        let hash = hex(&Sha256::digest(&blob));
+        self.pending_bytes += blob.len();
+        self.pending.push((hash.clone(), blob));
+        Ok(hash)
+    }
+
     async fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -285,9 +301,24 @@ impl<'a> Uploader<'a> {
                 client_type: Some(transport.client_type().to_string()),
                 ..Default::default()
             };
+            let name = format!("cache/{hash}");
+            // The server only finishes a chunked artifact on a `Chunk` message, so a
+            // single-piece artifact must go as a batch entry.
+            if let [only] = pieces.as_slice() {
+                requests.push(AddArtifactsRequest {
+                    payload: Some(Payload::Batch(Batch {
+                        artifacts: vec![SingleChunkArtifact {
+                            name,
+                            data: Some(chunk(only)),
+                        }],
+                    })),
+                    ..base.clone()
+                });
+                continue;
+            }
             requests.push(AddArtifactsRequest {
                 payload: Some(Payload::BeginChunk(BeginChunkedArtifact {
-                    name: format!("cache/{hash}"),
+                    name,
                     total_bytes: data.len() as i64,
                     num_chunks: pieces.len() as i64,
                     initial_chunk: pieces.first().map(chunk),

@@ -121,7 +121,9 @@ impl SparkSessionBuilder {
         self
     }
 
-    /// Connects and checks that the server answers (by asking its Spark version).
+    /// Connects and checks that the server answers (by asking its Spark version);
+    /// a peer that does not answer within twice the connect timeout plus 5 s is a
+    /// [`Error::Connection`].
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), kindling::spark::Error> {
@@ -140,8 +142,16 @@ impl SparkSessionBuilder {
                 version: OnceCell::new(),
             }),
         };
-        session.version().await?;
-        Ok(session)
+        // A peer that accepts TCP but never answers gRPC must not hang the caller.
+        let answer_within = self.options.connect_timeout * 2 + Duration::from_secs(5);
+        match tokio::time::timeout(answer_within, session.version()).await {
+            Ok(version) => version.map(|_| session),
+            Err(_) => Err(Error::Connection {
+                address: session.remote().address(),
+                message: format!("no Spark Connect answer within {answer_within:?}"),
+                source: tonic::Status::deadline_exceeded("no answer to SparkVersion"),
+            }),
+        }
     }
 }
 
