@@ -1,6 +1,7 @@
 //! The Kindling agent and the barrier rendezvous service.
 //!
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
+//! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
 //! - [`flight`]: the Flight service (ingest, actions, model, prediction).
 //! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
 //! - [`cache`]: shard cache with memory budget and disk spill.
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod collective;
 pub mod error;
 pub mod flight;
+pub mod health;
 pub mod job;
 pub mod model;
 pub mod params;

@@ -89,7 +89,23 @@ pub struct AgentHandle {
     cancel: CancellationToken,
     tracker: TaskTracker,
     server: Option<JoinHandle<()>>,
+    rendezvous: Option<String>,
+    token: Option<Token>,
 }
+
+/// What [`AgentHandle::leave_and_shutdown`] told the rendezvous.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Departure {
+    /// `(job_id, attempt)` of every running attempt reported failed.
+    pub reported: Vec<(String, u32)>,
+    /// Running jobs whose failure report was not taken (their lease lapses instead).
+    pub unreported: Vec<String>,
+    /// The agent was removed from the rendezvous' live agents.
+    pub deregistered: bool,
+}
+
+/// How long each call to the rendezvous may take while leaving.
+const LEAVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl AgentHandle {
     /// The bound address.
@@ -120,6 +136,66 @@ impl AgentHandle {
         }
         self.tracker.close();
         self.tracker.wait().await;
+    }
+
+    /// Leaves the cluster cleanly (what SIGTERM does): stops every job, reports
+    /// each running job's current attempt as failed with `cause` so the gang
+    /// re-forms at once instead of after a lease, deregisters from the
+    /// rendezvous, then waits for all tasks like [`AgentHandle::shutdown_and_wait`].
+    ///
+    /// Jobs are stopped before the reports go out, so this agent never re-joins
+    /// the next attempt. Rendezvous errors are logged, never fatal: the lease
+    /// lapsing is the fallback.
+    pub async fn leave_and_shutdown(self, cause: &str) -> Departure {
+        let running: Vec<(String, String, u32)> = self
+            .jobs
+            .all()
+            .into_iter()
+            .filter_map(|job| {
+                let d = job.lock();
+                // Attempt 0: the job never formed a gang, there is nothing to fail.
+                (!d.state.is_terminal() && d.attempt > 0)
+                    .then(|| (job.job_id.clone(), job.rendezvous.clone(), d.attempt))
+            })
+            .collect();
+        // Stop first: a job told of its own failure must not re-join.
+        self.cancel.cancel();
+        let cause = format!("agent {} left: {cause}", self.agent_id);
+        let mut departure = Departure::default();
+        for (job_id, rendezvous, attempt) in running {
+            let reported = match RendezvousLink::connect(&rendezvous, self.token.as_ref()) {
+                Ok(link) => tokio::time::timeout(
+                    LEAVE_CALL_TIMEOUT,
+                    link.report_failure(&job_id, attempt, &self.agent_id, &cause),
+                )
+                .await
+                .map_err(|_| AgentError::Rendezvous(format!("{rendezvous}: timed out")))
+                .and_then(|r| r),
+                Err(e) => Err(e),
+            };
+            match reported {
+                Ok(()) => departure.reported.push((job_id, attempt)),
+                Err(e) => {
+                    tracing::warn!(job = %job_id, attempt, error = %e, "could not report leaving");
+                    departure.unreported.push(job_id);
+                }
+            }
+        }
+        if let Some(url) = &self.rendezvous {
+            let deregistered = tokio::time::timeout(LEAVE_CALL_TIMEOUT, async {
+                let client = crate::rendezvous::RendezvousClient::connect(url.clone(), self.token.as_ref())
+                    .await?;
+                client.deregister(&self.agent_id).await
+            })
+            .await;
+            match deregistered {
+                Ok(Ok(())) => departure.deregistered = true,
+                Ok(Err(e)) => tracing::warn!(rendezvous = %url, error = %e, "could not deregister"),
+                Err(_) => tracing::warn!(rendezvous = %url, "deregistering timed out"),
+            }
+        }
+        self.shutdown_and_wait().await;
+        departure
     }
 
     /// Simulates a crash: connections drop at once, heartbeats stop, nothing
@@ -206,5 +282,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         cancel,
         tracker,
         server: Some(server),
+        rendezvous: config.rendezvous,
+        token: config.token,
     })
 }
