@@ -85,13 +85,13 @@ impl Inbox {
 
     fn deliver(&self, key: Key, data: Bytes) -> Result<(), Status> {
         let mut s = self.lock();
-        if let Some(&current) = s.attempts.get(&key.job_id) {
-            if key.attempt < current {
-                return Err(Status::failed_precondition(format!(
-                    "chunk for attempt {} of job `{}` refused: the job is on attempt {current}",
-                    key.attempt, key.job_id
-                )));
-            }
+        if let Some(&current) = s.attempts.get(&key.job_id)
+            && key.attempt < current
+        {
+            return Err(Status::failed_precondition(format!(
+                "chunk for attempt {} of job `{}` refused: the job is on attempt {current}",
+                key.attempt, key.job_id
+            )));
         }
         match s.slots.remove(&key) {
             Some(Slot::Waiting(tx)) => {

@@ -260,14 +260,14 @@ impl FlightService for AgentFlightService {
                         Split::Train => d.train.committed_rows(),
                         Split::Eval => d.eval.committed_rows(),
                     };
-                    if let Some(expected) = e.expected_rows {
-                        if expected != rows {
-                            return Err(Status::failed_precondition(format!(
-                                "end_of_data for {} of job `{}`: {rows} rows committed here, the producer expected {expected}",
-                                e.split.as_str(),
-                                e.job_id
-                            )));
-                        }
+                    if let Some(expected) = e.expected_rows
+                        && expected != rows
+                    {
+                        return Err(Status::failed_precondition(format!(
+                            "end_of_data for {} of job `{}`: {rows} rows committed here, the producer expected {expected}",
+                            e.split.as_str(),
+                            e.job_id
+                        )));
                     }
                     d.end_of_data.insert(e.split, true);
                     rows

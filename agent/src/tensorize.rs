@@ -23,7 +23,7 @@ pub fn features_row_major(batch: &RecordBatch, layout: &FeatureLayout) -> Result
             let col = column(batch, &layout.features[0].name)?;
             let list = col.as_fixed_size_list();
             let values = list.values().as_primitive::<Float32Type>();
-            let start = list.value_offset_at(0) as usize;
+            let start = list.value_offset_at(0);
             return Ok(values.values()[start..start + n * d].to_vec());
         }
     }
@@ -41,7 +41,7 @@ pub fn features_row_major(batch: &RecordBatch, layout: &FeatureLayout) -> Result
             FeatureKind::Vector { len } => {
                 let list = col.as_fixed_size_list();
                 let values = list.values().as_primitive::<Float32Type>().values();
-                let base = list.value_offset_at(0) as usize;
+                let base = list.value_offset_at(0);
                 for row in 0..n {
                     let src = &values[base + row * len..base + (row + 1) * len];
                     out[row * d + f.offset..row * d + f.offset + len].copy_from_slice(src);

@@ -179,6 +179,9 @@ pub struct ShardReceipt {
     pub duplicate_stream: bool,
 }
 
+/// What the final ack said: (rows committed, duplicate batches, duplicate stream).
+type Commit = (u64, u64, bool);
+
 /// One producer's `DoPut` to one agent, with at most `window` bytes unacknowledged.
 #[derive(Debug)]
 pub struct ShardWriter {
@@ -188,7 +191,7 @@ pub struct ShardWriter {
     window: Arc<Semaphore>,
     window_kib: u32,
     charged: Arc<Mutex<VecDeque<u32>>>,
-    acks: JoinHandle<Result<Option<(u64, u64, bool)>, FeedError>>,
+    acks: JoinHandle<Result<Option<Commit>, FeedError>>,
     seq: u64,
     rows_sent: u64,
     generator: IpcDataGenerator,
@@ -340,7 +343,7 @@ async fn read_acks(
     producer: &str,
     window: &Semaphore,
     charged: &Mutex<VecDeque<u32>>,
-) -> Result<Option<(u64, u64, bool)>, FeedError> {
+) -> Result<Option<Commit>, FeedError> {
     let mut results = client
         .inner
         .clone()

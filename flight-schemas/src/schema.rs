@@ -293,7 +293,7 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
         };
         if let Some(i) = non_finite {
             let offset = match column.data_type() {
-                DataType::FixedSizeList(..) => column.as_fixed_size_list().value_offset_at(0) as usize,
+                DataType::FixedSizeList(..) => column.as_fixed_size_list().value_offset_at(0),
                 _ => 0,
             };
             return Err(SchemaError::NonFinite {

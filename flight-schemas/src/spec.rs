@@ -276,10 +276,10 @@ impl JobSpec {
                 "must be a finite number > 0",
             ));
         }
-        if let OptimizerSpec::Sgd { momentum, .. } = self.optimizer {
-            if !(0.0..1.0).contains(&momentum) {
-                return Err(SpecError::new("optimizer.momentum", "must be in [0, 1)"));
-            }
+        if let OptimizerSpec::Sgd { momentum, .. } = self.optimizer
+            && !(0.0..1.0).contains(&momentum)
+        {
+            return Err(SpecError::new("optimizer.momentum", "must be in [0, 1)"));
         }
         if let OptimizerSpec::Adam { beta1, beta2, .. } = self.optimizer {
             if !(0.0..1.0).contains(&beta1) {
