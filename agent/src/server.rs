@@ -268,7 +268,15 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             capacity: config.capacity,
             has_gpu: cfg!(feature = "gpu"),
         };
-        let heartbeat = link.register(info, cancel.child_token()).await?;
+        let heartbeat = match link.register(info, cancel.child_token()).await {
+            Ok(heartbeat) => heartbeat,
+            Err(e) => {
+                // Free the port so the caller can retry `start`.
+                cancel.cancel();
+                let _ = server.await;
+                return Err(e);
+            }
+        };
         tracker.spawn(async move {
             let _ = heartbeat.await;
         });

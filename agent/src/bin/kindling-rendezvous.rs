@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use kindling_agent::health::{HealthServer, Readiness};
 use kindling_agent::rendezvous::{RendezvousConfig, ServerConfig, serve};
 use kindling_schemas::auth::Token;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,9 @@ struct Cli {
     /// Attempts of jobs created with max_attempts = 0.
     #[arg(long, env = "KINDLING_RENDEZVOUS_DEFAULT_MAX_ATTEMPTS", default_value_t = 3)]
     default_max_attempts: u32,
+    /// Address of the `/healthz` and `/readyz` HTTP probes (ready once serving).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
+    health_listen: SocketAddr,
 }
 
 impl TryFrom<&Cli> for ServerConfig {
@@ -117,7 +121,16 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, config = ?config.rendezvous, "rendezvous listening");
 
     let shutdown = CancellationToken::new();
+    let ready = Readiness::new();
+    let health_listener = tokio::net::TcpListener::bind(cli.health_listen)
+        .await
+        .with_context(|| format!("binding the health listener {}", cli.health_listen))?;
+    let health = HealthServer::start(health_listener, ready.clone(), shutdown.child_token())
+        .context("starting the health server")?;
+    tracing::info!(addr = %health.addr(), "health probes listening");
     let server = tokio::spawn(serve(listener, config, shutdown.clone()));
+    // The listener is bound and `serve` owns it: connections queue until it accepts.
+    ready.set(true);
     tokio::select! {
         r = shutdown_signal() => {
             r?;
@@ -126,6 +139,8 @@ async fn main() -> anyhow::Result<()> {
         }
         _ = shutdown.cancelled() => {}
     }
+    ready.set(false);
+    health.shutdown().await;
     server
         .await
         .context("the rendezvous task panicked")?
