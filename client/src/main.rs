@@ -96,7 +96,7 @@ fn redact(url: &str) -> String {
 /// Writes batches in the chosen format as they arrive.
 enum Sink<W: Write> {
     Table(W),
-    Csv(arrow::csv::Writer<W>),
+    Csv(Box<arrow::csv::Writer<W>>),
     Json(arrow::json::LineDelimitedWriter<W>),
     Arrow(arrow::ipc::writer::StreamWriter<W>),
 }
@@ -105,7 +105,9 @@ impl<W: Write> Sink<W> {
     fn new(format: Format, schema: SchemaRef, out: W) -> Result<Self> {
         Ok(match format {
             Format::Table => Sink::Table(out),
-            Format::Csv => Sink::Csv(arrow::csv::WriterBuilder::new().with_header(true).build(out)),
+            Format::Csv => Sink::Csv(Box::new(
+                arrow::csv::WriterBuilder::new().with_header(true).build(out),
+            )),
             Format::Json => Sink::Json(arrow::json::LineDelimitedWriter::new(out)),
             Format::Arrow => Sink::Arrow(arrow::ipc::writer::StreamWriter::try_new(out, &schema)?),
         })
@@ -117,7 +119,7 @@ impl<W: Write> Sink<W> {
                 writeln!(
                     out,
                     "{}",
-                    arrow::util::pretty::pretty_format_batches(&[batch.clone()])?
+                    arrow::util::pretty::pretty_format_batches(std::slice::from_ref(batch))?
                 )?;
                 out.flush()?;
             }

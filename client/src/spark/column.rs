@@ -325,12 +325,13 @@ impl Column {
     /// # let _ = c;
     /// ```
     pub fn when(mut self, condition: Column, value: impl Into<Column>) -> Self {
-        if let Some(ExprType::UnresolvedFunction(f)) = self.expr.expr_type.as_mut() {
-            if f.function_name == "when" && f.arguments.len() % 2 == 0 {
-                f.arguments.push(condition.expr);
-                f.arguments.push(value.into().expr);
-                return self;
-            }
+        if let Some(ExprType::UnresolvedFunction(f)) = self.expr.expr_type.as_mut()
+            && f.function_name == "when"
+            && f.arguments.len() % 2 == 0
+        {
+            f.arguments.push(condition.expr);
+            f.arguments.push(value.into().expr);
+            return self;
         }
         // Not a `when` chain (or already closed): start a fresh CASE.
         Self::call("when", [condition, value.into()])
@@ -344,10 +345,11 @@ impl Column {
     /// # let _ = c;
     /// ```
     pub fn otherwise(mut self, value: impl Into<Column>) -> Self {
-        if let Some(ExprType::UnresolvedFunction(f)) = self.expr.expr_type.as_mut() {
-            if f.function_name == "when" && f.arguments.len() % 2 == 0 {
-                f.arguments.push(value.into().expr);
-            }
+        if let Some(ExprType::UnresolvedFunction(f)) = self.expr.expr_type.as_mut()
+            && f.function_name == "when"
+            && f.arguments.len() % 2 == 0
+        {
+            f.arguments.push(value.into().expr);
         }
         self
     }
