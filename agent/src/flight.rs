@@ -216,8 +216,12 @@ impl FlightService for AgentFlightService {
             job_id: job_id.clone(),
         })?;
         let spec = self.jobs.get(job_id)?.spec.clone();
-        let messages = futures::stream::once(async move { Ok(first) })
-            .chain(input.map_err(|s| FlightError::Tonic(Box::new(s))));
+        // Arrow C++ (pyarrow) and Java clients open DoExchange with a message that
+        // carries only the descriptor; it has no IPC header for the decoder.
+        let first = (!first.data_header.is_empty()).then_some(first);
+        let messages = futures::stream::iter(first.map(Ok))
+            .chain(input.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())));
         let batches = predict_stream(FlightDataDecoder::new(messages), model, spec);
         let out = FlightDataEncoderBuilder::new().build(batches).map_err(flight_err);
         Ok(Response::new(Box::pin(out)))
