@@ -1,0 +1,100 @@
+"""A pyarrow-only Kindling client, following docs/protocol.md alone.
+
+Usage: flight_client.py '<json>' with keys agents (Flight URLs), token,
+rendezvous, job_id (created at the rendezvous by the caller), rows_per_agent,
+eval_rows_per_agent. Prints one JSON object with what it observed.
+"""
+
+import json
+import sys
+
+import numpy as np
+import pyarrow as pa
+
+from kindling_client import AgentClient, put_stream
+
+
+def rule_table(rows, seed, with_id=False):
+    rng = np.random.default_rng(seed)
+    x1 = rng.uniform(-1, 1, rows)
+    x2 = rng.uniform(-1, 1, rows).astype(np.float32)
+    y = (x1 + 2 * x2.astype(np.float64) > 0.1).astype(np.int32)
+    cols = {"x1": x1, "x2": x2, "y": y}
+    if with_id:
+        cols = {"id": np.arange(rows, dtype=np.int64), **cols}
+    return pa.table(cols)
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    job_id = args["job_id"]
+    agents = [AgentClient(url, args["token"], timeout=60) for url in args["agents"]]
+    spec = {
+        "model": {"kind": "linear"},
+        "task": {"kind": "classification", "num_classes": 2},
+        "loss": "cross_entropy",
+        "optimizer": {"kind": "adam", "learning_rate": 0.05},
+        "epochs": 8, "batch_size": 32, "num_slots": len(agents), "seed": 7,
+        "features": ["x1", "x2"], "label": "y",
+    }
+    started = [a.start_job(job_id, spec, args["rendezvous"]) for a in agents]
+    # start_job is idempotent for the same spec.
+    again = agents[0].start_job(job_id, spec, args["rendezvous"])
+
+    out = {"agent_ids": [s["agent_id"] for s in started], "restart_agent_id": again["agent_id"]}
+    rows, eval_rows = args["rows_per_agent"], args["eval_rows_per_agent"]
+    puts = []
+    for i, agent in enumerate(agents):
+        ev = rule_table(eval_rows, 1000 + i)
+        e = put_stream(agent, job_id, "eval", f"py-eval-{i}", ev.to_batches(max_chunksize=250))
+        agent.end_of_data(job_id, "eval", expected_rows=e["final"]["rows"])
+        train = rule_table(rows, i)
+        t = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
+        # The same producer again, as a retried task would: every batch is a duplicate.
+        d = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
+        eod = agent.end_of_data(job_id, "train", expected_rows=t["final"]["rows"])
+        puts.append({
+            "acks": [{k: a[k] for k in ("seq", "rows", "duplicate", "committed")} for a in t["acks"]],
+            "final": {k: t["final"][k] for k in ("producer", "rows", "duplicate", "committed")},
+            "retry_acks_duplicate": [a["duplicate"] for a in d["acks"]],
+            "retry_final": {k: d["final"][k] for k in ("rows", "duplicate", "committed")},
+            "eval_final_rows": e["final"]["rows"],
+            "end_of_data_rows": eod["rows"],
+        })
+    out["puts"] = puts
+
+    statuses = [a.wait_done(job_id, timeout=300) for a in agents]
+    out["states"] = [s["state"] for s in statuses]
+    out["rows_train"] = [s["rows_train"] for s in statuses]
+    out["rows_eval"] = [s["rows_eval"] for s in statuses]
+    out["world_sizes"] = [s["world_size"] for s in statuses]
+    out["ranks"] = sorted(s["rank"] for s in statuses)
+    out["history"] = statuses[0]["history"]
+    out["errors"] = [s["error"] for s in statuses]
+
+    model = agents[0].model(job_id)
+    out["model_rows"] = model.num_rows
+    out["model_columns"] = model.column_names
+    out["model_params"] = [
+        {"name": n, "shape": s, "len": len(v)}
+        for n, s, v in zip(*[model[c].to_pylist() for c in ("name", "shape", "values")])
+    ]
+
+    test = rule_table(1000, 4242, with_id=True)
+    pred = agents[1].predict(job_id, test.select(["id", "x1", "x2"]))
+    out["predict_rows"] = pred.num_rows
+    out["predict_columns"] = pred.column_names
+    out["predict_types"] = {f.name: str(f.type) for f in pred.schema}
+    out["predict_ids_in_order"] = pred["id"].to_pylist() == test["id"].to_pylist()
+    correct = np.asarray(pred["prediction"].to_numpy()) == test["y"].to_numpy()
+    out["predict_accuracy"] = float(correct.mean())
+    probs = pred["probabilities"].to_pylist()
+    out["probabilities_len"] = sorted({len(p) for p in probs})
+    out["probabilities_sum_ok"] = all(abs(sum(p) - 1.0) < 1e-4 for p in probs)
+    for a in agents:
+        a.close()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
