@@ -1,0 +1,456 @@
+//! The deployment as processes: the real `kindling-rendezvous` and
+//! `kindling-agent` binaries, configured with exactly the environment
+//! variables the Kubernetes manifests set, probed through `/readyz`, running a
+//! training job through the Flight contract, and surviving a SIGTERM'd agent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Float32Array, Float64Array, Int32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, SchemaAsIpc};
+use futures::StreamExt;
+use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
+use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData, JobRef, StartJob};
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::metadata::{BatchMetadata, PutAck};
+use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+const TOKEN: &str = "deploy-test-token";
+const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-agent");
+const RENDEZVOUS_BIN: &str = env!("CARGO_BIN_EXE_kindling-rendezvous");
+
+fn k8s_base() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/base")
+}
+
+/// The `KINDLING_*` names a manifest sets in its containers' `env`.
+fn manifest_env(file: &str) -> BTreeSet<String> {
+    let path = k8s_base().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let names: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- name: "))
+        .map(|n| n.trim().trim_matches('"').to_owned())
+        .filter(|n| n.starts_with("KINDLING_"))
+        .collect();
+    assert!(!names.is_empty(), "no KINDLING_* env in {}", path.display());
+    names
+}
+
+fn free_port() -> u16 {
+    let l = StdListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A child process, SIGKILLed if the test ends without stopping it.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    health: String,
+}
+
+impl Proc {
+    fn spawn(name: &str, bin: &str, env: &BTreeMap<String, String>, health: String, dir: &Path) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(bin)
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {bin}: {e}"));
+        Proc {
+            name: name.into(),
+            child,
+            log,
+            health,
+        }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `/readyz` until it answers 200.
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if http_status(&self.health, "/readyz").await == Some(200) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited ({status}) before ready:\n{}", self.name, self.logs());
+            }
+            assert!(Instant::now() < deadline, "{} not ready:\n{}", self.name, self.logs());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "could not signal {}", self.name);
+    }
+
+    async fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit:\n{}", self.name, self.logs());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The HTTP status of `GET path`, or `None` when nothing answers.
+async fn http_status(addr: &str, path: &str) -> Option<u16> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: probe\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    token_file: PathBuf,
+    rendezvous_url: String,
+    rendezvous: Proc,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+        let port = free_port();
+        let health = format!("127.0.0.1:{}", free_port());
+        // The names the rendezvous Deployment sets, with values for loopback.
+        let mut env = BTreeMap::from([
+            ("KINDLING_RENDEZVOUS_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+            ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.clone()),
+            ("KINDLING_TOKEN_FILE".to_owned(), token_file.display().to_string()),
+            ("KINDLING_RENDEZVOUS_LEASE_MS".to_owned(), "600".to_owned()),
+        ]);
+        assert_eq!(
+            env.keys().cloned().collect::<BTreeSet<_>>(),
+            manifest_env("rendezvous.yaml"),
+            "the test sets exactly the rendezvous Deployment's variables"
+        );
+        env.insert("KINDLING_RENDEZVOUS_GANG_TIMEOUT_MS".into(), "60000".into());
+        env.insert("RUST_LOG".into(), "info".into());
+        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, dir.path());
+        rendezvous.wait_ready().await;
+        Cluster {
+            rendezvous_url: format!("http://127.0.0.1:{port}"),
+            dir,
+            token_file,
+            rendezvous,
+        }
+    }
+
+    /// An agent configured like the DaemonSet's container; returns it and its Flight URL.
+    async fn agent(&self, node: &str) -> (Proc, String) {
+        let port = free_port();
+        let health = format!("127.0.0.1:{}", free_port());
+        let work = self.dir.path().join(node);
+        let env = BTreeMap::from([
+            ("KINDLING_NODE_NAME".to_owned(), node.to_owned()),
+            ("KINDLING_AGENT_ID".to_owned(), format!("agent-{node}")),
+            ("KINDLING_ADVERTISE_HOST".to_owned(), "127.0.0.1".to_owned()),
+            ("KINDLING_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+            ("KINDLING_HEALTH_LISTEN".to_owned(), health.clone()),
+            ("KINDLING_RENDEZVOUS".to_owned(), self.rendezvous_url.clone()),
+            ("KINDLING_TOKEN_FILE".to_owned(), self.token_file.display().to_string()),
+            ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
+            ("KINDLING_MEMORY_BUDGET".to_owned(), "64MiB".to_owned()),
+            ("KINDLING_CAPACITY".to_owned(), "1".to_owned()),
+            ("KINDLING_LOG".to_owned(), "info".to_owned()),
+        ]);
+        assert_eq!(
+            env.keys().cloned().collect::<BTreeSet<_>>(),
+            manifest_env("agent-daemonset.yaml"),
+            "the test sets exactly the agent DaemonSet's variables"
+        );
+        let mut agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
+        agent.wait_ready().await;
+        (agent, format!("http://127.0.0.1:{port}"))
+    }
+
+    async fn rendezvous_client(&self) -> RendezvousClient {
+        RendezvousClient::connect(self.rendezvous_url.clone(), Some(&Token::new(TOKEN)))
+            .await
+            .expect("rendezvous client")
+    }
+}
+
+type Flight = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
+
+fn flight(url: &str) -> Flight {
+    let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect_lazy();
+    let attach = BearerAttach::new(Some(&Token::new(TOKEN))).expect("token");
+    FlightServiceClient::with_interceptor(channel, attach)
+}
+
+async fn action<T: serde::de::DeserializeOwned>(url: &str, action: &Action) -> T {
+    let mut results = flight(url)
+        .do_action(action.to_flight())
+        .await
+        .unwrap_or_else(|s| panic!("{url}: {action:?}: {s}"))
+        .into_inner();
+    let first = results.next().await.expect("a result").expect("ok result");
+    serde_json::from_slice(&first.body).expect("json")
+}
+
+async fn start_on(url: &str, job_id: &str, spec: &JobSpec, rendezvous: &str) {
+    let _: serde_json::Value = action(
+        url,
+        &Action::StartJob(StartJob {
+            job_id: job_id.into(),
+            spec: spec.clone(),
+            rendezvous: rendezvous.into(),
+        }),
+    )
+    .await;
+}
+
+async fn status(url: &str, job_id: &str) -> AgentJobStatus {
+    action(url, &Action::JobStatus(JobRef { job_id: job_id.into() })).await
+}
+
+async fn wait_until(url: &str, job_id: &str, pred: impl Fn(&AgentJobStatus) -> bool) -> AgentJobStatus {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let s = status(url, job_id).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{url}: condition not reached; last: {s:#?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// One producer's DoPut of `batch` (in 500-row pieces); returns the rows committed.
+async fn put(url: &str, job_id: &str, batch: &RecordBatch) -> u64 {
+    let options = IpcWriteOptions::default();
+    let mut schema: FlightData = SchemaAsIpc::new(&batch.schema(), &options).into();
+    schema.flight_descriptor = Some(DataPath::data(job_id, Split::Train).descriptor());
+    let mut messages = vec![schema];
+    let generator = IpcDataGenerator::default();
+    let mut tracker = DictionaryTracker::new(false);
+    for (seq, offset) in (0..batch.num_rows()).step_by(500).enumerate() {
+        let piece = batch.slice(offset, 500.min(batch.num_rows() - offset));
+        let (_, encoded) = generator
+            .encode(&piece, &mut tracker, &options, &mut Default::default())
+            .expect("encode");
+        let mut msg: FlightData = encoded.into();
+        let meta = BatchMetadata {
+            producer: "shard".into(),
+            seq: seq as u64,
+            attempt: 0,
+        };
+        msg.app_metadata = meta.encode().into();
+        messages.push(msg);
+    }
+    let mut acks = flight(url)
+        .do_put(futures::stream::iter(messages))
+        .await
+        .expect("do_put")
+        .into_inner();
+    let mut committed = None;
+    while let Some(r) = acks.next().await {
+        let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
+        if ack.committed {
+            committed = Some(ack.rows);
+        }
+    }
+    committed.expect("a commit acknowledgement")
+}
+
+async fn end_of_data(url: &str, job_id: &str, rows: u64) {
+    let _: serde_json::Value = action(
+        url,
+        &Action::EndOfData(EndOfData {
+            job_id: job_id.into(),
+            split: Split::Train,
+            expected_rows: Some(rows),
+        }),
+    )
+    .await;
+}
+
+/// `rows` points with the rule `y = 1` iff `x1 + 2·x2 > 0.1`.
+fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    let (mut x1, mut x2, mut y) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rows {
+        let (a, b) = (next(), next() as f32);
+        x1.push(a);
+        x2.push(b);
+        y.push(i32::from(a + 2.0 * f64::from(b) > 0.1));
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("x1", DataType::Float64, true),
+        Field::new("x2", DataType::Float32, true),
+        Field::new("y", DataType::Int32, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Float64Array::from(x1)),
+            Arc::new(Float32Array::from(x2)),
+            Arc::new(Int32Array::from(y)),
+        ],
+    )
+    .expect("batch")
+}
+
+#[test]
+fn every_variable_the_manifests_set_is_read_by_the_binary() {
+    for (bin, manifest) in [
+        (AGENT_BIN, "agent-daemonset.yaml"),
+        (RENDEZVOUS_BIN, "rendezvous.yaml"),
+    ] {
+        let help = Command::new(bin).arg("--help").output().expect("--help");
+        assert!(help.status.success());
+        let help = String::from_utf8_lossy(&help.stdout);
+        for name in manifest_env(manifest) {
+            assert!(
+                help.contains(&format!("env: {name}")),
+                "{manifest} sets {name}, which {bin} does not read"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_agent_without_a_token_refuses_to_start() {
+    let out = Command::new(AGENT_BIN)
+        .env_clear()
+        .env("KINDLING_NODE_NAME", "n1")
+        .env("KINDLING_LISTEN", "127.0.0.1:0")
+        .env("KINDLING_HEALTH_LISTEN", "127.0.0.1:0")
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "started without a token");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no token"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_replacement() {
+    let cluster = Cluster::start().await;
+    let (mut a, url_a) = cluster.agent("node-a").await;
+    let (mut b, url_b) = cluster.agent("node-b").await;
+    let rv = cluster.rendezvous_client().await;
+    let live: BTreeSet<String> = rv
+        .list_agents()
+        .await
+        .expect("agents")
+        .into_iter()
+        .map(|a| a.agent_id)
+        .collect();
+    assert_eq!(live, BTreeSet::from(["agent-node-a".to_owned(), "agent-node-b".to_owned()]));
+
+    let mut spec = JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(2)
+        .batch_size(8)
+        .epochs(6)
+        .seed(7)
+        .build()
+        .expect("spec");
+    spec.checkpoint = CheckpointPolicy {
+        every_epochs: 1,
+        keep_last: 2,
+    };
+    rv.create_job(&JobConfig::new("deploy", 2).with_max_attempts(4))
+        .await
+        .expect("create job");
+    let shards = [rule_batch(3000, 5), rule_batch(3000, 6)];
+    for (url, shard) in [(&url_a, &shards[0]), (&url_b, &shards[1])] {
+        start_on(url, "deploy", &spec, &cluster.rendezvous_url).await;
+        assert_eq!(put(url, "deploy", shard).await, 3000);
+        end_of_data(url, "deploy", 3000).await;
+    }
+    // Mid-training, past epoch 1's checkpoint.
+    wait_until(&url_a, "deploy", |s| s.epoch >= 2 && s.step > 0).await;
+
+    b.sigterm();
+    let exit = b.wait_exit().await;
+    assert!(exit.success(), "SIGTERM exits 0, got {exit}:\n{}", b.logs());
+    // The agent told the rendezvous itself (no lease lapse) and left the live set.
+    let job = rv.status("deploy").await.expect("status");
+    let failure = job.failures.first().expect("the attempt failed");
+    assert_eq!(failure.agent_id, "agent-node-b", "{job:#?}");
+    assert!(failure.cause.contains("left"), "reported by the leaving agent: {job:#?}");
+    let live: Vec<String> = rv
+        .list_agents()
+        .await
+        .expect("agents")
+        .into_iter()
+        .map(|a| a.agent_id)
+        .collect();
+    assert!(!live.contains(&"agent-node-b".to_owned()), "deregistered: {live:?}");
+
+    // A replacement gets the lost shard; the gang re-forms and finishes.
+    let (mut c, url_c) = cluster.agent("node-c").await;
+    start_on(&url_c, "deploy", &spec, &cluster.rendezvous_url).await;
+    assert_eq!(put(&url_c, "deploy", &shards[1]).await, 3000);
+    end_of_data(&url_c, "deploy", 3000).await;
+    let sa = wait_until(&url_a, "deploy", |s| s.state.is_terminal()).await;
+    let sc = wait_until(&url_c, "deploy", |s| s.state.is_terminal()).await;
+    assert_eq!(sa.state, AgentJobState::Succeeded, "{sa:#?}");
+    assert_eq!(sc.state, AgentJobState::Succeeded, "{sc:#?}");
+    assert!(sa.attempt >= 2, "a new attempt formed: {sa:#?}");
+    assert_eq!(sa.rows_trained_per_epoch, vec![6000; 6], "every row once per epoch");
+
+    for p in [&a, &c, &cluster.rendezvous] {
+        p.sigterm();
+    }
+    for p in [&mut a, &mut c] {
+        let exit = p.wait_exit().await;
+        assert!(exit.success(), "{} exits 0 on SIGTERM, got {exit}", p.name);
+    }
+    let mut cluster = cluster;
+    let exit = cluster.rendezvous.wait_exit().await;
+    assert!(exit.success(), "the rendezvous exits 0 on SIGTERM, got {exit}");
+}
