@@ -95,7 +95,11 @@ impl HealthServer {
                 }
             }
         });
-        Ok(HealthServer { addr, cancel, tracker })
+        Ok(HealthServer {
+            addr,
+            cancel,
+            tracker,
+        })
     }
 
     /// The bound address.
@@ -199,7 +203,10 @@ mod tests {
     #[test]
     fn only_reads_are_allowed() {
         let ready = Readiness::new();
-        assert_eq!(respond("POST /healthz HTTP/1.1", &ready).0, "405 Method Not Allowed");
+        assert_eq!(
+            respond("POST /healthz HTTP/1.1", &ready).0,
+            "405 Method Not Allowed"
+        );
         assert_eq!(respond("HEAD /healthz HTTP/1.1", &ready).0, "200 OK");
     }
 }

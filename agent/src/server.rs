@@ -183,8 +183,8 @@ impl AgentHandle {
         }
         if let Some(url) = &self.rendezvous {
             let deregistered = tokio::time::timeout(LEAVE_CALL_TIMEOUT, async {
-                let client = crate::rendezvous::RendezvousClient::connect(url.clone(), self.token.as_ref())
-                    .await?;
+                let client =
+                    crate::rendezvous::RendezvousClient::connect(url.clone(), self.token.as_ref()).await?;
                 client.deregister(&self.agent_id).await
             })
             .await;

@@ -95,7 +95,12 @@ impl Proc {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("{} exited ({status}) before ready:\n{}", self.name, self.logs());
             }
-            assert!(Instant::now() < deadline, "{} not ready:\n{}", self.name, self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready:\n{}",
+                self.name,
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -115,7 +120,12 @@ impl Proc {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "{} did not exit:\n{}", self.name, self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit:\n{}",
+                self.name,
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -155,7 +165,10 @@ impl Cluster {
         let health = format!("127.0.0.1:{}", free_port());
         // The names the rendezvous Deployment sets, with values for loopback.
         let mut env = BTreeMap::from([
-            ("KINDLING_RENDEZVOUS_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+            (
+                "KINDLING_RENDEZVOUS_LISTEN".to_owned(),
+                format!("127.0.0.1:{port}"),
+            ),
             ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.clone()),
             ("KINDLING_TOKEN_FILE".to_owned(), token_file.display().to_string()),
             ("KINDLING_RENDEZVOUS_LEASE_MS".to_owned(), "600".to_owned()),
@@ -189,7 +202,10 @@ impl Cluster {
             ("KINDLING_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
             ("KINDLING_HEALTH_LISTEN".to_owned(), health.clone()),
             ("KINDLING_RENDEZVOUS".to_owned(), self.rendezvous_url.clone()),
-            ("KINDLING_TOKEN_FILE".to_owned(), self.token_file.display().to_string()),
+            (
+                "KINDLING_TOKEN_FILE".to_owned(),
+                self.token_file.display().to_string(),
+            ),
             ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
             ("KINDLING_MEMORY_BUDGET".to_owned(), "64MiB".to_owned()),
             ("KINDLING_CAPACITY".to_owned(), "1".to_owned()),
@@ -243,7 +259,13 @@ async fn start_on(url: &str, job_id: &str, spec: &JobSpec, rendezvous: &str) {
 }
 
 async fn status(url: &str, job_id: &str) -> AgentJobStatus {
-    action(url, &Action::JobStatus(JobRef { job_id: job_id.into() })).await
+    action(
+        url,
+        &Action::JobStatus(JobRef {
+            job_id: job_id.into(),
+        }),
+    )
+    .await
 }
 
 async fn wait_until(url: &str, job_id: &str, pred: impl Fn(&AgentJobStatus) -> bool) -> AgentJobStatus {
@@ -253,7 +275,10 @@ async fn wait_until(url: &str, job_id: &str, pred: impl Fn(&AgentJobStatus) -> b
         if pred(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "{url}: condition not reached; last: {s:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "{url}: condition not reached; last: {s:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -384,7 +409,10 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
         .into_iter()
         .map(|a| a.agent_id)
         .collect();
-    assert_eq!(live, BTreeSet::from(["agent-node-a".to_owned(), "agent-node-b".to_owned()]));
+    assert_eq!(
+        live,
+        BTreeSet::from(["agent-node-a".to_owned(), "agent-node-b".to_owned()])
+    );
 
     let mut spec = JobSpec::builder()
         .model(ModelSpec::Linear)
@@ -421,7 +449,10 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
     let job = rv.status("deploy").await.expect("status");
     let failure = job.failures.first().expect("the attempt failed");
     assert_eq!(failure.agent_id, "agent-node-b", "{job:#?}");
-    assert!(failure.cause.contains("left"), "reported by the leaving agent: {job:#?}");
+    assert!(
+        failure.cause.contains("left"),
+        "reported by the leaving agent: {job:#?}"
+    );
     let live: Vec<String> = rv
         .list_agents()
         .await
@@ -429,7 +460,10 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
         .into_iter()
         .map(|a| a.agent_id)
         .collect();
-    assert!(!live.contains(&"agent-node-b".to_owned()), "deregistered: {live:?}");
+    assert!(
+        !live.contains(&"agent-node-b".to_owned()),
+        "deregistered: {live:?}"
+    );
 
     // A replacement gets the lost shard; the gang re-forms and finishes.
     let (mut c, url_c) = cluster.agent("node-c").await;
@@ -441,7 +475,11 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
     assert_eq!(sa.state, AgentJobState::Succeeded, "{sa:#?}");
     assert_eq!(sc.state, AgentJobState::Succeeded, "{sc:#?}");
     assert!(sa.attempt >= 2, "a new attempt formed: {sa:#?}");
-    assert_eq!(sa.rows_trained_per_epoch, vec![6000; 6], "every row once per epoch");
+    assert_eq!(
+        sa.rows_trained_per_epoch,
+        vec![6000; 6],
+        "every row once per epoch"
+    );
 
     for p in [&a, &c, &cluster.rendezvous] {
         p.sigterm();

@@ -97,7 +97,11 @@ fn hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-fn read_token(file: Option<&PathBuf>, inline: Option<&String>, allow_none: bool) -> anyhow::Result<Option<Token>> {
+fn read_token(
+    file: Option<&PathBuf>,
+    inline: Option<&String>,
+    allow_none: bool,
+) -> anyhow::Result<Option<Token>> {
     match (file, inline) {
         (Some(path), _) => {
             let raw = std::fs::read_to_string(path)
@@ -118,7 +122,11 @@ impl TryFrom<&Cli> for AgentConfig {
     type Error = anyhow::Error;
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
-        let token = read_token(cli.token_file.as_ref(), cli.token.as_ref(), cli.allow_unauthenticated)?;
+        let token = read_token(
+            cli.token_file.as_ref(),
+            cli.token.as_ref(),
+            cli.allow_unauthenticated,
+        )?;
         let node_name = cli
             .node_name
             .clone()
@@ -237,7 +245,9 @@ async fn main() -> anyhow::Result<()> {
     shutdown.cancelled().await;
     ready.set(false);
     tracing::info!("leaving: failing running attempts at the rendezvous, deregistering");
-    let departure = agent.leave_and_shutdown("the agent process is shutting down").await;
+    let departure = agent
+        .leave_and_shutdown("the agent process is shutting down")
+        .await;
     tracing::info!(
         reported = ?departure.reported,
         unreported = ?departure.unreported,

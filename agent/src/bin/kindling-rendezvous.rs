@@ -51,7 +51,11 @@ struct Cli {
     #[arg(long, env = "KINDLING_RENDEZVOUS_DEFAULT_MAX_ATTEMPTS", default_value_t = 3)]
     default_max_attempts: u32,
     /// Address of the `/healthz` and `/readyz` HTTP probes (ready once serving).
-    #[arg(long, env = "KINDLING_RENDEZVOUS_HEALTH_LISTEN", default_value = "0.0.0.0:8081")]
+    #[arg(
+        long,
+        env = "KINDLING_RENDEZVOUS_HEALTH_LISTEN",
+        default_value = "0.0.0.0:8081"
+    )]
     health_listen: SocketAddr,
 }
 
