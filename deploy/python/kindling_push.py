@@ -1,0 +1,231 @@
+"""Executor push: Spark executors stream their partitions straight into Kindling agents.
+
+Use with ``DataFrame.mapInArrow``::
+
+    from kindling_push import push_partition_fn, SUMMARY_DDL
+    fn = push_partition_fn("my-job", token=TOKEN)          # agent from KINDLING_AGENT_ADDRESS
+    summary = df.select("x1", "x2", "y").mapInArrow(fn, SUMMARY_DDL).collect()
+
+Each Spark partition is one producer, ``partition-<partition id>``, so a retried
+or speculative task attempt cannot add its rows twice: the agent commits a
+producer's stream only when it completes cleanly, and acknowledges a later stream
+of a committed producer as a duplicate (docs/protocol.md, "DoPut"). This relies
+on the partition yielding the same batches on every attempt (a deterministic
+plan and the same ``spark.sql.execution.arrow.maxRecordsPerBatch``).
+
+Only needs pyarrow (and pyspark's ``TaskContext`` when run inside Spark) and is
+self-contained: ship this one file to the executors with
+``spark.addArtifacts(path, pyfile=True)`` (Spark Connect) or ``--py-files``.
+"""
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+__all__ = ["SUMMARY_SCHEMA", "SUMMARY_DDL", "push_partition_fn", "udf_command", "PushError"]
+
+#: One row per partition pushed.
+SUMMARY_SCHEMA = pa.schema([
+    pa.field("partition_id", pa.int32(), nullable=False),
+    pa.field("attempt", pa.int32(), nullable=False),
+    pa.field("agent", pa.string(), nullable=False),
+    pa.field("producer", pa.string(), nullable=False),
+    pa.field("batches", pa.int64(), nullable=False),
+    pa.field("rows", pa.int64(), nullable=False),
+    pa.field("committed_rows", pa.int64(), nullable=False),
+    pa.field("duplicate", pa.bool_(), nullable=False),
+])
+
+#: The same schema as a Spark DDL string, for ``mapInArrow(fn, SUMMARY_DDL)``.
+SUMMARY_DDL = (
+    "partition_id int, attempt int, agent string, producer string, batches long, "
+    "rows long, committed_rows long, duplicate boolean"
+)
+
+
+class PushError(RuntimeError):
+    """A partition could not be pushed; the task fails and Spark may retry it."""
+
+
+class _InjectedFailure(PushError):
+    pass
+
+
+def _location(address):
+    if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        return address
+    if address.startswith("http://"):
+        return "grpc://" + address[len("http://"):]
+    if address.startswith("https://"):
+        return "grpc+tls://" + address[len("https://"):]
+    return "grpc://" + address
+
+
+def _task_info():
+    """(partition id, attempt number) of the running Spark task."""
+    try:
+        from pyspark import TaskContext
+    except ImportError as e:  # pragma: no cover - only outside Spark
+        raise PushError("push_partition runs inside a Spark task (pyspark not importable)") from e
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise PushError("push_partition runs inside a Spark task: no TaskContext")
+    return ctx.partitionId(), ctx.attemptNumber()
+
+
+def _choose_agent(partition_id, agents):
+    if agents:
+        return agents[partition_id % len(agents)]
+    address = os.environ.get("KINDLING_AGENT_ADDRESS")
+    if not address:
+        raise PushError(
+            "no agent address: set KINDLING_AGENT_ADDRESS on the executors "
+            "(pod template: the node's agent) or pass agents=[...]"
+        )
+    return address
+
+
+def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
+                 columns=None, timeout=None, fail_after_batches=None):
+    """Streams ``batches`` to one agent as ``producer`` and commits them.
+
+    Returns ``(batches, rows, final_ack)``; ``final_ack`` is ``None`` when there
+    was nothing to send (no stream is opened for an empty partition). A failure
+    aborts the stream so the agent keeps none of its rows, then raises.
+    """
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    options = fl.FlightCallOptions(headers=headers, timeout=timeout)
+    client = None
+    writer = reader = None
+    seq = rows = 0
+    last = None  # a batch with the stream's schema, to abort with
+    try:
+        for batch in batches:
+            if columns is not None:
+                batch = batch.select(columns)
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                client = fl.FlightClient(_location(address))
+                writer, reader = client.do_put(
+                    fl.FlightDescriptor.for_path(job_id, split), batch.schema, options=options
+                )
+            if fail_after_batches is not None and seq >= fail_after_batches:
+                raise _InjectedFailure(f"injected failure: {producer} attempt {attempt} after {seq} batches")
+            last = batch
+            meta = json.dumps({"producer": producer, "seq": seq, "attempt": attempt}).encode()
+            writer.write_with_metadata(batch, pa.py_buffer(meta))
+            ack = reader.read()
+            if ack is None:
+                raise PushError(f"{producer}: agent {address} closed the stream before acking batch {seq}")
+            seq += 1
+            rows += batch.num_rows
+        if writer is None:
+            return 0, 0, None
+        writer.done_writing()
+        final = reader.read()
+        if final is None:
+            raise PushError(f"{producer}: agent {address} sent no final ack")
+        final = json.loads(final.to_pybytes())
+        w, writer = writer, None
+        w.close()
+        if not (final.get("committed") or final.get("duplicate")):
+            raise PushError(f"{producer}: the final ack is not a commit: {final}")
+        return seq, rows, final
+    except fl.FlightError as e:
+        raise PushError(f"{producer}: push to {address} failed: {e}") from e
+    finally:
+        if writer is not None:
+            abort_stream(writer, reader, producer, last)
+        if client is not None:
+            client.close()
+
+
+#: The ``seq`` of the poison batch sent by :func:`abort_stream`; never a real one.
+ABORT_SEQ = 2**63 - 1
+
+
+def abort_stream(writer, reader, producer, schema_batch):
+    """Abandons a DoPut stream so that the agent keeps none of its rows.
+
+    pyarrow cannot cancel a DoPut: ``close()`` (also run when the writer is
+    garbage collected) half-closes the stream, which the agent reads as a clean
+    end and *commits* the batches sent so far. So this sends one empty batch
+    whose ``seq`` breaks the producer's sequence; the agent refuses the stream
+    with ``INVALID_ARGUMENT`` and drops everything it staged (docs/protocol.md).
+    """
+    try:
+        if schema_batch is not None:
+            meta = json.dumps({"producer": producer, "seq": ABORT_SEQ, "attempt": -1}).encode()
+            writer.write_with_metadata(schema_batch.slice(0, 0), pa.py_buffer(meta))
+            writer.done_writing()
+            while reader.read() is not None:  # drains acks until the refusal arrives
+                pass
+    except (fl.FlightError, pa.ArrowException, OSError):
+        pass  # the refusal: the stream is gone and nothing was committed
+    try:
+        writer.close()
+    except (fl.FlightError, pa.ArrowException, OSError):
+        pass
+
+
+def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,
+                      fail=None, task_info=None):
+    """A ``mapInArrow`` function pushing each partition to its agent.
+
+    - ``agents``: list of Flight addresses; partition ``p`` goes to
+      ``agents[p % len(agents)]``. Without it, each executor pushes to
+      ``KINDLING_AGENT_ADDRESS`` (its node-local agent).
+    - ``token``: the cluster's bearer token (else env ``KINDLING_TOKEN``).
+    - ``columns``: the columns to send (default: every column of the input).
+    - ``fail``: tests only, ``{"partition": p, "attempt": a, "after_batches": k}``
+      makes that task attempt fail after ``k`` batches, mid-stream.
+    - ``task_info``: tests only, a callable returning ``(partition_id, attempt)``
+      instead of Spark's ``TaskContext``.
+
+    Yields one row of :data:`SUMMARY_SCHEMA` per partition.
+    """
+    agents = list(agents) if agents else None
+
+    def push_partition(iterator):
+        partition_id, attempt = (task_info or _task_info)()
+        address = _choose_agent(partition_id, agents)
+        producer = f"partition-{partition_id}"
+        fail_after = None
+        if fail and fail.get("partition") == partition_id and fail.get("attempt", 0) == attempt:
+            fail_after = int(fail["after_batches"])
+        n_batches, rows, final = push_batches(
+            address, job_id, iterator, producer=producer,
+            token=token or os.environ.get("KINDLING_TOKEN"), split=split, attempt=attempt,
+            columns=columns, timeout=timeout, fail_after_batches=fail_after,
+        )
+        duplicate = bool(final and final.get("duplicate"))
+        committed = 0 if final is None or duplicate else int(final["rows"])
+        yield pa.RecordBatch.from_pylist([{
+            "partition_id": partition_id, "attempt": attempt, "agent": address, "producer": producer,
+            "batches": n_batches, "rows": rows, "committed_rows": committed, "duplicate": duplicate,
+        }], schema=SUMMARY_SCHEMA)
+
+    return push_partition
+
+
+def udf_command(config):
+    """``(push_partition_fn, output_schema)`` from a JSON-able config dict; the
+    schema is the Spark DDL string :data:`SUMMARY_DDL`.
+
+    For a driver that builds the ``mapInArrow`` plan itself (the Rust client's
+    MapPartitions path): ``config`` holds ``job_id`` and optionally ``token``,
+    ``agents``, ``split``, ``columns``, ``timeout``.
+    """
+    if isinstance(config, (str, bytes)):
+        config = json.loads(config)
+    allowed = {"job_id", "token", "agents", "split", "columns", "timeout"}
+    unknown = set(config) - allowed
+    if unknown:
+        raise PushError(f"udf_command: unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
+    if "job_id" not in config:
+        raise PushError("udf_command: `job_id` is required")
+    kwargs = {k: v for k, v in config.items() if k != "job_id"}
+    return push_partition_fn(config["job_id"], **kwargs), SUMMARY_DDL
