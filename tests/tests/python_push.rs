@@ -40,10 +40,10 @@ async fn finish_training(cluster: &kindling::local::LocalCluster, job_id: &str, 
         let r = end_of_data(&agent_client(cluster, i), job_id, Split::Train, Some(rows)).await;
         assert_eq!(r.rows, rows);
     }
-    for i in 0..2 {
+    for (i, &rows) in expected.iter().enumerate() {
         let s = wait_done(&agent_client(cluster, i), job_id).await;
         assert_eq!(s.state, AgentJobState::Succeeded, "{s:#?}");
-        assert_eq!(s.rows_train, expected[i]);
+        assert_eq!(s.rows_train, rows);
     }
 }
 
