@@ -24,13 +24,17 @@ import os
 import pyarrow as pa
 import pyarrow.flight as fl
 
-__all__ = ["SUMMARY_SCHEMA", "SUMMARY_DDL", "push_partition_fn", "udf_command", "PushError"]
+__all__ = [
+    "SUMMARY_SCHEMA", "SUMMARY_DDL", "PushError", "abort_stream", "agent_id", "push_batches",
+    "push_partition_fn", "udf_command",
+]
 
 #: One row per partition pushed.
 SUMMARY_SCHEMA = pa.schema([
     pa.field("partition_id", pa.int32(), nullable=False),
     pa.field("attempt", pa.int32(), nullable=False),
     pa.field("agent", pa.string(), nullable=False),
+    pa.field("agent_id", pa.string(), nullable=True),
     pa.field("producer", pa.string(), nullable=False),
     pa.field("batches", pa.int64(), nullable=False),
     pa.field("rows", pa.int64(), nullable=False),
@@ -40,7 +44,7 @@ SUMMARY_SCHEMA = pa.schema([
 
 #: The same schema as a Spark DDL string, for ``mapInArrow(fn, SUMMARY_DDL)``.
 SUMMARY_DDL = (
-    "partition_id int, attempt int, agent string, producer string, batches long, "
+    "partition_id int, attempt int, agent string, agent_id string, producer string, batches long, "
     "rows long, committed_rows long, duplicate boolean"
 )
 
@@ -171,6 +175,25 @@ def abort_stream(writer, reader, producer, schema_batch):
         pass
 
 
+def agent_id(address, job_id, token=None, timeout=60.0):
+    """The id of the agent serving ``address`` (from its ``job_status``).
+
+    A node-local Service address names a different agent on every node; the id
+    tells the driver which agent holds a partition's rows.
+    """
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    options = fl.FlightCallOptions(headers=headers, timeout=timeout)
+    client = fl.FlightClient(_location(address))
+    try:
+        body = json.dumps({"job_id": job_id}).encode()
+        [res] = list(client.do_action(fl.Action("job_status", body), options=options))
+        return json.loads(res.body.to_pybytes())["agent_id"]
+    except fl.FlightError as e:
+        raise PushError(f"job_status of `{job_id}` at {address} failed: {e}") from e
+    finally:
+        client.close()
+
+
 def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,
                       fail=None, task_info=None):
     """A ``mapInArrow`` function pushing each partition to its agent.
@@ -196,15 +219,17 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
         fail_after = None
         if fail and fail.get("partition") == partition_id and fail.get("attempt", 0) == attempt:
             fail_after = int(fail["after_batches"])
+        secret = token or os.environ.get("KINDLING_TOKEN")
         n_batches, rows, final = push_batches(
-            address, job_id, iterator, producer=producer,
-            token=token or os.environ.get("KINDLING_TOKEN"), split=split, attempt=attempt,
+            address, job_id, iterator, producer=producer, token=secret, split=split, attempt=attempt,
             columns=columns, timeout=timeout, fail_after_batches=fail_after,
         )
         duplicate = bool(final and final.get("duplicate"))
         committed = 0 if final is None or duplicate else int(final["rows"])
+        holder = agent_id(address, job_id, secret, timeout) if final is not None else None
         yield pa.RecordBatch.from_pylist([{
-            "partition_id": partition_id, "attempt": attempt, "agent": address, "producer": producer,
+            "partition_id": partition_id, "attempt": attempt, "agent": address, "agent_id": holder,
+            "producer": producer,
             "batches": n_batches, "rows": rows, "committed_rows": committed, "duplicate": duplicate,
         }], schema=SUMMARY_SCHEMA)
 

@@ -70,6 +70,10 @@ async fn spark_executors_push_each_partition_exactly_once() {
         "module": python_common::repo_root().join("deploy/python/kindling_push.py"),
     });
     let out = python_common::run_script("push_spark.py", &args).await;
+    let mut agent_ids = Vec::new();
+    for i in 0..2 {
+        agent_ids.push(status(&agent_client(&cluster, i), "py-push").await.agent_id);
+    }
 
     let mut first = out["first"].as_array().expect("summaries").clone();
     first.sort_by_key(|s| u64_of(s, "partition_id"));
