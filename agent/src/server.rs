@@ -87,6 +87,8 @@ pub struct AgentHandle {
     agent_id: String,
     jobs: Arc<JobRegistry>,
     cancel: CancellationToken,
+    /// Child of `cancel`: stops the jobs only.
+    jobs_cancel: CancellationToken,
     tracker: TaskTracker,
     server: Option<JoinHandle<()>>,
     rendezvous: Option<String>,
@@ -106,6 +108,8 @@ pub struct Departure {
 
 /// How long each call to the rendezvous may take while leaving.
 const LEAVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long open streams may keep the server up while leaving.
+const LEAVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl AgentHandle {
     /// The bound address.
@@ -140,13 +144,15 @@ impl AgentHandle {
 
     /// Leaves the cluster cleanly (what SIGTERM does): stops every job, reports
     /// each running job's current attempt as failed with `cause` so the gang
-    /// re-forms at once instead of after a lease, deregisters from the
-    /// rendezvous, then waits for all tasks like [`AgentHandle::shutdown_and_wait`].
+    /// re-forms at once instead of after a lease, stops serving, deregisters
+    /// from the rendezvous, and waits for all tasks.
     ///
-    /// Jobs are stopped before the reports go out, so this agent never re-joins
-    /// the next attempt. Rendezvous errors are logged, never fatal: the lease
-    /// lapsing is the fallback.
-    pub async fn leave_and_shutdown(self, cause: &str) -> Departure {
+    /// The order matters. Jobs stop first, so this agent never re-joins the
+    /// next attempt; the server keeps answering until the reports are in, so
+    /// peers see "agent left" as the cause rather than a broken connection;
+    /// heartbeats stop before deregistering, so none re-registers the agent.
+    /// Rendezvous errors are logged, never fatal: the lease lapsing is the fallback.
+    pub async fn leave_and_shutdown(mut self, cause: &str) -> Departure {
         let running: Vec<(String, String, u32)> = self
             .jobs
             .all()
@@ -158,8 +164,7 @@ impl AgentHandle {
                     .then(|| (job.job_id.clone(), job.rendezvous.clone(), d.attempt))
             })
             .collect();
-        // Stop first: a job told of its own failure must not re-join.
-        self.cancel.cancel();
+        self.jobs_cancel.cancel();
         let cause = format!("agent {} left: {cause}", self.agent_id);
         let mut departure = Departure::default();
         for (job_id, rendezvous, attempt) in running {
@@ -181,6 +186,16 @@ impl AgentHandle {
                 }
             }
         }
+        self.cancel.cancel();
+        if let Some(server) = self.server.take() {
+            let abort = server.abort_handle();
+            if tokio::time::timeout(LEAVE_DRAIN_TIMEOUT, server).await.is_err() {
+                tracing::warn!("open streams outlived the drain timeout: closing them");
+                abort.abort();
+            }
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
         if let Some(url) = &self.rendezvous {
             let deregistered = tokio::time::timeout(LEAVE_CALL_TIMEOUT, async {
                 let client =
@@ -194,7 +209,6 @@ impl AgentHandle {
                 Err(_) => tracing::warn!(rendezvous = %url, "deregistering timed out"),
             }
         }
-        self.shutdown_and_wait().await;
         departure
     }
 
@@ -239,7 +253,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
     };
-    let jobs = JobRegistry::new(env, tracker.clone(), cancel.child_token());
+    let jobs_cancel = cancel.child_token();
+    let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
     let check = BearerCheck::new(config.token.clone());
     let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
         .max_decoding_message_size(config.max_message_bytes)
@@ -288,6 +303,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         agent_id: config.agent_id,
         jobs,
         cancel,
+        jobs_cancel,
         tracker,
         server: Some(server),
         rendezvous: config.rendezvous,

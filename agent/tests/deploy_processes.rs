@@ -422,7 +422,7 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
         .label("y")
         .num_slots(2)
         .batch_size(8)
-        .epochs(6)
+        .epochs(8)
         .seed(7)
         .build()
         .expect("spec");
@@ -477,7 +477,7 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
     assert!(sa.attempt >= 2, "a new attempt formed: {sa:#?}");
     assert_eq!(
         sa.rows_trained_per_epoch,
-        vec![6000; 6],
+        vec![6000; 8],
         "every row once per epoch"
     );
 
