@@ -152,16 +152,36 @@ async fn http_status(addr: &str, path: &str) -> Option<u16> {
 struct Cluster {
     dir: tempfile::TempDir,
     token_file: PathBuf,
+    rendezvous_port: u16,
     rendezvous_url: String,
-    rendezvous: Proc,
+    rendezvous: Option<Proc>,
 }
 
 impl Cluster {
-    async fn start() -> Cluster {
+    /// A token file and a port for the rendezvous; nothing running yet.
+    fn new() -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
         let port = free_port();
+        Cluster {
+            dir,
+            token_file,
+            rendezvous_port: port,
+            rendezvous_url: format!("http://127.0.0.1:{port}"),
+            rendezvous: None,
+        }
+    }
+
+    /// With a ready rendezvous.
+    async fn start() -> Cluster {
+        let mut cluster = Cluster::new();
+        cluster.start_rendezvous().await;
+        cluster
+    }
+
+    async fn start_rendezvous(&mut self) {
+        let (dir, token_file, port) = (self.dir.path(), &self.token_file, self.rendezvous_port);
         let health = format!("127.0.0.1:{}", free_port());
         // The names the rendezvous Deployment sets, with values for loopback.
         let mut env = BTreeMap::from([
@@ -180,18 +200,20 @@ impl Cluster {
         );
         env.insert("KINDLING_RENDEZVOUS_GANG_TIMEOUT_MS".into(), "60000".into());
         env.insert("RUST_LOG".into(), "info".into());
-        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, dir.path());
+        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, dir);
         rendezvous.wait_ready().await;
-        Cluster {
-            rendezvous_url: format!("http://127.0.0.1:{port}"),
-            dir,
-            token_file,
-            rendezvous,
-        }
+        self.rendezvous = Some(rendezvous);
     }
 
-    /// An agent configured like the DaemonSet's container; returns it and its Flight URL.
+    /// A ready agent configured like the DaemonSet's container, and its Flight URL.
     async fn agent(&self, node: &str) -> (Proc, String) {
+        let (mut agent, url) = self.spawn_agent(node);
+        agent.wait_ready().await;
+        (agent, url)
+    }
+
+    /// Like [`Cluster::agent`] without waiting for readiness.
+    fn spawn_agent(&self, node: &str) -> (Proc, String) {
         let port = free_port();
         let health = format!("127.0.0.1:{}", free_port());
         let work = self.dir.path().join(node);
@@ -216,8 +238,7 @@ impl Cluster {
             manifest_env("agent-daemonset.yaml"),
             "the test sets exactly the agent DaemonSet's variables"
         );
-        let mut agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
-        agent.wait_ready().await;
+        let agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
         (agent, format!("http://127.0.0.1:{port}"))
     }
 
@@ -398,7 +419,7 @@ fn an_agent_without_a_token_refuses_to_start() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_replacement() {
-    let cluster = Cluster::start().await;
+    let mut cluster = Cluster::start().await;
     let (mut a, url_a) = cluster.agent("node-a").await;
     let (mut b, url_b) = cluster.agent("node-b").await;
     let rv = cluster.rendezvous_client().await;
@@ -481,14 +502,51 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
         "every row once per epoch"
     );
 
-    for p in [&a, &c, &cluster.rendezvous] {
+    let mut rendezvous = cluster.rendezvous.take().expect("rendezvous");
+    for p in [&mut a, &mut c, &mut rendezvous] {
         p.sigterm();
-    }
-    for p in [&mut a, &mut c] {
         let exit = p.wait_exit().await;
         assert!(exit.success(), "{} exits 0 on SIGTERM, got {exit}", p.name);
     }
-    let mut cluster = cluster;
-    let exit = cluster.rendezvous.wait_exit().await;
-    assert!(exit.success(), "the rendezvous exits 0 on SIGTERM, got {exit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_live_at_once_and_ready_only_once_registered() {
+    let mut cluster = Cluster::new();
+    // The rendezvous is not up yet: the agent keeps retrying, alive but not ready.
+    let (mut agent, _) = cluster.spawn_agent("early");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(&agent.health, "/healthz").await != Some(200) {
+        assert!(Instant::now() < deadline, "no liveness:\n{}", agent.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(http_status(&agent.health, "/readyz").await, Some(503));
+    cluster.start_rendezvous().await;
+    agent.wait_ready().await;
+    let live = cluster
+        .rendezvous_client()
+        .await
+        .list_agents()
+        .await
+        .expect("agents");
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].agent_id, "agent-early");
+    assert_eq!(live[0].node_name, "early");
+    assert!(
+        live[0].flight_address.starts_with("http://127.0.0.1:"),
+        "the advertised host: {:?}",
+        live[0].flight_address
+    );
+    agent.sigterm();
+    assert!(agent.wait_exit().await.success());
+    assert!(
+        cluster
+            .rendezvous_client()
+            .await
+            .list_agents()
+            .await
+            .expect("agents")
+            .is_empty(),
+        "deregistered on SIGTERM"
+    );
 }
