@@ -179,17 +179,24 @@ impl RendezvousLink {
                     return;
                 }
             };
+            // The job succeeded when the first rank reported completion; the other
+            // ranks are still finishing this attempt and must not be cancelled
+            // when the rendezvous then ends the watch stream.
+            let mut succeeded = false;
             loop {
                 let event = tokio::select! {
                     e = stream.next() => e,
                     _ = cancel.cancelled() => return,
                 };
                 let Some(Ok(event)) = event else {
-                    cancel.cancel();
+                    if !succeeded {
+                        cancel.cancel();
+                    }
                     return;
                 };
                 let Some(status) = event.status else { continue };
                 let state = JobState::try_from(status.state).unwrap_or(JobState::Unspecified);
+                succeeded = state == JobState::Succeeded && status.attempt == attempt;
                 let over =
                     status.attempt > attempt || matches!(state, JobState::Failed | JobState::Cancelled);
                 if over {
