@@ -97,8 +97,8 @@ def put_stream(agent, job_id, split, producer, batches, schema=None, attempt=0, 
 
     Reads one ack per batch, then the final ack (``committed: true``; ``duplicate:
     true`` when another stream of this producer committed first). ``fail_after``
-    (tests only) raises after that many batches without closing the stream, as a
-    crashing task would.
+    (tests only) raises after that many batches, as a failing task would; the
+    stream is then abandoned and the agent keeps none of its rows.
     """
     batches = iter(batches)
     first = next(batches, None)
@@ -128,10 +128,20 @@ def put_stream(agent, job_id, split, producer, batches, schema=None, attempt=0, 
             raise KindlingError(f"{producer}: no final ack")
         final = json.loads(final.to_pybytes())
     except BaseException:
-        # Abandon the stream: the agent drops the uncommitted rows.
+        # Abandon the stream so that the agent drops its rows. close() alone would
+        # end the stream cleanly and commit them (docs/protocol.md, "Abandoning a
+        # stream"): first send an empty batch with an impossible seq.
+        try:
+            meta = json.dumps({"producer": producer, "seq": 2**63 - 1, "attempt": -1}).encode()
+            writer.write_with_metadata(pa.RecordBatch.from_pylist([], schema=schema), pa.py_buffer(meta))
+            writer.done_writing()
+            while reader.read() is not None:
+                pass
+        except (fl.FlightError, pa.ArrowException, OSError):
+            pass
         try:
             writer.close()
-        except Exception:
+        except (fl.FlightError, pa.ArrowException, OSError):
             pass
         raise
     writer.close()

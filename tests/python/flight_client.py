@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 
-from kindling_client import AgentClient, put_stream
+from kindling_client import AgentClient, KindlingError, put_stream
 
 
 def rule_table(rows, seed, with_id=False):
@@ -49,6 +49,13 @@ def main():
         e = put_stream(agent, job_id, "eval", f"py-eval-{i}", ev.to_batches(max_chunksize=250))
         agent.end_of_data(job_id, "eval", expected_rows=e["final"]["rows"])
         train = rule_table(rows, i)
+        # A stream that fails after 2 batches is abandoned and stores nothing.
+        try:
+            put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500), fail_after=2)
+            aborted = None
+        except KindlingError as err:
+            aborted = str(err)
+        rows_after_abort = agent.job_status(job_id)["rows_train"]
         t = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
         # The same producer again, as a retried task would: every batch is a duplicate.
         d = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
@@ -60,6 +67,8 @@ def main():
             "retry_final": {k: d["final"][k] for k in ("rows", "duplicate", "committed")},
             "eval_final_rows": e["final"]["rows"],
             "end_of_data_rows": eod["rows"],
+            "aborted_error": aborted,
+            "rows_after_abort": rows_after_abort,
         })
     out["puts"] = puts
 

@@ -10,6 +10,7 @@ rows_per_partition, batch_rows. Prints one JSON object.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from kindling_client import AgentClient
-from kindling_push import PushError, push_partition_fn
+from kindling_push import PushError, push_partition_fn, udf_command
 
 
 def partition(pid, rows, batch_rows):
@@ -79,8 +80,21 @@ def main():
 
     # Retries of partitions 0 and 1, first attempts of the others.
     summaries = []
-    for pid in range(args["partitions"]):
+    for pid in range(args["partitions"] - 1):
         summaries.append(attempt(args, pid, 1 if pid in (0, 1) else 0))
+    # The last partition through udf_command and the executor's KINDLING_AGENT_ADDRESS.
+    last = args["partitions"] - 1
+    os.environ["KINDLING_AGENT_ADDRESS"] = args["agents"][last % len(args["agents"])]
+    fn, ddl = udf_command(json.dumps({"job_id": args["job_id"], "token": args["token"]}))
+    out["udf_ddl"] = ddl
+    fn = push_partition_fn(args["job_id"], token=args["token"], task_info=lambda: (last, 0))
+    [row] = list(fn(iter(partition(last, args["rows_per_partition"], args["batch_rows"]))))
+    summaries.append(row.to_pylist()[0])
+    try:
+        udf_command({"job_id": args["job_id"], "agent": "typo"})
+        out["udf_unknown_option"] = None
+    except PushError as e:
+        out["udf_unknown_option"] = str(e)
     out["rows_after_retries"] = rows_train(args)
     # A speculative copy of partition 2 that finishes after the original committed.
     out["speculative"] = attempt(args, 2, 1)

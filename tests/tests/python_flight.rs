@@ -35,6 +35,14 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
     assert_eq!(out["restart_agent_id"], ids[0]);
 
     for (i, put) in out["puts"].as_array().expect("puts").iter().enumerate() {
+        // The stream abandoned after 2 of its batches left no rows behind.
+        assert!(
+            put["aborted_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("injected failure")),
+            "{put}"
+        );
+        assert_eq!(put["rows_after_abort"], json!(0), "agent {i}");
         // One ack per batch of 500, staged (not yet committed), then the commit.
         let acks = put["acks"].as_array().expect("acks");
         assert_eq!(acks.len(), 4, "agent {i}: {put}");

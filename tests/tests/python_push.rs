@@ -125,8 +125,9 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
     const ROWS_PER_PARTITION: u64 = 500;
     let (cluster, _dir) = cluster(2).await;
     start_job(&cluster, "py-retry", &spec(), &[0, 1]).await;
+    let agents = cluster.agent_urls();
     let args = json!({
-        "agents": cluster.agent_urls(),
+        "agents": agents,
         "token": cluster.token().expect("token").expose(),
         "job_id": "py-retry",
         "partitions": PARTITIONS,
@@ -148,6 +149,20 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
     assert_eq!(out["events"][1], json!({"what": "die", "exit_code": 17}));
     assert_eq!(out["rows_after_die"], json!([0, 0]));
 
+    assert_eq!(
+        out["udf_ddl"],
+        json!(
+            "partition_id int, attempt int, agent string, agent_id string, producer string, \
+             batches long, rows long, committed_rows long, duplicate boolean"
+        )
+    );
+    assert!(
+        out["udf_unknown_option"]
+            .as_str()
+            .is_some_and(|e| e.contains("unknown option(s) ['agent']")),
+        "{}",
+        out["udf_unknown_option"]
+    );
     let summaries = out["summaries"].as_array().expect("summaries");
     assert_eq!(summaries.len() as u64, PARTITIONS);
     let mut per_agent = [0u64; 2];
@@ -155,6 +170,8 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
         assert_eq!(s["attempt"], json!(if p < 2 { 1 } else { 0 }));
         assert_eq!(s["duplicate"], json!(false), "{s}");
         assert_eq!(u64_of(s, "committed_rows"), ROWS_PER_PARTITION, "{s}");
+        // The last partition found its agent through KINDLING_AGENT_ADDRESS.
+        assert_eq!(s["agent"], json!(agents[p % 2]), "{s}");
         per_agent[p % 2] += ROWS_PER_PARTITION;
     }
     assert_eq!(out["rows_after_retries"], json!(per_agent));
