@@ -57,6 +57,10 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
 start() {
   mkdir -p "$STATE"
+  if [ -x "$VENV/bin/python" ] && port_open && answers; then
+    log "already running on 127.0.0.1:$PORT"
+    return 0
+  fi
   # Concurrent callers (parallel test processes) wait for one start.
   exec 9>"$STATE/spark-$PORT.lock"
   flock 9
@@ -85,7 +89,7 @@ start() {
     --conf "spark.local.dir=$RUN/tmp" \
     --conf "spark.sql.warehouse.dir=$RUN/warehouse" \
     --conf "spark.driver.extraJavaOptions=-Dderby.system.home=$RUN/derby" \
-    spark-internal >"$LOG" 2>&1 &
+    spark-internal >"$LOG" 2>&1 9>&- &
   echo $! >"$PIDFILE"
   local deadline=$((SECONDS + ${KINDLING_SPARK_START_TIMEOUT:-180}))
   until port_open && answers; do
