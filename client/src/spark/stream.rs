@@ -143,8 +143,12 @@ struct Execution {
     pending: VecDeque<RecordBatch>,
     announced_schema: Option<SchemaRef>,
     complete: bool,
+    unreleased: usize,
     guard: ReleaseGuard,
 }
+
+/// Arrow responses between two ReleaseExecute(until) calls.
+const RELEASE_EVERY: usize = 16;
 
 impl Execution {
     async fn start(transport: &Transport, plan: Plan) -> Result<Self> {
@@ -175,6 +179,7 @@ impl Execution {
             pending: VecDeque::new(),
             announced_schema: None,
             complete: false,
+            unreleased: 0,
             guard,
         })
     }
@@ -191,7 +196,13 @@ impl Execution {
             match response.response_type {
                 Some(ResponseType::ArrowBatch(batch)) => {
                     self.decode(batch.data)?;
-                    self.release_consumed().await;
+                    self.unreleased += 1;
+                    // Releasing every response would cost the server one RPC per
+                    // batch; every few is enough to bound its buffer.
+                    if self.unreleased >= RELEASE_EVERY {
+                        self.unreleased = 0;
+                        self.release_consumed().await;
+                    }
                 }
                 _ => {
                     if let Some(schema) = response.schema {
