@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::TryStreamExt;
 use kindling::spark::SparkSession;
 
+mod bin_cli;
+
 /// Kindling: Spark ETL streamed as Arrow into training agents.
 #[derive(Debug, Parser)]
 #[command(name = "kindling", version, about)]
@@ -19,11 +21,21 @@ struct Cli {
     command: Command,
 }
 
-/// One subcommand per task; train, predict, agent, rendezvous and status come later.
+/// One subcommand per task.
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a Spark SQL query through Spark Connect and stream its result.
     Sql(SqlArgs),
+    /// Train a model on a Spark query, table or file (local mode or a cluster).
+    Train(bin_cli::TrainArgs),
+    /// Predict with a saved model over a Spark query, table or file.
+    Predict(bin_cli::PredictArgs),
+    /// Show the agents and jobs a rendezvous knows.
+    Status(bin_cli::StatusArgs),
+    /// Run a training agent (Flight + collective services).
+    Agent(bin_cli::AgentArgs),
+    /// Run the barrier rendezvous service.
+    Rendezvous(bin_cli::RendezvousArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -61,6 +73,11 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Sql(args) => sql(args).await,
+        Command::Train(args) => bin_cli::train(args).await,
+        Command::Predict(args) => bin_cli::predict(args).await,
+        Command::Status(args) => bin_cli::status(args).await,
+        Command::Agent(args) => bin_cli::agent(args).await,
+        Command::Rendezvous(args) => bin_cli::rendezvous(args).await,
     }
 }
 

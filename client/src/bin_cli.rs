@@ -1,0 +1,408 @@
+//! The `train`, `predict`, `status`, `agent` and `rendezvous` subcommands of the `kindling` binary.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
+use kindling::spark::{DataFrame, SparkSession};
+use kindling_agent::rendezvous::{RendezvousClient, RendezvousConfig, ServerConfig};
+use kindling_schemas::auth::Token;
+use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+
+/// Where the input rows come from.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct Input {
+    /// A Spark SQL query.
+    #[arg(long)]
+    pub sql: Option<String>,
+    /// A table or view name.
+    #[arg(long)]
+    pub table: Option<String>,
+    /// A CSV file or directory (header row, schema inferred).
+    #[arg(long)]
+    pub csv: Option<String>,
+    /// A Parquet file or directory.
+    #[arg(long)]
+    pub parquet: Option<String>,
+}
+
+impl Input {
+    async fn dataframe(&self, spark: &SparkSession) -> Result<DataFrame> {
+        Ok(if let Some(q) = &self.sql {
+            spark.sql(q).await.context("running the query")?
+        } else if let Some(t) = &self.table {
+            spark.table(t)
+        } else if let Some(p) = &self.csv {
+            spark
+                .read()
+                .option("header", "true")
+                .option("inferSchema", "true")
+                .csv([p])
+        } else if let Some(p) = &self.parquet {
+            spark.read().parquet([p])
+        } else {
+            bail!("give one of --sql, --table, --csv, --parquet")
+        })
+    }
+}
+
+/// `kindling train`.
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// Spark Connect URL.
+    #[arg(long, env = "SPARK_REMOTE", default_value = "sc://127.0.0.1:15002")]
+    pub remote: String,
+    #[command(flatten)]
+    pub input: Input,
+    /// Feature columns, comma-separated, in input order.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub features: Vec<String>,
+    /// Label column.
+    #[arg(long)]
+    pub label: String,
+    /// `classification:<classes>` or `regression`.
+    #[arg(long, default_value = "classification:2")]
+    pub task: String,
+    /// `linear`, `mlp:<h1>,<h2>,…`, or `cnn:<c>x<h>x<w>:<conv1>,<conv2>:<dense>`.
+    #[arg(long, default_value = "mlp:64")]
+    pub model: String,
+    /// `adam:<lr>` or `sgd:<lr>[:<momentum>]`.
+    #[arg(long, default_value = "adam:0.001")]
+    pub optimizer: String,
+    /// Passes over the data.
+    #[arg(long, default_value_t = 5)]
+    pub epochs: u32,
+    /// Rows per step on each agent.
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Agents training together.
+    #[arg(long, default_value_t = 2)]
+    pub slots: u32,
+    /// Run the rendezvous and agents in this process.
+    #[arg(long)]
+    pub local: bool,
+    /// Train on GPUs.
+    #[arg(long)]
+    pub gpu: bool,
+    /// Rendezvous of a cluster (implies not --local).
+    #[arg(long, env = "KINDLING_RENDEZVOUS")]
+    pub rendezvous: Option<String>,
+    /// File holding the cluster's bearer token.
+    #[arg(long, env = "KINDLING_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Fraction of rows held out for evaluation.
+    #[arg(long, default_value_t = 0.2)]
+    pub eval_fraction: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where to save the trained model.
+    #[arg(long, short)]
+    pub output: PathBuf,
+}
+
+/// `kindling predict`.
+#[derive(Debug, clap::Args)]
+pub struct PredictArgs {
+    /// Spark Connect URL.
+    #[arg(long, env = "SPARK_REMOTE", default_value = "sc://127.0.0.1:15002")]
+    pub remote: String,
+    /// Model directory written by `kindling train`.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub input: Input,
+    /// `print`, a path ending in `.arrow` (Arrow IPC file), or `table:<name>` (a Spark temp view).
+    #[arg(long, default_value = "print")]
+    pub output: String,
+}
+
+/// `kindling status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Rendezvous URL.
+    #[arg(long, env = "KINDLING_RENDEZVOUS", default_value = "http://127.0.0.1:7070")]
+    pub rendezvous: String,
+    /// File holding the bearer token.
+    #[arg(long, env = "KINDLING_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `kindling agent`.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// Address to listen on.
+    #[arg(long, env = "KINDLING_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: std::net::SocketAddr,
+    /// Rendezvous to register with.
+    #[arg(long, env = "KINDLING_RENDEZVOUS")]
+    pub rendezvous: Option<String>,
+    /// File holding the bearer token.
+    #[arg(long, env = "KINDLING_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Agent id (default: host name).
+    #[arg(long, env = "KINDLING_AGENT_ID")]
+    pub agent_id: Option<String>,
+    /// Spill and checkpoint directory.
+    #[arg(long, env = "KINDLING_WORK_DIR", default_value = "/var/tmp/kindling")]
+    pub work_dir: PathBuf,
+    /// Cache bytes kept in memory before spilling.
+    #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value_t = 1 << 30)]
+    pub memory_budget: u64,
+}
+
+/// `kindling rendezvous`.
+#[derive(Debug, clap::Args)]
+pub struct RendezvousArgs {
+    /// Address to listen on.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: std::net::SocketAddr,
+    /// File holding the bearer token.
+    #[arg(long, env = "KINDLING_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Agent lease in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub lease_ms: u64,
+}
+
+fn read_token(path: &Option<PathBuf>) -> Result<Option<Token>> {
+    match path {
+        None => Ok(None),
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the token file {}", p.display()))?;
+            Ok(Some(Token::new(t.trim())))
+        }
+    }
+}
+
+fn parse_task(s: &str) -> Result<Task> {
+    match s.split_once(':') {
+        None if s == "regression" => Ok(Task::Regression),
+        Some(("classification", n)) => Ok(Task::Classification {
+            num_classes: n.parse().context("--task classes")?,
+        }),
+        _ => bail!("--task must be `classification:<classes>` or `regression`, got `{s}`"),
+    }
+}
+
+fn list(s: &str, what: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{what}: `{v}` is not a number"))
+        })
+        .collect()
+}
+
+fn parse_model(s: &str) -> Result<ModelSpec> {
+    let mut parts = s.split(':');
+    Ok(match parts.next() {
+        Some("linear") => ModelSpec::Linear,
+        Some("mlp") => ModelSpec::Mlp {
+            hidden: list(parts.next().unwrap_or("64"), "--model mlp widths")?,
+        },
+        Some("cnn") => {
+            let dims = list(
+                &parts.next().unwrap_or_default().replace('x', ","),
+                "--model cnn image",
+            )?;
+            let [channels, height, width] = dims[..] else {
+                bail!("--model cnn needs <c>x<h>x<w>")
+            };
+            let conv = list(parts.next().unwrap_or("8,16"), "--model cnn conv")?;
+            let dense = parts
+                .next()
+                .unwrap_or("64")
+                .parse()
+                .context("--model cnn dense")?;
+            ModelSpec::Cnn {
+                channels,
+                height,
+                width,
+                conv,
+                dense,
+            }
+        }
+        _ => bail!("--model must be linear, mlp:<widths> or cnn:<c>x<h>x<w>:<convs>:<dense>, got `{s}`"),
+    })
+}
+
+fn parse_optimizer(s: &str) -> Result<OptimizerSpec> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let lr = |i: usize| -> Result<f64> {
+        parts
+            .get(i)
+            .copied()
+            .unwrap_or("0.001")
+            .parse()
+            .context("learning rate")
+    };
+    Ok(match parts[0] {
+        "adam" => OptimizerSpec::adam(lr(1)?),
+        "sgd" => OptimizerSpec::Sgd {
+            learning_rate: lr(1)?,
+            momentum: parts.get(2).copied().unwrap_or("0").parse().context("momentum")?,
+        },
+        other => bail!("--optimizer must be adam:<lr> or sgd:<lr>[:<momentum>], got `{other}`"),
+    })
+}
+
+/// Runs `kindling train`.
+pub async fn train(args: TrainArgs) -> Result<()> {
+    let spark = SparkSession::connect(&args.remote)
+        .await
+        .context("connecting to Spark Connect")?;
+    let df = args.input.dataframe(&spark).await?;
+    let mut builder = TrainingJob::builder()
+        .model(parse_model(&args.model)?)
+        .task(parse_task(&args.task)?)
+        .optimizer(parse_optimizer(&args.optimizer)?)
+        .features(args.features.clone())
+        .label(args.label.clone())
+        .epochs(args.epochs)
+        .batch_size(args.batch_size)
+        .num_slots(args.slots)
+        .use_gpu(args.gpu)
+        .eval_fraction(args.eval_fraction)
+        .seed(args.seed)
+        .progress(ProgressMode::Auto)
+        .local_mode(args.local || args.rendezvous.is_none());
+    if let Some(r) = &args.rendezvous {
+        builder = builder.rendezvous(r.clone());
+    }
+    if let Some(t) = read_token(&args.token_file)? {
+        builder = builder.token(t);
+    }
+    let model = builder.build()?.fit(&df).await.context("training")?;
+    model.save(&args.output)?;
+    if let Some(last) = model.history().last() {
+        let acc = last
+            .eval_accuracy
+            .map(|a| format!(", eval accuracy {:.2}%", a * 100.0))
+            .unwrap_or_default();
+        println!(
+            "trained {} epochs: train loss {:.4}{acc}",
+            model.history().len(),
+            last.train_loss
+        );
+    }
+    println!("model saved to {}", args.output.display());
+    Ok(())
+}
+
+/// Runs `kindling predict`.
+pub async fn predict(args: PredictArgs) -> Result<()> {
+    let model = TrainedModel::load(&args.model)?;
+    let spark = SparkSession::connect(&args.remote)
+        .await
+        .context("connecting to Spark Connect")?;
+    let df = args.input.dataframe(&spark).await?;
+    if let Some(view) = args.output.strip_prefix("table:") {
+        let out = model.predict_into_spark(&spark, &df).await?;
+        out.create_or_replace_temp_view(view).await?;
+        println!("{} predictions in temp view `{view}`", out.count().await?);
+        return Ok(());
+    }
+    let mut stream = model.predict(&df).await?;
+    if args.output == "print" {
+        while let Some(batch) = stream.next().await {
+            println!("{}", arrow::util::pretty::pretty_format_batches(&[batch?])?);
+        }
+        return Ok(());
+    }
+    let mut writer: Option<arrow::ipc::writer::FileWriter<std::fs::File>> = None;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if writer.is_none() {
+            let file =
+                std::fs::File::create(&args.output).with_context(|| format!("creating {}", args.output))?;
+            writer = Some(arrow::ipc::writer::FileWriter::try_new(file, &batch.schema())?);
+        }
+        rows += batch.num_rows();
+        if let Some(w) = writer.as_mut() {
+            w.write(&batch)?;
+        }
+    }
+    if let Some(mut w) = writer {
+        w.finish()?;
+    }
+    println!("{rows} predictions written to {}", args.output);
+    Ok(())
+}
+
+/// Runs `kindling status`.
+pub async fn status(args: StatusArgs) -> Result<()> {
+    let token = read_token(&args.token_file)?;
+    let rv = RendezvousClient::connect(args.rendezvous.clone(), token.as_ref())
+        .await
+        .with_context(|| format!("connecting to the rendezvous at {}", args.rendezvous))?;
+    let agents = rv.list_agents().await?;
+    println!("{} live agents", agents.len());
+    for a in agents {
+        println!(
+            "  {:<24} {:<32} node {:<16} gpu {}",
+            a.agent_id, a.flight_address, a.node_name, a.has_gpu
+        );
+    }
+    let jobs = rv.list_jobs().await?;
+    println!("{} jobs", jobs.len());
+    for j in jobs {
+        println!(
+            "  {:<24} {:?} attempt {}/{} members {}",
+            j.job_id,
+            j.state,
+            j.attempt,
+            j.max_attempts,
+            j.members.len()
+        );
+        if let Some(cause) = j.first_cause() {
+            println!("    first failure: {cause}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `kindling agent` until ctrl-c.
+pub async fn agent(args: AgentArgs) -> Result<()> {
+    let id = args.agent_id.clone().unwrap_or_else(|| {
+        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("agent-{}", std::process::id()))
+    });
+    let mut config = kindling_agent::AgentConfig::local(id, &args.work_dir);
+    config.listen = args.listen;
+    config.rendezvous = args.rendezvous.clone();
+    config.token = read_token(&args.token_file)?;
+    config.memory_budget = args.memory_budget;
+    let handle = kindling_agent::start(config).await?;
+    println!("agent {} serving at {}", handle.agent_id(), handle.url());
+    tokio::signal::ctrl_c().await?;
+    handle.shutdown_and_wait().await;
+    Ok(())
+}
+
+/// Runs `kindling rendezvous` until ctrl-c.
+pub async fn rendezvous(args: RendezvousArgs) -> Result<()> {
+    let config = RendezvousConfig {
+        lease: Duration::from_millis(args.lease_ms),
+        ..RendezvousConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = {
+        let stop = stop.clone();
+        let config = ServerConfig::new(config, read_token(&args.token_file)?);
+        tokio::spawn(async move { kindling_agent::rendezvous::serve(listener, config, stop).await })
+    };
+    println!("rendezvous serving at http://{}", args.listen);
+    tokio::signal::ctrl_c().await?;
+    stop.cancel();
+    server.await??;
+    Ok(())
+}
