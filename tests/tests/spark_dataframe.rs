@@ -1,6 +1,6 @@
 //! DataFrame operations and functions, each checked for exact results on the real server.
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Float64Type, Int32Type, Int64Type};
 use kindling::spark::functions::*;
