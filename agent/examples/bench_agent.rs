@@ -1,0 +1,318 @@
+//! Agent benchmarks, each against a baseline measured in the same run:
+//!
+//! 1. Ring all-reduce of `--mb` MB per rank across `--ranks` in-process
+//!    collective servers on loopback, reported as bus bandwidth
+//!    (2(W-1)/W × bytes / time), against a raw loopback TCP copy of the same bytes.
+//! 2. `DoPut` ingest into one agent (schema check, per-batch validation,
+//!    caching, acks) against a `pyarrow.flight` server that stores the same
+//!    batches (`--python`, default `$HOME/.cache/kindling/venv/bin/python`).
+//!
+//! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Float32Array, Int32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, SchemaAsIpc};
+use futures::StreamExt;
+use kindling_agent::collective::{Inbox, Ring, RingConfig, grpc_service};
+use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
+use kindling_schemas::action::{Action, StartJob};
+use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::metadata::BatchMetadata;
+use kindling_schemas::spec::{JobSpec, Task};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> anyhow::Result<()> {
+    let ranks = arg("--ranks", 4);
+    let mb = arg("--mb", 64);
+    let ingest_mb = arg("--ingest-mb", 512);
+    println!("| benchmark | kindling | baseline | ratio |");
+    println!("|---|---:|---:|---:|");
+    allreduce(ranks, mb).await?;
+    ingest(ingest_mb).await?;
+    Ok(())
+}
+
+async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
+    let token = Token::new("bench");
+    let len = mb * (1 << 20) / 4;
+    let mut urls = Vec::new();
+    let mut inboxes = Vec::new();
+    let stop = CancellationToken::new();
+    for _ in 0..world {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        urls.push(format!("http://{}", listener.local_addr()?));
+        let inbox = Inbox::new();
+        inboxes.push(inbox.clone());
+        let svc = grpc_service(inbox, BearerCheck::new(Some(token.clone())));
+        let shutdown = stop.clone();
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await
+        });
+    }
+    let mut best = Duration::MAX;
+    for round in 0..3 {
+        let job = format!("bench-{round}");
+        let mut tasks = Vec::new();
+        for (rank, inbox) in inboxes.iter().enumerate() {
+            inbox.enter_attempt(&job, 1);
+            let mut ring = Ring::new(
+                RingConfig {
+                    job_id: job.clone(),
+                    attempt: 1,
+                    rank: rank as u32,
+                    peers: urls.clone(),
+                    token: Some(token.clone()),
+                    timeout: Duration::from_secs(120),
+                },
+                inbox.clone(),
+                CancellationToken::new(),
+            )?;
+            let mut buf = vec![rank as f32; len];
+            tasks.push(tokio::spawn(async move {
+                let t = Instant::now();
+                ring.all_reduce_sum(&mut buf).await.map(|_| t.elapsed())
+            }));
+        }
+        let mut slowest = Duration::ZERO;
+        for t in tasks {
+            slowest = slowest.max(t.await??);
+        }
+        best = best.min(slowest);
+    }
+    stop.cancel();
+    let bytes = (len * 4) as f64;
+    let bus = 2.0 * (world as f64 - 1.0) / world as f64 * bytes / best.as_secs_f64() / 1e9;
+    // Baseline: one loopback TCP stream copying the bytes each rank moves.
+    let moved = (2.0 * (world as f64 - 1.0) / world as f64 * bytes) as usize;
+    let tcp = loopback_copy(moved).await?;
+    println!(
+        "| ring all-reduce, {world} ranks × {mb} MB, bus bandwidth | {bus:.2} GB/s | {tcp:.2} GB/s (loopback TCP copy) | {:.2}× |",
+        bus / tcp
+    );
+    Ok(())
+}
+
+async fn loopback_copy(bytes: usize) -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < bytes {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        anyhow::Ok(got)
+    });
+    let mut s = TcpStream::connect(addr).await?;
+    let chunk = vec![7u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < bytes {
+        let n = chunk.len().min(bytes - sent);
+        s.write_all(&chunk[..n]).await?;
+        sent += n;
+    }
+    s.shutdown().await?;
+    reader.await??;
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+fn ingest_batches(total_mb: usize) -> (Arc<Schema>, Vec<RecordBatch>) {
+    let schema = Arc::new(Schema::new(
+        (0..16)
+            .map(|i| Field::new(format!("f{i}"), DataType::Float32, true))
+            .chain([Field::new("y", DataType::Int32, true)])
+            .collect::<Vec<_>>(),
+    ));
+    let rows = 65_536;
+    let batch_bytes = rows * 17 * 4;
+    let n = (total_mb << 20).div_ceil(batch_bytes);
+    let mut cols: Vec<Arc<dyn arrow::array::Array>> = (0..16)
+        .map(|i| {
+            Arc::new(Float32Array::from_iter_values(
+                (0..rows).map(|r| (r * (i + 1)) as f32 * 1e-3),
+            )) as _
+        })
+        .collect();
+    cols.push(Arc::new(Int32Array::from_iter_values(
+        (0..rows).map(|r| (r % 2) as i32),
+    )));
+    let batch = RecordBatch::try_new(schema.clone(), cols).expect("batch");
+    (schema, vec![batch; n])
+}
+
+fn encode(schema: &Schema, batches: &[RecordBatch], path: &DataPath) -> Vec<FlightData> {
+    let options = IpcWriteOptions::default();
+    let mut first: FlightData = SchemaAsIpc::new(schema, &options).into();
+    first.flight_descriptor = Some(path.descriptor());
+    let mut out = vec![first];
+    let generator = IpcDataGenerator::default();
+    let mut tracker = DictionaryTracker::new(false);
+    for (seq, b) in batches.iter().enumerate() {
+        let (_, encoded) = generator
+            .encode(b, &mut tracker, &options, &mut Default::default())
+            .expect("encode");
+        let mut msg: FlightData = encoded.into();
+        msg.app_metadata = BatchMetadata {
+            producer: "bench".into(),
+            seq: seq as u64,
+            attempt: 0,
+        }
+        .encode()
+        .into();
+        out.push(msg);
+    }
+    out
+}
+
+async fn put_all(url: &str, token: Option<&str>, messages: Vec<FlightData>) -> anyhow::Result<Duration> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect()
+        .await?;
+    let header = token.map(|t| format!("Bearer {t}"));
+    let mut client = FlightServiceClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        if let Some(h) = &header {
+            r.metadata_mut()
+                .insert("authorization", h.parse().expect("ascii"));
+        }
+        Ok(r)
+    })
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(64 << 20);
+    let t = Instant::now();
+    let mut acks = client.do_put(futures::stream::iter(messages)).await?.into_inner();
+    while let Some(a) = acks.next().await {
+        a?;
+    }
+    Ok(t.elapsed())
+}
+
+async fn ingest(total_mb: usize) -> anyhow::Result<()> {
+    let (schema, batches) = ingest_batches(total_mb);
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let token = Token::new("bench");
+    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
+    let dir = tempfile_dir();
+    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
+    config.token = Some(token.clone());
+    config.rendezvous = Some(rv.url());
+    config.memory_budget = 8 << 30;
+    let agent = kindling_agent::start(config).await?;
+    let spec = JobSpec::builder()
+        .task(Task::Classification { num_classes: 2 })
+        .features((0..16).map(|i| format!("f{i}")))
+        .label("y")
+        .build()?;
+    RendezvousClient::connect(rv.url(), Some(&token))
+        .await?
+        .create_job(&JobConfig::new("ingest", 1))
+        .await?;
+    let start = Action::StartJob(StartJob {
+        job_id: "ingest".into(),
+        spec,
+        rendezvous: rv.url(),
+    });
+    kindling_agent_action(agent.url(), &token, start).await?;
+    let messages = encode(&schema, &batches, &DataPath::data("ingest", Split::Train));
+    let kindling = put_all(agent.url(), Some(token.expose()), messages.clone()).await?;
+    agent.shutdown_and_wait().await;
+
+    // Baseline: a pyarrow.flight server that keeps every batch it is sent.
+    let python = std::env::var("KINDLING_PYTHON_BIN").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/kindling/venv/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let mut child = std::process::Command::new(python)
+        .arg("-c")
+        .arg(PYARROW_SERVER)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let port: u16 = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    })
+    .await??
+    .trim()
+    .parse()?;
+    let baseline = put_all(&format!("http://127.0.0.1:{port}"), None, messages).await?;
+    child.kill()?;
+    child.wait()?;
+    let gbps = |d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    println!(
+        "| DoPut ingest, {} MB in {} batches | {:.2} GB/s | {:.2} GB/s (pyarrow.flight server) | {:.2}× |",
+        bytes >> 20,
+        batches.len(),
+        gbps(kindling),
+        gbps(baseline),
+        gbps(kindling) / gbps(baseline)
+    );
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+async fn kindling_agent_action(url: &str, token: &Token, action: Action) -> anyhow::Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect()
+        .await?;
+    let header = token.header_value();
+    let mut client = FlightServiceClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        r.metadata_mut()
+            .insert("authorization", header.parse().expect("ascii"));
+        Ok(r)
+    });
+    let mut results = client.do_action(action.to_flight()).await?.into_inner();
+    while let Some(r) = results.next().await {
+        r?;
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("kindling-bench-{}", std::process::id()))
+}
+
+const PYARROW_SERVER: &str = r#"
+import pyarrow.flight as fl
+class Server(fl.FlightServerBase):
+    def __init__(self):
+        super().__init__("grpc://127.0.0.1:0")
+        self.batches = []
+    def do_put(self, context, descriptor, reader, writer):
+        for chunk in reader:
+            self.batches.append(chunk.data)
+            writer.write(chunk.app_metadata or b"{}")
+s = Server()
+print(s.port, flush=True)
+s.serve()
+"#;
