@@ -140,8 +140,9 @@ impl ShardCache {
         }
     }
 
-    /// Adds a batch of `stream`, not yet visible to readers.
-    pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<(), AgentError> {
+    /// Adds a batch of `stream`, not yet visible to readers. Returns the
+    /// batch's in-memory Arrow size (what it charges the budget when it fits).
+    pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, AgentError> {
         let bytes = batch.get_array_memory_size() as u64;
         let cached = if self.budget.try_reserve(bytes) {
             CachedBatch::Memory {
@@ -157,7 +158,7 @@ impl ShardCache {
             committed: false,
             batch: Arc::new(cached),
         });
-        Ok(())
+        Ok(bytes)
     }
 
     fn spill(&mut self, batch: &RecordBatch) -> Result<CachedBatch, AgentError> {

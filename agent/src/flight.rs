@@ -19,9 +19,7 @@ use arrow_flight::{
 };
 use burn::tensor::activation::softmax;
 use futures::{Stream, StreamExt, TryStreamExt};
-use kindling_schemas::action::{
-    Action, ActionKind, AgentJobState, EndOfDataResponse, JobList, StartJobResponse,
-};
+use kindling_schemas::action::{Action, ActionKind, EndOfDataResponse, JobList, StartJobResponse};
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
@@ -464,7 +462,6 @@ impl Ingest {
     fn accept_batch(&mut self, meta: BatchMetadata, batch: RecordBatch) -> Result<PutAck, AgentError> {
         schema::validate_batch(&batch, &self.job.spec)?;
         let rows = batch.num_rows() as u64;
-        let bytes = batch.get_array_memory_size() as u64;
         let mut d = self.job.lock();
         let committed = d
             .producers
@@ -473,6 +470,7 @@ impl Ingest {
             .unwrap_or_default();
         if meta.seq < committed.next_seq && !self.staged.contains_key(&meta.producer) {
             self.duplicates_only.insert(meta.producer.clone());
+            let bytes = batch.get_array_memory_size() as u64;
             return Ok(PutAck {
                 producer: meta.producer,
                 seq: meta.seq,
@@ -497,7 +495,7 @@ impl Ingest {
             Split::Train => &mut d.train,
             Split::Eval => &mut d.eval,
         };
-        cache.append(self.stream, batch)?;
+        let bytes = cache.append(self.stream, batch)?;
         staged.next += 1;
         staged.rows += rows;
         Ok(PutAck {
@@ -684,9 +682,4 @@ pub fn predict_batch(
         }
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(AgentError::arrow)
-}
-
-/// Whether a job's state allows predictions.
-pub fn can_predict(state: AgentJobState) -> bool {
-    state == AgentJobState::Succeeded
 }

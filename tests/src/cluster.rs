@@ -15,23 +15,23 @@ use kindling_schemas::spec::JobSpec;
 
 /// A local cluster in a temp dir, with short leases so failures show quickly.
 pub async fn cluster(agents: usize) -> (LocalCluster, tempfile::TempDir) {
+    start_cluster(agents, None).await
+}
+
+/// Like [`cluster`] with a per-agent cache budget.
+pub async fn cluster_with_budget(agents: usize, budget: u64) -> (LocalCluster, tempfile::TempDir) {
+    start_cluster(agents, Some(budget)).await
+}
+
+async fn start_cluster(agents: usize, budget: Option<u64>) -> (LocalCluster, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = LocalClusterConfig::new(dir.path());
     config.lease = Duration::from_millis(600);
     config.gang_timeout = Duration::from_secs(30);
     config.collective_timeout = Duration::from_secs(20);
-    (
-        LocalCluster::start(agents, config).await.expect("local cluster"),
-        dir,
-    )
-}
-
-/// Like [`cluster`] with a per-agent cache budget.
-pub async fn cluster_with_budget(agents: usize, budget: u64) -> (LocalCluster, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = LocalClusterConfig::new(dir.path());
-    config.memory_budget = budget;
-    config.lease = Duration::from_millis(600);
+    if let Some(budget) = budget {
+        config.memory_budget = budget;
+    }
     (
         LocalCluster::start(agents, config).await.expect("local cluster"),
         dir,

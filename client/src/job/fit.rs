@@ -183,10 +183,8 @@ impl TrainingJob {
             self.feed_and_end(eval, Split::Eval, &job_id, &clients, None, &mut reporter)
                 .await?;
         }
-        let train_rows = self
-            .feed_and_end(&train_df, Split::Train, &job_id, &clients, None, &mut reporter)
+        self.feed_and_end(&train_df, Split::Train, &job_id, &clients, None, &mut reporter)
             .await?;
-        let dataset_rows: u64 = train_rows.iter().sum();
 
         // Follow training; replace agents that die.
         let mut seen_epochs = 0;
@@ -294,8 +292,6 @@ impl TrainingJob {
             reporter.emit(TrainingEvent::Epoch(final_status.history[seen_epochs].clone()));
             seen_epochs += 1;
         }
-        let trained: u64 = final_status.rows_trained_per_epoch.first().copied().unwrap_or(0);
-        tracing::debug!(dataset_rows, trained, "rows");
         let weights = fetch_model(&clients[0], &job_id).await?;
         let model = TrainedModel::from_weights(
             spec.clone(),
