@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     tonic_prost_build::configure()
         .bytes(".kindling.collective.v1.Chunk.data")
+        // All-gather payloads are shared by every member's reply: no copies.
+        .bytes(".kindling.rendezvous.v1.AllGatherRequest.payload")
+        .bytes(".kindling.rendezvous.v1.AllGatherResponse.payloads")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

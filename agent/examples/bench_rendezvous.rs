@@ -80,6 +80,15 @@ fn agent(i: usize) -> AgentInfo {
     }
 }
 
+/// How members call the collectives.
+#[derive(Clone, Copy, PartialEq)]
+enum Calls {
+    /// `Gang::all_gather`: one stream per member.
+    Stream,
+    /// `RendezvousClient::all_gather`: one unary RPC per call.
+    Unary,
+}
+
 /// Runs `rounds` collectives with every member; returns per-round
 /// (release latency = last exit − last entry, round time = last exit − first entry).
 async fn collective_rounds(
@@ -88,6 +97,7 @@ async fn collective_rounds(
     members: &[String],
     rounds: usize,
     payload: usize,
+    calls: Calls,
 ) -> (Vec<Duration>, Vec<Duration>) {
     let joins: Vec<_> = members
         .iter()
@@ -104,13 +114,23 @@ async fn collective_rounds(
     }
     let tasks: Vec<_> = gangs
         .into_iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(i, g)| {
+            let client = clients[i % clients.len()].clone();
             tokio::spawn(async move {
                 let gang = g?;
+                let m = gang.membership().clone();
                 let mut times = Vec::with_capacity(rounds);
-                for _ in 0..rounds {
+                for seq in 0..rounds as u64 {
                     let enter = Instant::now();
-                    gang.all_gather(vec![7u8; payload]).await?;
+                    match calls {
+                        Calls::Stream => gang.all_gather(vec![7u8; payload]).await?,
+                        Calls::Unary => {
+                            client
+                                .all_gather(&m.job_id, m.attempt, m.rank, seq, vec![7u8; payload])
+                                .await?
+                        }
+                    };
                     times.push((enter, Instant::now()));
                 }
                 Ok::<_, kindling_agent::rendezvous::ClientError>(times)
@@ -212,7 +232,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     clients[0]
         .create_job(&JobConfig::new("barrier", args.barrier_members as u32))
         .await?;
-    let (release, round) = collective_rounds(&clients, "barrier", members, args.rounds, 0).await;
+    let (release, round) =
+        collective_rounds(&clients, "barrier", members, args.rounds, 0, Calls::Stream).await;
     rows.push(Row::new(
         "barrier: last entry → all released",
         args.barrier_members,
@@ -224,9 +245,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         round,
     ));
     clients[0]
+        .create_job(&JobConfig::new("barrier-unary", args.barrier_members as u32))
+        .await?;
+    let (release, _) =
+        collective_rounds(&clients, "barrier-unary", members, args.rounds, 0, Calls::Unary).await;
+    rows.push(Row::new(
+        "baseline: barrier as unary RPCs, last entry → all released",
+        args.barrier_members,
+        release,
+    ));
+    clients[0]
         .create_job(&JobConfig::new("gather", args.barrier_members as u32))
         .await?;
-    let (release, _) = collective_rounds(&clients, "gather", members, args.rounds, args.gather_bytes).await;
+    let (release, _) = collective_rounds(
+        &clients,
+        "gather",
+        members,
+        args.rounds,
+        args.gather_bytes,
+        Calls::Stream,
+    )
+    .await;
     rows.push(Row::new(
         format!("all-gather {} B: last entry → all released", args.gather_bytes),
         args.barrier_members,

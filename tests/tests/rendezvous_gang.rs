@@ -122,3 +122,46 @@ async fn barrier_and_all_gather_return_payloads_in_rank_order() {
     }
     fx.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_and_unary_calls_meet_in_the_same_collectives() {
+    let fx = Fixture::start().await;
+    let _leases = fx.agents("mix", 3).await;
+    let ids: Vec<String> = (0..3).map(|i| format!("mix-{i:03}")).collect();
+    fx.client.create_job(&JobConfig::new("mix-job", 3)).await.unwrap();
+    let mut gangs: Vec<_> = join_all(&fx.client, "mix-job", 1, &ids)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Rank 0 calls unary AllGather with explicit sequence numbers; ranks 1
+    // and 2 go through their gang's stream.
+    let unary = gangs.remove(0);
+    assert_eq!(unary.rank(), 0);
+    let streamed: Vec<_> = gangs
+        .into_iter()
+        .map(|gang| {
+            tokio::spawn(async move {
+                let barrier = gang.all_gather(Vec::new()).await.unwrap();
+                let gather = gang.all_gather(vec![gang.rank() as u8; 3]).await.unwrap();
+                (barrier, gather)
+            })
+        })
+        .collect();
+    let m = unary.membership().clone();
+    let client = fx.new_client().await;
+    // A barrier: the unary reply carries no payloads at all.
+    let barrier = client.all_gather(&m.job_id, 1, 0, 0, Vec::new()).await.unwrap();
+    assert!(barrier.is_empty(), "{barrier:?}");
+    let gather = client.all_gather(&m.job_id, 1, 0, 1, vec![0u8; 3]).await.unwrap();
+    let want: Vec<Vec<u8>> = (0..3u8).map(|r| vec![r; 3]).collect();
+    assert_eq!(gather.iter().map(|b| b.to_vec()).collect::<Vec<_>>(), want);
+    for t in streamed {
+        let (barrier, gather) = t.await.unwrap();
+        // Gang expands a barrier's reply to one empty payload per member.
+        assert_eq!(barrier.len(), 3);
+        assert!(barrier.iter().all(|b| b.is_empty()));
+        assert_eq!(gather.iter().map(|b| b.to_vec()).collect::<Vec<_>>(), want);
+    }
+    fx.shutdown().await;
+}

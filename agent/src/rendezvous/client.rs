@@ -4,7 +4,6 @@
 //! failure reports, watch streams and status.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -12,7 +11,8 @@ use futures::{Stream, StreamExt};
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
@@ -221,12 +221,14 @@ impl RendezvousClient {
                 world_size: reply.world_size,
                 peers: reply.peers.into(),
             },
-            next_seq: AtomicU64::new(0),
+            collective: tokio::sync::Mutex::new((0, None)),
         })
     }
 
     /// Low-level all-gather: every member's payload in rank order once all
-    /// members called with this `seq`. Prefer [`Gang::all_gather`].
+    /// members called with this `seq` — or an empty list when every payload
+    /// was empty (a barrier). One unary call; [`Gang::all_gather`] keeps one
+    /// stream open instead, which is cheaper per call.
     pub async fn all_gather(
         &self,
         job_id: &str,
@@ -235,20 +237,28 @@ impl RendezvousClient {
         seq: u64,
         payload: impl Into<Bytes>,
     ) -> Result<Vec<Bytes>> {
-        let payload: Bytes = payload.into();
         let reply = self
             .grpc()
-            .all_gather(pb::AllGatherRequest {
-                job_id: job_id.to_owned(),
-                attempt,
-                rank,
-                seq,
-                payload: payload.into(),
-            })
+            .all_gather(gather_request(job_id, attempt, rank, seq, payload.into()))
             .await
             .map_err(ClientError::rpc("all_gather"))?
             .into_inner();
-        Ok(reply.payloads.into_iter().map(Bytes::from).collect())
+        Ok(reply.payloads)
+    }
+
+    /// Opens an all-gather stream and sends `first` on it (so opening costs
+    /// no extra round trip).
+    async fn open_gather_stream(&self, first: pb::AllGatherRequest) -> Result<GatherStream> {
+        let (requests, rx) = mpsc::channel(1);
+        // Cannot fail: the receiver is alive and the channel is empty.
+        let _ = requests.try_send(first);
+        let replies = self
+            .grpc()
+            .all_gather_stream(ReceiverStream::new(rx))
+            .await
+            .map_err(ClientError::rpc("all_gather"))?
+            .into_inner();
+        Ok(GatherStream { requests, replies })
     }
 
     /// Reports the attempt failed. Returns the attempt to re-join, or `None`
@@ -480,7 +490,55 @@ pub struct Gang {
     client: RendezvousClient,
     agent_id: String,
     membership: Membership,
-    next_seq: AtomicU64,
+    /// The next collective's sequence number and the open all-gather stream
+    /// (`None` before the first call and after an error). One lock: calls on
+    /// one gang are serialised, in sequence order.
+    collective: tokio::sync::Mutex<(u64, Option<GatherStream>)>,
+}
+
+/// An open `AllGatherStream`: one reply per request, in order.
+struct GatherStream {
+    requests: mpsc::Sender<pb::AllGatherRequest>,
+    replies: tonic::Streaming<pb::AllGatherResponse>,
+}
+
+impl std::fmt::Debug for GatherStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatherStream").finish_non_exhaustive()
+    }
+}
+
+impl GatherStream {
+    /// Sends `request` and waits for its reply.
+    async fn call(&mut self, request: pb::AllGatherRequest) -> Result<pb::AllGatherResponse> {
+        let ended = || ClientError::Rpc {
+            op: "all_gather",
+            source: tonic::Status::unavailable("the rendezvous closed the all-gather stream"),
+        };
+        self.requests.send(request).await.map_err(|_| ended())?;
+        self.next_reply().await
+    }
+
+    async fn next_reply(&mut self) -> Result<pb::AllGatherResponse> {
+        self.replies
+            .message()
+            .await
+            .map_err(ClientError::rpc("all_gather"))?
+            .ok_or_else(|| ClientError::Rpc {
+                op: "all_gather",
+                source: tonic::Status::unavailable("the rendezvous closed the all-gather stream"),
+            })
+    }
+}
+
+fn gather_request(job_id: &str, attempt: u32, rank: u32, seq: u64, payload: Bytes) -> pb::AllGatherRequest {
+    pb::AllGatherRequest {
+        job_id: job_id.to_owned(),
+        attempt,
+        rank,
+        seq,
+        payload,
+    }
 }
 
 impl Gang {
@@ -507,12 +565,41 @@ impl Gang {
 
     /// Like Spark's `BarrierTaskContext.allGather`: every member's payload in
     /// rank order. Fails (ABORTED / DEADLINE_EXCEEDED) when the attempt fails.
+    ///
+    /// Calls travel on one stream kept open for the gang (opened by the
+    /// first call, re-opened after an error).
     pub async fn all_gather(&self, payload: impl Into<Bytes>) -> Result<Vec<Bytes>> {
-        let seq = self.next_seq.fetch_add(1, Ordering::SeqCst);
         let m = &self.membership;
-        self.client
-            .all_gather(&m.job_id, m.attempt, m.rank, seq, payload)
-            .await
+        let mut guard = self.collective.lock().await;
+        let (next_seq, open) = &mut *guard;
+        let request = gather_request(&m.job_id, m.attempt, m.rank, *next_seq, payload.into());
+        *next_seq += 1;
+        let reply = match open {
+            Some(stream) => stream.call(request).await,
+            None => match self.client.open_gather_stream(request).await {
+                Ok(mut stream) => {
+                    let reply = stream.next_reply().await;
+                    *open = Some(stream);
+                    reply
+                }
+                Err(e) => Err(e),
+            },
+        };
+        if reply.is_err() {
+            *open = None;
+        }
+        let payloads = reply?.payloads;
+        if payloads.is_empty() {
+            // A barrier: the server sends no payloads when all are empty.
+            return Ok(vec![Bytes::new(); m.world_size as usize]);
+        }
+        if payloads.len() != m.world_size as usize {
+            return Err(ClientError::Malformed {
+                op: "all_gather",
+                detail: format!("{} payloads for world size {}", payloads.len(), m.world_size),
+            });
+        }
+        Ok(payloads)
     }
 
     /// Like Spark's `BarrierTaskContext.barrier`.

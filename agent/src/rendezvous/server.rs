@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::error::{CURRENT_ATTEMPT_METADATA, RendezvousError};
 use super::state::{AttemptFailure, JobConfig, JobStatus, RendezvousConfig, RendezvousState};
@@ -175,6 +175,29 @@ fn duration_ms(d: Duration) -> u64 {
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+type GatherStream = Pin<Box<dyn Stream<Item = Result<pb::AllGatherResponse, Status>> + Send>>;
+
+/// The reply to one all-gather: the payloads in rank order, or none at all
+/// for a plain barrier (every payload empty).
+fn gather_reply(payloads: &[Bytes]) -> pb::AllGatherResponse {
+    let payloads = if payloads.iter().all(Bytes::is_empty) {
+        Vec::new()
+    } else {
+        payloads.to_vec()
+    };
+    pb::AllGatherResponse { payloads }
+}
+
+impl RendezvousService {
+    /// One all-gather of a request, unary or streamed.
+    async fn gather(&self, r: pb::AllGatherRequest) -> Result<pb::AllGatherResponse, Status> {
+        let payloads = self
+            .state
+            .all_gather(&r.job_id, r.attempt, r.rank, r.seq, r.payload)
+            .await?;
+        Ok(gather_reply(&payloads))
+    }
+}
 
 #[tonic::async_trait]
 impl Rendezvous for RendezvousService {
@@ -250,14 +273,31 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::AllGatherRequest>,
     ) -> Result<Response<pb::AllGatherResponse>, Status> {
-        let r = request.into_inner();
-        let payloads = self
-            .state
-            .all_gather(&r.job_id, r.attempt, r.rank, r.seq, Bytes::from(r.payload))
-            .await?;
-        Ok(Response::new(pb::AllGatherResponse {
-            payloads: payloads.iter().map(|p| p.to_vec()).collect(),
-        }))
+        Ok(Response::new(self.gather(request.into_inner()).await?))
+    }
+
+    type AllGatherStreamStream = GatherStream;
+
+    async fn all_gather_stream(
+        &self,
+        request: Request<Streaming<pb::AllGatherRequest>>,
+    ) -> Result<Response<Self::AllGatherStreamStream>, Status> {
+        // One reply per request, in order; the first error ends the stream.
+        // Ends when the member closes its side, or on shutdown (blocked
+        // calls are woken by the state closing).
+        let replies = futures::stream::try_unfold(
+            (self.clone(), request.into_inner()),
+            |(service, mut requests)| async move {
+                let next = tokio::select! {
+                    _ = service.shutdown.cancelled() => return Ok(None),
+                    next = requests.message() => next?,
+                };
+                let Some(r) = next else { return Ok(None) };
+                let reply = service.gather(r).await?;
+                Ok(Some((reply, (service, requests))))
+            },
+        );
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn report_failure(
