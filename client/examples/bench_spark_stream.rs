@@ -1,36 +1,84 @@
 //! Benchmark: stream one query through this client and through PySpark Connect's
-//! `toArrow()` in the same run; print rows/s and peak RSS for both.
+//! `toArrow()` in the same run; print rows/s, client CPU time and peak RSS for both,
+//! on three queries (wide computed rows; the same rows cached in Spark; large values).
 //!
 //! ```text
 //! deploy/local/spark-connect.sh start
-//! cargo run --release -p kindling --example bench_spark_stream -- sc://127.0.0.1:15002 10000000
+//! cargo run --release -p kindling --example bench_spark_stream -- sc://127.0.0.1:15002 10000000 [query index]
 //! ```
 
 use std::process::Command;
 use std::time::Instant;
 
 use futures::TryStreamExt;
-use kindling::spark::SparkSession;
+use kindling::spark::{SparkSession, memory_and_disk};
 
-/// Wide rows (8 columns) over many partitions.
-fn query(rows: u64) -> String {
-    format!(
-        "SELECT id, id * 0.5D AS a, id % 97 AS b, sqrt(id) AS c, id * 3 AS d, \
-         cast(id AS double) / 7 AS e, concat('row-', id) AS s, id % 2 = 0 AS even \
-         FROM range(0, {rows}, 1, 16)"
-    )
+/// One benchmark query and why it is there.
+struct Query {
+    name: &'static str,
+    sql: String,
+    rows: u64,
+    /// Cache it in Spark first (both clients then read the cached columns:
+    /// Spark's cache is shared by every session of the server).
+    cached: bool,
 }
 
-fn peak_rss_kb() -> u64 {
+fn queries(rows: u64) -> Vec<Query> {
+    let wide = |rows: u64| {
+        format!(
+            "SELECT id, id * 0.5D AS a, id % 97 AS b, sqrt(id) AS c, id * 3 AS d, \
+             cast(id AS double) / 7 AS e, concat('row-', id) AS s, id % 2 = 0 AS even \
+             FROM range(0, {rows}, 1, 16)"
+        )
+    };
+    vec![
+        // Wide rows computed by the server, many partitions.
+        Query {
+            name: "wide rows, 16 partitions",
+            sql: wide(rows),
+            rows,
+            cached: false,
+        },
+        // The same rows cached in Spark: the server only re-encodes cached columns.
+        Query {
+            name: "same, cached in Spark",
+            sql: wide(rows / 2),
+            rows: rows / 2,
+            cached: true,
+        },
+        // Large values: few rows, ~1 KiB of string each, 64 partitions.
+        Query {
+            name: "1 KiB strings, 64 partitions",
+            sql: format!(
+                "SELECT id, repeat(cast(id % 10 AS string), 1024) AS blob FROM range(0, {}, 1, 64)",
+                rows / 20
+            ),
+            rows: rows / 20,
+            cached: false,
+        },
+    ]
+}
+
+/// A field of /proc/self/status in kB.
+fn status_kb(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// user + system CPU seconds of this process (all threads).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 const PYSPARK: &str = r#"
@@ -39,41 +87,25 @@ from pyspark.sql import SparkSession
 remote, rows, sql = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 spark = SparkSession.builder.remote(remote).getOrCreate()
 spark.sql("SELECT 1").collect()
-start = time.perf_counter()
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+cpu0, start = cpu(), time.perf_counter()
 table = spark.sql(sql).toArrow()
-elapsed = time.perf_counter() - start
+elapsed, cpu1 = time.perf_counter() - start, cpu()
 assert table.num_rows == rows, table.num_rows
-print(f"{elapsed} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+print(f"{elapsed} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} {cpu1 - cpu0}")
 "#;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let remote = args.next().unwrap_or_else(|| "sc://127.0.0.1:15002".into());
-    let rows: u64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(10_000_000);
-    let sql = query(rows);
-
-    // This client.
-    let spark = SparkSession::connect(&remote).await?;
-    spark.sql("SELECT 1").await?.collect().await?;
-    let start = Instant::now();
-    let mut stream = spark.sql(&sql).await?.execute_stream().await?;
-    let mut seen = 0u64;
-    while let Some(batch) = stream.try_next().await? {
-        seen += batch.num_rows() as u64;
-    }
-    let rust_secs = start.elapsed().as_secs_f64();
-    anyhow::ensure!(seen == rows, "kindling saw {seen} rows");
-    let rust_rss_mb = peak_rss_kb() as f64 / 1024.0;
-
-    // PySpark Connect toArrow(), measured inside its own process.
+/// (seconds, peak RSS MiB, CPU seconds) of one PySpark `toArrow()` in a fresh process.
+fn pyspark(remote: &str, q: &Query) -> anyhow::Result<(f64, f64, f64)> {
     let python = format!(
         "{}/.cache/kindling/venv/bin/python",
         std::env::var("HOME").unwrap_or_default()
     );
     let out = Command::new(&python)
         .current_dir(std::env::temp_dir())
-        .args(["-c", PYSPARK, &remote, &rows.to_string(), &sql])
+        .args(["-c", PYSPARK, remote, &q.rows.to_string(), &q.sql])
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -81,20 +113,91 @@ async fn main() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout)?;
-    let mut fields = text.split_whitespace();
-    let py_secs: f64 = fields.next().unwrap_or("nan").parse()?;
-    let py_rss_mb = fields.next().unwrap_or("0").parse::<f64>()? / 1024.0;
+    let f: Vec<f64> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    anyhow::ensure!(f.len() == 3, "unexpected pyspark output {text}");
+    Ok((f[0], f[1] / 1024.0, f[2]))
+}
 
-    let (rust_rate, py_rate) = (rows as f64 / rust_secs, rows as f64 / py_secs);
-    println!("query: {rows} rows x 8 columns, 16 partitions");
-    println!("| client | seconds | rows/s | peak RSS (MiB) |");
-    println!("|---|---:|---:|---:|");
-    println!("| kindling execute_stream | {rust_secs:.2} | {rust_rate:.0} | {rust_rss_mb:.0} |");
-    println!("| PySpark Connect toArrow() | {py_secs:.2} | {py_rate:.0} | {py_rss_mb:.0} |");
+/// (seconds, CPU seconds, Arrow bytes) of one pass of this client over `q`.
+async fn rust_run(spark: &SparkSession, q: &Query) -> anyhow::Result<(f64, f64, usize)> {
+    let (cpu0, start) = (cpu_seconds(), Instant::now());
+    let mut stream = spark.sql(&q.sql).await?.execute_stream().await?;
+    let (mut seen, mut bytes) = (0u64, 0usize);
+    while let Some(batch) = stream.try_next().await? {
+        seen += batch.num_rows() as u64;
+        bytes += batch
+            .columns()
+            .iter()
+            .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
+            .sum::<usize>();
+    }
+    let (secs, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    anyhow::ensure!(seen == q.rows, "kindling saw {seen} rows of {}", q.rows);
+    Ok((secs, cpu, bytes))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let remote = args.next().unwrap_or_else(|| "sc://127.0.0.1:15002".into());
+    let rows: u64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(10_000_000);
+    let only: Option<usize> = args.next().map(|r| r.parse()).transpose()?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "| ratio (kindling / PySpark) | | {:.2}x | {:.3}x |",
-        rust_rate / py_rate,
-        rust_rss_mb / py_rss_mb
+        "load average: {}",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
+    println!(
+        "| query | rows | client | seconds | rows/s | MB/s (Arrow) | client CPU s | CPU µs/row | peak RSS MiB |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+
+    let spark = SparkSession::connect(&remote).await?;
+    spark.sql("SELECT 1").await?.collect().await?;
+    for (i, q) in queries(rows).iter().enumerate() {
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
+        let df = spark.sql(&q.sql).await?;
+        if q.cached {
+            df.persist(memory_and_disk()).await?;
+            anyhow::ensure!(df.count().await? == q.rows as i64, "cache fill");
+        }
+        // This client runs before and after PySpark (A-B-A) and the two runs are
+        // averaged, so neither client alone pays for a cold server (JIT, caches).
+        let first = rust_run(&spark, q).await?;
+        let (py_secs, py_rss, py_cpu) = pyspark(&remote, q)?;
+        let second = rust_run(&spark, q).await?;
+        let (secs, cpu, bytes) = ((first.0 + second.0) / 2.0, (first.1 + second.1) / 2.0, first.2);
+        let rss = status_kb("VmHWM:") as f64 / 1024.0;
+        if q.cached {
+            df.unpersist(true).await?;
+        }
+        let mb = bytes as f64 / 1e6;
+        let n = q.rows as f64;
+        for (client, s, c, r) in [
+            ("kindling", secs, cpu, rss),
+            ("PySpark toArrow()", py_secs, py_cpu, py_rss),
+        ] {
+            println!(
+                "| {} | {} | {client} | {s:.2} | {:.0} | {:.0} | {c:.2} | {:.3} | {r:.0} |",
+                q.name,
+                q.rows,
+                n / s,
+                mb / s,
+                c * 1e6 / n,
+            );
+        }
+        println!(
+            "| {} | | ratio kindling/PySpark | | **{:.2}×** | | {:.2}× | | {:.3}× |",
+            q.name,
+            py_secs / secs,
+            cpu / py_cpu,
+            rss / py_rss
+        );
+    }
     Ok(())
 }

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use futures::TryStreamExt;
+use futures::future::BoxFuture;
 use kindling_agent::rendezvous::{AgentInfo, JobConfig, JobState, RendezvousClient};
 use kindling_schemas::action::{
     Action, AgentJobState, AgentJobStatus, CancelJob, EndOfData, EndOfDataResponse, JobRef, StartJob,
@@ -18,7 +20,7 @@ use super::progress::{Reporter, TrainingEvent};
 use super::{JobError, TrainedModel, TrainingJob};
 use crate::feed::AgentClient;
 use crate::local::{LocalCluster, LocalClusterConfig};
-use crate::spark::DataFrame;
+use crate::spark::{DataFrame, RecordBatchStream};
 
 /// Batches larger than this are sliced before they are sent.
 const MAX_BATCH_BYTES: usize = 8 << 20;
@@ -84,10 +86,77 @@ impl Drop for CancelGuard {
     }
 }
 
+/// Opens the rows of an Arrow source once more (a feed, or a re-feed of lost shards).
+type OpenFn<'a> =
+    dyn Fn() -> BoxFuture<'static, Result<RecordBatchStream, crate::spark::Error>> + Send + Sync + 'a;
+
+/// Where `fit` reads its rows from.
+enum Rows<'a> {
+    /// A Spark query, executed as a stream (again for a re-feed).
+    Spark(DataFrame),
+    /// Arrow batches from anywhere (files, another service), opened per feed.
+    Arrow { schema: SchemaRef, open: &'a OpenFn<'a> },
+}
+
+impl Rows<'_> {
+    async fn open(&self) -> Result<(SchemaRef, RecordBatchStream), JobError> {
+        match self {
+            Rows::Spark(df) => {
+                let stream = df.execute_stream().await?;
+                Ok((stream.schema(), stream.into_inner()))
+            }
+            Rows::Arrow { schema, open } => Ok((schema.clone(), open().await?)),
+        }
+    }
+
+    async fn unpersist(&self) {
+        if let Rows::Spark(df) = self {
+            let _ = df.unpersist(false).await;
+        }
+    }
+}
+
 impl TrainingJob {
     /// Trains on `df`: in local mode on a rendezvous and `num_slots` agents
     /// started in this process, otherwise on the cluster's agents.
     pub async fn fit(&self, df: &DataFrame) -> Result<TrainedModel, JobError> {
+        self.fit_rows(Rows::Spark(df.clone())).await
+    }
+
+    /// Trains on Arrow batches that do not come from a Spark query (files read
+    /// by the application, another service): `open` is called once per feed
+    /// and again if a lost agent's shard must be re-sent, so it must yield the
+    /// same rows each time. The batches must have exactly the feature and label
+    /// columns, with `schema`. The evaluation split must be 0 (there is no
+    /// query to split); hold out data yourself and score it with
+    /// [`TrainedModel::predict_batch`].
+    ///
+    /// ```no_run
+    /// # async fn demo(job: kindling::job::TrainingJob, batches: Vec<arrow::array::RecordBatch>)
+    /// # -> Result<(), kindling::job::JobError> {
+    /// use futures::FutureExt;
+    /// let schema = batches[0].schema();
+    /// let model = job
+    ///     .fit_arrow(schema, || {
+    ///         let batches = batches.clone();
+    ///         async move {
+    ///             let rows: kindling::spark::RecordBatchStream =
+    ///                 Box::pin(futures::stream::iter(batches.into_iter().map(Ok)));
+    ///             Ok(rows)
+    ///         }
+    ///         .boxed()
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn fit_arrow<F>(&self, schema: SchemaRef, open: F) -> Result<TrainedModel, JobError>
+    where
+        F: Fn() -> BoxFuture<'static, Result<RecordBatchStream, crate::spark::Error>> + Send + Sync,
+    {
+        self.fit_rows(Rows::Arrow { schema, open: &open }).await
+    }
+
+    async fn fit_rows(&self, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         if self.local_mode {
             let dir = self.work_dir.join(uuid::Uuid::new_v4().simple().to_string());
             let mut config = LocalClusterConfig::new(&dir);
@@ -96,7 +165,7 @@ impl TrainingJob {
             }
             config.gang_timeout = self.gang_timeout;
             let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
-            let result = self.run(Target::Local(&cluster), df).await;
+            let result = self.run(Target::Local(&cluster), rows).await;
             cluster.shutdown().await;
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
@@ -109,7 +178,7 @@ impl TrainingJob {
                     url,
                     token: self.token.clone(),
                 },
-                df,
+                rows,
             )
             .await
         }
@@ -118,10 +187,10 @@ impl TrainingJob {
     /// Trains on an existing local cluster (its spare agents replace lost
     /// ones, and it grows when it has none). Lets tests inject faults.
     pub async fn fit_on(&self, cluster: &LocalCluster, df: &DataFrame) -> Result<TrainedModel, JobError> {
-        self.run(Target::Local(cluster), df).await
+        self.run(Target::Local(cluster), Rows::Spark(df.clone())).await
     }
 
-    async fn run(&self, target: Target<'_>, df: &DataFrame) -> Result<TrainedModel, JobError> {
+    async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
         let n = spec.num_slots as usize;
         let mut reporter = Reporter::new(self.progress, self.events.clone());
@@ -130,25 +199,40 @@ impl TrainingJob {
             .clone()
             .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
 
-        // The data plan, checked before anything starts on the agents.
-        let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
-        let data = df.select(columns.iter().map(String::as_str));
-        let (mut train_df, mut eval_df) = if self.eval_fraction > 0.0 {
-            let mut parts =
-                data.random_split(&[1.0 - self.eval_fraction, self.eval_fraction], spec.seed as i64)?;
-            let eval = parts.pop();
-            (parts.pop().unwrap_or(data), eval)
-        } else {
-            (data, None)
-        };
-        let schema = train_df.schema().await?;
-        let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-        if self.persist {
-            train_df = train_df.persist(crate::spark::memory_and_disk()).await?;
-            if let Some(e) = &eval_df {
-                eval_df = Some(e.persist(crate::spark::memory_and_disk()).await?);
+        // The data, checked before anything starts on the agents.
+        let (train_rows, eval_rows, layout) = match rows {
+            Rows::Spark(df) => {
+                let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
+                let data = df.select(columns.iter().map(String::as_str));
+                let (mut train_df, mut eval_df) = if self.eval_fraction > 0.0 {
+                    let mut parts =
+                        data.random_split(&[1.0 - self.eval_fraction, self.eval_fraction], spec.seed as i64)?;
+                    let eval = parts.pop();
+                    (parts.pop().unwrap_or(data), eval)
+                } else {
+                    (data, None)
+                };
+                let schema = train_df.schema().await?;
+                let layout = schema::validate(&schema, spec, StreamKind::Train)?;
+                if self.persist {
+                    train_df = train_df.persist(crate::spark::memory_and_disk()).await?;
+                    if let Some(e) = &eval_df {
+                        eval_df = Some(e.persist(crate::spark::memory_and_disk()).await?);
+                    }
+                }
+                (Rows::Spark(train_df), eval_df.map(Rows::Spark), layout)
             }
-        }
+            Rows::Arrow { schema, open } => {
+                if self.eval_fraction > 0.0 {
+                    return Err(JobError::Config(
+                        "fit_arrow has no query to split: set eval_fraction(0.0) and hold out data yourself"
+                            .into(),
+                    ));
+                }
+                let layout = schema::validate(&schema, spec, StreamKind::Train)?;
+                (Rows::Arrow { schema, open }, None, layout)
+            }
+        };
 
         let token = target.token();
         let rv = RendezvousClient::connect(target.rendezvous(), token.as_ref())
@@ -179,11 +263,11 @@ impl TrainingJob {
             agents: clients.iter().map(|c| c.url().to_owned()).collect(),
         });
 
-        if let Some(eval) = &eval_df {
+        if let Some(eval) = &eval_rows {
             self.feed_and_end(eval, Split::Eval, &job_id, &clients, None, &mut reporter)
                 .await?;
         }
-        self.feed_and_end(&train_df, Split::Train, &job_id, &clients, None, &mut reporter)
+        self.feed_and_end(&train_rows, Split::Train, &job_id, &clients, None, &mut reporter)
             .await?;
 
         // Follow training; replace agents that die.
@@ -253,12 +337,12 @@ impl TrainingJob {
                     clients[s] = c;
                 }
                 guard.clients = clients.clone();
-                if let Some(eval) = &eval_df {
+                if let Some(eval) = &eval_rows {
                     self.feed_and_end(eval, Split::Eval, &job_id, &clients, Some(&dead), &mut reporter)
                         .await?;
                 }
                 self.feed_and_end(
-                    &train_df,
+                    &train_rows,
                     Split::Train,
                     &job_id,
                     &clients,
@@ -305,9 +389,9 @@ impl TrainingJob {
             job_id: job_id.clone(),
         });
         if self.persist {
-            let _ = train_df.unpersist(false).await;
-            if let Some(e) = &eval_df {
-                let _ = e.unpersist(false).await;
+            train_rows.unpersist().await;
+            if let Some(e) = &eval_rows {
+                e.unpersist().await;
             }
         }
         Ok(model)
@@ -317,14 +401,14 @@ impl TrainingJob {
     /// every shard's committed rows. `only`: re-send just these shards.
     async fn feed_and_end(
         &self,
-        df: &DataFrame,
+        data: &Rows<'_>,
         split: Split,
         job_id: &str,
         clients: &[AgentClient],
         only: Option<&[usize]>,
         reporter: &mut Reporter,
     ) -> Result<Vec<u64>, JobError> {
-        let rows = self.feed(df, split, job_id, clients, only, reporter).await?;
+        let rows = self.feed(data, split, job_id, clients, only, reporter).await?;
         for (s, c) in clients.iter().enumerate() {
             if only.is_some_and(|o| !o.contains(&s)) {
                 continue;
@@ -345,7 +429,7 @@ impl TrainingJob {
 
     async fn feed(
         &self,
-        df: &DataFrame,
+        data: &Rows<'_>,
         split: Split,
         job_id: &str,
         clients: &[AgentClient],
@@ -353,8 +437,7 @@ impl TrainingJob {
         reporter: &mut Reporter,
     ) -> Result<Vec<u64>, JobError> {
         let n = clients.len();
-        let mut stream = df.execute_stream().await?;
-        let schema = stream.schema();
+        let (schema, mut stream) = data.open().await?;
         schema::validate(&schema, &self.spec, StreamKind::Train)?;
         let path = DataPath::data(job_id, split);
         let mut writers = Vec::with_capacity(n);

@@ -112,7 +112,8 @@ impl Error {
     /// Maps a gRPC status from `address` into a connection or Spark error.
     pub(crate) fn from_status(address: &str, status: tonic::Status) -> Self {
         let transport_failure = (status.code() == tonic::Code::Unavailable && status.details().is_empty())
-            || (status.code() == tonic::Code::Unknown && status.message().contains("transport"));
+            || (status.code() == tonic::Code::Unknown && status.message().contains("transport"))
+            || super::stream::is_transport_failure(&status);
         if transport_failure {
             return Error::Connection {
                 address: address.to_string(),

@@ -34,6 +34,7 @@ mod session;
 mod stream;
 mod transport;
 mod types;
+mod writer;
 
 pub use column::{Column, ColumnRef};
 pub use dataframe::{DataFrame, ExplainMode, JoinType};
@@ -48,6 +49,7 @@ pub use spark_connect_proto as proto;
 pub use spark_connect_proto::StorageLevel;
 pub use stream::{RecordBatchStream, SparkStream};
 pub use types::{arrow_to_ddl, schema_to_ddl};
+pub use writer::{DataFrameWriter, SaveMode};
 
 /// Memory, spilling to disk (Spark's default for `cache()`).
 ///

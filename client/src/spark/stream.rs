@@ -144,6 +144,9 @@ struct Execution {
     announced_schema: Option<SchemaRef>,
     complete: bool,
     unreleased: usize,
+    /// Whether the retry budget was used since the last response (it is
+    /// restored by the next response, so every drop gets the full budget).
+    retried: bool,
     guard: ReleaseGuard,
 }
 
@@ -180,6 +183,7 @@ impl Execution {
             announced_schema: None,
             complete: false,
             unreleased: 0,
+            retried: false,
             guard,
         })
     }
@@ -222,6 +226,10 @@ impl Execution {
             }
             match self.responses.message().await {
                 Ok(Some(response)) => {
+                    if self.retried {
+                        self.retried = false;
+                        self.retry = RetryPolicyState::new(self.transport.retry_policy().clone());
+                    }
                     self.tracker.set_last_response_id(&response).await;
                     if matches!(response.response_type, Some(ResponseType::ResultComplete(_))) {
                         self.complete = true;
@@ -237,9 +245,12 @@ impl Execution {
 
     async fn reattach(&mut self, cause: Option<tonic::Status>) -> Result<()> {
         if let Some(status) = cause {
-            if !self.transport.retry_policy().can_retry(&status) {
+            // A broken connection surfaces mid-stream as a locally made status
+            // (UNKNOWN "h2 protocol error", INTERNAL, ...) rather than UNAVAILABLE.
+            if !(is_transport_failure(&status) || self.transport.retry_policy().can_retry(&status)) {
                 return Err(self.transport.error(status));
             }
+            tracing::debug!(%status, "Spark result stream broke; reattaching");
             self.backoff(status).await?;
         }
         loop {
@@ -259,6 +270,7 @@ impl Execution {
     }
 
     async fn backoff(&mut self, status: tonic::Status) -> Result<()> {
+        self.retried = true;
         match self.retry.next_attempt(None) {
             Some(wait_ms) => {
                 tokio::time::sleep(Duration::from_millis(wait_ms)).await;
@@ -294,6 +306,13 @@ impl Execution {
             spawn_release(self.transport.clone(), request);
         }
     }
+}
+
+/// Whether `status` was made by this side's transport (the connection broke)
+/// rather than sent by the server: server statuses come from trailers and
+/// carry no source error, transport failures carry the hyper/h2/io cause.
+pub(crate) fn is_transport_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some() && status.details().is_empty()
 }
 
 /// Releases (and so interrupts, if unfinished) the operation when dropped.

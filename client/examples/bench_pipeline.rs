@@ -1,0 +1,407 @@
+//! Time to a trained model: Kindling streaming vs the intermediate-storage
+//! pipeline it replaces, on the same ETL, the same model and the same local
+//! cluster, at two data sizes (N and 10N).
+//!
+//! - **kindling**: `TrainingJob::fit(&df)` — Spark executes the ETL and the rows
+//!   stream through this process (the driver relay) into 2 agents.
+//! - **parquet**: Spark writes the ETL's result as Parquet (`df.write().parquet`),
+//!   then this process reads the files back (the `parquet` crate) and trains the
+//!   same model on the same agents with `TrainingJob::fit_arrow`.
+//!
+//! Each (pipeline, size) runs in a fresh client process, against a fresh local
+//! cluster (rendezvous + 2 agents, `LocalCluster`) in a process of its own, so
+//! the client's peak RSS is the client's alone (in `local_mode` the agents'
+//! caches would share its address space) and the agents' disk writes are
+//! counted from `/proc/<pid>/io`.
+//!
+//! ```text
+//! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000
+//! ```
+//!
+//! Dataset: a synthetic binary classification in Spark from `range`: 16
+//! pseudo-random float features in [-0.5, 0.5) (multiplicative hashing of the
+//! id), label = 1 when a fixed weighted sum of them is positive.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use arrow::array::AsArray;
+use arrow::datatypes::{Int32Type, Int64Type};
+use futures::FutureExt;
+use kindling::SparkSession;
+use kindling::functions::{col, lit, when};
+use kindling::job::{ProgressMode, TrainedModel, TrainingEvent, TrainingJob};
+use kindling::local::{LocalCluster, LocalClusterConfig};
+use kindling::spark::{DataFrame, RecordBatchStream, SaveMode};
+use kindling_schemas::auth::Token;
+use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+const FEATURES: usize = 16;
+const PARTITIONS: i32 = 8;
+const EPOCHS: u32 = 2;
+const HOLDOUT: i64 = 20_000;
+/// Rows per batch read back from Parquet (the reader's default is 1,024).
+const PARQUET_BATCH_ROWS: usize = 65_536;
+
+fn feature_names() -> Vec<String> {
+    (0..FEATURES).map(|i| format!("f{i}")).collect()
+}
+
+/// The ETL: `rows` rows from `start`, features and a label with a known rule.
+fn dataset(spark: &SparkSession, start: i64, rows: i64) -> DataFrame {
+    let mut columns = Vec::new();
+    let mut score = lit(0.0);
+    for (i, name) in feature_names().into_iter().enumerate() {
+        let multiplier = 2_654_435_761i64 + 40_503 * i as i64;
+        let x = ((col("id") * lit(multiplier) + lit(977 * i as i64)) % lit(1_000_003i64)).cast("double")
+            / lit(1_000_003.0)
+            - lit(0.5);
+        let weight = if i % 2 == 0 {
+            1.0 + i as f64 / 8.0
+        } else {
+            -(1.0 + i as f64 / 16.0)
+        };
+        score = score + x.clone() * lit(weight);
+        columns.push((name, x.cast("float")));
+    }
+    columns.push(("label".into(), when(score.gt(lit(0.0)), lit(1)).otherwise(lit(0))));
+    let names: Vec<String> = feature_names().into_iter().chain(["label".into()]).collect();
+    spark
+        .range_partitions(start, start + rows, 1, Some(PARTITIONS))
+        .with_columns(columns)
+        .select(names.iter().map(String::as_str))
+}
+
+/// A field of /proc/<pid>/status or /proc/<pid>/io, in bytes.
+fn proc_field(pid: &str, file: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    let value: u64 = text
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if file == "status" { value * 1024 } else { value }
+}
+
+/// user + system CPU seconds of this process.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Test accuracy of `model` on rows the training never saw.
+async fn holdout_accuracy(spark: &SparkSession, model: &TrainedModel) -> anyhow::Result<f64> {
+    let batches = dataset(spark, 1_000_000_000, HOLDOUT).collect().await?;
+    let (mut correct, mut total) = (0usize, 0usize);
+    for batch in &batches {
+        let predicted = model.predict_batch(batch)?;
+        let labels = batch
+            .column_by_name("label")
+            .context("label")?
+            .as_primitive::<Int32Type>();
+        let predictions = predicted
+            .column_by_name("prediction")
+            .context("prediction")?
+            .as_primitive::<Int64Type>();
+        for i in 0..labels.len() {
+            total += 1;
+            correct += usize::from(i64::from(labels.value(i)) == predictions.value(i));
+        }
+    }
+    Ok(correct as f64 / total.max(1) as f64)
+}
+
+/// Reads every Parquet file of `dir` (in name order) on a blocking thread.
+fn read_parquet(files: Vec<PathBuf>) -> RecordBatchStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        for file in files {
+            let reader = std::fs::File::open(&file)
+                .map_err(|e| arrow::error::ArrowError::IoError(format!("{}", file.display()), e))
+                .and_then(|f| {
+                    ParquetRecordBatchReaderBuilder::try_new(f)
+                        .and_then(|b| b.with_batch_size(PARQUET_BATCH_ROWS).build())
+                        .map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))
+                });
+            let reader = match reader {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e.into()));
+                    return;
+                }
+            };
+            for batch in reader {
+                if tx.blocking_send(batch.map_err(Into::into)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// One pipeline at one size, in this (fresh) process; prints one JSON line.
+async fn run_client(
+    pipeline: &str,
+    remote: &str,
+    rows: i64,
+    rendezvous: &str,
+    token: &str,
+) -> anyhow::Result<()> {
+    let spark = SparkSession::connect(remote).await?;
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let job = job(rendezvous, Token::new(token.to_string()), events_tx)?;
+    let fed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let fed = fed_at.clone();
+    tokio::spawn(async move {
+        while let Some(event) = events_rx.recv().await {
+            if let TrainingEvent::Fed { split: "train", .. } = event {
+                *fed.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            }
+        }
+    });
+    let df = dataset(&spark, 0, rows);
+    let started = Instant::now();
+    let cpu_before = cpu_seconds();
+    let (model, written_at, parquet_bytes) = match pipeline {
+        "kindling" => (job.fit(&df).await?, None, 0),
+        "parquet" => {
+            let dir = std::env::temp_dir().join(format!("kindling-bench-parquet-{}", std::process::id()));
+            let path = dir.to_str().context("temp dir path")?.to_string();
+            df.write().mode(SaveMode::Overwrite).parquet(&path).await?;
+            let written = Instant::now();
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                bail!("Spark wrote no Parquet files into {path}");
+            }
+            let bytes = dir_bytes(&dir);
+            let schema = {
+                let f = std::fs::File::open(&files[0])?;
+                ParquetRecordBatchReaderBuilder::try_new(f)?.schema().clone()
+            };
+            let model = job
+                .fit_arrow(schema, || {
+                    let files = files.clone();
+                    async move { Ok(read_parquet(files)) }.boxed()
+                })
+                .await?;
+            std::fs::remove_dir_all(&dir)?;
+            (model, Some(written), bytes)
+        }
+        other => bail!("unknown pipeline {other}"),
+    };
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_before;
+    let fed = fed_at
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .map(|t| (t - started).as_secs_f64());
+    let accuracy = holdout_accuracy(&spark, &model).await?;
+    let trained_rows: u64 = model.history().first().map(|e| e.rows).unwrap_or(0);
+    let line = serde_json::json!({
+        "wall": wall,
+        "written": written_at.map(|t| (t - started).as_secs_f64()),
+        "fed": fed,
+        "parquet_bytes": parquet_bytes,
+        "client_rss": proc_field("self", "status", "VmHWM:"),
+        "client_cpu": cpu,
+        "accuracy": accuracy,
+        "rank_rows": trained_rows,
+        "loss": model.history().last().map(|e| e.train_loss),
+    });
+    println!("RESULT {line}");
+    Ok(())
+}
+
+/// The same job for both pipelines, on the cluster at `rendezvous`.
+fn job(
+    rendezvous: &str,
+    token: Token,
+    events: tokio::sync::mpsc::UnboundedSender<TrainingEvent>,
+) -> anyhow::Result<TrainingJob> {
+    Ok(TrainingJob::builder()
+        .model(ModelSpec::Mlp { hidden: vec![32] })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.01))
+        .features(feature_names())
+        .label("label")
+        .epochs(EPOCHS)
+        .batch_size(512)
+        .num_slots(2)
+        .seed(7)
+        .eval_fraction(0.0)
+        .persist(false)
+        .local_mode(false)
+        .rendezvous(rendezvous)
+        .token(token)
+        .progress(ProgressMode::Silent)
+        .events(events)
+        .build()?)
+}
+
+/// A local cluster (rendezvous + 2 agents) in this process until stdin closes.
+async fn serve_cluster(dir: &str) -> anyhow::Result<()> {
+    let config = LocalClusterConfig::new(dir);
+    let token = config.token.clone().context("local cluster token")?;
+    let cluster = LocalCluster::start(2, config).await?;
+    println!("CLUSTER {} {}", cluster.rendezvous_url(), token.expose());
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {}
+    })
+    .await?;
+    cluster.shutdown().await;
+    Ok(())
+}
+
+struct Measured {
+    result: serde_json::Value,
+    cluster_rss: u64,
+    cluster_disk_writes: u64,
+    /// Bytes left under the agents' `spill/` and `checkpoints/` after the job.
+    spill_bytes: u64,
+    checkpoint_bytes: u64,
+}
+
+fn measure(pipeline: &str, remote: &str, rows: i64) -> anyhow::Result<Measured> {
+    let exe = std::env::current_exe()?;
+    let dir = tempfile_dir(&format!("cluster-{pipeline}-{rows}"))?;
+    let mut cluster = Command::new(&exe)
+        .args(["--serve-cluster", dir.to_str().context("dir")?])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let cluster_pid = cluster.id().to_string();
+    let mut line = String::new();
+    BufReader::new(cluster.stdout.take().context("cluster stdout")?).read_line(&mut line)?;
+    let mut parts = line.split_whitespace().skip(1);
+    let (url, token) = (
+        parts.next().context("cluster url")?.to_string(),
+        parts.next().context("cluster token")?.to_string(),
+    );
+    let client = Command::new(&exe)
+        .args(["--client", pipeline, remote, &rows.to_string(), &url, &token])
+        .stderr(Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&client.stdout);
+    let result = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .with_context(|| format!("{pipeline} at {rows} rows failed: {}", client.status))?;
+    let result: serde_json::Value = serde_json::from_str(result)?;
+    let cluster_rss = proc_field(&cluster_pid, "status", "VmHWM:");
+    let cluster_disk_writes = proc_field(&cluster_pid, "io", "write_bytes:");
+    let (spill_bytes, checkpoint_bytes) =
+        (dir_bytes(&dir.join("spill")), dir_bytes(&dir.join("checkpoints")));
+    drop(cluster.stdin.take());
+    cluster.wait()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Measured {
+        result,
+        cluster_rss,
+        cluster_disk_writes,
+        spill_bytes,
+        checkpoint_bytes,
+    })
+}
+
+fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kindling-bench-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match args.first().map(String::as_str) {
+        Some("--serve-cluster") => return runtime.block_on(serve_cluster(&args[1])),
+        Some("--client") => {
+            let rows: i64 = args[3].parse()?;
+            return runtime.block_on(run_client(&args[1], &args[2], rows, &args[4], &args[5]));
+        }
+        _ => {}
+    }
+    drop(runtime);
+    let remote = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "sc://127.0.0.1:15002".into());
+    let n: i64 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(500_000);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "{FEATURES} float features + int label, {PARTITIONS} partitions, MLP [32], {EPOCHS} epochs, 2 agents; load {}",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    println!(
+        "| rows | pipeline | wall to model | data in agents at | dataset bytes written | agents' disk writes (spill / checkpoints left) | client peak RSS | client CPU | agents' peak RSS | holdout accuracy |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut walls = Vec::new();
+    for rows in [n, 10 * n] {
+        let mut pair = Vec::new();
+        for pipeline in ["kindling", "parquet"] {
+            let m = measure(pipeline, &remote, rows)?;
+            let r = &m.result;
+            let wall = r["wall"].as_f64().unwrap_or(f64::NAN);
+            let written = r["written"]
+                .as_f64()
+                .map(|w| format!(" (Parquet written at {w:.1} s)"));
+            println!(
+                "| {rows} | {pipeline} | {wall:.1} s | {:.1} s{} | {} | {} ({} / {}) | {} | {:.2} s | {} | {:.2}% |",
+                r["fed"].as_f64().unwrap_or(f64::NAN),
+                written.unwrap_or_default(),
+                mib(r["parquet_bytes"].as_u64().unwrap_or(0)),
+                mib(m.cluster_disk_writes),
+                mib(m.spill_bytes),
+                mib(m.checkpoint_bytes),
+                mib(r["client_rss"].as_u64().unwrap_or(0)),
+                r["client_cpu"].as_f64().unwrap_or(f64::NAN),
+                mib(m.cluster_rss),
+                100.0 * r["accuracy"].as_f64().unwrap_or(f64::NAN),
+            );
+            pair.push(wall);
+        }
+        walls.push((rows, pair[0] / pair[1]));
+    }
+    for (rows, ratio) in walls {
+        println!("{rows} rows: kindling / parquet wall time = {ratio:.2}x");
+    }
+    Ok(())
+}
