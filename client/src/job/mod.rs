@@ -227,8 +227,9 @@ impl ExecutorPush {
         Self::default()
     }
 
-    /// The executors' Python `major.minor` (Spark's Python worker refuses a
-    /// function made for another version with `PYTHON_VERSION_MISMATCH`).
+    /// The executors' Python `major.minor`, sent as the UDF's `python_ver`
+    /// (Spark releases whose worker compares it refuse another version with
+    /// `PYTHON_VERSION_MISMATCH`; `fit` names the version to set).
     pub fn python_version(mut self, version: impl Into<String>) -> Self {
         self.python_version = version.into();
         self

@@ -43,7 +43,8 @@ pub struct MapInArrowUdf {
 impl MapInArrowUdf {
     /// `module.factory()` producing rows of `output_ddl` (a Spark DDL such as
     /// `"id long, name string"`), for executors running Python `python_version`
-    /// (`major.minor`, checked by Spark's worker against its own).
+    /// (`major.minor`, sent as `python_ver`; some Spark releases' workers
+    /// refuse another version than their own).
     pub fn new(
         module: impl Into<String>,
         factory: impl Into<String>,
