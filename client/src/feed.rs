@@ -177,6 +177,8 @@ pub struct ShardReceipt {
     pub duplicate_batches: u64,
     /// The whole stream was a duplicate of one committed earlier.
     pub duplicate_stream: bool,
+    /// Arrow IPC bytes this stream sent.
+    pub bytes_sent: u64,
 }
 
 /// What the final ack said: (rows committed, duplicate batches, duplicate stream).
@@ -194,6 +196,7 @@ pub struct ShardWriter {
     acks: JoinHandle<Result<Option<Commit>, FeedError>>,
     seq: u64,
     rows_sent: u64,
+    bytes_sent: u64,
     generator: IpcDataGenerator,
     tracker: DictionaryTracker,
     options: IpcWriteOptions,
@@ -240,6 +243,7 @@ impl ShardWriter {
             acks,
             seq: 0,
             rows_sent: 0,
+            bytes_sent: 0,
             generator: IpcDataGenerator::default(),
             tracker: DictionaryTracker::new(false),
             options,
@@ -284,6 +288,7 @@ impl ShardWriter {
         }
         self.seq += 1;
         self.rows_sent += batch.num_rows() as u64;
+        self.bytes_sent += bytes as u64;
         Ok(())
     }
 
@@ -328,6 +333,7 @@ impl ShardWriter {
             rows_sent: self.rows_sent,
             duplicate_batches,
             duplicate_stream,
+            bytes_sent: self.bytes_sent,
         })
     }
 

@@ -7,6 +7,9 @@
 #
 # Environment:
 #   KINDLING_SPARK_PORT   port to bind (default 15002)
+#   KINDLING_SPARK_MASTER Spark master (default local[2]; local[2,2] lets a failed
+#                         task run again once, as spark.task.maxFailures does on a
+#                         cluster — local[N] never retries a task)
 #   KINDLING_HOME         state dir (default $HOME/.cache/kindling): venv, logs, pid
 #   KINDLING_PYTHON       python used to create the venv (default python3)
 set -euo pipefail
@@ -19,6 +22,7 @@ RUN="$STATE/spark-$PORT"
 PIDFILE="$RUN/server.pid"
 LOG="$RUN/server.log"
 PY="${KINDLING_PYTHON:-python3}"
+MASTER="${KINDLING_SPARK_MASTER:-local[2]}"
 
 log() { echo "[spark-connect] $*" >&2; }
 
@@ -74,12 +78,12 @@ start() {
   export PYSPARK_PYTHON="$VENV/bin/python"
   export SPARK_LOG_DIR="$RUN/logs" SPARK_PID_DIR="$RUN"
   export SPARK_IDENT_STRING="kindling-$PORT"
-  log "starting Spark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)') on 127.0.0.1:$PORT"
+  log "starting Spark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)') ($MASTER) on 127.0.0.1:$PORT"
   # Run in the foreground under nohup so the pid we record is the JVM's.
   nohup "$SPARK_HOME/bin/spark-submit" \
     --class org.apache.spark.sql.connect.service.SparkConnectServer \
     --name "kindling-connect-$PORT" \
-    --master 'local[2]' \
+    --master "$MASTER" \
     --driver-memory "${KINDLING_SPARK_DRIVER_MEMORY:-3g}" \
     --conf spark.connect.grpc.binding.address=127.0.0.1 \
     --conf "spark.connect.grpc.binding.port=$PORT" \

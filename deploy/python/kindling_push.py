@@ -79,16 +79,29 @@ def _task_info():
     return ctx.partitionId(), ctx.attemptNumber()
 
 
-def _choose_agent(partition_id, agents):
+def _choose_agent(partition_id, agents, *, node_local=False, job_id=None, token=None, timeout=60.0):
+    """The Flight address partition ``partition_id`` goes to.
+
+    - ``node_local``: the agent at ``KINDLING_AGENT_ADDRESS`` (the executor's
+      node) when it runs the job; otherwise ``agents[partition_id % len(agents)]``.
+    - ``agents`` alone: ``agents[partition_id % len(agents)]``.
+    - neither: ``KINDLING_AGENT_ADDRESS``.
+    """
+    local = os.environ.get("KINDLING_AGENT_ADDRESS")
+    if agents and node_local and local:
+        try:
+            agent_id(local, job_id, token, timeout)
+            return local
+        except PushError:
+            pass  # the node's agent is not part of this job (or unreachable): spread by partition
     if agents:
         return agents[partition_id % len(agents)]
-    address = os.environ.get("KINDLING_AGENT_ADDRESS")
-    if not address:
+    if not local:
         raise PushError(
             "no agent address: set KINDLING_AGENT_ADDRESS on the executors "
             "(pod template: the node's agent) or pass agents=[...]"
         )
-    return address
+    return local
 
 
 def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
@@ -195,12 +208,17 @@ def agent_id(address, job_id, token=None, timeout=60.0):
 
 
 def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,
-                      fail=None, task_info=None):
+                      node_local=False, routes=None, fail=None, task_info=None):
     """A ``mapInArrow`` function pushing each partition to its agent.
 
     - ``agents``: list of Flight addresses; partition ``p`` goes to
       ``agents[p % len(agents)]``. Without it, each executor pushes to
       ``KINDLING_AGENT_ADDRESS`` (its node-local agent).
+    - ``node_local``: with ``agents``, push to ``KINDLING_AGENT_ADDRESS`` when
+      that agent runs the job, else to ``agents[p % len(agents)]``.
+    - ``routes``: ``{partition id: address}``; only these partitions are pushed,
+      each to its address (re-sending the partitions of a lost agent). Other
+      partitions yield no summary row.
     - ``token``: the cluster's bearer token (else env ``KINDLING_TOKEN``).
     - ``columns``: the columns to send (default: every column of the input).
     - ``fail``: tests only, ``{"partition": p, "attempt": a, "after_batches": k}``
@@ -211,15 +229,24 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
     Yields one row of :data:`SUMMARY_SCHEMA` per partition.
     """
     agents = list(agents) if agents else None
+    routes = {int(p): a for p, a in routes.items()} if routes is not None else None
 
     def push_partition(iterator):
         partition_id, attempt = (task_info or _task_info)()
-        address = _choose_agent(partition_id, agents)
+        secret = token or os.environ.get("KINDLING_TOKEN")
+        if routes is not None:
+            if partition_id not in routes:
+                for _ in iterator:  # not re-sent: only drain the input
+                    pass
+                return
+            address = routes[partition_id]
+        else:
+            address = _choose_agent(partition_id, agents, node_local=node_local, job_id=job_id,
+                                    token=secret, timeout=timeout)
         producer = f"partition-{partition_id}"
         fail_after = None
         if fail and fail.get("partition") == partition_id and fail.get("attempt", 0) == attempt:
             fail_after = int(fail["after_batches"])
-        secret = token or os.environ.get("KINDLING_TOKEN")
         n_batches, rows, final = push_batches(
             address, job_id, iterator, producer=producer, token=secret, split=split, attempt=attempt,
             columns=columns, timeout=timeout, fail_after_batches=fail_after,
@@ -241,12 +268,14 @@ def udf_command(config):
     schema is the Spark DDL string :data:`SUMMARY_DDL`.
 
     For a driver that builds the ``mapInArrow`` plan itself (the Rust client's
-    MapPartitions path): ``config`` holds ``job_id`` and optionally ``token``,
-    ``agents``, ``split``, ``columns``, ``timeout``.
+    MapPartitions relation pickles the call ``udf_command("<json>")``):
+    ``config`` holds ``job_id`` and optionally ``token``, ``agents``, ``split``,
+    ``columns``, ``timeout``, ``node_local``, ``routes`` and the test hook
+    ``fail`` (see :func:`push_partition_fn`).
     """
     if isinstance(config, (str, bytes)):
         config = json.loads(config)
-    allowed = {"job_id", "token", "agents", "split", "columns", "timeout"}
+    allowed = {"job_id", "token", "agents", "split", "columns", "timeout", "node_local", "routes", "fail"}
     unknown = set(config) - allowed
     if unknown:
         raise PushError(f"udf_command: unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")

@@ -47,3 +47,59 @@ fn listening(port: &str) -> bool {
         TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
     })
 }
+
+/// A Spark Connect server of the caller's own, on a free port with its own
+/// master (e.g. `local[2,2]`, where a failed task runs again), started with
+/// `deploy/local/spark-connect.sh` and stopped when dropped. Takes a while to
+/// start; use it only where the shared server cannot show the behaviour.
+///
+/// ```no_run
+/// let spark = kindling_tests::spark::PrivateSpark::start("local[2,2]");
+/// assert!(spark.remote().starts_with("sc://127.0.0.1:"));
+/// ```
+#[derive(Debug)]
+pub struct PrivateSpark {
+    port: u16,
+}
+
+impl PrivateSpark {
+    /// Starts the server and returns once a real query answers.
+    pub fn start(master: &str) -> PrivateSpark {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let spark = PrivateSpark { port };
+        let status = spark
+            .script("start")
+            .env("KINDLING_SPARK_MASTER", master)
+            .env("KINDLING_SPARK_DRIVER_MEMORY", "1g")
+            .status()
+            .expect("run spark-connect.sh");
+        assert!(
+            status.success(),
+            "spark-connect.sh start ({master}) failed: {status}"
+        );
+        spark
+    }
+
+    /// `sc://127.0.0.1:<port>`.
+    pub fn remote(&self) -> String {
+        format!("sc://127.0.0.1:{}", self.port)
+    }
+
+    fn script(&self, verb: &str) -> Command {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/spark-connect.sh");
+        let mut cmd = Command::new("bash");
+        cmd.arg(script)
+            .arg(verb)
+            .env("KINDLING_SPARK_PORT", self.port.to_string());
+        cmd
+    }
+}
+
+impl Drop for PrivateSpark {
+    fn drop(&mut self) {
+        let _ = self.script("stop").status();
+    }
+}

@@ -85,6 +85,7 @@ async fn local_fit_on_two_slots_matches_one_slot_and_predicts_back_into_spark() 
             TrainingEvent::Fed {
                 split: "train",
                 rows_per_shard,
+                ..
             } => Some(rows_per_shard.iter().sum()),
             _ => None,
         })

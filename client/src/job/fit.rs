@@ -16,11 +16,20 @@ use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::schema::{self, StreamKind};
 
-use super::progress::{Reporter, TrainingEvent};
-use super::{JobError, TrainedModel, TrainingJob};
+use super::progress::{PushedPartition, Reporter, TrainingEvent};
+use super::{ExecutorPush, Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::AgentClient;
 use crate::local::{LocalCluster, LocalClusterConfig};
-use crate::spark::{DataFrame, RecordBatchStream};
+use crate::spark::{DataFrame, MapInArrowUdf, RecordBatchStream};
+
+/// The executor-push module, shipped to the executors as a session Python file.
+const KINDLING_PUSH_PY: &str = include_str!("../../../deploy/python/kindling_push.py");
+/// `kindling_push.SUMMARY_DDL`: one row per pushed partition.
+pub(crate) const PUSH_SUMMARY_DDL: &str = "partition_id int, attempt int, agent string, agent_id string, \
+     producer string, batches long, rows long, committed_rows long, duplicate boolean";
+
+/// Where each pushed partition's rows are held: (split, partition, shard, rows).
+type Placements = Vec<(Split, u32, usize, u64)>;
 
 /// Batches larger than this are sliced before they are sent.
 const MAX_BATCH_BYTES: usize = 8 << 20;
@@ -39,6 +48,10 @@ impl Target<'_> {
             Target::Local(c) => c.rendezvous_url(),
             Target::Remote { url, .. } => url.clone(),
         }
+    }
+
+    fn is_local(&self) -> bool {
+        matches!(self, Target::Local(_))
     }
 
     fn token(&self) -> Option<Token> {
@@ -109,6 +122,17 @@ impl Rows<'_> {
         }
     }
 
+    /// Bytes this client exchanged with Spark so far (0 for other sources).
+    fn spark_bytes(&self) -> u64 {
+        match self {
+            Rows::Spark(df) => {
+                let b = df.session().data_bytes();
+                b.received + b.sent
+            }
+            Rows::Arrow { .. } => 0,
+        }
+    }
+
     async fn unpersist(&self) {
         if let Rows::Spark(df) = self {
             let _ = df.unpersist(false).await;
@@ -129,7 +153,7 @@ impl TrainingJob {
     /// same rows each time. The batches must have exactly the feature and label
     /// columns, with `schema`. The evaluation split must be 0 (there is no
     /// query to split); hold out data yourself and score it with
-    /// [`TrainedModel::predict_batch`].
+    /// [`TrainedModel::predict_batch`]. Only the driver-relay feed applies.
     ///
     /// ```no_run
     /// # async fn demo(job: kindling::job::TrainingJob, batches: Vec<arrow::array::RecordBatch>)
@@ -200,7 +224,7 @@ impl TrainingJob {
             .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
 
         // The data, checked before anything starts on the agents.
-        let (train_rows, eval_rows, layout) = match rows {
+        let (train_df, eval_df, layout) = match rows {
             Rows::Spark(df) => {
                 let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
                 let data = df.select(columns.iter().map(String::as_str));
@@ -229,6 +253,11 @@ impl TrainingJob {
                             .into(),
                     ));
                 }
+                if matches!(self.feed, Feed::ExecutorPush(_)) {
+                    return Err(JobError::Config(
+                        "fit_arrow feeds from this process: executor push needs a DataFrame (use fit)".into(),
+                    ));
+                }
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
                 (Rows::Arrow { schema, open }, None, layout)
             }
@@ -252,22 +281,34 @@ impl TrainingJob {
         };
         let chosen = pick_agents(&rv, &target, n, &[]).await?;
         let mut clients = Vec::with_capacity(n);
+        let mut agent_ids: Vec<String> = chosen.iter().map(|a| a.agent_id.clone()).collect();
         for a in &chosen {
             let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
             start_on(&c, &job_id, spec, &target.rendezvous()).await?;
             clients.push(c);
         }
+        let mut placed = Placements::new();
+        let feed = FeedCtx {
+            job_id: &job_id,
+            token: token.as_ref(),
+            local: target.is_local(),
+        };
         guard.clients = clients.clone();
         reporter.emit(TrainingEvent::Started {
             job_id: job_id.clone(),
             agents: clients.iter().map(|c| c.url().to_owned()).collect(),
         });
 
-        if let Some(eval) = &eval_rows {
-            self.feed_and_end(eval, Split::Eval, &job_id, &clients, None, &mut reporter)
+        let shards = Shards {
+            clients: &clients,
+            agent_ids: &agent_ids,
+            only: None,
+        };
+        if let Some(eval) = &eval_df {
+            self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
                 .await?;
         }
-        self.feed_and_end(&train_rows, Split::Train, &job_id, &clients, None, &mut reporter)
+        self.feed_and_end(&feed, &train_df, Split::Train, shards, &mut placed, &mut reporter)
             .await?;
 
         // Follow training; replace agents that die.
@@ -335,21 +376,20 @@ impl TrainingJob {
                     let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
                     start_on(&c, &job_id, spec, &target.rendezvous()).await?;
                     clients[s] = c;
+                    agent_ids[s] = a.agent_id.clone();
                 }
                 guard.clients = clients.clone();
-                if let Some(eval) = &eval_rows {
-                    self.feed_and_end(eval, Split::Eval, &job_id, &clients, Some(&dead), &mut reporter)
+                let shards = Shards {
+                    clients: &clients,
+                    agent_ids: &agent_ids,
+                    only: Some(&dead),
+                };
+                if let Some(eval) = &eval_df {
+                    self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
                         .await?;
                 }
-                self.feed_and_end(
-                    &train_rows,
-                    Split::Train,
-                    &job_id,
-                    &clients,
-                    Some(&dead),
-                    &mut reporter,
-                )
-                .await?;
+                self.feed_and_end(&feed, &train_df, Split::Train, shards, &mut placed, &mut reporter)
+                    .await?;
                 last_attempt += 1;
                 reporter.emit(TrainingEvent::Recovering {
                     attempt: last_attempt,
@@ -389,8 +429,8 @@ impl TrainingJob {
             job_id: job_id.clone(),
         });
         if self.persist {
-            train_rows.unpersist().await;
-            if let Some(e) = &eval_rows {
+            train_df.unpersist().await;
+            if let Some(e) = &eval_df {
                 e.unpersist().await;
             }
         }
@@ -398,48 +438,76 @@ impl TrainingJob {
     }
 
     /// Streams one split into its shards and signals the end of data, checking
-    /// every shard's committed rows. `only`: re-send just these shards.
+    /// every shard's committed rows. `shards.only`: re-send just these shards.
     async fn feed_and_end(
         &self,
+        ctx: &FeedCtx<'_>,
         data: &Rows<'_>,
         split: Split,
-        job_id: &str,
-        clients: &[AgentClient],
-        only: Option<&[usize]>,
+        shards: Shards<'_>,
+        placed: &mut Placements,
         reporter: &mut Reporter,
     ) -> Result<Vec<u64>, JobError> {
-        let rows = self.feed(data, split, job_id, clients, only, reporter).await?;
-        for (s, c) in clients.iter().enumerate() {
-            if only.is_some_and(|o| !o.contains(&s)) {
+        let spark_before = data.spark_bytes();
+        let started = Instant::now();
+        let (rows, agent_bytes, partitions) = match (&self.feed, data) {
+            (Feed::DriverRelay, _) => {
+                let (rows, bytes) = self.relay(ctx, data, split, shards, reporter).await?;
+                (rows, bytes, Vec::new())
+            }
+            (Feed::ExecutorPush(push), Rows::Spark(df)) => {
+                let (rows, partitions) = self.push(ctx, push, df, split, shards, placed).await?;
+                (rows, 0, partitions)
+            }
+            (Feed::ExecutorPush(_), Rows::Arrow { .. }) => {
+                return Err(JobError::Config(
+                    "executor push needs a DataFrame; Arrow sources are relayed".into(),
+                ));
+            }
+        };
+        for (s, c) in shards.clients.iter().enumerate() {
+            if shards.only.is_some_and(|o| !o.contains(&s)) {
                 continue;
             }
             let end = Action::EndOfData(EndOfData {
-                job_id: job_id.into(),
+                job_id: ctx.job_id.into(),
                 split,
                 expected_rows: Some(rows[s]),
             });
             let _: EndOfDataResponse = c.action(&end).await?;
         }
+        let spark_bytes = data.spark_bytes() - spark_before;
         reporter.emit(TrainingEvent::Fed {
             split: split.as_str(),
             rows_per_shard: rows.clone(),
+            feed: match self.feed {
+                Feed::DriverRelay => "driver-relay",
+                Feed::ExecutorPush(_) => "executor-push",
+            },
+            client_bytes: spark_bytes + agent_bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            partitions,
         });
         Ok(rows)
     }
 
-    async fn feed(
+    /// Driver relay: stream the rows through this process (executing the
+    /// DataFrame, or opening the Arrow source) and send its batches to the
+    /// shards round-robin. Returns rows per shard and the bytes sent to agents.
+    async fn relay(
         &self,
+        ctx: &FeedCtx<'_>,
         data: &Rows<'_>,
         split: Split,
-        job_id: &str,
-        clients: &[AgentClient],
-        only: Option<&[usize]>,
+        shards: Shards<'_>,
         reporter: &mut Reporter,
-    ) -> Result<Vec<u64>, JobError> {
+    ) -> Result<(Vec<u64>, u64), JobError> {
+        let clients = shards.clients;
+        let only = shards.only;
         let n = clients.len();
         let (schema, mut stream) = data.open().await?;
         schema::validate(&schema, &self.spec, StreamKind::Train)?;
-        let path = DataPath::data(job_id, split);
+        let path = DataPath::data(ctx.job_id, split);
         let mut writers = Vec::with_capacity(n);
         for (s, c) in clients.iter().enumerate() {
             writers.push(match only {
@@ -478,9 +546,11 @@ impl TrainingJob {
                 }
             }
         }
+        let mut bytes = 0;
         for (s, w) in writers.into_iter().enumerate() {
             let Some(w) = w else { continue };
             let receipt = w.finish().await?;
+            bytes += receipt.bytes_sent;
             if receipt.rows_committed != rows[s] {
                 return Err(JobError::RowMismatch {
                     shard: s,
@@ -490,8 +560,251 @@ impl TrainingJob {
                 });
             }
         }
-        Ok(rows)
+        Ok((rows, bytes))
     }
+
+    /// Executor push: every Spark task pushes its partition to its agent
+    /// (`kindling_push.udf_command` through a `mapInArrow` relation); only one
+    /// summary row per partition comes back here. Checks the summaries against
+    /// the DataFrame's count and every shard's rows against its agent.
+    async fn push(
+        &self,
+        ctx: &FeedCtx<'_>,
+        opts: &ExecutorPush,
+        df: &DataFrame,
+        split: Split,
+        shards: Shards<'_>,
+        placed: &mut Placements,
+    ) -> Result<(Vec<u64>, Vec<PushedPartition>), JobError> {
+        let clients = shards.clients;
+        let n = clients.len();
+        let schema = df.schema().await?;
+        schema::validate(&schema, &self.spec, StreamKind::Train)?;
+        let session = df.session();
+        session
+            .add_python_file("kindling_push.py", KINDLING_PUSH_PY)
+            .await?;
+        let agents: Vec<String> = clients.iter().map(|c| c.url().to_owned()).collect();
+        let mut config = serde_json::json!({
+            "job_id": ctx.job_id,
+            "split": split.as_str(),
+            "agents": agents,
+            "timeout": opts.timeout.as_secs_f64(),
+            "node_local": opts.node_local && !ctx.local,
+        });
+        if opts.token_in_plan.unwrap_or(ctx.local)
+            && let Some(t) = ctx.token
+        {
+            config["token"] = t.expose().into();
+        }
+        if let Some(only) = shards.only {
+            let routes: serde_json::Map<String, serde_json::Value> = placed
+                .iter()
+                .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
+                .map(|(_, p, shard, _)| (p.to_string(), agents[*shard].clone().into()))
+                .collect();
+            config["routes"] = routes.into();
+        }
+        if let Some((partition, after)) = opts.fail_task {
+            config["fail"] =
+                serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after});
+        }
+        let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
+            .arg(config.to_string());
+        let summaries = df
+            .map_in_arrow(&udf)?
+            .collect()
+            .await
+            .map_err(|e| python_version_hint(e, opts.python()))?;
+        let summary = parse_summaries(&summaries)?;
+
+        let mut rows = vec![0u64; n];
+        let mut seen = std::collections::BTreeSet::new();
+        let mut pushed = 0u64;
+        let mut placements = Vec::new();
+        let mut report = Vec::with_capacity(summary.len());
+        for s in &summary {
+            if !seen.insert(s.partition) {
+                return Err(JobError::Config(format!(
+                    "executor push: partition {} was summarised twice (Spark returned two attempts)",
+                    s.partition
+                )));
+            }
+            pushed += s.rows;
+            let mut line = PushedPartition {
+                partition: s.partition,
+                attempt: s.attempt,
+                shard: None,
+                rows: s.rows,
+                committed_rows: s.committed_rows,
+                duplicate: s.duplicate,
+            };
+            let Some(holder) = &s.agent_id else {
+                report.push(line); // an empty partition: nothing was sent
+                continue;
+            };
+            let shard = shards.agent_ids.iter().position(|a| a == holder).ok_or_else(|| {
+                JobError::PushedElsewhere {
+                    partition: s.partition,
+                    agent_id: holder.clone(),
+                    address: s.agent.clone(),
+                    job_agents: shards.agent_ids.to_vec(),
+                }
+            })?;
+            rows[shard] += s.rows;
+            placements.push((split, s.partition, shard, s.rows));
+            line.shard = Some(shard);
+            report.push(line);
+        }
+        report.sort_by_key(|p| p.partition);
+        match shards.only {
+            None => {
+                let counted = df.count().await? as u64;
+                if counted != pushed {
+                    return Err(JobError::PushedRows {
+                        split: split.as_str(),
+                        counted,
+                        pushed,
+                        partitions: summary.len(),
+                    });
+                }
+            }
+            Some(only) => {
+                // Re-sent shards must hold what they held before.
+                let before: u64 = placed
+                    .iter()
+                    .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
+                    .map(|(_, _, _, r)| r)
+                    .sum();
+                if before != pushed {
+                    return Err(JobError::PushedRows {
+                        split: split.as_str(),
+                        counted: before,
+                        pushed,
+                        partitions: summary.len(),
+                    });
+                }
+                placed.retain(|(sp, _, shard, _)| !(*sp == split && only.contains(shard)));
+            }
+        }
+        placed.extend(placements);
+        // What the agents hold must be what the partitions report, shard by shard.
+        for (s, c) in clients.iter().enumerate() {
+            if shards.only.is_some_and(|o| !o.contains(&s)) {
+                continue;
+            }
+            let st: AgentJobStatus = c
+                .action(&Action::JobStatus(JobRef {
+                    job_id: ctx.job_id.into(),
+                }))
+                .await?;
+            let held = match split {
+                Split::Train => st.rows_train,
+                Split::Eval => st.rows_eval,
+            };
+            if held != rows[s] {
+                return Err(JobError::RowMismatch {
+                    shard: s,
+                    agent: c.url().to_owned(),
+                    sent: rows[s],
+                    committed: held,
+                });
+            }
+        }
+        Ok((rows, report))
+    }
+}
+
+/// The job-wide facts a feed needs.
+struct FeedCtx<'a> {
+    job_id: &'a str,
+    token: Option<&'a Token>,
+    local: bool,
+}
+
+/// The job's shards: agent clients and ids by shard, optionally only some.
+#[derive(Clone, Copy)]
+struct Shards<'a> {
+    clients: &'a [AgentClient],
+    agent_ids: &'a [String],
+    only: Option<&'a [usize]>,
+}
+
+/// One partition's summary row from `kindling_push`.
+#[derive(Debug)]
+struct PushSummary {
+    partition: u32,
+    attempt: u32,
+    agent: String,
+    agent_id: Option<String>,
+    rows: u64,
+    committed_rows: u64,
+    duplicate: bool,
+}
+
+fn parse_summaries(batches: &[RecordBatch]) -> Result<Vec<PushSummary>, JobError> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{DataType, Int64Type};
+    let bad = |what: String| JobError::Config(format!("executor push: malformed summary: {what}"));
+    let mut out = Vec::new();
+    for batch in batches {
+        let column = |name: &str, ty: &DataType| {
+            let c = batch
+                .column_by_name(name)
+                .ok_or_else(|| bad(format!("no column `{name}`")))?;
+            arrow::compute::cast(c, ty).map_err(|e| bad(format!("`{name}`: {e}")))
+        };
+        let partition = column("partition_id", &DataType::Int64)?;
+        let agent = column("agent", &DataType::Utf8)?;
+        let agent_id = column("agent_id", &DataType::Utf8)?;
+        let attempt = column("attempt", &DataType::Int64)?;
+        let rows = column("rows", &DataType::Int64)?;
+        let committed = column("committed_rows", &DataType::Int64)?;
+        let duplicate = column("duplicate", &DataType::Boolean)?;
+        let (partition, attempt, rows, committed) = (
+            partition.as_primitive::<Int64Type>(),
+            attempt.as_primitive::<Int64Type>(),
+            rows.as_primitive::<Int64Type>(),
+            committed.as_primitive::<Int64Type>(),
+        );
+        let duplicate = duplicate.as_boolean();
+        let (agent, agent_id) = (agent.as_string::<i32>(), agent_id.as_string::<i32>());
+        for i in 0..batch.num_rows() {
+            out.push(PushSummary {
+                partition: u32::try_from(partition.value(i)).map_err(|e| bad(e.to_string()))?,
+                agent: agent.value(i).to_owned(),
+                attempt: u32::try_from(attempt.value(i)).map_err(|e| bad(e.to_string()))?,
+                agent_id: agent_id.is_valid(i).then(|| agent_id.value(i).to_owned()),
+                rows: u64::try_from(rows.value(i)).map_err(|e| bad(e.to_string()))?,
+                committed_rows: u64::try_from(committed.value(i)).map_err(|e| bad(e.to_string()))?,
+                duplicate: duplicate.value(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Names the setting to change when the executors run another Python.
+fn python_version_hint(e: crate::spark::Error, configured: &str) -> JobError {
+    let text = e.to_string();
+    if text.contains("PYTHON_VERSION_MISMATCH") || text.contains("has different version") {
+        let worker = text
+            .split("different version: ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|v| v.trim_end_matches(',').to_owned());
+        return JobError::Config(match worker {
+            Some(v) => format!(
+                "executor push: the executors run Python {v} but the job is set for {configured}; \
+                 set ExecutorPush::python_version(\"{v}\") ({text})"
+            ),
+            None => format!(
+                "executor push: the executors' Python is not {configured}; set \
+                 ExecutorPush::python_version to theirs ({text})"
+            ),
+        });
+    }
+    JobError::Spark(e)
 }
 
 fn clients_urls(clients: &[AgentClient]) -> Vec<String> {

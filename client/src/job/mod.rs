@@ -19,7 +19,7 @@ use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec
 use tokio::sync::mpsc;
 
 pub use model::TrainedModel;
-pub use progress::{ProgressMode, TrainingEvent};
+pub use progress::{ProgressMode, PushedPartition, TrainingEvent};
 
 /// Everything that can make a training job fail.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +66,35 @@ pub enum JobError {
         sent: u64,
         /// Rows committed.
         committed: u64,
+    },
+    /// The executors pushed a different number of rows than the DataFrame holds.
+    #[error(
+        "executor push of the {split} split: the DataFrame has {counted} rows but the partitions \
+         pushed {pushed} ({partitions} partitions summarised)"
+    )]
+    PushedRows {
+        /// Train or eval.
+        split: &'static str,
+        /// Rows the DataFrame counts.
+        counted: u64,
+        /// Rows the partitions' summaries report.
+        pushed: u64,
+        /// Partitions summarised.
+        partitions: usize,
+    },
+    /// A partition was pushed to an agent that is not one of the job's.
+    #[error(
+        "executor push: partition {partition} went to agent `{agent_id}` ({address}), not one of the job's agents {job_agents:?}"
+    )]
+    PushedElsewhere {
+        /// The partition.
+        partition: u32,
+        /// The agent that holds it.
+        agent_id: String,
+        /// The address the executor used.
+        address: String,
+        /// The job's agents.
+        job_agents: Vec<String>,
     },
     /// Training failed on the agents.
     #[error("training of job `{job_id}` failed: {cause}")]
@@ -136,6 +165,113 @@ pub struct TrainingJob {
     gang_timeout: Duration,
     progress: ProgressMode,
     events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    feed: Feed,
+}
+
+/// How the DataFrame's rows reach the agents.
+///
+/// ```
+/// use kindling::job::{ExecutorPush, Feed};
+/// let relay = Feed::default();
+/// assert_eq!(relay, Feed::DriverRelay);
+/// let push = Feed::ExecutorPush(ExecutorPush::new().python_version("3.12"));
+/// # let _ = push;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Feed {
+    /// The client executes the DataFrame through Spark Connect and streams its
+    /// Arrow batches to the agents (needs nothing on the executors; every row
+    /// crosses the client).
+    #[default]
+    DriverRelay,
+    /// Every Spark task pushes its own partition straight to an agent with
+    /// `mapInArrow` and the shipped `kindling_push.py` (rows never cross the
+    /// client; the executors need Python with pyarrow). See docs/executor-push.md.
+    ExecutorPush(ExecutorPush),
+}
+
+/// Settings of [`Feed::ExecutorPush`].
+///
+/// ```
+/// let push = kindling::job::ExecutorPush::new().python_version("3.12").node_local(false);
+/// assert_eq!(push.python(), "3.12");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorPush {
+    python_version: String,
+    node_local: bool,
+    timeout: Duration,
+    token_in_plan: Option<bool>,
+    fail_task: Option<(u32, u32)>,
+}
+
+/// The executors' Python when none is set: the Python of the Kindling executor
+/// images and of `deploy/local` (`major.minor`).
+pub const DEFAULT_EXECUTOR_PYTHON: &str = "3.11";
+
+impl Default for ExecutorPush {
+    fn default() -> Self {
+        ExecutorPush {
+            python_version: DEFAULT_EXECUTOR_PYTHON.into(),
+            node_local: true,
+            timeout: Duration::from_secs(60),
+            token_in_plan: None,
+            fail_task: None,
+        }
+    }
+}
+
+impl ExecutorPush {
+    /// Defaults: executors on Python [`DEFAULT_EXECUTOR_PYTHON`], node-local routing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The executors' Python `major.minor`, sent as the UDF's `python_ver`
+    /// (Spark releases whose worker compares it refuse another version with
+    /// `PYTHON_VERSION_MISMATCH`; `fit` names the version to set).
+    pub fn python_version(mut self, version: impl Into<String>) -> Self {
+        self.python_version = version.into();
+        self
+    }
+
+    /// The executors' Python `major.minor`.
+    pub fn python(&self) -> &str {
+        &self.python_version
+    }
+
+    /// On a cluster, push each partition to the agent of the executor's node
+    /// (`KINDLING_AGENT_ADDRESS`) when that agent runs the job (default on);
+    /// otherwise, and always in local mode, partition `p` goes to shard
+    /// `p mod num_slots`.
+    pub fn node_local(mut self, on: bool) -> Self {
+        self.node_local = on;
+        self
+    }
+
+    /// Deadline of each Flight call an executor makes (default 60 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether the cluster token travels inside the Spark plan to the
+    /// executors. Default: only in local mode (its token lives as long as the
+    /// job); on a cluster the executors read `KINDLING_TOKEN` from their
+    /// environment (the executor pod template sets it from the Secret).
+    pub fn token_in_plan(mut self, on: bool) -> Self {
+        self.token_in_plan = Some(on);
+        self
+    }
+
+    /// **Test hook.** Makes attempt 0 of the task of `partition` fail after it
+    /// pushed `after_batches` batches (mid-stream), to prove that a retried
+    /// task does not add rows twice. Never use it in production.
+    #[doc(hidden)]
+    pub fn fail_first_attempt_for_test(mut self, partition: u32, after_batches: u32) -> Self {
+        self.fail_task = Some((partition, after_batches));
+        self
+    }
 }
 
 impl TrainingJob {
@@ -147,6 +283,11 @@ impl TrainingJob {
     /// The job spec sent to the agents.
     pub fn spec(&self) -> &JobSpec {
         &self.spec
+    }
+
+    /// How rows reach the agents.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
     }
 
     /// Whether the job runs its own rendezvous and agents in this process.
@@ -171,6 +312,7 @@ pub struct TrainingJobBuilder {
     gang_timeout: Duration,
     progress: ProgressMode,
     events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    feed: Feed,
 }
 
 impl Default for TrainingJobBuilder {
@@ -189,6 +331,7 @@ impl Default for TrainingJobBuilder {
             gang_timeout: Duration::from_secs(60),
             progress: ProgressMode::Auto,
             events: None,
+            feed: Feed::DriverRelay,
         }
     }
 }
@@ -318,6 +461,13 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// How rows reach the agents: [`Feed::DriverRelay`] (default) or
+    /// [`Feed::ExecutorPush`].
+    pub fn feed(mut self, feed: Feed) -> Self {
+        self.feed = feed;
+        self
+    }
+
     /// Validates and returns the job.
     pub fn build(self) -> Result<TrainingJob, JobError> {
         let spec = self.spec.build()?;
@@ -335,6 +485,25 @@ impl TrainingJobBuilder {
         }
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(|e| JobError::Config(e.to_string()))?;
+        }
+        if let Feed::ExecutorPush(push) = &self.feed {
+            let ok = push.python_version.split_once('.').is_some_and(|(a, b)| {
+                !a.is_empty()
+                    && !b.is_empty()
+                    && a.bytes().all(|c| c.is_ascii_digit())
+                    && b.bytes().all(|c| c.is_ascii_digit())
+            });
+            if !ok {
+                return Err(JobError::Config(format!(
+                    "executor push: the executors' Python version must be `major.minor` (e.g. \"3.11\"), got `{}`",
+                    push.python_version
+                )));
+            }
+            if push.timeout.is_zero() {
+                return Err(JobError::Config(
+                    "executor push: the timeout must be positive".into(),
+                ));
+            }
         }
         let local_mode = self.local_mode.unwrap_or(self.rendezvous.is_none());
         if !local_mode && self.rendezvous.is_none() {
@@ -359,6 +528,7 @@ impl TrainingJobBuilder {
             gang_timeout: self.gang_timeout,
             progress: self.progress,
             events: self.events,
+            feed: self.feed,
         })
     }
 }

@@ -23,6 +23,23 @@ pub enum ProgressMode {
     Silent,
 }
 
+/// One partition an executor pushed ([`TrainingEvent::Fed`], executor push).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedPartition {
+    /// Spark partition id.
+    pub partition: u32,
+    /// Spark task attempt that reported it (from 0; above 0 after a retry).
+    pub attempt: u32,
+    /// The shard (agent) holding its rows; `None` for an empty partition.
+    pub shard: Option<usize>,
+    /// Rows in the partition.
+    pub rows: u64,
+    /// Rows this attempt committed (0 when an earlier attempt already had).
+    pub committed_rows: u64,
+    /// The agent already held the partition from an earlier attempt.
+    pub duplicate: bool,
+}
+
 /// One thing that happened in a training job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TrainingEvent {
@@ -50,6 +67,16 @@ pub enum TrainingEvent {
         split: &'static str,
         /// Rows per shard.
         rows_per_shard: Vec<u64>,
+        /// `driver-relay` or `executor-push`.
+        feed: &'static str,
+        /// Data bytes that flowed through this client for the split: Arrow
+        /// received from Spark and sent to agents (relay), or the summaries and
+        /// the uploaded module (push).
+        client_bytes: u64,
+        /// Seconds the split took to land, end of data included.
+        seconds: f64,
+        /// Executor push: the partitions pushed (empty for the driver relay).
+        partitions: Vec<PushedPartition>,
     },
     /// A training step progressed (reported from rank 0).
     Step {
@@ -200,8 +227,13 @@ impl Reporter {
                 TrainingEvent::Fed {
                     split,
                     rows_per_shard,
+                    feed,
+                    client_bytes,
+                    seconds,
+                    ..
                 } => Some(format!(
-                    "{split}: every row landed once, rows per shard {rows_per_shard:?}"
+                    "{split}: every row landed once ({feed}, {seconds:.1} s, {client_bytes} bytes through \
+                     the client), rows per shard {rows_per_shard:?}"
                 )),
                 TrainingEvent::Step {
                     epoch,

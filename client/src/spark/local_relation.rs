@@ -282,9 +282,31 @@ impl<'a> Uploader<'a> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let transport = self.session.transport();
+        let artifacts = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|(hash, data)| (format!("cache/{hash}"), data))
+            .collect();
+        self.pending_bytes = 0;
+        self.session.add_artifacts(artifacts).await
+    }
+
+    async fn finish(mut self) -> Result<Vec<String>> {
+        self.flush().await?;
+        Ok(self.hashes)
+    }
+}
+
+impl SparkSession {
+    /// Uploads named artifacts (`cache/…`, `pyfiles/…`, `jars/…`) in one
+    /// AddArtifacts call, each cut into CRC-checked pieces.
+    pub(crate) async fn add_artifacts(&self, artifacts: Vec<(String, Bytes)>) -> Result<()> {
+        if artifacts.is_empty() {
+            return Ok(());
+        }
+        let transport = self.transport();
+        let total: usize = artifacts.iter().map(|(_, data)| data.len()).sum();
         let mut requests = Vec::new();
-        for (hash, data) in self.pending.drain(..) {
+        for (name, data) in artifacts {
             let pieces: Vec<Bytes> = (0..data.len().div_ceil(ARTIFACT_MESSAGE_BYTES).max(1))
                 .map(|i| {
                     let start = i * ARTIFACT_MESSAGE_BYTES;
@@ -301,7 +323,6 @@ impl<'a> Uploader<'a> {
                 client_type: Some(transport.client_type().to_string()),
                 ..Default::default()
             };
-            let name = format!("cache/{hash}");
             // The server only finishes a chunked artifact on a `Chunk` message, so a
             // single-piece artifact must go as a batch entry.
             if let [only] = pieces.as_slice() {
@@ -332,7 +353,6 @@ impl<'a> Uploader<'a> {
                 });
             }
         }
-        self.pending_bytes = 0;
         let response = transport
             .stub()
             .add_artifacts(futures::stream::iter(requests))
@@ -345,12 +365,10 @@ impl<'a> Uploader<'a> {
                 bad.name
             )));
         }
+        transport
+            .bytes_out
+            .fetch_add(total as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    async fn finish(mut self) -> Result<Vec<String>> {
-        self.flush().await?;
-        Ok(self.hashes)
     }
 }
 

@@ -56,6 +56,15 @@ impl fmt::Debug for SparkSession {
     }
 }
 
+/// Data bytes a session moved through the client ([`SparkSession::data_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DataBytes {
+    /// Arrow IPC bytes of query results received.
+    pub received: u64,
+    /// Artifact bytes uploaded.
+    pub sent: u64,
+}
+
 /// Options for a [`SparkSession`] beyond the URL.
 ///
 /// ```no_run
@@ -224,6 +233,25 @@ impl SparkSession {
     /// ```
     pub fn user_agent(&self) -> &str {
         self.inner.transport.client_type()
+    }
+
+    /// Data bytes this session moved through the client so far: Arrow IPC
+    /// received in query results, and artifact bytes uploaded (local relations,
+    /// Python files). Plans, schemas and control messages are not counted.
+    ///
+    /// ```no_run
+    /// # async fn demo(spark: kindling::spark::SparkSession) -> Result<(), kindling::spark::Error> {
+    /// let before = spark.data_bytes();
+    /// spark.range(0, 1000, 1).collect().await?;
+    /// assert!(spark.data_bytes().received > before.received);
+    /// # Ok(()) }
+    /// ```
+    pub fn data_bytes(&self) -> DataBytes {
+        let t = self.transport();
+        DataBytes {
+            received: t.bytes_in.load(Ordering::Relaxed),
+            sent: t.bytes_out.load(Ordering::Relaxed),
+        }
     }
 
     /// The server's Spark version (asked once, then cached).

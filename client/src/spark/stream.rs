@@ -199,6 +199,9 @@ impl Execution {
             };
             match response.response_type {
                 Some(ResponseType::ArrowBatch(batch)) => {
+                    self.transport
+                        .bytes_in
+                        .fetch_add(batch.data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     self.decode(batch.data)?;
                     self.unreleased += 1;
                     // Releasing every response would cost the server one RPC per

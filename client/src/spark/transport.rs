@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use spark_connect_core::{RetryPolicy, RetryPolicyState};
@@ -75,6 +77,9 @@ pub(crate) struct Transport {
     user_context: UserContext,
     client_type: String,
     retry: RetryPolicy,
+    /// Arrow IPC bytes received in query results / sent as artifacts, by this session.
+    pub(crate) bytes_in: Arc<AtomicU64>,
+    pub(crate) bytes_out: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for Transport {
@@ -158,6 +163,8 @@ impl Transport {
             },
             client_type,
             retry: options.retry.clone(),
+            bytes_in: Arc::default(),
+            bytes_out: Arc::default(),
         })
     }
 
