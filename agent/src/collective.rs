@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
 use kindling_schemas::pb::collective::collective_client::CollectiveClient;
 use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
@@ -23,10 +24,22 @@ use tonic::{Request, Response, Status};
 
 use crate::error::AgentError;
 
-/// Largest chunk pushed in one message; larger segments travel in parts.
-pub const MAX_PART_BYTES: usize = 4 << 20;
+/// Largest chunk pushed in one message; larger segments travel in parts,
+/// [`PARTS_IN_FLIGHT`] at a time, so the receiver reduces one part while the
+/// next is on the wire. Every rank must use the same value.
+pub const PART_BYTES: usize = 1 << 20;
+/// Parts of one segment pushed concurrently.
+pub const PARTS_IN_FLIGHT: usize = 4;
 /// Largest message the collective server accepts.
-pub const MAX_MESSAGE_BYTES: usize = MAX_PART_BYTES + (64 << 10);
+pub const MAX_MESSAGE_BYTES: usize = (4 << 20) + (64 << 10);
+/// HTTP/2 flow-control window per stream for agent servers and peer
+/// channels: a whole part fits, so a push never stalls on window updates.
+pub const STREAM_WINDOW_BYTES: u32 = 2 << 20;
+/// Largest HTTP/2 frame agent servers accept (the protocol's ceiling is
+/// 16 MiB - 1; the default 16 KiB cuts a part into 64 frames).
+pub const MAX_FRAME_BYTES: u32 = 1 << 20;
+/// HTTP/2 flow-control window per connection: all parts in flight fit.
+pub const CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -219,6 +232,8 @@ impl Ring {
                 .connect_timeout(Duration::from_secs(5))
                 .timeout(config.timeout)
                 .tcp_nodelay(true)
+                .initial_stream_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                 .connect_lazy();
             let attach = BearerAttach::new(config.token.as_ref())
                 .map_err(|e| AgentError::InvalidInput(e.to_string()))?;
@@ -254,6 +269,10 @@ impl Ring {
 
     /// Sums `buf` element-wise across all ranks, in place; every rank ends with
     /// bitwise-identical values.
+    ///
+    /// Each ring step sends one segment in parts of [`PART_BYTES`] (a few in
+    /// flight at once) while the segment from the previous rank is reduced
+    /// part by part as it lands, straight into `buf`.
     pub async fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), AgentError> {
         let w = self.world as usize;
         self.op += 1;
@@ -265,25 +284,20 @@ impl Ring {
         let seg = |i: usize| bounds[i % w]..bounds[i % w + 1];
         // Reduce-scatter: after step s, segment (r - s - 1) holds s + 2 contributions.
         for s in 0..w - 1 {
-            let send = seg(r + w - s);
-            let recv = seg(r + w - s - 1);
-            let payload = encode_f32(&buf[send]);
-            let (_, got) =
-                tokio::try_join!(self.send(s as u32, payload), self.recv(s as u32, recv.len() * 4))?;
-            for (dst, v) in buf[recv].iter_mut().zip(decode_f32(&got)) {
-                *dst += v;
-            }
+            let (send, recv) = two_segments(buf, seg(r + w - s), seg(r + w - s - 1));
+            tokio::try_join!(
+                self.send_f32(s as u32, send),
+                self.recv_into(s as u32, recv, Combine::Add)
+            )?;
         }
         // All-gather: rank r now owns the full sum of segment r + 1; pass them round.
         for s in 0..w - 1 {
             let step = (w - 1 + s) as u32;
-            let send = seg(r + 1 + w - s);
-            let recv = seg(r + w - s);
-            let payload = encode_f32(&buf[send]);
-            let (_, got) = tokio::try_join!(self.send(step, payload), self.recv(step, recv.len() * 4))?;
-            for (dst, v) in buf[recv].iter_mut().zip(decode_f32(&got)) {
-                *dst = v;
-            }
+            let (send, recv) = two_segments(buf, seg(r + 1 + w - s), seg(r + w - s));
+            tokio::try_join!(
+                self.send_f32(step, send),
+                self.recv_into(step, recv, Combine::Replace)
+            )?;
         }
         Ok(())
     }
@@ -313,12 +327,37 @@ impl Ring {
     }
 
     async fn send(&self, step: u32, payload: Bytes) -> Result<(), AgentError> {
+        let parts = payload.len().div_ceil(PART_BYTES).max(1);
+        self.send_parts(step, parts, |part| {
+            payload.slice(part * PART_BYTES..((part + 1) * PART_BYTES).min(payload.len()))
+        })
+        .await
+    }
+
+    /// Sends `values` as little-endian bytes, encoding each part just before it
+    /// goes on the wire (no copy of the whole segment up front).
+    async fn send_f32(&self, step: u32, values: &[f32]) -> Result<(), AgentError> {
+        let per_part = PART_BYTES / 4;
+        let parts = values.len().div_ceil(per_part).max(1);
+        self.send_parts(step, parts, |part| {
+            encode_f32(
+                &values[(part * per_part).min(values.len())..((part + 1) * per_part).min(values.len())],
+            )
+        })
+        .await
+    }
+
+    /// Pushes `parts` parts to the next rank, [`PARTS_IN_FLIGHT`] at a time.
+    async fn send_parts(
+        &self,
+        step: u32,
+        parts: usize,
+        part_data: impl Fn(usize) -> Bytes,
+    ) -> Result<(), AgentError> {
         let Some((addr, client)) = &self.next else {
             return Ok(());
         };
-        let parts = payload.len().div_ceil(MAX_PART_BYTES).max(1);
-        for part in 0..parts {
-            let data = payload.slice(part * MAX_PART_BYTES..((part + 1) * MAX_PART_BYTES).min(payload.len()));
+        let pushes = futures::stream::iter(0..parts).map(|part| {
             let chunk = Chunk {
                 job_id: self.job_id.clone(),
                 attempt: self.attempt,
@@ -326,48 +365,89 @@ impl Ring {
                 step,
                 from_rank: self.rank,
                 part: part as u32,
-                data,
+                data: part_data(part),
             };
             let mut client = client.clone();
+            async move { client.push(chunk).await.map_err(|s| peer_error(addr, &s)) }
+        });
+        let mut acks = pushes.buffered(PARTS_IN_FLIGHT);
+        loop {
             tokio::select! {
-                r = client.push(chunk) => r.map_err(|s| peer_error(addr, &s))?,
+                r = acks.next() => match r {
+                    Some(r) => { r?; }
+                    None => return Ok(()),
+                },
                 _ = self.cancel.cancelled() => return Err(self.cancelled()),
-            };
+            }
+        }
+    }
+
+    /// Waits for part `part` of `step` from the previous rank.
+    async fn recv_part(&self, step: u32, part: u32) -> Result<Bytes, AgentError> {
+        let from = (self.rank + self.world - 1) % self.world;
+        let key = Key {
+            job_id: self.job_id.clone(),
+            attempt: self.attempt,
+            op: self.op,
+            step,
+            from_rank: from,
+            part,
+        };
+        match self.inbox.take_or_wait(key) {
+            Ok(d) => Ok(d),
+            Err(rx) => tokio::select! {
+                r = tokio::time::timeout(self.timeout, rx) => match r {
+                    Ok(Ok(d)) => Ok(d),
+                    Ok(Err(_)) => Err(self.cancelled()),
+                    Err(_) => Err(AgentError::PeerUnavailable {
+                        peer: format!("rank {from}"),
+                        reason: format!("no data within {:?} (op {}, step {step})", self.timeout, self.op),
+                    }),
+                },
+                _ = self.cancel.cancelled() => Err(self.cancelled()),
+            },
+        }
+    }
+
+    /// Receives `dst.len()` floats of `step` from the previous rank and adds
+    /// them to (or writes them over) `dst`, one part at a time as parts land.
+    async fn recv_into(&self, step: u32, dst: &mut [f32], combine: Combine) -> Result<(), AgentError> {
+        if dst.is_empty() {
+            // An empty segment still travels as one empty part.
+            let data = self.recv_part(step, 0).await?;
+            return self.check_part_len(step, 0, &data, 0);
+        }
+        for (part, dst) in dst.chunks_mut(PART_BYTES / 4).enumerate() {
+            let data = self.recv_part(step, part as u32).await?;
+            self.check_part_len(step, part, &data, dst.len() * 4)?;
+            combine.apply(dst, &data);
         }
         Ok(())
     }
 
+    fn check_part_len(&self, step: u32, part: usize, data: &[u8], expected: usize) -> Result<(), AgentError> {
+        if data.len() == expected {
+            return Ok(());
+        }
+        Err(AgentError::PeerUnavailable {
+            peer: format!("rank {}", (self.rank + self.world - 1) % self.world),
+            reason: format!(
+                "part {part} of op {} step {step} has {} bytes, expected {expected}",
+                self.op,
+                data.len()
+            ),
+        })
+    }
+
+    /// Receives `len` bytes of `step` from the previous rank.
     async fn recv(&self, step: u32, len: usize) -> Result<Bytes, AgentError> {
-        let from = (self.rank + self.world - 1) % self.world;
-        let parts = len.div_ceil(MAX_PART_BYTES).max(1);
+        let parts = len.div_ceil(PART_BYTES).max(1);
+        if parts == 1 {
+            return self.recv_part(step, 0).await;
+        }
         let mut out = Vec::with_capacity(len);
         for part in 0..parts {
-            let key = Key {
-                job_id: self.job_id.clone(),
-                attempt: self.attempt,
-                op: self.op,
-                step,
-                from_rank: from,
-                part: part as u32,
-            };
-            let data = match self.inbox.take_or_wait(key) {
-                Ok(d) => d,
-                Err(rx) => tokio::select! {
-                    r = tokio::time::timeout(self.timeout, rx) => match r {
-                        Ok(Ok(d)) => d,
-                        Ok(Err(_)) => return Err(self.cancelled()),
-                        Err(_) => return Err(AgentError::PeerUnavailable {
-                            peer: format!("rank {from}"),
-                            reason: format!("no data within {:?} (op {}, step {step})", self.timeout, self.op),
-                        }),
-                    },
-                    _ = self.cancel.cancelled() => return Err(self.cancelled()),
-                },
-            };
-            if parts == 1 {
-                return Ok(data);
-            }
-            out.extend_from_slice(&data);
+            out.extend_from_slice(&self.recv_part(step, part as u32).await?);
         }
         Ok(Bytes::from(out))
     }
@@ -388,16 +468,59 @@ fn peer_error(addr: &str, s: &Status) -> AgentError {
     }
 }
 
-fn encode_f32(values: &[f32]) -> Bytes {
-    let mut out = Vec::with_capacity(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+/// `(&buf[send], &mut buf[recv])` for two disjoint ranges.
+fn two_segments(
+    buf: &mut [f32],
+    send: std::ops::Range<usize>,
+    recv: std::ops::Range<usize>,
+) -> (&[f32], &mut [f32]) {
+    if send.start >= recv.end {
+        let (low, high) = buf.split_at_mut(send.start);
+        (&high[..send.len()], &mut low[recv])
+    } else {
+        let (low, high) = buf.split_at_mut(recv.start);
+        (&low[send], &mut high[..recv.len()])
     }
-    Bytes::from(out)
 }
 
-fn decode_f32(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+/// How a received part lands in the buffer.
+#[derive(Debug, Clone, Copy)]
+enum Combine {
+    Add,
+    Replace,
+}
+
+impl Combine {
+    fn apply(self, dst: &mut [f32], bytes: &[u8]) {
+        let src = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        match self {
+            Combine::Add => dst.iter_mut().zip(src).for_each(|(d, v)| *d += v),
+            Combine::Replace => dst.iter_mut().zip(src).for_each(|(d, v)| *d = v),
+        }
+    }
+}
+
+/// Little-endian bytes of `values` (one bulk copy on little-endian machines).
+fn encode_f32(values: &[f32]) -> Bytes {
+    if cfg!(target_endian = "little") {
+        Bytes::from(arrow::buffer::Buffer::from_slice_ref(values))
+    } else {
+        values
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into()
+    }
+}
+
+/// A tonic server builder with the flow-control windows the collective
+/// service (and bulk `DoPut` ingest) need to keep a loopback or LAN link busy.
+pub fn server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_frame_size(MAX_FRAME_BYTES)
 }

@@ -263,8 +263,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let collective = collective::grpc_service(inbox, check);
     let shutdown = cancel.clone();
     let server = tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        let result = collective::server_builder()
             .add_service(flight)
             .add_service(collective)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())

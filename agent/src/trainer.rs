@@ -106,7 +106,8 @@ pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
     Ok(Device::flex())
 }
 
-fn optimizer(spec: &JobSpec) -> ModuleOptimizer {
+/// The optimizer a spec names.
+pub fn optimizer(spec: &JobSpec) -> ModuleOptimizer {
     match spec.optimizer {
         OptimizerSpec::Sgd { momentum, .. } => {
             let mut c = SgdConfig::new();
@@ -225,23 +226,9 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             }
             let (mut buf, layout) = match cursor.next_batch()? {
                 Some(batch) => {
-                    let n = batch.num_rows();
-                    let x = tensorize::features(&batch, &ctx.layout, &device)?;
-                    let y = tensorize::targets(&batch, &spec.label, spec.task, &device)?;
-                    let loss = mean_loss(spec.task, model.forward(x), y, &device);
-                    let loss_value = loss.clone().into_scalar::<f32>() as f64;
-                    if !loss_value.is_finite() {
-                        return Err(AgentError::Training(format!(
-                            "loss became {loss_value} at epoch {epoch}, step {step}: lower the learning rate or normalise the features"
-                        )));
-                    }
-                    let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
-                    let grads = GradientsParams::from_grads(sum_loss.backward(), &model);
-                    let (mut buf, layout) = params::flatten_grads(&model, &grads);
-                    buf.push(n as f32);
-                    buf.push((loss_value * n as f64) as f32);
-                    rows_mine += n as u64;
-                    (buf, layout)
+                    rows_mine += batch.num_rows() as u64;
+                    local_gradients(&model, &batch, &ctx.layout, &spec, &device)
+                        .map_err(|e| e.at(epoch, step))?
                 }
                 None => {
                     let (mut buf, layout) = params::zero_grads(&model);
@@ -250,14 +237,8 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
                 }
             };
             rt.block_on(ctx.ring.all_reduce_sum(&mut buf))?;
-            let step_loss = buf.pop().unwrap_or(0.0) as f64;
-            let n_total = buf.pop().unwrap_or(0.0) as f64;
-            if n_total > 0.0 {
-                let inv = (1.0 / n_total) as f32;
-                buf.iter_mut().for_each(|g| *g *= inv);
-                let grads = params::unflatten_grads(&buf, &layout);
-                model = optim.step(lr, model, grads);
-            }
+            let (next, n_total, step_loss) = apply_summed_gradients(model, &mut optim, lr, buf, &layout);
+            model = next;
             loss_sum += step_loss;
             rows_total += n_total;
             let mut p = lock(&ctx.progress);
@@ -308,6 +289,79 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         model: model.valid(),
         history,
     })
+}
+
+/// Forward and backward of one batch on this rank: the flat buffer of
+/// gradient *sums* over the batch's rows (module visit order), followed by
+/// `[rows, loss sum]`, ready for the all-reduce.
+pub fn local_gradients(
+    model: &Net,
+    batch: &RecordBatch,
+    layout: &FeatureLayout,
+    spec: &JobSpec,
+    device: &Device,
+) -> Result<(Vec<f32>, params::GradLayout), StepError> {
+    let n = batch.num_rows();
+    let x = tensorize::features(batch, layout, device)?;
+    let y = tensorize::targets(batch, &spec.label, spec.task, device)?;
+    let loss = mean_loss(spec.task, model.forward(x), y, device);
+    let loss_value = loss.clone().into_scalar::<f32>() as f64;
+    if !loss_value.is_finite() {
+        return Err(StepError::NonFinite(loss_value));
+    }
+    let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
+    let grads = GradientsParams::from_grads(sum_loss.backward(), model);
+    let (mut buf, grad_layout) = params::flatten_grads(model, &grads);
+    buf.push(n as f32);
+    buf.push((loss_value * n as f64) as f32);
+    Ok((buf, grad_layout))
+}
+
+/// Why [`local_gradients`] failed.
+#[derive(Debug)]
+pub enum StepError {
+    /// The batch could not become tensors.
+    Agent(AgentError),
+    /// The loss became this non-finite value.
+    NonFinite(f64),
+}
+
+impl From<AgentError> for StepError {
+    fn from(e: AgentError) -> Self {
+        StepError::Agent(e)
+    }
+}
+
+impl StepError {
+    fn at(self, epoch: u32, step: u64) -> AgentError {
+        match self {
+            StepError::Agent(e) => e,
+            StepError::NonFinite(loss) => AgentError::Training(format!(
+                "loss became {loss} at epoch {epoch}, step {step}: lower the learning rate or normalise the features"
+            )),
+        }
+    }
+}
+
+/// The optimizer step on an all-reduced buffer from [`local_gradients`]:
+/// divides the gradient sums by the total rows and steps. Returns the model,
+/// the total rows and the summed loss (no step when no rank had rows).
+pub fn apply_summed_gradients(
+    model: Net,
+    optim: &mut ModuleOptimizer,
+    lr: f64,
+    mut buf: Vec<f32>,
+    layout: &params::GradLayout,
+) -> (Net, f64, f64) {
+    let step_loss = buf.pop().unwrap_or(0.0) as f64;
+    let n_total = buf.pop().unwrap_or(0.0) as f64;
+    if n_total <= 0.0 {
+        return (model, n_total, step_loss);
+    }
+    let inv = (1.0 / n_total) as f32;
+    buf.iter_mut().for_each(|g| *g *= inv);
+    let grads = params::unflatten_grads(&buf, layout);
+    (optim.step(lr, model, grads), n_total, step_loss)
 }
 
 /// Loss and accuracy over every rank's eval shard (identical on all ranks).

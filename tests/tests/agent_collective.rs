@@ -24,7 +24,7 @@ async fn peers(n: usize, token: &Token) -> Vec<Peer> {
         let svc = grpc_service(inbox.clone(), BearerCheck::new(Some(token.clone())));
         let shutdown = stop.clone();
         tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            kindling_agent::collective::server_builder()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),

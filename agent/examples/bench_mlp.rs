@@ -1,0 +1,260 @@
+//! Training throughput of an MLP 784-256-128-10 (ReLU), batch 256, Adam,
+//! cross-entropy, on synthetic data: the agent's own step path against
+//! PyTorch CPU with the same number of threads, in the same run.
+//!
+//! Rows, in samples/s:
+//! - `kindling step`: exactly what the trainer does per step on one rank
+//!   (Arrow batch → tensors, forward, backward, gradients flattened into the
+//!   all-reduce buffer, averaged, rebuilt, Adam step);
+//! - `burn alone`: the same model and batch as tensors already, forward,
+//!   backward and Adam straight from burn's gradients (no Arrow, no flattening);
+//! - `PyTorch`: `agent/examples/bench_mlp.py` with `torch.set_num_threads`
+//!   equal to burn's thread count (rayon's, `RAYON_NUM_THREADS` or the cores),
+//!   with OpenMP's default and passive wait policies; ratios are against the faster.
+//!
+//! Then a breakdown of one kindling step (median ms per phase).
+//!
+//! PyTorch is not a project dependency; install a CPU build once:
+//! `python3 -m venv ~/.cache/kindling/torchvenv && ~/.cache/kindling/torchvenv/bin/pip install torch==2.9.0`
+//! (or point `KINDLING_TORCH_PYTHON` at any Python with torch). Then:
+//! `cargo run --release -p kindling-agent --example bench_mlp -- --steps 200`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use burn::optim::GradientsParams;
+use burn::tensor::Device;
+use kindling_agent::model::{Net, mean_loss};
+use kindling_agent::{params, tensorize, trainer};
+use kindling_schemas::schema::{self, StreamKind};
+use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+use rand::{Rng, SeedableRng};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const IN: usize = 784;
+const BATCH: usize = 256;
+
+fn batches(n: usize) -> Vec<RecordBatch> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(
+            "x",
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), IN as i32),
+            false,
+        ),
+        Field::new("y", DataType::Int32, false),
+    ]));
+    (0..n)
+        .map(|_| {
+            let values: Vec<f32> = (0..BATCH * IN).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x = FixedSizeListArray::new(
+                Arc::new(Field::new("item", DataType::Float32, false)),
+                IN as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            );
+            let y = Int32Array::from_iter_values((0..BATCH).map(|_| rng.random_range(0..10)));
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(x), Arc::new(y)]).expect("batch")
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v.get(v.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let steps = arg("--steps", 200);
+    let warmup = arg("--warmup", 20);
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let spec = JobSpec::builder()
+        .task(Task::Classification { num_classes: 10 })
+        .model(ModelSpec::Mlp {
+            hidden: vec![256, 128],
+        })
+        .optimizer(OptimizerSpec::adam(1e-3))
+        .batch_size(BATCH)
+        .features(["x"])
+        .label("y")
+        .build()?;
+    let data = batches(64);
+    let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+    let base = Device::flex();
+    let device = base.clone().autodiff();
+    base.seed(0);
+    let lr = spec.optimizer.learning_rate();
+
+    // 1. The trainer's step path.
+    let mut model = Net::new(&spec, IN, &device);
+    let mut optim = trainer::optimizer(&spec);
+    let mut kindling = Duration::ZERO;
+    for i in 0..warmup + steps {
+        let t = Instant::now();
+        let (buf, grads) = trainer::local_gradients(&model, &data[i % data.len()], &layout, &spec, &device)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        model = trainer::apply_summed_gradients(model, &mut optim, lr, buf, &grads).0;
+        if i >= warmup {
+            kindling += t.elapsed();
+        }
+    }
+
+    // 2. burn alone: tensors made once, gradients straight into Adam.
+    let mut model = Net::new(&spec, IN, &device);
+    let mut optim = trainer::optimizer(&spec);
+    let tensors: Vec<_> = data
+        .iter()
+        .map(|b| {
+            let x = tensorize::features(b, &layout, &device)?;
+            let y = tensorize::targets(b, "y", spec.task, &device)?;
+            anyhow::Ok((x, y))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut burn_alone = Duration::ZERO;
+    for i in 0..warmup + steps {
+        let (x, y) = tensors[i % tensors.len()].clone();
+        let t = Instant::now();
+        let loss = mean_loss(spec.task, model.forward(x), y, &device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+        if i >= warmup {
+            burn_alone += t.elapsed();
+        }
+    }
+
+    // 3. Where a kindling step goes.
+    let mut phases: [Vec<Duration>; 6] = Default::default();
+    let mut model = Net::new(&spec, IN, &device);
+    let mut optim = trainer::optimizer(&spec);
+    for i in 0..steps.min(100) {
+        let b = &data[i % data.len()];
+        let t0 = Instant::now();
+        let x = tensorize::features(b, &layout, &device)?;
+        let y = tensorize::targets(b, "y", spec.task, &device)?;
+        let t1 = Instant::now();
+        let loss = mean_loss(spec.task, model.forward(x), y, &device);
+        let loss_value = loss.clone().into_scalar::<f32>();
+        let t2 = Instant::now();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let t3 = Instant::now();
+        let (mut buf, grad_layout) = params::flatten_grads(&model, &grads);
+        let t4 = Instant::now();
+        buf.iter_mut().for_each(|g| *g *= 1.0);
+        let grads = params::unflatten_grads(&buf, &grad_layout);
+        let t5 = Instant::now();
+        model = optim.step(lr, model, grads);
+        let t6 = Instant::now();
+        std::hint::black_box(loss_value);
+        for (p, d) in phases
+            .iter_mut()
+            .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
+        {
+            p.push(d);
+        }
+    }
+    std::hint::black_box(&model);
+
+    // 4. PyTorch, same threads.
+    let python = std::env::var("KINDLING_TORCH_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/kindling/torchvenv/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_mlp.py");
+    // OpenMP threads spin while waiting by default, which collapses on cores
+    // shared with other processes; PASSIVE makes them sleep. Both are run and
+    // the faster one is the baseline.
+    let mut torch_runs = Vec::new();
+    for policy in [None, Some("PASSIVE")] {
+        let mut cmd = std::process::Command::new(&python);
+        cmd.args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .args(["--warmup", &warmup.to_string()]);
+        if let Some(p) = policy {
+            cmd.env("OMP_WAIT_POLICY", p);
+        }
+        match cmd.output() {
+            Ok(out) if out.status.success() => {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+                if let Some(x) = v["samples_per_sec"].as_f64() {
+                    torch_runs.push((policy.unwrap_or("default"), x));
+                }
+            }
+            Ok(out) => eprintln!(
+                "PyTorch baseline failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => {
+                eprintln!(
+                    "PyTorch baseline not run ({python}: {e}); see the header of this file to install it"
+                );
+                break;
+            }
+        }
+    }
+    let torch_sps = torch_runs.iter().map(|r| r.1).reduce(f64::max);
+
+    let sps = |d: Duration| (steps * BATCH) as f64 / d.as_secs_f64();
+    let vs = |x: f64| {
+        torch_sps
+            .map(|t| format!("{:.2}×", x / t))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    println!("MLP 784-256-128-10, batch {BATCH}, Adam, cross-entropy, {threads} threads, {steps} steps");
+    println!();
+    println!("| path | samples/s | vs PyTorch |");
+    println!("|---|---:|---:|");
+    println!(
+        "| kindling step (trainer path) | {:.0} | {} |",
+        sps(kindling),
+        vs(sps(kindling))
+    );
+    println!(
+        "| burn alone (tensors ready, no flatten) | {:.0} | {} |",
+        sps(burn_alone),
+        vs(sps(burn_alone))
+    );
+    for (policy, t) in &torch_runs {
+        println!(
+            "| PyTorch {threads} threads, OMP_WAIT_POLICY {policy} | {t:.0} | {} |",
+            vs(*t)
+        );
+    }
+    if torch_runs.is_empty() {
+        println!("| PyTorch {threads} threads | not run | |");
+    }
+    println!();
+    println!("| phase of a kindling step | median ms |");
+    println!("|---|---:|");
+    let names = [
+        "Arrow batch → tensors",
+        "forward + loss (+ loss read back)",
+        "backward",
+        "flatten gradients",
+        "rebuild gradients",
+        "Adam step",
+    ];
+    for (name, p) in names.iter().zip(phases) {
+        println!("| {name} | {:.2} |", median(p));
+    }
+    Ok(())
+}
