@@ -71,6 +71,10 @@ pub enum AgentError {
     /// A model or optimizer record could not be encoded or decoded.
     #[error("model record: {0}")]
     Record(String),
+    /// The job asks for a GPU this agent cannot give (not built with the
+    /// `gpu` feature, or no adapter on the node).
+    #[error("{0}")]
+    GpuUnavailable(String),
 }
 
 impl AgentError {
@@ -104,7 +108,7 @@ impl From<AgentError> for Status {
                 Status::invalid_argument(msg)
             }
             AgentError::UnknownJob(_) => Status::not_found(msg),
-            AgentError::WrongState { .. } => Status::failed_precondition(msg),
+            AgentError::WrongState { .. } | AgentError::GpuUnavailable(_) => Status::failed_precondition(msg),
             AgentError::AttemptFailed { .. } => Status::aborted(msg),
             AgentError::PeerUnavailable { .. } | AgentError::Rendezvous(_) => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),

@@ -95,16 +95,19 @@ pub struct Job {
     pub cancel: CancellationToken,
     /// The trained model, once the job succeeded.
     pub model: Mutex<Option<Arc<Net>>>,
+    /// Where the job trains, from [`crate::device::label`].
+    pub device: String,
     data_changed: watch::Sender<u64>,
     env: JobEnv,
 }
 
 impl Job {
-    /// A new job with empty caches.
+    /// A new job with empty caches, training on `device` (a label).
     pub fn new(
         job_id: String,
         spec: JobSpec,
         rendezvous: String,
+        device: String,
         env: JobEnv,
         cancel: CancellationToken,
     ) -> Arc<Job> {
@@ -130,6 +133,7 @@ impl Job {
             progress: Arc::new(Mutex::new(Progress::default())),
             cancel,
             model: Mutex::new(None),
+            device,
             data_changed: watch::channel(0).0,
             env,
         })
@@ -179,6 +183,7 @@ impl Job {
             history: p.history.clone(),
             resumed_from_epoch: p.resumed_from_epoch,
             error: d.error.clone(),
+            device: self.device.clone(),
         }
     }
 

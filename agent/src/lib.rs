@@ -6,6 +6,7 @@
 //! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
 //! - [`cache`]: shard cache with memory budget and disk spill.
 //! - [`trainer`]: the data-parallel burn training loop.
+//! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
 //! - [`collective`]: ring all-reduce and broadcast between agents.
 //! - [`model`], [`tensorize`], [`params`]: burn models, Arrow → tensors, weights ↔ buffers/Arrow.
 //! - [`checkpoint`]: checkpoints per job and attempt.
@@ -15,6 +16,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod collective;
+pub mod device;
 pub mod error;
 pub mod flight;
 pub mod health;

@@ -63,11 +63,14 @@ impl JobRegistry {
                 });
             }
         }
+        // A job asking for a GPU this agent lacks is refused here, before it gangs.
+        let device = crate::device::label(&start.spec)?;
         let link = RendezvousLink::connect(&start.rendezvous, self.env.token.as_ref())?;
         let job = Job::new(
             start.job_id.clone(),
             start.spec,
             start.rendezvous,
+            device,
             self.env.clone(),
             self.cancel.child_token(),
         );

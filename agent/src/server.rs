@@ -228,6 +228,29 @@ impl Drop for AgentHandle {
     }
 }
 
+/// Whether `use_gpu` jobs can run here: built with the `gpu` feature and a
+/// wgpu adapter found (probed once, off the async threads). Logged either way.
+async fn gpu_backend() -> bool {
+    if !crate::device::GPU_COMPILED {
+        tracing::info!("GPU backend: none (built without the `gpu` feature); `use_gpu` jobs are refused");
+        return false;
+    }
+    match tokio::task::spawn_blocking(crate::device::gpu).await {
+        Ok(Ok((_, info))) => {
+            tracing::info!(adapter = %info, "GPU backend: wgpu");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "GPU backend: wgpu without an adapter; `use_gpu` jobs are refused");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "GPU backend: probing the wgpu adapter panicked");
+            false
+        }
+    }
+}
+
 /// Starts an agent: binds, serves, and registers with the rendezvous if one is configured.
 pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let listener = TcpListener::bind(config.listen)
@@ -272,6 +295,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             tracing::error!(error = %e, "agent server stopped");
         }
     });
+    let has_gpu = gpu_backend().await;
     if let Some(rv) = &config.rendezvous {
         let link = RendezvousLink::connect(rv, config.token.as_ref())?;
         let info = AgentInfo {
@@ -280,7 +304,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             collective_address: url.clone(),
             node_name: config.node_name.clone(),
             capacity: config.capacity,
-            has_gpu: cfg!(feature = "gpu"),
+            has_gpu,
         };
         let heartbeat = match link.register(info, cancel.child_token()).await {
             Ok(heartbeat) => heartbeat,

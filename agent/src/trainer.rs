@@ -89,21 +89,9 @@ pub struct TrainOutcome {
     pub history: Vec<EpochMetrics>,
 }
 
-/// The burn device for a spec.
+/// The burn device for a spec (see [`crate::device::for_spec`]).
 pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
-    if spec.use_gpu {
-        #[cfg(feature = "gpu")]
-        {
-            return Ok(Device::wgpu(Default::default()));
-        }
-        #[cfg(not(feature = "gpu"))]
-        {
-            return Err(AgentError::InvalidInput(
-                "use_gpu is set but this agent was built without the `gpu` feature".into(),
-            ));
-        }
-    }
-    Ok(Device::flex())
+    crate::device::for_spec(spec)
 }
 
 /// The optimizer a spec names.
@@ -134,15 +122,23 @@ fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
 /// fails (a peer died), the token is cancelled, or the loss diverges.
 pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let spec = ctx.spec.clone();
-    let base = device_for(&spec)?;
-    let device = base.clone().autodiff();
+    let device = device_for(&spec)?.autodiff();
     let mut model = {
         // Agents in one process share the device RNG: seed and init atomically so
         // the same seed always gives the same initial weights.
+        // Initial weights always come from the CPU's seeded RNG, so a seed gives
+        // the same weights on every device (the GPU's RNG draws differently).
         static INIT: Mutex<()> = Mutex::new(());
         let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
-        base.seed(spec.seed);
-        Net::new(&spec, ctx.layout.input_dim, &device)
+        let cpu = Device::flex();
+        cpu.seed(spec.seed);
+        let init = Net::new(&spec, ctx.layout.input_dim, &cpu.autodiff());
+        if spec.use_gpu {
+            let on_device = Net::new(&spec, ctx.layout.input_dim, &device);
+            params::from_record_bytes(on_device, params::to_record_bytes(&init)?)?
+        } else {
+            init
+        }
     };
     let mut optim = optimizer(&spec);
     let lr = spec.optimizer.learning_rate();

@@ -10,8 +10,10 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v flock >/dev/null 2>&1 || missing+=(util-linux)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-if [ "${KINDLING_GPU_TESTS:-0}" = 1 ] && ! [ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ]; then
-  missing+=(mesa-vulkan-drivers libvulkan1)
+# The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
+if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
+  compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)
+  compgen -G '/usr/lib/*/libvulkan.so.1' >/dev/null || missing+=(libvulkan1)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] installing ${missing[*]}" >&2

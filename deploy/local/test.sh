@@ -2,6 +2,9 @@
 # Runs every test against real parts: installs prerequisites, starts the local
 # Spark Connect server (reused if running), runs `cargo test --workspace`.
 # Extra arguments go to cargo test.
+# KINDLING_GPU_TESTS=1 also builds the agent with the `gpu` feature (burn-wgpu,
+# ~15 more minutes of build) and trains on the wgpu device: a real GPU, or
+# Mesa's software Vulkan device (lavapipe), which setup.sh then installs.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -12,3 +15,6 @@ export KINDLING_PYTHON_BIN="$KINDLING_HOME/venv/bin/python"
 "$HERE/spark-connect.sh" start
 cd "$ROOT"
 cargo test --workspace "$@"
+if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
+  cargo test -p kindling-agent --features gpu --test gpu_training
+fi

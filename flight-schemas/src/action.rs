@@ -322,6 +322,10 @@ pub struct AgentJobStatus {
     pub resumed_from_epoch: Option<u32>,
     /// The error that failed or cancelled the job.
     pub error: Option<String>,
+    /// Where the job trains on this agent: `cpu (flex)` or
+    /// `gpu (wgpu: <adapter> (<api>, <kind>, <driver>))`.
+    #[serde(default)]
+    pub device: String,
 }
 
 /// Answer to `list_jobs`.
@@ -429,6 +433,7 @@ mod tests {
             }],
             resumed_from_epoch: Some(2),
             error: None,
+            device: "cpu (flex)".into(),
         };
         let json = serde_json::to_string(&s).expect("json");
         assert_eq!(serde_json::from_str::<AgentJobStatus>(&json).expect("parse"), s);

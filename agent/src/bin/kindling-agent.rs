@@ -16,8 +16,12 @@ use tokio_util::sync::CancellationToken;
 /// Kindling training agent: receives Arrow shards over Flight and trains with
 /// its gang (ring all-reduce), ganged by the rendezvous.
 #[derive(Debug, Parser)]
-#[command(name = "kindling-agent", version)]
+#[command(name = "kindling-agent", version, long_version = LONG_VERSION)]
 struct Cli {
+    /// Print the GPU adapter `use_gpu` jobs would train on and exit (status 1
+    /// when the agent was built without the `gpu` feature or finds no adapter).
+    #[arg(long)]
+    check_gpu: bool,
     /// Unique agent id (default: the node name).
     #[arg(long, env = "KINDLING_AGENT_ID")]
     agent_id: Option<String>,
@@ -64,6 +68,29 @@ struct Cli {
     /// Log filter (`info`, `debug`, `kindling_agent=debug,info`, …); RUST_LOG wins when set.
     #[arg(long, env = "KINDLING_LOG", default_value = "info")]
     log_level: String,
+}
+
+const LONG_VERSION: &str = if kindling_agent::device::GPU_COMPILED {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (GPU backend: burn-wgpu, `gpu` feature)"
+    )
+} else {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (CPU only: built without the `gpu` feature)"
+    )
+};
+
+/// `--check-gpu`: the adapter, or why there is none.
+fn check_gpu() -> anyhow::Result<()> {
+    match kindling_agent::device::gpu() {
+        Ok((_, info)) => {
+            println!("gpu: wgpu adapter {info}");
+            Ok(())
+        }
+        Err(e) => bail!("no GPU for `use_gpu` jobs: {e}"),
+    }
 }
 
 /// `4GiB`, `512MiB`, `64KiB`, `2GB`, `1000` → bytes.
@@ -194,6 +221,9 @@ fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.check_gpu {
+        return check_gpu();
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
         .context("invalid --log-level")?;

@@ -1,0 +1,374 @@
+//! `use_gpu` end to end on a real agent over Flight on 127.0.0.1.
+//!
+//! Built with `--features gpu` (`cargo test -p kindling-agent --features gpu
+//! --test gpu_training`): the same MLP job trains once on the CPU (`flex`) and
+//! once on the wgpu device; the GPU run must learn the rule and match the CPU
+//! run (same initial weights, same batches) within float tolerance. CI has no
+//! GPU: Mesa's lavapipe (`mesa-vulkan-drivers`) is the Vulkan device there.
+//! With `KINDLING_GPU_TESTS=1` a missing adapter fails the test; without it the
+//! test checks that the agent refuses the `use_gpu` job instead, and says so.
+//!
+//! Built without the feature, it checks that `start_job` refuses a `use_gpu`
+//! job with an error naming the setting and the feature.
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use futures::StreamExt;
+use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
+use kindling_agent::{AgentConfig, AgentHandle};
+use kindling_schemas::action::{Action, AgentJobStatus, JobRef, StartJob};
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+const TOKEN: &str = "gpu-test-token";
+
+/// An embedded rendezvous and one agent registered with it.
+struct Local {
+    rendezvous: EmbeddedRendezvous,
+    agent: AgentHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl Local {
+    async fn start() -> Local {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = Some(Token::new(TOKEN));
+        let rendezvous = EmbeddedRendezvous::start(RendezvousConfig::default(), token.clone())
+            .await
+            .expect("rendezvous");
+        let mut config = AgentConfig::local("gpu-agent", dir.path());
+        config.token = token;
+        config.rendezvous = Some(rendezvous.url());
+        let agent = kindling_agent::start(config).await.expect("agent");
+        Local {
+            rendezvous,
+            agent,
+            _dir: dir,
+        }
+    }
+
+    fn flight(&self) -> FlightServiceClient<InterceptedService<Channel, BearerAttach>> {
+        let channel = Endpoint::from_shared(self.agent.url().to_owned())
+            .expect("url")
+            .connect_lazy();
+        let attach = BearerAttach::new(Some(&Token::new(TOKEN))).expect("token");
+        FlightServiceClient::with_interceptor(channel, attach)
+    }
+
+    async fn action<T: serde::de::DeserializeOwned>(&self, action: &Action) -> Result<T, tonic::Status> {
+        let mut results = self.flight().do_action(action.to_flight()).await?.into_inner();
+        let first = results.next().await.expect("a result")?;
+        Ok(serde_json::from_slice(&first.body).expect("json"))
+    }
+
+    /// Creates the job at the rendezvous and sends `start_job` to the agent.
+    async fn start_job(&self, job_id: &str, spec: &JobSpec) -> Result<(), tonic::Status> {
+        let rv = RendezvousClient::connect(self.rendezvous.url(), Some(&Token::new(TOKEN)))
+            .await
+            .expect("rendezvous client");
+        rv.create_job(&JobConfig::new(job_id, spec.num_slots))
+            .await
+            .expect("create job");
+        let start = Action::StartJob(StartJob {
+            job_id: job_id.into(),
+            spec: spec.clone(),
+            rendezvous: self.rendezvous.url(),
+        });
+        self.action::<serde_json::Value>(&start).await.map(|_| ())
+    }
+
+    async fn status(&self, job_id: &str) -> AgentJobStatus {
+        self.action(&Action::JobStatus(JobRef {
+            job_id: job_id.into(),
+        }))
+        .await
+        .expect("job_status")
+    }
+
+    async fn stop(self) {
+        self.agent.shutdown_and_wait().await;
+        self.rendezvous
+            .shutdown_and_wait()
+            .await
+            .expect("rendezvous stops");
+    }
+}
+
+/// A two-class MLP on `x1, x2 → y`.
+fn mlp(use_gpu: bool) -> JobSpec {
+    JobSpec::builder()
+        .model(ModelSpec::Mlp { hidden: vec![8] })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .batch_size(32)
+        .epochs(6)
+        .seed(11)
+        .use_gpu(use_gpu)
+        .build()
+        .expect("spec")
+}
+
+#[cfg(not(feature = "gpu"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_job_is_refused_by_an_agent_built_without_the_gpu_feature() {
+    let local = Local::start().await;
+    let err = local.start_job("gpu", &mlp(true)).await.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    let msg = err.message();
+    assert!(
+        msg.contains("`use_gpu`") && msg.contains("`gpu` cargo feature"),
+        "{msg}"
+    );
+    // Nothing was started: the job is unknown to the agent.
+    let unknown = local
+        .action::<AgentJobStatus>(&Action::JobStatus(JobRef { job_id: "gpu".into() }))
+        .await
+        .expect_err("no such job");
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
+    // The same spec without `use_gpu` is accepted and says where it trains.
+    local.start_job("cpu", &mlp(false)).await.expect("cpu job");
+    assert_eq!(local.status("cpu").await.device, "cpu (flex)");
+    local.stop().await;
+}
+
+#[cfg(feature = "gpu")]
+mod on_gpu {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use arrow::array::{AsArray, Float32Array, Float64Array, Int32Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Float32Type, Schema};
+    use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+    use arrow_flight::{FlightData, SchemaAsIpc};
+    use futures::{StreamExt, TryStreamExt};
+    use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData};
+    use kindling_schemas::descriptor::{DataPath, Split};
+    use kindling_schemas::metadata::{BatchMetadata, PutAck};
+    use kindling_schemas::spec::JobSpec;
+
+    use super::{Local, mlp};
+
+    impl Local {
+        /// One producer's DoPut of `batch` in 250-row pieces; returns the rows committed.
+        async fn put(&self, job_id: &str, split: Split, batch: &RecordBatch) -> u64 {
+            let options = IpcWriteOptions::default();
+            let mut schema: FlightData = SchemaAsIpc::new(&batch.schema(), &options).into();
+            schema.flight_descriptor = Some(DataPath::data(job_id, split).descriptor());
+            let mut messages = vec![schema];
+            let generator = IpcDataGenerator::default();
+            let mut tracker = DictionaryTracker::new(false);
+            for (seq, offset) in (0..batch.num_rows()).step_by(250).enumerate() {
+                let piece = batch.slice(offset, 250.min(batch.num_rows() - offset));
+                let (_, encoded) = generator
+                    .encode(&piece, &mut tracker, &options, &mut Default::default())
+                    .expect("encode");
+                let mut msg: FlightData = encoded.into();
+                msg.app_metadata = BatchMetadata {
+                    producer: "p".into(),
+                    seq: seq as u64,
+                    attempt: 0,
+                }
+                .encode()
+                .into();
+                messages.push(msg);
+            }
+            let mut acks = self
+                .flight()
+                .do_put(futures::stream::iter(messages))
+                .await
+                .expect("do_put")
+                .into_inner();
+            let mut committed = None;
+            while let Some(r) = acks.next().await {
+                let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
+                if ack.committed {
+                    committed = Some(ack.rows);
+                }
+            }
+            let rows = committed.expect("a commit acknowledgement");
+            let _: serde_json::Value = self
+                .action(&Action::EndOfData(EndOfData {
+                    job_id: job_id.into(),
+                    split,
+                    expected_rows: Some(rows),
+                }))
+                .await
+                .expect("end_of_data");
+            rows
+        }
+
+        async fn wait_done(&self, job_id: &str) -> AgentJobStatus {
+            let deadline = Instant::now() + Duration::from_secs(900);
+            loop {
+                let s = self.status(job_id).await;
+                if s.state.is_terminal() {
+                    return s;
+                }
+                assert!(Instant::now() < deadline, "`{job_id}` not done; last: {s:#?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+
+        /// The trained model as (name, values) pairs.
+        async fn weights(&self, job_id: &str) -> Vec<(String, Vec<f32>)> {
+            let ticket = DataPath::Model {
+                job_id: job_id.into(),
+            }
+            .ticket();
+            let stream = self.flight().do_get(ticket).await.expect("do_get").into_inner();
+            let batches: Vec<RecordBatch> =
+                arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
+                    stream.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))),
+                )
+                .try_collect()
+                .await
+                .expect("model table");
+            let mut out = Vec::new();
+            for b in batches {
+                let names = b.column(0).as_string::<i32>();
+                let values = b.column(2).as_list::<i32>();
+                for i in 0..b.num_rows() {
+                    out.push((
+                        names.value(i).to_owned(),
+                        values.value(i).as_primitive::<Float32Type>().values().to_vec(),
+                    ));
+                }
+            }
+            out
+        }
+    }
+
+    /// `rows` points with the rule `y = 1` iff `x1 + 2·x2 > 0.1`, deterministic in `seed`.
+    fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+        };
+        let (mut x1, mut x2, mut y) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rows {
+            let (a, b) = (next(), next() as f32);
+            x1.push(a);
+            x2.push(b);
+            y.push(i32::from(a + 2.0 * f64::from(b) > 0.1));
+        }
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x1", DataType::Float64, true),
+            Field::new("x2", DataType::Float32, true),
+            Field::new("y", DataType::Int32, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Float64Array::from(x1)),
+                Arc::new(Float32Array::from(x2)),
+                Arc::new(Int32Array::from(y)),
+            ],
+        )
+        .expect("batch")
+    }
+
+    /// Trains `spec` as job `job_id` on 2000 rows, evaluates on 1000 others.
+    async fn train(local: &Local, job_id: &str, spec: &JobSpec) -> (AgentJobStatus, Vec<(String, Vec<f32>)>) {
+        local.start_job(job_id, spec).await.expect("start_job");
+        assert_eq!(local.put(job_id, Split::Eval, &rule_batch(1000, 99)).await, 1000);
+        assert_eq!(local.put(job_id, Split::Train, &rule_batch(2000, 1)).await, 2000);
+        let started = Instant::now();
+        let status = local.wait_done(job_id).await;
+        assert_eq!(status.state, AgentJobState::Succeeded, "{status:#?}");
+        eprintln!(
+            "{job_id}: trained in {:.1?} on {}; accuracy per epoch {:?}",
+            started.elapsed(),
+            status.device,
+            status.history.iter().map(|m| m.eval_accuracy).collect::<Vec<_>>()
+        );
+        (status, local.weights(job_id).await)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_gpu_learns_the_rule_and_matches_the_cpu() {
+        let required = std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1");
+        let local = Local::start().await;
+        let info = match kindling_agent::device::gpu() {
+            Ok((_, info)) => info,
+            Err(e) if required => panic!(
+                "KINDLING_GPU_TESTS=1 but wgpu found no adapter: {e}\n\
+                 install Mesa's software Vulkan driver: KINDLING_GPU_TESTS=1 deploy/local/setup.sh \
+                 (apt-get install mesa-vulkan-drivers libvulkan1)"
+            ),
+            Err(e) => {
+                eprintln!(
+                    "NOT TRAINED ON A GPU: wgpu found no adapter ({e}); checking that the agent \
+                     refuses `use_gpu` instead. Set KINDLING_GPU_TESTS=1 to make this a failure."
+                );
+                let err = local.start_job("gpu", &mlp(true)).await.expect_err("refused");
+                assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+                assert!(err.message().contains("no usable GPU adapter"), "{err}");
+                local.stop().await;
+                return;
+            }
+        };
+        eprintln!("wgpu adapter: {info}");
+
+        let (gpu, gpu_weights) = train(&local, "gpu", &mlp(true)).await;
+        assert_eq!(
+            gpu.device,
+            format!("gpu (wgpu: {info})"),
+            "the job ran on the wgpu device"
+        );
+        let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
+        assert_eq!(cpu.device, "cpu (flex)");
+
+        // It learns.
+        let accuracy = gpu
+            .history
+            .last()
+            .and_then(|m| m.eval_accuracy)
+            .expect("accuracy");
+        assert!(accuracy > 0.95, "GPU eval accuracy {accuracy}");
+        assert!(gpu.history.last().expect("history").train_loss < gpu.history[0].train_loss);
+
+        // Same start, same batches: per-epoch metrics and weights agree up to float rounding.
+        assert_eq!(gpu.history.len(), cpu.history.len());
+        for (g, c) in gpu.history.iter().zip(&cpu.history) {
+            assert_eq!(g.rows, c.rows);
+            let loss_diff = (g.train_loss - c.train_loss).abs();
+            assert!(
+                loss_diff < 1e-3 * c.train_loss.max(0.1),
+                "epoch {}: loss {g:?} vs {c:?}",
+                g.epoch
+            );
+            let acc_diff = (g.eval_accuracy.unwrap_or(0.0) - c.eval_accuracy.unwrap_or(0.0)).abs();
+            assert!(acc_diff <= 0.005, "epoch {}: accuracy {g:?} vs {c:?}", g.epoch);
+        }
+        assert_eq!(gpu_weights.len(), cpu_weights.len());
+        let mut max_diff = 0f32;
+        let mut max_abs = 0f32;
+        for ((gn, gv), (cn, cv)) in gpu_weights.iter().zip(&cpu_weights) {
+            assert_eq!(gn, cn);
+            assert_eq!(gv.len(), cv.len(), "{gn}");
+            for (g, c) in gv.iter().zip(cv) {
+                max_diff = max_diff.max((g - c).abs());
+                max_abs = max_abs.max(c.abs());
+            }
+        }
+        eprintln!(
+            "GPU vs CPU: final accuracy {accuracy:.4} vs {:.4}, max |Δw| {max_diff:.2e} (max |w| {max_abs:.2})",
+            cpu.history
+                .last()
+                .and_then(|m| m.eval_accuracy)
+                .unwrap_or(f64::NAN)
+        );
+        assert!(max_abs > 0.0);
+        assert!(
+            max_diff < 1e-3 * max_abs.max(1.0),
+            "GPU weights differ from the CPU's by {max_diff} (largest weight {max_abs})"
+        );
+        local.stop().await;
+    }
+}
