@@ -141,9 +141,10 @@ impl ShardCache {
     }
 
     /// Adds a batch of `stream`, not yet visible to readers. Returns the
-    /// batch's in-memory Arrow size (what it charges the budget when it fits).
+    /// batch's Arrow size (what it charges the budget when it fits; buffers
+    /// shared by its columns, as after an IPC decode, count once).
     pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, AgentError> {
-        let bytes = batch.get_array_memory_size() as u64;
+        let bytes = kindling_schemas::schema::batch_bytes(&batch);
         let cached = if self.budget.try_reserve(bytes) {
             CachedBatch::Memory {
                 batch,
@@ -251,7 +252,7 @@ mod tests {
     #[test]
     fn spills_past_the_budget_and_reads_back_identically() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let one = batch(0, 1000).get_array_memory_size() as u64;
+        let one = kindling_schemas::schema::batch_bytes(&batch(0, 1000));
         let budget = MemoryBudget::new(one * 2);
         let mut cache = ShardCache::new(dir.path().join("s"), budget.clone());
         for i in 0..5 {
@@ -273,6 +274,41 @@ mod tests {
             0,
             "spill files removed"
         );
+    }
+
+    /// A batch decoded from IPC keeps all its columns in one message buffer:
+    /// it must be charged for its values once, not once per column, or a
+    /// shard well inside the budget spills.
+    #[test]
+    fn an_ipc_decoded_batch_is_charged_once_not_per_column() {
+        let columns: Vec<Field> = (0..8)
+            .map(|i| Field::new(format!("c{i}"), DataType::Int64, false))
+            .collect();
+        let schema = Arc::new(Schema::new(columns));
+        let arrays = (0..8)
+            .map(|i| Arc::new(Int64Array::from_iter_values(i * 10_000..(i + 1) * 10_000)) as _)
+            .collect();
+        let original = RecordBatch::try_new(schema.clone(), arrays).expect("batch");
+        let mut encoded = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut encoded, &schema).expect("writer");
+            w.write(&original).expect("write");
+            w.finish().expect("finish");
+        }
+        let decoded = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(encoded), None)
+            .expect("reader")
+            .next()
+            .expect("one batch")
+            .expect("decode");
+        assert_eq!(decoded, original);
+        let values = 8 * 10_000 * 8;
+        assert_eq!(kindling_schemas::schema::batch_bytes(&decoded), values);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let budget = MemoryBudget::new(2 * values);
+        let mut cache = ShardCache::new(dir.path(), budget.clone());
+        assert_eq!(cache.append(1, decoded).expect("append"), values);
+        assert_eq!(cache.bytes(), (values, 0), "fits the budget: nothing spills");
+        assert_eq!(budget.used(), values);
     }
 
     #[test]

@@ -470,7 +470,7 @@ impl Ingest {
             .unwrap_or_default();
         if meta.seq < committed.next_seq && !self.staged.contains_key(&meta.producer) {
             self.duplicates_only.insert(meta.producer.clone());
-            let bytes = batch.get_array_memory_size() as u64;
+            let bytes = schema::batch_bytes(&batch);
             return Ok(PutAck {
                 producer: meta.producer,
                 seq: meta.seq,

@@ -241,6 +241,25 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
 /// Checks the values of one batch's feature and label columns: no nulls, no
 /// NaN/infinity, class labels in range. The batch must have a schema that
 /// [`validate`] accepted; other (pass-through) columns are not looked at.
+/// Bytes of a batch's own values (the sum of its columns' sliced buffers).
+///
+/// Use this, not `RecordBatch::get_array_memory_size`, to account for memory
+/// or size messages: a batch decoded from Arrow IPC without copying has every
+/// column in one shared message buffer, and a slice shares its parent's
+/// buffers, so `get_array_memory_size` counts the shared buffer once per
+/// column (or per slice).
+pub fn batch_bytes(batch: &RecordBatch) -> u64 {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size()) as u64
+        })
+        .sum()
+}
+
 pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaError> {
     let schema = batch.schema();
     let used = schema

@@ -21,11 +21,7 @@ fn status_kb(field: &str) -> u64 {
 /// Bytes of the batch's own values (batches decoded without copying share the
 /// message buffer, so `get_array_memory_size` would count it once per column).
 fn slice_bytes(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(0))
-        .sum()
+    kindling_schemas::schema::batch_bytes(batch) as usize
 }
 
 #[tokio::test]

@@ -874,7 +874,7 @@ async fn start_on(
 
 /// Slices a batch so no piece exceeds [`MAX_BATCH_BYTES`].
 fn slice_large(batch: &RecordBatch) -> Vec<RecordBatch> {
-    let bytes = batch.get_array_memory_size();
+    let bytes = schema::batch_bytes(batch) as usize;
     if bytes <= MAX_BATCH_BYTES || batch.num_rows() < 2 {
         return vec![batch.clone()];
     }
