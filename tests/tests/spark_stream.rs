@@ -1,6 +1,6 @@
 //! Results as a stream: batches arrive one by one, client memory stays flat.
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int64Type};
 use futures::{StreamExt, TryStreamExt};
 use kindling::spark::functions::{col, concat, lit};
