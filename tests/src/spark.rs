@@ -103,3 +103,16 @@ impl Drop for PrivateSpark {
         let _ = self.script("stop").status();
     }
 }
+
+const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+     (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
+
+/// `rows` rows in 4 partitions, computed in Spark: float features `x1`, `x2`
+/// in [-1, 1) (seeded) and the label `y = x1 + 2·x2 > 0.1`, a linear rule a
+/// model can learn to > 95 %.
+pub async fn rule_df(spark: &kindling::SparkSession, rows: usize) -> kindling::DataFrame {
+    spark
+        .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
+        .await
+        .expect("sql")
+}

@@ -3,22 +3,12 @@
 //! `kindling_push.udf_command` (shipped as a session Python file) on a real
 //! Spark Connect server; the tasks push straight into real local agents.
 
+use kindling::SparkSession;
 use kindling::job::{
     ExecutorPush, Feed, JobError, ProgressMode, PushedPartition, TrainingEvent, TrainingJob,
 };
-use kindling::{DataFrame, SparkSession};
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use kindling_tests::spark::{PrivateSpark, spark_remote};
-
-const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-     (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
-
-async fn rule_df(spark: &SparkSession, rows: usize) -> DataFrame {
-    spark
-        .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
-        .await
-        .expect("sql")
-}
+use kindling_tests::spark::{PrivateSpark, rule_df, spark_remote};
 
 fn job(feed: Feed) -> kindling::job::TrainingJobBuilder {
     TrainingJob::builder()

@@ -3,23 +3,13 @@
 use std::time::Duration;
 
 use futures::TryStreamExt;
+use kindling::SparkSession;
 use kindling::job::{JobError, ProgressMode, TrainingEvent, TrainingJob};
 use kindling::local::{LocalCluster, LocalClusterConfig};
-use kindling::{DataFrame, SparkSession};
 use kindling_schemas::action::{Action, AgentJobState, JobList};
 use kindling_schemas::schema::SchemaError;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use kindling_tests::spark::spark_remote;
-
-const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-     (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
-
-async fn rule_df(spark: &SparkSession, rows: usize) -> DataFrame {
-    spark
-        .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
-        .await
-        .expect("sql")
-}
+use kindling_tests::spark::{rule_df, spark_remote};
 
 fn job(slots: u32, epochs: u32) -> kindling::job::TrainingJobBuilder {
     TrainingJob::builder()
