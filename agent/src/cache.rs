@@ -116,7 +116,6 @@ impl Drop for CachedBatch {
 #[derive(Debug)]
 struct Entry {
     stream: u64,
-    committed: bool,
     batch: Arc<CachedBatch>,
 }
 
@@ -125,7 +124,12 @@ struct Entry {
 pub struct ShardCache {
     dir: PathBuf,
     budget: Arc<MemoryBudget>,
-    entries: Vec<Entry>,
+    /// Staged batches of streams that have not committed yet.
+    staged: Vec<Entry>,
+    /// Committed batches in commit order: a batch's index never changes, so a
+    /// trainer reading the shard while it arrives sees every batch once.
+    committed: Vec<Arc<CachedBatch>>,
+    committed_rows: u64,
     next_file: u64,
 }
 
@@ -135,7 +139,9 @@ impl ShardCache {
         ShardCache {
             dir: dir.into(),
             budget,
-            entries: Vec::new(),
+            staged: Vec::new(),
+            committed: Vec::new(),
+            committed_rows: 0,
             next_file: 0,
         }
     }
@@ -154,9 +160,8 @@ impl ShardCache {
         } else {
             self.spill(&batch)?
         };
-        self.entries.push(Entry {
+        self.staged.push(Entry {
             stream,
-            committed: false,
             batch: Arc::new(cached),
         });
         Ok(bytes)
@@ -176,41 +181,44 @@ impl ShardCache {
         })
     }
 
-    /// Makes a stream's batches visible.
+    /// Makes a stream's batches visible, after every batch committed before.
     pub fn commit(&mut self, stream: u64) {
-        for e in self.entries.iter_mut().filter(|e| e.stream == stream) {
-            e.committed = true;
+        let (mine, others) = std::mem::take(&mut self.staged)
+            .into_iter()
+            .partition(|e| e.stream == stream);
+        self.staged = others;
+        for e in mine {
+            self.committed_rows += e.batch.rows() as u64;
+            self.committed.push(e.batch);
         }
     }
 
     /// Drops a stream's uncommitted batches.
     pub fn abort(&mut self, stream: u64) {
-        self.entries.retain(|e| e.committed || e.stream != stream);
+        self.staged.retain(|e| e.stream != stream);
     }
 
-    /// The committed batches, in arrival order.
+    /// The committed batches, in commit order.
     pub fn snapshot(&self) -> Vec<Arc<CachedBatch>> {
-        self.entries
-            .iter()
-            .filter(|e| e.committed)
-            .map(|e| e.batch.clone())
-            .collect()
+        self.committed.clone()
+    }
+
+    /// The committed batches from index `from` on (commit order).
+    pub fn committed_since(&self, from: usize) -> Vec<Arc<CachedBatch>> {
+        self.committed.get(from..).map(<[_]>::to_vec).unwrap_or_default()
     }
 
     /// Committed rows.
     pub fn committed_rows(&self) -> u64 {
-        self.entries
-            .iter()
-            .filter(|e| e.committed)
-            .map(|e| e.batch.rows() as u64)
-            .sum()
+        self.committed_rows
     }
 
     /// `(bytes in memory, bytes on disk)` of every batch, committed or not.
     pub fn bytes(&self) -> (u64, u64) {
-        self.entries
+        self.committed
             .iter()
-            .fold((0, 0), |(m, d), e| match e.batch.as_ref() {
+            .chain(self.staged.iter().map(|e| &e.batch))
+            .fold((0, 0), |(m, d), b| match b.as_ref() {
                 CachedBatch::Memory { bytes, .. } => (m + bytes, d),
                 CachedBatch::Disk { bytes, .. } => (m, d + bytes),
             })
@@ -218,7 +226,9 @@ impl ShardCache {
 
     /// Drops everything.
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.staged.clear();
+        self.committed.clear();
+        self.committed_rows = 0;
     }
 }
 
@@ -323,5 +333,26 @@ mod tests {
         cache.abort(1);
         assert_eq!(cache.committed_rows(), 10);
         assert_eq!(cache.snapshot().len(), 1);
+    }
+
+    /// Batches are visible in commit order, so an index into the committed
+    /// batches never moves while later streams commit (a trainer reading the
+    /// shard as it arrives would otherwise see one batch twice, another never).
+    #[test]
+    fn committed_batches_keep_their_index_when_an_older_stream_commits_later() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cache = ShardCache::new(dir.path(), MemoryBudget::new(u64::MAX));
+        cache.append(1, batch(0, 10)).expect("append");
+        cache.append(2, batch(100, 10)).expect("append");
+        cache.commit(2);
+        let first = cache.committed_since(0);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].load().expect("load"), batch(100, 10));
+        cache.commit(1);
+        let later = cache.committed_since(1);
+        assert_eq!(later.len(), 1);
+        assert_eq!(later[0].load().expect("load"), batch(0, 10));
+        assert_eq!(cache.committed_rows(), 20);
+        assert!(cache.committed_since(5).is_empty());
     }
 }

@@ -211,18 +211,16 @@ impl Job {
         }
     }
 
-    /// Waits until the train split has ended (or the token fires).
+    /// Waits until the data's layout is known (a stream's schema was
+    /// accepted) or the train split has ended (or the token fires).
     async fn wait_for_data(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
         let mut rx = self.data_changed.subscribe();
         loop {
-            if self
-                .lock()
-                .end_of_data
-                .get(&Split::Train)
-                .copied()
-                .unwrap_or(false)
             {
-                return Ok(());
+                let d = self.lock();
+                if d.layout.is_some() || d.end_of_data.get(&Split::Train).copied().unwrap_or(false) {
+                    return Ok(());
+                }
             }
             tokio::select! {
                 r = rx.changed() => if r.is_err() { return Err(AgentError::Cancelled("agent shutting down".into())) },
@@ -268,7 +266,10 @@ impl Job {
             self.env.inbox.enter_attempt(&self.job_id, attempt);
             let attempt_cancel = self.cancel.child_token();
             let watcher = link.watch_attempt(&self.job_id, attempt, attempt_cancel.clone());
-            let result = self.run_attempt(&membership, attempt_cancel.clone()).await;
+            let result = self
+                .clone()
+                .run_attempt(&membership, attempt_cancel.clone())
+                .await;
             attempt_cancel.cancel();
             watcher.abort();
             match result {
@@ -298,19 +299,26 @@ impl Job {
         }
     }
 
-    async fn run_attempt(&self, m: &AttemptMembership, cancel: CancellationToken) -> Result<Net, AgentError> {
+    /// One attempt: starts training as soon as the data's layout is known;
+    /// the first epoch trains the train split as it arrives.
+    async fn run_attempt(
+        self: Arc<Self>,
+        m: &AttemptMembership,
+        cancel: CancellationToken,
+    ) -> Result<Net, AgentError> {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
-        let (train, eval, layout) = {
-            let d = self.lock();
-            let layout = d.layout.clone().ok_or_else(|| {
-                AgentError::InvalidInput(
-                    "end of data before any stream reached this agent: send at least the schema".into(),
-                )
-            })?;
-            (d.train.snapshot(), d.eval.snapshot(), layout)
-        };
+        let layout = self.lock().layout.clone().ok_or_else(|| {
+            AgentError::InvalidInput(
+                "end of data before any stream reached this agent: send at least the schema".into(),
+            )
+        })?;
+        let data = Arc::new(JobShards {
+            changes: std::sync::Mutex::new(self.data_changed.subscribe()),
+            job: self.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
         let ring = Ring::new(
             RingConfig {
                 job_id: self.job_id.clone(),
@@ -328,8 +336,7 @@ impl Job {
             attempt: m.attempt,
             spec: self.spec.clone(),
             layout,
-            train,
-            eval,
+            data,
             ring,
             runtime: tokio::runtime::Handle::current(),
             checkpoints: CheckpointStore::new(
@@ -345,5 +352,37 @@ impl Job {
             .await
             .map_err(|e| AgentError::Training(format!("trainer thread panicked: {e}")))??;
         Ok(outcome.model)
+    }
+}
+
+/// The job's caches as the trainer reads them (see [`trainer::ShardSource`]).
+#[derive(Debug)]
+struct JobShards {
+    job: Arc<Job>,
+    changes: Mutex<watch::Receiver<u64>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl trainer::ShardSource for JobShards {
+    fn train_since(&self, from: usize) -> (Vec<Arc<crate::cache::CachedBatch>>, bool) {
+        // Mark the changes seen before reading, so `wait` wakes for any later one.
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .borrow_and_update();
+        let d = self.job.lock();
+        let ended = d.end_of_data.get(&Split::Train).copied().unwrap_or(false);
+        (d.train.committed_since(from), ended)
+    }
+
+    fn eval(&self) -> Vec<Arc<crate::cache::CachedBatch>> {
+        self.job.lock().eval.snapshot()
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let mut rx = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .runtime
+            .block_on(async { tokio::time::timeout(timeout, rx.changed()).await });
     }
 }

@@ -8,9 +8,21 @@
 //! the same optimizer step everywhere. A rank that ran out of rows contributes
 //! zeros, so every row of every shard is trained exactly once per epoch and
 //! the replicas stay bitwise identical.
+//!
+//! Training does not wait for the data: while any rank's train split is still
+//! arriving, the epoch is *live*. Each rank trains its committed batches in
+//! commit order as they come; every step's all-reduce also carries
+//! `[not ready, exhausted]` flags. A rank with no full batch yet waits briefly
+//! ([`LIVE_WAIT`]) and then contributes a "not ready" zero; a step that anyone
+//! was not ready for is not taken (the others keep their batch for the next
+//! round), and the epoch ends when every rank has exhausted an ended split.
+//! So each step is every rank's next full batch exactly as without streaming,
+//! and the result does not depend on when the rows arrived. The first epoch
+//! of a job always trains in commit order (shuffling starts with epoch 2), so
+//! streamed and fully-cached starts train identically.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use burn::module::Module;
@@ -62,10 +74,8 @@ pub struct TrainContext {
     pub spec: JobSpec,
     /// How batches map to the model input.
     pub layout: FeatureLayout,
-    /// This rank's training shard.
-    pub train: Vec<Arc<CachedBatch>>,
-    /// This rank's eval shard.
-    pub eval: Vec<Arc<CachedBatch>>,
+    /// This rank's shards, train split possibly still arriving.
+    pub data: Arc<dyn ShardSource>,
     /// The ring to the other ranks.
     pub ring: Ring,
     /// Runtime to drive the ring from this thread.
@@ -78,6 +88,23 @@ pub struct TrainContext {
     pub cancel: CancellationToken,
     /// Shuffle the order of cached batches every epoch.
     pub shuffle: bool,
+}
+
+/// How long a rank with no full batch waits for rows before it tells its
+/// peers it is not ready (they wait for it inside the all-reduce meanwhile).
+pub const LIVE_WAIT: Duration = Duration::from_millis(200);
+
+/// A rank's cached data as the trainer sees it: the train split may still be
+/// arriving; batches are addressed by commit index, which never changes.
+pub trait ShardSource: Send + Sync + std::fmt::Debug {
+    /// Committed train batches from index `from` on, and whether the train
+    /// split has ended (no more batches will commit).
+    fn train_since(&self, from: usize) -> (Vec<Arc<CachedBatch>>, bool);
+    /// The committed eval batches.
+    fn eval(&self) -> Vec<Arc<CachedBatch>>;
+    /// Blocks until data may have changed since the last `train_since`, or
+    /// `timeout` passed.
+    fn wait(&self, timeout: Duration);
 }
 
 /// The result of a successful training.
@@ -185,34 +212,52 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         }
     }
 
-    let local_rows: u64 = ctx.train.iter().map(|b| b.rows() as u64).sum();
     for epoch in start_epoch + 1..=spec.epochs {
         let started = Instant::now();
-        let mut counts = vec![0f32; world];
+        let (train, ended) = ctx.data.train_since(0);
+        let local_rows: u64 = train.iter().map(|b| b.rows() as u64).sum();
+        // Every rank's row count, and how many ranks' data is still arriving.
+        let mut counts = vec![0f32; world + 1];
         counts[rank] = local_rows as f32;
+        counts[world] = if ended { 0.0 } else { 1.0 };
         rt.block_on(ctx.ring.all_reduce_sum(&mut counts))?;
+        let live = counts[world] > 0.0;
         let b = spec.batch_size as f64;
-        let steps = counts
-            .iter()
-            .map(|&n| (n as f64 / b).ceil() as u64)
-            .max()
-            .unwrap_or(0);
+        let steps = if live {
+            0
+        } else {
+            counts[..world]
+                .iter()
+                .map(|&n| (n as f64 / b).ceil() as u64)
+                .max()
+                .unwrap_or(0)
+        };
         {
             let mut p = lock(&ctx.progress);
             p.epoch = epoch;
             p.step = 0;
             p.steps_per_epoch = steps;
         }
-        let mut order: Vec<usize> = (0..ctx.train.len()).collect();
-        if ctx.shuffle {
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        if ctx.shuffle && epoch > 1 {
             let seed = spec.seed ^ ((epoch as u64) << 32) ^ rank as u64;
             order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
         }
-        let mut cursor = BatchCursor::new(ctx.train.clone(), order, spec.batch_size);
+        let mut cursor = if live {
+            BatchCursor::arriving(ctx.data.clone(), spec.batch_size)
+        } else {
+            BatchCursor::new(train, order, spec.batch_size)
+        };
         let mut loss_sum = 0f64;
         let mut rows_total = 0f64;
         let mut rows_mine = 0u64;
-        for step in 0..steps {
+        // This rank's gradients for a batch its peers were not all ready for.
+        let mut pending: Option<(Vec<f32>, params::GradLayout, u64)> = None;
+        let mut step = 0u64;
+        loop {
+            if !live && step >= steps {
+                break;
+            }
             if ctx.cancel.is_cancelled() {
                 return Err(AgentError::AttemptFailed {
                     job_id: ctx.job_id.clone(),
@@ -220,27 +265,57 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
                     cause: "cancelled".into(),
                 });
             }
-            let (mut buf, layout) = match cursor.next_batch()? {
-                Some(batch) => {
-                    rows_mine += batch.num_rows() as u64;
-                    local_gradients(&model, &batch, &ctx.layout, &spec, &device)
-                        .map_err(|e| e.at(epoch, step))?
+            let mut not_ready = 0.0;
+            let mut exhausted = 0.0;
+            if pending.is_none() {
+                match cursor.pull(LIVE_WAIT)? {
+                    Pull::Ready(batch) => {
+                        let (buf, layout) = local_gradients(&model, &batch, &ctx.layout, &spec, &device)
+                            .map_err(|e| e.at(epoch, step))?;
+                        pending = Some((buf, layout, batch.num_rows() as u64));
+                    }
+                    Pull::NotYet => not_ready = 1.0,
+                    Pull::Exhausted => exhausted = 1.0,
                 }
+            }
+            // A live step may not be taken: keep this rank's gradients until it is.
+            let local = if live { pending.clone() } else { pending.take() };
+            let (mut buf, layout, rows) = match local {
+                Some(local) => local,
                 None => {
                     let (mut buf, layout) = params::zero_grads(&model);
                     buf.extend([0.0, 0.0]);
-                    (buf, layout)
+                    (buf, layout, 0)
                 }
             };
+            if live {
+                buf.extend([not_ready, exhausted]);
+            }
             rt.block_on(ctx.ring.all_reduce_sum(&mut buf))?;
+            if live {
+                let exhausted_ranks = buf.pop().unwrap_or(0.0);
+                let not_ready_ranks = buf.pop().unwrap_or(0.0);
+                if not_ready_ranks > 0.0 {
+                    continue; // nobody steps; ready ranks keep their batch
+                }
+                if exhausted_ranks >= world as f32 {
+                    break;
+                }
+            }
+            pending = None;
+            rows_mine += rows;
             let (next, n_total, step_loss) = apply_summed_gradients(model, &mut optim, lr, buf, &layout);
             model = next;
             loss_sum += step_loss;
             rows_total += n_total;
+            step += 1;
             let mut p = lock(&ctx.progress);
-            p.step = step + 1;
+            p.step = step;
             p.loss = (n_total > 0.0).then(|| step_loss / n_total);
             p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        }
+        if live {
+            lock(&ctx.progress).steps_per_epoch = step;
         }
         let (eval_loss, eval_accuracy) = evaluate(&mut ctx, &model.valid(), rank, world)?;
         let metrics = EpochMetrics {
@@ -369,7 +444,7 @@ fn evaluate(
 ) -> Result<(Option<f64>, Option<f64>), AgentError> {
     let device = device_for(&ctx.spec)?;
     let mut sums = [0f64; 3]; // loss sum, correct, rows
-    for cached in &ctx.eval {
+    for cached in &ctx.data.eval() {
         let batch = cached.load()?;
         let n = batch.num_rows();
         if n == 0 {
@@ -407,56 +482,146 @@ fn evaluate(
     Ok((Some(total[0] / total[2]), accuracy))
 }
 
-/// Cuts a shard's cached batches, in a given order, into training batches of
-/// `batch_size` rows (the last may be smaller), concatenating across cached
-/// batches when needed. Holds at most one cached batch in memory.
+/// What [`BatchCursor::pull`] found.
+#[derive(Debug)]
+pub enum Pull {
+    /// A training batch of `batch_size` rows (fewer only at the shard's end).
+    Ready(RecordBatch),
+    /// The shard is still arriving and has no full batch yet.
+    NotYet,
+    /// The shard has ended and every row was handed out.
+    Exhausted,
+}
+
+#[derive(Debug)]
+enum Order {
+    /// A complete shard in a given order.
+    Fixed {
+        cached: Vec<Arc<CachedBatch>>,
+        order: std::vec::IntoIter<usize>,
+    },
+    /// A shard still arriving, in commit order.
+    Arriving {
+        source: Arc<dyn ShardSource>,
+        seen: usize,
+        ready: std::collections::VecDeque<Arc<CachedBatch>>,
+        ended: bool,
+    },
+}
+
+/// Cuts a shard's cached batches, in a given order (or in commit order as
+/// they arrive), into training batches of `batch_size` rows (the last may be
+/// smaller), concatenating across cached batches when needed. Holds at most
+/// one cached batch plus the parts of one training batch in memory.
 #[derive(Debug)]
 pub struct BatchCursor {
-    cached: Vec<Arc<CachedBatch>>,
-    order: std::vec::IntoIter<usize>,
+    source: Order,
     current: Option<(RecordBatch, usize)>,
+    parts: Vec<RecordBatch>,
+    have: usize,
     batch_size: usize,
 }
 
 impl BatchCursor {
-    /// A cursor over `cached` in `order`.
+    /// A cursor over a complete shard `cached` in `order`.
     pub fn new(cached: Vec<Arc<CachedBatch>>, order: Vec<usize>, batch_size: usize) -> Self {
+        Self::over(
+            Order::Fixed {
+                cached,
+                order: order.into_iter(),
+            },
+            batch_size,
+        )
+    }
+
+    /// A cursor over a train split that may still be arriving, in commit order.
+    pub fn arriving(source: Arc<dyn ShardSource>, batch_size: usize) -> Self {
+        Self::over(
+            Order::Arriving {
+                source,
+                seen: 0,
+                ready: Default::default(),
+                ended: false,
+            },
+            batch_size,
+        )
+    }
+
+    fn over(source: Order, batch_size: usize) -> Self {
         BatchCursor {
-            cached,
-            order: order.into_iter(),
+            source,
             current: None,
+            parts: Vec::new(),
+            have: 0,
             batch_size,
         }
     }
 
-    /// The next training batch, or `None` when the shard is exhausted.
-    pub fn next_batch(&mut self) -> Result<Option<RecordBatch>, AgentError> {
-        let mut parts = Vec::new();
-        let mut need = self.batch_size;
-        while need > 0 {
+    /// The next cached batch: `Ok(Some(Some))`, `Ok(Some(None))` when the
+    /// shard has ended, `Ok(None)` when nothing arrived within `wait`.
+    fn next_cached(&mut self, wait: Duration) -> Option<Option<Arc<CachedBatch>>> {
+        match &mut self.source {
+            Order::Fixed { cached, order } => Some(order.next().map(|i| cached[i].clone())),
+            Order::Arriving {
+                source,
+                seen,
+                ready,
+                ended,
+            } => {
+                let mut waited = false;
+                loop {
+                    if let Some(b) = ready.pop_front() {
+                        return Some(Some(b));
+                    }
+                    if *ended {
+                        return Some(None);
+                    }
+                    let (more, now_ended) = source.train_since(*seen);
+                    *seen += more.len();
+                    ready.extend(more);
+                    *ended = now_ended;
+                    if ready.is_empty() && !*ended {
+                        if waited {
+                            return None;
+                        }
+                        source.wait(wait);
+                        waited = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next training batch; on an arriving shard waits up to `wait` for
+    /// rows before answering [`Pull::NotYet`] (the rows gathered so far stay).
+    pub fn pull(&mut self, wait: Duration) -> Result<Pull, AgentError> {
+        while self.have < self.batch_size {
             let (batch, pos) = match self.current.take() {
                 Some(c) => c,
-                None => match self.order.next() {
-                    Some(i) => (self.cached[i].load()?, 0),
-                    None => break,
+                None => match self.next_cached(wait) {
+                    Some(Some(cached)) => (cached.load()?, 0),
+                    Some(None) => break,
+                    None => return Ok(Pull::NotYet),
                 },
             };
-            let take = need.min(batch.num_rows() - pos);
+            let take = (self.batch_size - self.have).min(batch.num_rows() - pos);
             if take > 0 {
-                parts.push(batch.slice(pos, take));
+                self.parts.push(batch.slice(pos, take));
+                self.have += take;
             }
-            need -= take;
             if pos + take < batch.num_rows() {
                 self.current = Some((batch, pos + take));
             }
         }
+        self.have = 0;
+        let mut parts = std::mem::take(&mut self.parts);
         match parts.len() {
-            0 => Ok(None),
-            1 => Ok(parts.pop()),
+            0 => Ok(Pull::Exhausted),
+            1 => Ok(Pull::Ready(parts.pop().expect("one part"))),
             _ => {
                 let schema = parts[0].schema();
                 arrow::compute::concat_batches(&schema, &parts)
-                    .map(Some)
+                    .map(Pull::Ready)
                     .map_err(AgentError::arrow)
             }
         }

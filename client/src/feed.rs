@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::Schema;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, SchemaAsIpc};
@@ -162,7 +162,33 @@ impl AgentClient {
         schema: &Schema,
         window_bytes: usize,
     ) -> Result<ShardWriter, FeedError> {
-        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes).await
+        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes, 0).await
+    }
+
+    /// A producer's rows to `path` as consecutive `DoPut` streams of about
+    /// `commit_bytes` each (see [`CommittingWriter`]).
+    pub fn put_committing(
+        &self,
+        path: &DataPath,
+        producer: impl Into<String>,
+        schema: SchemaRef,
+        window_bytes: usize,
+        commit_bytes: usize,
+    ) -> CommittingWriter {
+        CommittingWriter {
+            client: self.clone(),
+            path: path.clone(),
+            producer: producer.into(),
+            schema,
+            window_bytes,
+            commit_bytes: commit_bytes as u64,
+            current: None,
+            closing: None,
+            seq: 0,
+            rows_sent: 0,
+            bytes_sent: 0,
+            streams: 0,
+        }
     }
 }
 
@@ -209,6 +235,7 @@ impl ShardWriter {
         producer: String,
         schema: &Schema,
         window_bytes: usize,
+        first_seq: u64,
     ) -> Result<Self, FeedError> {
         let options = IpcWriteOptions::default();
         let mut schema_msg: FlightData = SchemaAsIpc::new(schema, &options).into();
@@ -241,7 +268,7 @@ impl ShardWriter {
             window_kib,
             charged,
             acks,
-            seq: 0,
+            seq: first_seq,
             rows_sent: 0,
             bytes_sent: 0,
             generator: IpcDataGenerator::default(),
@@ -340,6 +367,130 @@ impl ShardWriter {
     /// Rows sent so far.
     pub fn rows_sent(&self) -> u64 {
         self.rows_sent
+    }
+}
+
+/// One producer's rows to one agent as consecutive `DoPut` streams of about
+/// `commit_bytes` each, sequence numbers continuing across them. A stream
+/// commits when it closes, so the agent can train on the rows while the rest
+/// arrive; the next stream opens once the previous commit is acknowledged
+/// (waited for only when this producer writes again).
+#[derive(Debug)]
+pub struct CommittingWriter {
+    client: AgentClient,
+    path: DataPath,
+    producer: String,
+    schema: SchemaRef,
+    window_bytes: usize,
+    commit_bytes: u64,
+    current: Option<ShardWriter>,
+    closing: Option<JoinHandle<Result<ShardReceipt, FeedError>>>,
+    seq: u64,
+    rows_sent: u64,
+    bytes_sent: u64,
+    streams: u64,
+}
+
+impl CommittingWriter {
+    /// Sends one batch, opening the next stream if needed and closing the
+    /// current one once it carried `commit_bytes`.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<(), FeedError> {
+        let mut writer = match self.current.take() {
+            Some(w) => w,
+            None => {
+                self.settle().await?;
+                self.streams += 1;
+                ShardWriter::open(
+                    self.client.clone(),
+                    &self.path,
+                    self.producer.clone(),
+                    &self.schema,
+                    self.window_bytes,
+                    self.seq,
+                )
+                .await?
+            }
+        };
+        let (rows_before, bytes_before) = (writer.rows_sent, writer.bytes_sent);
+        writer.write(batch).await?;
+        self.seq = writer.seq;
+        self.rows_sent += writer.rows_sent - rows_before;
+        self.bytes_sent += writer.bytes_sent - bytes_before;
+        if writer.bytes_sent >= self.commit_bytes {
+            self.closing = Some(tokio::spawn(writer.finish()));
+        } else {
+            self.current = Some(writer);
+        }
+        Ok(())
+    }
+
+    /// Waits for the commit of the stream closed last and checks it: the
+    /// agent must now hold exactly the rows this producer sent.
+    async fn settle(&mut self) -> Result<(), FeedError> {
+        let Some(closing) = self.closing.take() else {
+            return Ok(());
+        };
+        let receipt = closing.await.map_err(|e| FeedError::Protocol {
+            agent: self.client.url.clone(),
+            reason: format!("commit waiter failed: {e}"),
+        })??;
+        if receipt.rows_committed != self.rows_sent || receipt.duplicate_stream {
+            return Err(FeedError::Protocol {
+                agent: self.client.url.clone(),
+                reason: format!(
+                    "producer `{}`: the agent committed {} rows after {} were sent{}",
+                    self.producer,
+                    receipt.rows_committed,
+                    self.rows_sent,
+                    if receipt.duplicate_stream {
+                        " (it took the stream for a duplicate)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Closes the last stream and waits for every commit. The receipt counts
+    /// all streams (`rows_committed` is the agent's total for the producer).
+    pub async fn finish(mut self) -> Result<ShardReceipt, FeedError> {
+        if let Some(w) = self.current.take() {
+            self.closing = Some(tokio::spawn(w.finish()));
+        }
+        self.settle().await?;
+        if self.streams == 0 {
+            // Nothing was written: one empty stream still tells the agent the
+            // schema (and so the layout) of this shard.
+            let w = ShardWriter::open(
+                self.client.clone(),
+                &self.path,
+                self.producer.clone(),
+                &self.schema,
+                self.window_bytes,
+                0,
+            )
+            .await?;
+            w.finish().await?;
+        }
+        Ok(ShardReceipt {
+            rows_committed: self.rows_sent,
+            rows_sent: self.rows_sent,
+            duplicate_batches: 0,
+            duplicate_stream: false,
+            bytes_sent: self.bytes_sent,
+        })
+    }
+
+    /// Rows sent so far.
+    pub fn rows_sent(&self) -> u64 {
+        self.rows_sent
+    }
+
+    /// `DoPut` streams opened so far.
+    pub fn streams(&self) -> u64 {
+        self.streams
     }
 }
 

@@ -299,7 +299,8 @@ pub struct AgentJobStatus {
     pub epochs: u32,
     /// Steps done in the current epoch.
     pub step: u64,
-    /// Steps in the current epoch (agreed by all ranks).
+    /// Steps in the current epoch (agreed by all ranks); 0 while the first
+    /// epoch trains rows that are still arriving (known when it ends).
     pub steps_per_epoch: u64,
     /// Latest training loss.
     pub loss: Option<f64>,

@@ -216,3 +216,70 @@ async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
     assert!(!status.failures.is_empty(), "the rendezvous recorded the failure");
     cluster.shutdown().await;
 }
+
+/// The first epoch trains the rows as they arrive: steps are taken before the
+/// producer has sent everything, and the result is bitwise the same as when
+/// the same rows arrive in one stream per agent (each step is every rank's
+/// next full batch either way). Shuffling is off: it reorders cached batches,
+/// and the two runs cache the rows in differently sized batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn training_starts_while_the_first_epoch_arrives_and_ends_as_if_it_had_not() {
+    let (cluster, _dir) = cluster(2).await;
+    let mut spec = logistic(2, 32, 3);
+    spec.shuffle = false;
+    let shards = [rule_batch(1000, 21), rule_batch(1000, 22)];
+
+    start_job(&cluster, "arriving", &spec, &[0, 1]).await;
+    // First 500 rows per agent: 15 full batches each, 20 rows left over.
+    for (i, shard) in shards.iter().enumerate() {
+        let c = agent_client(&cluster, i);
+        put(&c, "arriving", Split::Train, "first", &[shard.slice(0, 500)])
+            .await
+            .expect("first half");
+    }
+    let c0 = agent_client(&cluster, 0);
+    let early = wait_until(&c0, "arriving", Duration::from_secs(60), |s| s.step >= 15).await;
+    assert_eq!(early.state, AgentJobState::Training, "{early:#?}");
+    assert_eq!((early.epoch, early.rows_train), (1, 500), "{early:#?}");
+    assert!(
+        early.rows_trained_per_epoch.is_empty(),
+        "no epoch can end before the data does: {early:#?}"
+    );
+    // The rest, split into two more streams per agent.
+    for (i, shard) in shards.iter().enumerate() {
+        let c = agent_client(&cluster, i);
+        put(&c, "arriving", Split::Train, "second", &[shard.slice(500, 300)])
+            .await
+            .expect("second part");
+        put(&c, "arriving", Split::Train, "third", &[shard.slice(800, 200)])
+            .await
+            .expect("third part");
+        end_of_data(&c, "arriving", Split::Train, Some(1000)).await;
+    }
+
+    start_job(&cluster, "at-once", &spec, &[0, 1]).await;
+    for (i, shard) in shards.iter().enumerate() {
+        let c = agent_client(&cluster, i);
+        put(&c, "at-once", Split::Train, "all", std::slice::from_ref(shard))
+            .await
+            .expect("put");
+        end_of_data(&c, "at-once", Split::Train, Some(1000)).await;
+    }
+    for job in ["arriving", "at-once"] {
+        for agent in 0..2 {
+            let s = wait_done(&agent_client(&cluster, agent), job).await;
+            assert_eq!(s.state, AgentJobState::Succeeded, "{job}@{agent}: {s:#?}");
+            assert_eq!(s.rows_trained_per_epoch, vec![2000; 3], "{job}@{agent}");
+            assert_eq!(s.steps_per_epoch, 32, "{job}@{agent}: ceil(1000 / 32) steps");
+        }
+    }
+    let arriving = weights(&c0, "arriving").await;
+    let at_once = weights(&c0, "at-once").await;
+    assert!(!arriving.is_empty());
+    for ((n0, v0), (n1, v1)) in arriving.iter().zip(&at_once) {
+        assert_eq!(n0, n1);
+        let same_bits = v0.iter().zip(v1).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same_bits, "{n0}: arriving {v0:?} vs at once {v1:?}");
+    }
+    cluster.shutdown().await;
+}

@@ -512,10 +512,13 @@ impl TrainingJob {
         for (s, c) in clients.iter().enumerate() {
             writers.push(match only {
                 Some(o) if !o.contains(&s) => None,
-                _ => Some(
-                    c.put(&path, format!("shard-{s}"), &schema, self.window_bytes)
-                        .await?,
-                ),
+                _ => Some(c.put_committing(
+                    &path,
+                    format!("shard-{s}"),
+                    schema.clone(),
+                    self.window_bytes,
+                    self.commit_bytes,
+                )),
             });
         }
         let started = Instant::now();

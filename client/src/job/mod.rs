@@ -161,6 +161,7 @@ pub struct TrainingJob {
     work_dir: PathBuf,
     max_attempts: u32,
     window_bytes: usize,
+    commit_bytes: usize,
     persist: bool,
     gang_timeout: Duration,
     progress: ProgressMode,
@@ -308,6 +309,7 @@ pub struct TrainingJobBuilder {
     work_dir: Option<PathBuf>,
     max_attempts: u32,
     window_bytes: usize,
+    commit_bytes: usize,
     persist: bool,
     gang_timeout: Duration,
     progress: ProgressMode,
@@ -327,6 +329,7 @@ impl Default for TrainingJobBuilder {
             work_dir: None,
             max_attempts: 3,
             window_bytes: 32 << 20,
+            commit_bytes: 4 << 20,
             persist: true,
             gang_timeout: Duration::from_secs(60),
             progress: ProgressMode::Auto,
@@ -436,6 +439,15 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// Bytes per `DoPut` stream of a driver-relayed shard (default 4 MiB).
+    /// Each stream commits on the agent when it closes, and agents train on
+    /// committed rows while the rest arrive: smaller means training starts
+    /// sooner, larger means fewer streams.
+    pub fn commit_bytes(mut self, bytes: usize) -> Self {
+        self.commit_bytes = bytes;
+        self
+    }
+
     /// Persist the DataFrame in Spark during the job so a lost shard can be
     /// re-sent cheaply and identically (default on).
     pub fn persist(mut self, persist: bool) -> Self {
@@ -483,6 +495,9 @@ impl TrainingJobBuilder {
         if self.window_bytes < 64 << 10 {
             return Err(JobError::Config("window_bytes must be at least 64 KiB".into()));
         }
+        if self.commit_bytes < 64 << 10 {
+            return Err(JobError::Config("commit_bytes must be at least 64 KiB".into()));
+        }
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(|e| JobError::Config(e.to_string()))?;
         }
@@ -524,6 +539,7 @@ impl TrainingJobBuilder {
             work_dir,
             max_attempts: self.max_attempts,
             window_bytes: self.window_bytes,
+            commit_bytes: self.commit_bytes,
             persist: self.persist,
             gang_timeout: self.gang_timeout,
             progress: self.progress,

@@ -84,7 +84,8 @@ pub enum TrainingEvent {
         epoch: u32,
         /// Step within the epoch.
         step: u64,
-        /// Steps in the epoch.
+        /// Steps in the epoch; 0 while unknown (the first epoch trains as
+        /// the data arrives, so its length is known only at its end).
         steps: u64,
         /// Latest loss.
         loss: Option<f64>,
@@ -188,7 +189,7 @@ impl Reporter {
                         );
                         b
                     });
-                    bar.set_length(*steps);
+                    bar.set_length((*steps).max(*step));
                     bar.set_position(*step);
                     bar.set_prefix(format!("epoch {epoch}"));
                     let loss = loss.map(|l| format!("loss {l:.4}")).unwrap_or_default();
@@ -242,8 +243,9 @@ impl Reporter {
                     loss,
                     samples_per_sec,
                 } => (self.last_log.elapsed().as_secs() >= 2).then(|| {
+                    let of = if *steps > 0 { steps.to_string() } else { "?".into() };
                     format!(
-                        "epoch {epoch} step {step}/{steps} loss {:.4} {samples_per_sec:.0} samples/s",
+                        "epoch {epoch} step {step}/{of} loss {:.4} {samples_per_sec:.0} samples/s",
                         loss.unwrap_or(f64::NAN)
                     )
                 }),
