@@ -207,13 +207,22 @@ impl Cluster {
 
     /// A ready agent configured like the DaemonSet's container, and its Flight URL.
     async fn agent(&self, node: &str) -> (Proc, String) {
-        let (mut agent, url) = self.spawn_agent(node);
+        self.agent_with_budget(node, "64MiB").await
+    }
+
+    /// [`Cluster::agent`] with another cache memory budget.
+    async fn agent_with_budget(&self, node: &str, budget: &str) -> (Proc, String) {
+        let (mut agent, url) = self.spawn_agent_with_budget(node, budget);
         agent.wait_ready().await;
         (agent, url)
     }
 
     /// Like [`Cluster::agent`] without waiting for readiness.
     fn spawn_agent(&self, node: &str) -> (Proc, String) {
+        self.spawn_agent_with_budget(node, "64MiB")
+    }
+
+    fn spawn_agent_with_budget(&self, node: &str, budget: &str) -> (Proc, String) {
         let port = free_port();
         let health = format!("127.0.0.1:{}", free_port());
         let work = self.dir.path().join(node);
@@ -229,7 +238,7 @@ impl Cluster {
                 self.token_file.display().to_string(),
             ),
             ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
-            ("KINDLING_MEMORY_BUDGET".to_owned(), "64MiB".to_owned()),
+            ("KINDLING_MEMORY_BUDGET".to_owned(), budget.to_owned()),
             ("KINDLING_CAPACITY".to_owned(), "1".to_owned()),
             ("KINDLING_LOG".to_owned(), "info".to_owned()),
         ]);
@@ -339,6 +348,59 @@ async fn put(url: &str, job_id: &str, batch: &RecordBatch) -> u64 {
         }
     }
     committed.expect("a commit acknowledgement")
+}
+
+/// One producer's DoPut of `batches`, generated as the stream is sent (the
+/// test never holds the shard); returns the rows committed.
+async fn put_generated(
+    url: &str,
+    job_id: &str,
+    batches: impl Iterator<Item = RecordBatch> + Send + 'static,
+) -> u64 {
+    let options = IpcWriteOptions::default();
+    let mut schema: FlightData = SchemaAsIpc::new(&rule_batch(1, 0).schema(), &options).into();
+    schema.flight_descriptor = Some(DataPath::data(job_id, Split::Train).descriptor());
+    let generator = IpcDataGenerator::default();
+    let mut tracker = DictionaryTracker::new(false);
+    let data = batches.enumerate().map(move |(seq, batch)| {
+        let (_, encoded) = generator
+            .encode(&batch, &mut tracker, &options, &mut Default::default())
+            .expect("encode");
+        let mut msg: FlightData = encoded.into();
+        msg.app_metadata = BatchMetadata {
+            producer: "generated".into(),
+            seq: seq as u64,
+            attempt: 0,
+        }
+        .encode()
+        .into();
+        msg
+    });
+    let messages = futures::stream::iter(std::iter::once(schema).chain(data));
+    let mut acks = flight(url).do_put(messages).await.expect("do_put").into_inner();
+    let mut committed = None;
+    while let Some(r) = acks.next().await {
+        let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
+        if ack.committed {
+            committed = Some(ack.rows);
+        }
+    }
+    committed.expect("a commit acknowledgement")
+}
+
+/// A process's `VmHWM` (peak resident set) or `VmRSS`, in bytes.
+fn proc_memory(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("kB value");
+    kib * 1024
 }
 
 async fn end_of_data(url: &str, job_id: &str, rows: u64) {
@@ -548,5 +610,87 @@ async fn an_agent_is_live_at_once_and_ready_only_once_registered() {
             .expect("agents")
             .is_empty(),
         "deregistered on SIGTERM"
+    );
+}
+
+/// A shard 16× the agent's memory budget spills to disk and trains two
+/// epochs over it (read back from the spill files) while the agent process's
+/// peak resident memory stays far below the shard's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory() {
+    const BUDGET: u64 = 16 << 20;
+    const PIECE: usize = 65_536; // rows per batch: 1 MiB of values (8 + 4 + 4 bytes a row)
+    const PIECES: usize = 256; // 16 M rows, 256 MiB of Arrow values: 16 budgets
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent_with_budget("big", "16MiB").await;
+    let pid = agent.child.id();
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(8192)
+        .epochs(2)
+        .seed(3)
+        .build()
+        .expect("spec");
+    let rv = cluster.rendezvous_client().await;
+    rv.create_job(&JobConfig::new("big", 1))
+        .await
+        .expect("create job");
+    start_on(&url, "big", &spec, &cluster.rendezvous_url).await;
+    let idle = proc_memory(pid, "VmRSS:");
+
+    let rows = (PIECE * PIECES) as u64;
+    let shard_bytes = rows * 16;
+    let committed = put_generated(&url, "big", (0..PIECES).map(|i| rule_batch(PIECE, i as u64))).await;
+    assert_eq!(committed, rows);
+    end_of_data(&url, "big", rows).await;
+    let done = wait_until(&url, "big", |s| s.state.is_terminal()).await;
+    assert_eq!(
+        done.state,
+        AgentJobState::Succeeded,
+        "{done:#?}\n{}",
+        agent.logs()
+    );
+    assert_eq!(
+        done.rows_trained_per_epoch,
+        vec![rows; 2],
+        "every row, both epochs"
+    );
+    assert!(
+        done.cache_bytes_memory <= BUDGET,
+        "cache holds {} bytes in memory, budget {BUDGET}",
+        done.cache_bytes_memory
+    );
+    assert!(
+        done.cache_bytes_disk >= shard_bytes - BUDGET,
+        "only {} bytes spilled of a {shard_bytes}-byte shard",
+        done.cache_bytes_disk
+    );
+    let accuracy = done.history.last().and_then(|m| m.eval_accuracy);
+    let loss = done.history.last().map(|m| m.train_loss).expect("history");
+    assert!(
+        loss < 0.3,
+        "learned the rule from spilled batches: loss {loss}, accuracy {accuracy:?}"
+    );
+
+    let peak = proc_memory(pid, "VmHWM:");
+    eprintln!(
+        "shard {} MiB, budget {} MiB: agent RSS idle {} MiB, peak {} MiB",
+        shard_bytes >> 20,
+        BUDGET >> 20,
+        idle >> 20,
+        peak >> 20
+    );
+    assert!(
+        peak < idle + shard_bytes / 4,
+        "agent peak RSS {} MiB grew with the {} MiB shard (idle {} MiB, budget {} MiB)",
+        peak >> 20,
+        shard_bytes >> 20,
+        idle >> 20,
+        BUDGET >> 20
     );
 }
