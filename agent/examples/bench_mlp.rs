@@ -12,12 +12,15 @@
 //!   equal to burn's thread count (rayon's, `RAYON_NUM_THREADS` or the cores),
 //!   with OpenMP's default and passive wait policies; ratios are against the faster.
 //!
-//! Then a breakdown of one kindling step (median ms per phase).
+//! The three run in `--rounds` interleaved rounds (kindling, burn, PyTorch,
+//! then again), after an untimed warm-up round, so that load from other
+//! processes on a shared machine hits all of them alike; samples/s are over
+//! all timed rounds. Then a breakdown of one kindling step (median ms per phase).
 //!
 //! PyTorch is not a project dependency; install a CPU build once:
 //! `python3 -m venv ~/.cache/kindling/torchvenv && ~/.cache/kindling/torchvenv/bin/pip install torch==2.9.0`
 //! (or point `KINDLING_TORCH_PYTHON` at any Python with torch). Then:
-//! `cargo run --release -p kindling-agent --example bench_mlp -- --steps 200`
+//! `cargo run --release -p kindling-agent --example bench_mlp -- --steps 600 --rounds 4`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,23 +101,16 @@ fn main() -> anyhow::Result<()> {
     base.seed(0);
     let lr = spec.optimizer.learning_rate();
 
-    // 1. The trainer's step path.
-    let mut model = Net::new(&spec, IN, &device);
-    let mut optim = trainer::optimizer(&spec);
-    let mut kindling = Duration::ZERO;
-    for i in 0..warmup + steps {
-        let t = Instant::now();
-        let (buf, grads) = trainer::local_gradients(&model, &data[i % data.len()], &layout, &spec, &device)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        model = trainer::apply_summed_gradients(model, &mut optim, lr, buf, &grads).0;
-        if i >= warmup {
-            kindling += t.elapsed();
-        }
-    }
-
-    // 2. burn alone: tensors made once, gradients straight into Adam.
-    let mut model = Net::new(&spec, IN, &device);
-    let mut optim = trainer::optimizer(&spec);
+    // 1 + 2, interleaved in rounds so that load from other processes hits
+    // both alike: the trainer's step path, and burn alone (tensors made once,
+    // gradients straight into Adam).
+    let rounds = arg("--rounds", 4).max(1);
+    let per_round = steps.div_ceil(rounds);
+    let steps = per_round * rounds;
+    let mut k_model = Net::new(&spec, IN, &device);
+    let mut k_optim = trainer::optimizer(&spec);
+    let mut b_model = Net::new(&spec, IN, &device);
+    let mut b_optim = trainer::optimizer(&spec);
     let tensors: Vec<_> = data
         .iter()
         .map(|b| {
@@ -123,17 +119,42 @@ fn main() -> anyhow::Result<()> {
             anyhow::Ok((x, y))
         })
         .collect::<Result<_, _>>()?;
+    let mut kindling = Duration::ZERO;
     let mut burn_alone = Duration::ZERO;
-    for i in 0..warmup + steps {
-        let (x, y) = tensors[i % tensors.len()].clone();
+    let mut torch_time: Vec<(&str, Duration)> = Vec::new();
+    for round in 0..=rounds {
+        // Round 0 warms both up and is not timed.
+        let n = if round == 0 { warmup } else { per_round };
         let t = Instant::now();
-        let loss = mean_loss(spec.task, model.forward(x), y, &device);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(lr, model, grads);
-        if i >= warmup {
+        for i in 0..n {
+            let (buf, grads) =
+                trainer::local_gradients(&k_model, &data[i % data.len()], &layout, &spec, &device)
+                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            k_model = trainer::apply_summed_gradients(k_model, &mut k_optim, lr, buf, &grads).0;
+        }
+        if round > 0 {
+            kindling += t.elapsed();
+        }
+        let t = Instant::now();
+        for i in 0..n {
+            let (x, y) = tensors[i % tensors.len()].clone();
+            let loss = mean_loss(spec.task, b_model.forward(x), y, &device);
+            let grads = GradientsParams::from_grads(loss.backward(), &b_model);
+            b_model = b_optim.step(lr, b_model, grads);
+        }
+        if round > 0 {
             burn_alone += t.elapsed();
+            // 4. PyTorch, same threads, between the rounds of the others.
+            for (policy, sps) in torch(threads, per_round, warmup) {
+                let d = Duration::from_secs_f64((per_round * BATCH) as f64 / sps);
+                match torch_time.iter_mut().find(|(p, _)| *p == policy) {
+                    Some((_, total)) => *total += d,
+                    None => torch_time.push((policy, d)),
+                }
+            }
         }
     }
+    std::hint::black_box((&k_model, &b_model));
 
     // 3. Where a kindling step goes.
     let mut phases: [Vec<Duration>; 6] = Default::default();
@@ -167,59 +188,19 @@ fn main() -> anyhow::Result<()> {
     }
     std::hint::black_box(&model);
 
-    // 4. PyTorch, same threads.
-    let python = std::env::var("KINDLING_TORCH_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/kindling/torchvenv/bin/python",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_mlp.py");
-    // OpenMP threads spin while waiting by default, which collapses on cores
-    // shared with other processes; PASSIVE makes them sleep. Both are run and
-    // the faster one is the baseline.
-    let mut torch_runs = Vec::new();
-    for policy in [None, Some("PASSIVE")] {
-        let mut cmd = std::process::Command::new(&python);
-        cmd.args([
-            script,
-            "--threads",
-            &threads.to_string(),
-            "--steps",
-            &steps.to_string(),
-        ])
-        .args(["--warmup", &warmup.to_string()]);
-        if let Some(p) = policy {
-            cmd.env("OMP_WAIT_POLICY", p);
-        }
-        match cmd.output() {
-            Ok(out) if out.status.success() => {
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-                if let Some(x) = v["samples_per_sec"].as_f64() {
-                    torch_runs.push((policy.unwrap_or("default"), x));
-                }
-            }
-            Ok(out) => eprintln!(
-                "PyTorch baseline failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => {
-                eprintln!(
-                    "PyTorch baseline not run ({python}: {e}); see the header of this file to install it"
-                );
-                break;
-            }
-        }
-    }
+    let sps = |d: Duration| (steps * BATCH) as f64 / d.as_secs_f64();
+    let torch_runs: Vec<(&str, f64)> = torch_time.iter().map(|(p, d)| (*p, sps(*d))).collect();
     let torch_sps = torch_runs.iter().map(|r| r.1).reduce(f64::max);
 
-    let sps = |d: Duration| (steps * BATCH) as f64 / d.as_secs_f64();
     let vs = |x: f64| {
         torch_sps
             .map(|t| format!("{:.2}×", x / t))
             .unwrap_or_else(|| "n/a".into())
     };
-    println!("MLP 784-256-128-10, batch {BATCH}, Adam, cross-entropy, {threads} threads, {steps} steps");
+    println!(
+        "MLP 784-256-128-10, batch {BATCH}, Adam, cross-entropy, {threads} threads, {steps} steps \
+         in {rounds} interleaved rounds"
+    );
     println!();
     println!("| path | samples/s | vs PyTorch |");
     println!("|---|---:|---:|");
@@ -257,4 +238,58 @@ fn main() -> anyhow::Result<()> {
         println!("| {name} | {:.2} |", median(p));
     }
     Ok(())
+}
+
+/// One PyTorch run per OpenMP wait policy (default, PASSIVE): samples/s.
+/// OpenMP threads spin while waiting by default, which collapses on cores
+/// shared with other processes; PASSIVE makes them sleep. Both are run and the
+/// faster one is the baseline.
+fn torch(threads: usize, steps: usize, warmup: usize) -> Vec<(&'static str, f64)> {
+    let python = std::env::var("KINDLING_TORCH_PYTHON").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/kindling/torchvenv/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_mlp.py");
+    let mut runs = Vec::new();
+    for policy in [None, Some("PASSIVE")] {
+        let mut cmd = std::process::Command::new(&python);
+        cmd.args([
+            script,
+            "--threads",
+            &threads.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
+        .args(["--warmup", &warmup.to_string()]);
+        if let Some(p) = policy {
+            cmd.env("OMP_WAIT_POLICY", p);
+        }
+        match cmd.output() {
+            Ok(out) if out.status.success() => {
+                let v: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        eprintln!("PyTorch baseline printed no JSON: {e}");
+                        continue;
+                    }
+                };
+                if let Some(x) = v["samples_per_sec"].as_f64() {
+                    runs.push((policy.unwrap_or("default"), x));
+                }
+            }
+            Ok(out) => eprintln!(
+                "PyTorch baseline failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => {
+                eprintln!(
+                    "PyTorch baseline not run ({python}: {e}); see the header of this file to install it"
+                );
+                break;
+            }
+        }
+    }
+    runs
 }

@@ -68,7 +68,9 @@ impl ModuleVisitor for Flatten<'_> {
 pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> (Vec<f32>, GradLayout) {
     let mut v = Flatten {
         grads,
-        out: Vec::new(),
+        // Room for the trainer's trailing values too ([rows, loss, flags]):
+        // one allocation per step instead of a chain of reallocations.
+        out: Vec::with_capacity(model.num_params() + 4),
         entries: Vec::new(),
     };
     model.visit(&mut v);
