@@ -315,39 +315,11 @@ async fn wait_until(url: &str, job_id: &str, pred: impl Fn(&AgentJobStatus) -> b
 
 /// One producer's DoPut of `batch` (in 500-row pieces); returns the rows committed.
 async fn put(url: &str, job_id: &str, batch: &RecordBatch) -> u64 {
-    let options = IpcWriteOptions::default();
-    let mut schema: FlightData = SchemaAsIpc::new(&batch.schema(), &options).into();
-    schema.flight_descriptor = Some(DataPath::data(job_id, Split::Train).descriptor());
-    let mut messages = vec![schema];
-    let generator = IpcDataGenerator::default();
-    let mut tracker = DictionaryTracker::new(false);
-    for (seq, offset) in (0..batch.num_rows()).step_by(500).enumerate() {
-        let piece = batch.slice(offset, 500.min(batch.num_rows() - offset));
-        let (_, encoded) = generator
-            .encode(&piece, &mut tracker, &options, &mut Default::default())
-            .expect("encode");
-        let mut msg: FlightData = encoded.into();
-        let meta = BatchMetadata {
-            producer: "shard".into(),
-            seq: seq as u64,
-            attempt: 0,
-        };
-        msg.app_metadata = meta.encode().into();
-        messages.push(msg);
-    }
-    let mut acks = flight(url)
-        .do_put(futures::stream::iter(messages))
-        .await
-        .expect("do_put")
-        .into_inner();
-    let mut committed = None;
-    while let Some(r) = acks.next().await {
-        let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
-        if ack.committed {
-            committed = Some(ack.rows);
-        }
-    }
-    committed.expect("a commit acknowledgement")
+    let pieces: Vec<RecordBatch> = (0..batch.num_rows())
+        .step_by(500)
+        .map(|offset| batch.slice(offset, 500.min(batch.num_rows() - offset)))
+        .collect();
+    put_generated(url, job_id, "shard", pieces.into_iter()).await
 }
 
 /// One producer's DoPut of `batches`, generated as the stream is sent (the
@@ -355,6 +327,7 @@ async fn put(url: &str, job_id: &str, batch: &RecordBatch) -> u64 {
 async fn put_generated(
     url: &str,
     job_id: &str,
+    producer: &'static str,
     batches: impl Iterator<Item = RecordBatch> + Send + 'static,
 ) -> u64 {
     let options = IpcWriteOptions::default();
@@ -368,7 +341,7 @@ async fn put_generated(
             .expect("encode");
         let mut msg: FlightData = encoded.into();
         msg.app_metadata = BatchMetadata {
-            producer: "generated".into(),
+            producer: producer.into(),
             seq: seq as u64,
             attempt: 0,
         }
@@ -645,7 +618,13 @@ async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory()
 
     let rows = (PIECE * PIECES) as u64;
     let shard_bytes = rows * 16;
-    let committed = put_generated(&url, "big", (0..PIECES).map(|i| rule_batch(PIECE, i as u64))).await;
+    let committed = put_generated(
+        &url,
+        "big",
+        "generated",
+        (0..PIECES).map(|i| rule_batch(PIECE, i as u64)),
+    )
+    .await;
     assert_eq!(committed, rows);
     end_of_data(&url, "big", rows).await;
     let done = wait_until(&url, "big", |s| s.state.is_terminal()).await;
