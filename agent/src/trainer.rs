@@ -244,7 +244,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
         }
         let mut cursor = if live {
-            BatchCursor::arriving(ctx.data.clone(), spec.batch_size)
+            BatchCursor::arriving(ctx.data.clone(), train, ended, spec.batch_size)
         } else {
             BatchCursor::new(train, order, spec.batch_size)
         };
@@ -534,14 +534,21 @@ impl BatchCursor {
         )
     }
 
-    /// A cursor over a train split that may still be arriving, in commit order.
-    pub fn arriving(source: Arc<dyn ShardSource>, batch_size: usize) -> Self {
+    /// A cursor over a train split that may still be arriving, in commit
+    /// order, starting with `committed` (what `source.train_since(0)` gave,
+    /// and whether the split had `ended` then).
+    pub fn arriving(
+        source: Arc<dyn ShardSource>,
+        committed: Vec<Arc<CachedBatch>>,
+        ended: bool,
+        batch_size: usize,
+    ) -> Self {
         Self::over(
             Order::Arriving {
                 source,
-                seen: 0,
-                ready: Default::default(),
-                ended: false,
+                seen: committed.len(),
+                ready: committed.into(),
+                ended,
             },
             batch_size,
         )

@@ -399,16 +399,7 @@ impl CommittingWriter {
             Some(w) => w,
             None => {
                 self.settle().await?;
-                self.streams += 1;
-                ShardWriter::open(
-                    self.client.clone(),
-                    &self.path,
-                    self.producer.clone(),
-                    &self.schema,
-                    self.window_bytes,
-                    self.seq,
-                )
-                .await?
+                self.open_stream().await?
             }
         };
         let (rows_before, bytes_before) = (writer.rows_sent, writer.bytes_sent);
@@ -422,6 +413,20 @@ impl CommittingWriter {
             self.current = Some(writer);
         }
         Ok(())
+    }
+
+    /// Opens the next stream, its sequence numbers continuing this producer's.
+    async fn open_stream(&mut self) -> Result<ShardWriter, FeedError> {
+        self.streams += 1;
+        ShardWriter::open(
+            self.client.clone(),
+            &self.path,
+            self.producer.clone(),
+            &self.schema,
+            self.window_bytes,
+            self.seq,
+        )
+        .await
     }
 
     /// Waits for the commit of the stream closed last and checks it: the
@@ -463,16 +468,7 @@ impl CommittingWriter {
         if self.streams == 0 {
             // Nothing was written: one empty stream still tells the agent the
             // schema (and so the layout) of this shard.
-            let w = ShardWriter::open(
-                self.client.clone(),
-                &self.path,
-                self.producer.clone(),
-                &self.schema,
-                self.window_bytes,
-                0,
-            )
-            .await?;
-            w.finish().await?;
+            self.open_stream().await?.finish().await?;
         }
         Ok(ShardReceipt {
             rows_committed: self.rows_sent,
@@ -486,11 +482,6 @@ impl CommittingWriter {
     /// Rows sent so far.
     pub fn rows_sent(&self) -> u64 {
         self.rows_sent
-    }
-
-    /// `DoPut` streams opened so far.
-    pub fn streams(&self) -> u64 {
-        self.streams
     }
 }
 
