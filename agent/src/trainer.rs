@@ -238,15 +238,22 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             p.step = 0;
             p.steps_per_epoch = steps;
         }
+        // From epoch 2 the shard is shuffled: the order of its cached batches
+        // and the rows inside each. (The first epoch trains in commit order,
+        // so it can start while the rows arrive.)
         let mut order: Vec<usize> = (0..train.len()).collect();
-        if ctx.shuffle && epoch > 1 {
-            let seed = spec.seed ^ ((epoch as u64) << 32) ^ rank as u64;
+        let shuffle = (ctx.shuffle && epoch > 1).then_some(spec.seed ^ ((epoch as u64) << 32) ^ rank as u64);
+        if let Some(seed) = shuffle {
             order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
         }
         let mut cursor = if live {
             BatchCursor::arriving(ctx.data.clone(), train, ended, spec.batch_size)
         } else {
-            BatchCursor::new(train, order, spec.batch_size)
+            let cursor = BatchCursor::new(train, order, spec.batch_size);
+            match shuffle {
+                Some(seed) => cursor.shuffling_rows(seed.rotate_left(17)),
+                None => cursor,
+            }
         };
         let mut loss_sum = 0f64;
         let mut rows_total = 0f64;
@@ -520,6 +527,8 @@ pub struct BatchCursor {
     parts: Vec<RecordBatch>,
     have: usize,
     batch_size: usize,
+    /// Permute the rows of each cached batch as it is loaded (seed, batches loaded).
+    shuffle_rows: Option<(u64, u64)>,
 }
 
 impl BatchCursor {
@@ -561,7 +570,29 @@ impl BatchCursor {
             parts: Vec::new(),
             have: 0,
             batch_size,
+            shuffle_rows: None,
         }
+    }
+
+    /// Also permutes the rows inside every cached batch (seeded by `seed` and
+    /// the batch's position in the order), so a step's rows change from epoch
+    /// to epoch even when a shard is a few large cached batches whose rows
+    /// arrived sorted.
+    pub fn shuffling_rows(mut self, seed: u64) -> Self {
+        self.shuffle_rows = Some((seed, 0));
+        self
+    }
+
+    fn permuted(&mut self, batch: RecordBatch) -> Result<RecordBatch, AgentError> {
+        let Some((seed, loaded)) = self.shuffle_rows.as_mut() else {
+            return Ok(batch);
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(*seed ^ loaded.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        *loaded += 1;
+        let mut rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        rows.shuffle(&mut rng);
+        arrow::compute::take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))
+            .map_err(AgentError::arrow)
     }
 
     /// The next cached batch: `Ok(Some(Some))`, `Ok(Some(None))` when the
@@ -606,7 +637,7 @@ impl BatchCursor {
             let (batch, pos) = match self.current.take() {
                 Some(c) => c,
                 None => match self.next_cached(wait) {
-                    Some(Some(cached)) => (cached.load()?, 0),
+                    Some(Some(cached)) => (self.permuted(cached.load()?)?, 0),
                     Some(None) => break,
                     None => return Ok(Pull::NotYet),
                 },
@@ -632,5 +663,61 @@ impl BatchCursor {
                     .map_err(AgentError::arrow)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{AsArray, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    use super::{BatchCursor, Pull};
+    use crate::cache::{MemoryBudget, ShardCache};
+
+    /// Two cached batches of sorted ids, read in batches of 64.
+    fn steps(shuffle: Option<u64>) -> Vec<Vec<i64>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cache = ShardCache::new(dir.path().join("s"), MemoryBudget::new(1 << 20));
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        for start in [0i64, 1000] {
+            let ids = Int64Array::from_iter_values(start..start + 1000);
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids)]).expect("batch");
+            cache.append(1, batch).expect("append");
+        }
+        cache.commit(1);
+        let cursor = BatchCursor::new(cache.snapshot(), vec![1, 0], 64);
+        let mut cursor = match shuffle {
+            Some(seed) => cursor.shuffling_rows(seed),
+            None => cursor,
+        };
+        let mut out = Vec::new();
+        while let Pull::Ready(b) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
+            out.push(b.column(0).as_primitive::<Int64Type>().values().to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn shuffled_rows_cover_the_shard_once_and_differ_by_seed_but_not_by_run() {
+        let plain = steps(None);
+        assert_eq!(
+            plain[0],
+            (1000..1064).collect::<Vec<_>>(),
+            "batch order is followed"
+        );
+        let a = steps(Some(7));
+        assert_eq!(a, steps(Some(7)), "same seed, same steps");
+        assert_ne!(a, steps(Some(8)), "another seed, other steps");
+        assert_ne!(a[0], plain[0], "rows are permuted inside a cached batch");
+        assert!(
+            a[0].iter().all(|id| (1000..2000).contains(id)),
+            "…but stay in their batch"
+        );
+        assert_eq!(a.len(), plain.len());
+        let mut all: Vec<i64> = a.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..2000).collect::<Vec<_>>());
     }
 }

@@ -43,7 +43,10 @@ async fn local_fit_on_two_slots_matches_one_slot_and_predicts_back_into_spark() 
         .fit(&df)
         .await
         .expect("fit 2");
+    // The same model in one process: batch_size is per rank, so one slot
+    // takes the two slots' global batch (2 × 64) per step.
     let one = job(1, 5)
+        .batch_size(128)
         .local_mode(true)
         .build()
         .expect("job")
@@ -69,18 +72,21 @@ async fn local_fit_on_two_slots_matches_one_slot_and_predicts_back_into_spark() 
         events.push(e);
     }
     assert!(matches!(events.first(), Some(TrainingEvent::Started { agents, .. }) if agents.len() == 2));
-    let fed: Vec<u64> = events
+    let fed: Vec<&Vec<u64>> = events
         .iter()
         .filter_map(|e| match e {
             TrainingEvent::Fed {
                 split: "train",
                 rows_per_shard,
                 ..
-            } => Some(rows_per_shard.iter().sum()),
+            } => Some(rows_per_shard),
             _ => None,
         })
         .collect();
     assert_eq!(fed.len(), 1);
+    // The rows are dealt evenly over the two shards.
+    assert!(fed[0].iter().all(|&r| r > 0), "{:?}", fed[0]);
+    assert!(fed[0][0].abs_diff(fed[0][1]) <= 1, "{:?}", fed[0]);
     assert_eq!(
         events
             .iter()

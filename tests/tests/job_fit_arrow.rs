@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arrow::array::{AsArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use futures::FutureExt;
-use kindling::job::{JobError, ProgressMode, TrainingJob};
+use kindling::job::{JobError, ProgressMode, TrainingEvent, TrainingJob};
 use kindling::spark::RecordBatchStream;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 
@@ -76,7 +76,7 @@ async fn trains_on_arrow_batches_in_local_mode() -> Result<(), JobError> {
         .await?;
     assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 1, "one feed");
     assert_eq!(model.history().len(), 5);
-    // Each of the two ranks trained half the rows (batches are routed round-robin).
+    // Each of the two ranks trained half the rows.
     assert_eq!(model.history()[0].rows, 10_000);
     let (mut correct, mut total) = (0usize, 0usize);
     for batch in batches(2_000, 500) {
@@ -95,6 +95,48 @@ async fn trains_on_arrow_batches_in_local_mode() -> Result<(), JobError> {
         correct * 10 >= total * 9,
         "accuracy {correct}/{total} on a linear rule"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_single_batch_is_dealt_evenly_over_the_shards() -> Result<(), JobError> {
+    // One 3,001-row batch (a small Spark result often is one batch): both
+    // ranks get rows, within one row of each other.
+    let data = batches(3_001, 3_001);
+    assert_eq!(data.len(), 1);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let model = TrainingJob::builder()
+        .model(ModelSpec::Mlp { hidden: vec![16] })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.02))
+        .features(["x0", "x1"])
+        .label("label")
+        .epochs(1)
+        .batch_size(64)
+        .num_slots(2)
+        .local_mode(true)
+        .progress(ProgressMode::Silent)
+        .events(tx)
+        .build()?
+        .fit_arrow(data[0].schema(), || {
+            let data = data.clone();
+            async move {
+                let rows: RecordBatchStream = Box::pin(futures::stream::iter(data.into_iter().map(Ok)));
+                Ok(rows)
+            }
+            .boxed()
+        })
+        .await?;
+    let mut fed = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        if let TrainingEvent::Fed { rows_per_shard, .. } = event {
+            fed.push(rows_per_shard);
+        }
+    }
+    assert_eq!(fed, vec![vec![1_501, 1_500]]);
+    // Rank 0 (whose history this is) trained every row of its shard.
+    assert_eq!(model.history().len(), 1);
+    assert_eq!(model.history()[0].rows, 1_501);
     Ok(())
 }
 

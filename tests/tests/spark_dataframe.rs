@@ -308,6 +308,35 @@ async fn random_split_is_disjoint_complete_and_deterministic() -> Result<(), Err
 }
 
 #[tokio::test]
+async fn random_split_in_order_keeps_the_row_order_that_random_split_sorts_away() -> Result<(), Error> {
+    let spark = spark().await;
+    // A random first column: Spark's sorted split orders each partition by it.
+    let df = spark
+        .range_partitions(0, 4_000, 1, Some(2))
+        .select([rand(5).alias("r"), col("id")])
+        .persist(kindling::spark::memory_only())
+        .await?;
+    let ascending = |ids: &[Option<i64>]| ids.windows(2).all(|w| w[0] < w[1]);
+    let sorted = df.random_split(&[0.7, 0.3], 9)?;
+    assert!(!ascending(&i64s(&rows(&sorted[0]).await?, "id")));
+    let kept = df.random_split_in_order(&[0.7, 0.3], 9)?;
+    let (a, b) = (
+        i64s(&rows(&kept[0]).await?, "id"),
+        i64s(&rows(&kept[1]).await?, "id"),
+    );
+    assert!(ascending(&a) && ascending(&b), "in-order split reordered rows");
+    // Disjoint and complete, and the same rows again (the input is persisted).
+    let mut all: Vec<i64> = a.iter().chain(&b).flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..4_000).collect::<Vec<_>>());
+    assert!((2_500..3_100).contains(&a.len()), "{}", a.len());
+    let again = df.random_split_in_order(&[0.7, 0.3], 9)?;
+    assert_eq!(i64s(&rows(&again[1]).await?, "id"), b);
+    df.unpersist(true).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn persist_unpersist_schema_explain_sql_table() -> Result<(), Error> {
     let spark = spark().await;
     let df = spark

@@ -132,12 +132,6 @@ impl Rows<'_> {
             Rows::Arrow { .. } => 0,
         }
     }
-
-    async fn unpersist(&self) {
-        if let Rows::Spark(df) = self {
-            let _ = df.unpersist(false).await;
-        }
-    }
 }
 
 impl TrainingJob {
@@ -216,35 +210,39 @@ impl TrainingJob {
 
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
-        let n = spec.num_slots as usize;
-        let mut reporter = Reporter::new(self.progress, self.events.clone());
+        let reporter = Reporter::new(self.progress, self.events.clone());
         let job_id = self
             .job_id
             .clone()
             .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
 
         // The data, checked before anything starts on the agents.
-        let (train_df, eval_df, layout) = match rows {
+        let (train_df, eval_df, layout, cached) = match rows {
             Rows::Spark(df) => {
                 let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
-                let data = df.select(columns.iter().map(String::as_str));
-                let (mut train_df, mut eval_df) = if self.eval_fraction > 0.0 {
-                    let mut parts =
-                        data.random_split(&[1.0 - self.eval_fraction, self.eval_fraction], spec.seed as i64)?;
+                let mut data = df.select(columns.iter().map(String::as_str));
+                let schema = data.schema().await?;
+                let layout = schema::validate(&schema, spec, StreamKind::Train)?;
+                // Persisted, the rows' partitioning and order are fixed, so the
+                // split can keep their order (Spark's sorted split would hand
+                // each shard its rows ordered by the first column).
+                if self.persist {
+                    data = data.persist(crate::spark::memory_and_disk()).await?;
+                }
+                let cached = self.persist.then(|| data.clone());
+                let (train_df, eval_df) = if self.eval_fraction > 0.0 {
+                    let weights = [1.0 - self.eval_fraction, self.eval_fraction];
+                    let mut parts = if self.persist {
+                        data.random_split_in_order(&weights, spec.seed as i64)?
+                    } else {
+                        data.random_split(&weights, spec.seed as i64)?
+                    };
                     let eval = parts.pop();
                     (parts.pop().unwrap_or(data), eval)
                 } else {
                     (data, None)
                 };
-                let schema = train_df.schema().await?;
-                let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-                if self.persist {
-                    train_df = train_df.persist(crate::spark::memory_and_disk()).await?;
-                    if let Some(e) = &eval_df {
-                        eval_df = Some(e.persist(crate::spark::memory_and_disk()).await?);
-                    }
-                }
-                (Rows::Spark(train_df), eval_df.map(Rows::Spark), layout)
+                (Rows::Spark(train_df), eval_df.map(Rows::Spark), layout, cached)
             }
             Rows::Arrow { schema, open } => {
                 if self.eval_fraction > 0.0 {
@@ -259,9 +257,31 @@ impl TrainingJob {
                     ));
                 }
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-                (Rows::Arrow { schema, open }, None, layout)
+                (Rows::Arrow { schema, open }, None, layout, None)
             }
         };
+        let result = self
+            .train(target, &train_df, eval_df.as_ref(), layout, job_id, reporter)
+            .await;
+        // The cached rows go on success and on failure alike.
+        if let Some(df) = cached {
+            let _ = df.unpersist(false).await;
+        }
+        result
+    }
+
+    /// Everything after the data is checked: agents, feed, training, model.
+    async fn train(
+        &self,
+        target: Target<'_>,
+        train_df: &Rows<'_>,
+        eval_df: Option<&Rows<'_>>,
+        layout: schema::FeatureLayout,
+        job_id: String,
+        mut reporter: Reporter,
+    ) -> Result<TrainedModel, JobError> {
+        let spec = &self.spec;
+        let n = spec.num_slots as usize;
 
         let token = target.token();
         let rv = RendezvousClient::connect(target.rendezvous(), token.as_ref())
@@ -308,7 +328,7 @@ impl TrainingJob {
             self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
                 .await?;
         }
-        self.feed_and_end(&feed, &train_df, Split::Train, shards, &mut placed, &mut reporter)
+        self.feed_and_end(&feed, train_df, Split::Train, shards, &mut placed, &mut reporter)
             .await?;
 
         // Follow training; replace agents that die.
@@ -388,7 +408,7 @@ impl TrainingJob {
                     self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
                         .await?;
                 }
-                self.feed_and_end(&feed, &train_df, Split::Train, shards, &mut placed, &mut reporter)
+                self.feed_and_end(&feed, train_df, Split::Train, shards, &mut placed, &mut reporter)
                     .await?;
                 last_attempt += 1;
                 reporter.emit(TrainingEvent::Recovering {
@@ -428,12 +448,6 @@ impl TrainingJob {
         reporter.emit(TrainingEvent::Finished {
             job_id: job_id.clone(),
         });
-        if self.persist {
-            train_df.unpersist().await;
-            if let Some(e) = &eval_df {
-                e.unpersist().await;
-            }
-        }
         Ok(model)
     }
 
@@ -492,8 +506,9 @@ impl TrainingJob {
     }
 
     /// Driver relay: stream the rows through this process (executing the
-    /// DataFrame, or opening the Arrow source) and send its batches to the
-    /// shards round-robin. Returns rows per shard and the bytes sent to agents.
+    /// DataFrame, or opening the Arrow source) and deal every batch's rows out
+    /// to the shards ([`Dealer`]). Returns rows per shard and the bytes sent to
+    /// agents.
     async fn relay(
         &self,
         ctx: &FeedCtx<'_>,
@@ -524,15 +539,13 @@ impl TrainingJob {
         let started = Instant::now();
         let mut last_report = Instant::now();
         let mut rows = vec![0u64; n];
-        let mut index = 0usize;
+        let mut dealer = Dealer::new(n);
         while let Some(batch) = stream.try_next().await? {
             if batch.num_rows() == 0 {
                 continue;
             }
             schema::validate_batch(&batch, &self.spec)?;
-            for piece in slice_large(&batch) {
-                let s = index % n;
-                index += 1;
+            for (s, piece) in dealer.deal(&batch) {
                 if let Some(w) = writers[s].as_mut() {
                     w.write(&piece).await?;
                 }
@@ -875,6 +888,45 @@ async fn start_on(
     Ok(())
 }
 
+/// Deals the rows of a stream of batches out to `n` shards, deterministically
+/// and evenly: each batch is cut into `n` contiguous slices whose sizes differ
+/// by at most one row, and the shard that takes the first of the larger
+/// slices rotates, so after any prefix of the stream the shards' row counts
+/// differ by at most one. (Routing whole batches round-robin would put a
+/// one-batch result, or a result of few large batches, on few shards.)
+/// Slices are further cut to at most [`MAX_BATCH_BYTES`].
+struct Dealer {
+    n: usize,
+    next: usize,
+}
+
+impl Dealer {
+    fn new(n: usize) -> Self {
+        Self { n: n.max(1), next: 0 }
+    }
+
+    /// `(shard, slice)` pairs covering `batch` in row order; empty slices are left out.
+    fn deal(&mut self, batch: &RecordBatch) -> Vec<(usize, RecordBatch)> {
+        let rows = batch.num_rows();
+        let (base, extra) = (rows / self.n, rows % self.n);
+        let mut out = Vec::with_capacity(self.n);
+        let mut start = 0;
+        for k in 0..self.n {
+            let len = base + usize::from(k < extra);
+            if len == 0 {
+                break;
+            }
+            let shard = (self.next + k) % self.n;
+            for piece in slice_large(&batch.slice(start, len)) {
+                out.push((shard, piece));
+            }
+            start += len;
+        }
+        self.next = (self.next + extra) % self.n;
+        out
+    }
+}
+
 /// Slices a batch so no piece exceeds [`MAX_BATCH_BYTES`].
 fn slice_large(batch: &RecordBatch) -> Vec<RecordBatch> {
     let bytes = schema::batch_bytes(batch) as usize;
@@ -921,4 +973,45 @@ async fn fetch_model(client: &AgentClient, job_id: &str) -> Result<RecordBatch, 
             reason: "empty model".into(),
         })?;
     Ok(arrow::compute::concat_batches(&schema, &batches).map_err(crate::feed::FeedError::Arrow)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{AsArray, Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    use super::Dealer;
+
+    fn batch(from: i64, rows: usize) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let ids = Int64Array::from_iter_values(from..from + rows as i64);
+        RecordBatch::try_new(schema, vec![Arc::new(ids)]).expect("batch")
+    }
+
+    #[test]
+    fn dealt_rows_stay_within_one_of_each_other_and_keep_their_order() {
+        for n in 1..=4 {
+            let mut dealer = Dealer::new(n);
+            let mut per_shard: Vec<Vec<i64>> = vec![Vec::new(); n];
+            let mut from = 0i64;
+            for rows in [1usize, 3001, 7, 2, 1, 1, 10_000, 5] {
+                for (s, piece) in dealer.deal(&batch(from, rows)) {
+                    per_shard[s].extend(piece.column(0).as_primitive::<Int64Type>().values());
+                }
+                from += rows as i64;
+                let counts: Vec<usize> = per_shard.iter().map(Vec::len).collect();
+                let (lo, hi) = (counts.iter().min().copied(), counts.iter().max().copied());
+                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "n={n}: {counts:?}");
+            }
+            // Every row lands exactly once, each shard's rows in stream order.
+            let mut all: Vec<i64> = per_shard.iter().flatten().copied().collect();
+            for ids in &per_shard {
+                assert!(ids.windows(2).all(|w| w[0] < w[1]), "n={n}: order");
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..from).collect::<Vec<_>>(), "n={n}");
+        }
+    }
 }

@@ -577,13 +577,25 @@ impl DataFrame {
     }
 
     fn sample_bounds(&self, lower: f64, upper: f64, with_replacement: bool, seed: i64) -> Self {
+        self.sample_bounds_ordered(lower, upper, with_replacement, seed, true)
+    }
+
+    /// `sort`: Spark sorts each partition before sampling (`deterministic_order`).
+    fn sample_bounds_ordered(
+        &self,
+        lower: f64,
+        upper: f64,
+        with_replacement: bool,
+        seed: i64,
+        sort: bool,
+    ) -> Self {
         self.derive(RelType::Sample(Box::new(proto::Sample {
             input: self.input(),
             lower_bound: lower,
             upper_bound: upper,
             with_replacement: Some(with_replacement),
             seed: Some(seed),
-            deterministic_order: true,
+            deterministic_order: sort,
         })))
     }
 
@@ -620,6 +632,27 @@ impl DataFrame {
     /// # Ok(()) }
     /// ```
     pub fn random_split(&self, weights: &[f64], seed: i64) -> Result<Vec<DataFrame>> {
+        self.split_by_weights(weights, seed, true)
+    }
+
+    /// [`random_split`](Self::random_split) without its sort: Spark sorts each
+    /// partition by every column before splitting so the split is deterministic
+    /// whatever order the input's rows arrive in — which also leaves each split
+    /// ordered by its first column, bad for training on it in order. This
+    /// keeps the input's row order, and is deterministic when the input's
+    /// partitioning and order are: a persisted DataFrame, a table, files.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling::spark::DataFrame) -> Result<(), kindling::spark::Error> {
+    /// let cached = df.persist(kindling::spark::memory_and_disk()).await?;
+    /// let splits = cached.random_split_in_order(&[0.8, 0.2], 42)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn random_split_in_order(&self, weights: &[f64], seed: i64) -> Result<Vec<DataFrame>> {
+        self.split_by_weights(weights, seed, false)
+    }
+
+    fn split_by_weights(&self, weights: &[f64], seed: i64, sort: bool) -> Result<Vec<DataFrame>> {
         if weights.is_empty() || weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
             return Err(Error::InvalidArgument(
                 "random_split weights must be non-negative and finite".into(),
@@ -644,7 +677,7 @@ impl DataFrame {
         }
         Ok(bounds
             .windows(2)
-            .map(|b| self.sample_bounds(b[0], b[1], false, seed))
+            .map(|b| self.sample_bounds_ordered(b[0], b[1], false, seed, sort))
             .collect())
     }
 
