@@ -5,17 +5,20 @@
 //! Rows, in samples/s:
 //! - `kindling step`: exactly what the trainer does per step on one rank
 //!   (Arrow batch → tensors, forward, backward, gradients flattened into the
-//!   all-reduce buffer, averaged, rebuilt, Adam step);
+//!   all-reduce buffer, the flat Adam step on the master weights, weights
+//!   written back into the model);
 //! - `burn alone`: the same model and batch as tensors already, forward,
-//!   backward and Adam straight from burn's gradients (no Arrow, no flattening);
+//!   backward and burn's Adam straight from burn's gradients (no Arrow, no
+//!   flattening);
 //! - `PyTorch`: `agent/examples/bench_mlp.py` with `torch.set_num_threads`
 //!   equal to burn's thread count (rayon's, `RAYON_NUM_THREADS` or the cores),
 //!   with OpenMP's default and passive wait policies; ratios are against the faster.
 //!
-//! The three run in `--rounds` interleaved rounds (kindling, burn, PyTorch,
-//! then again), after an untimed warm-up round, so that load from other
-//! processes on a shared machine hits all of them alike; samples/s are over
-//! all timed rounds. Then a breakdown of one kindling step (median ms per phase).
+//! The three run in `--rounds` interleaved rounds, each round in a rotated
+//! order (kindling, burn, PyTorch; then burn, PyTorch, kindling; …), after an
+//! untimed warm-up round, so that load from other processes on a shared
+//! machine hits all of them alike and none always runs after the same one;
+//! samples/s are over all timed rounds. Then a breakdown of one kindling step (median ms per phase).
 //!
 //! PyTorch is not a project dependency; install a CPU build once:
 //! `python3 -m venv ~/.cache/kindling/torchvenv && ~/.cache/kindling/torchvenv/bin/pip install torch==2.9.0`
@@ -27,9 +30,10 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use burn::optim::GradientsParams;
+use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::model::{Net, mean_loss};
+use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::{params, tensorize, trainer};
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
@@ -80,10 +84,17 @@ fn median(mut v: Vec<Duration>) -> f64 {
 fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 200);
     let warmup = arg("--warmup", 20);
-    let threads = std::env::var("RAYON_NUM_THREADS")
+    let cores = std::env::var("RAYON_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    // PyTorch and burn alone get `--threads`; the trainer computes on a pool
+    // of `--kindling-threads` (default the same), as an agent's
+    // `train_threads` sets it.
+    let threads = arg("--threads", cores);
+    let k_threads = arg("--kindling-threads", threads);
+    let pool = |n: usize| rayon::ThreadPoolBuilder::new().num_threads(n).build();
+    let (k_pool, b_pool) = (pool(k_threads)?, pool(threads)?);
     let spec = JobSpec::builder()
         .task(Task::Classification { num_classes: 10 })
         .model(ModelSpec::Mlp {
@@ -108,9 +119,11 @@ fn main() -> anyhow::Result<()> {
     let per_round = steps.div_ceil(rounds);
     let steps = per_round * rounds;
     let mut k_model = Net::new(&spec, IN, &device);
-    let mut k_optim = trainer::optimizer(&spec);
+    let mut k_weights = params::flat_weights(&k_model);
+    let mut k_optim = FlatOptimizer::new(&spec.optimizer, k_weights.len());
     let mut b_model = Net::new(&spec, IN, &device);
-    let mut b_optim = trainer::optimizer(&spec);
+    // burn's own Adam, as the trainer configured it before it stepped flat buffers.
+    let mut b_optim = AdamConfig::new().init();
     let tensors: Vec<_> = data
         .iter()
         .map(|b| {
@@ -123,69 +136,99 @@ fn main() -> anyhow::Result<()> {
     let mut burn_alone = Duration::ZERO;
     let mut torch_time: Vec<(&str, Duration)> = Vec::new();
     for round in 0..=rounds {
-        // Round 0 warms both up and is not timed.
+        // Round 0 warms both up and is not timed. Each round runs the three
+        // in a rotated order, so none always follows the same neighbour.
         let n = if round == 0 { warmup } else { per_round };
-        let t = Instant::now();
-        for i in 0..n {
-            let (buf, grads) =
-                trainer::local_gradients(&k_model, &data[i % data.len()], &layout, &spec, &device)
-                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            k_model = trainer::apply_summed_gradients(k_model, &mut k_optim, lr, buf, &grads).0;
-        }
-        if round > 0 {
-            kindling += t.elapsed();
-        }
-        let t = Instant::now();
-        for i in 0..n {
-            let (x, y) = tensors[i % tensors.len()].clone();
-            let loss = mean_loss(spec.task, b_model.forward(x), y, &device);
-            let grads = GradientsParams::from_grads(loss.backward(), &b_model);
-            b_model = b_optim.step(lr, b_model, grads);
-        }
-        if round > 0 {
-            burn_alone += t.elapsed();
-            // 4. PyTorch, same threads, between the rounds of the others.
-            for (policy, sps) in torch(threads, per_round, warmup) {
-                let d = Duration::from_secs_f64((per_round * BATCH) as f64 / sps);
-                match torch_time.iter_mut().find(|(p, _)| *p == policy) {
-                    Some((_, total)) => *total += d,
-                    None => torch_time.push((policy, d)),
+        let mut line = format!("round {round}:");
+        for who in (0..3).map(|k| (k + round) % 3) {
+            let t = Instant::now();
+            match who {
+                0 => {
+                    k_model = k_pool.install(|| {
+                        let mut m = k_model;
+                        for i in 0..n {
+                            let buf =
+                                trainer::local_gradients(&m, &data[i % data.len()], &layout, &spec, &device)
+                                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                            m = trainer::apply_summed_gradients(m, &mut k_optim, &mut k_weights, buf).0;
+                        }
+                        anyhow::Ok(m)
+                    })?;
+                    if round > 0 {
+                        kindling += t.elapsed();
+                        line += &format!(" kindling {:.0}", (n * BATCH) as f64 / t.elapsed().as_secs_f64());
+                    }
                 }
+                1 => {
+                    b_model = b_pool.install(|| {
+                        let mut m = b_model;
+                        for i in 0..n {
+                            let (x, y) = tensors[i % tensors.len()].clone();
+                            let loss = mean_loss(spec.task, m.forward(x), y, &device);
+                            let grads = GradientsParams::from_grads(loss.backward(), &m);
+                            m = b_optim.step(lr, m, grads);
+                        }
+                        m
+                    });
+                    if round > 0 {
+                        burn_alone += t.elapsed();
+                        line += &format!(" burn {:.0}", (n * BATCH) as f64 / t.elapsed().as_secs_f64());
+                    }
+                }
+                _ if round > 0 => {
+                    // PyTorch (its own warm-up inside each run), same threads.
+                    for (policy, sps) in torch(threads, per_round, warmup) {
+                        line += &format!(" torch-{policy} {sps:.0}");
+                        let d = Duration::from_secs_f64((per_round * BATCH) as f64 / sps);
+                        match torch_time.iter_mut().find(|(p, _)| *p == policy) {
+                            Some((_, total)) => *total += d,
+                            None => torch_time.push((policy, d)),
+                        }
+                    }
+                }
+                _ => {}
             }
+        }
+        if round > 0 {
+            eprintln!("{line} samples/s");
         }
     }
     std::hint::black_box((&k_model, &b_model));
 
     // 3. Where a kindling step goes.
     let mut phases: [Vec<Duration>; 6] = Default::default();
-    let mut model = Net::new(&spec, IN, &device);
-    let mut optim = trainer::optimizer(&spec);
-    for i in 0..steps.min(100) {
-        let b = &data[i % data.len()];
-        let t0 = Instant::now();
-        let x = tensorize::features(b, &layout, &device)?;
-        let y = tensorize::targets(b, "y", spec.task, &device)?;
-        let t1 = Instant::now();
-        let loss = mean_loss(spec.task, model.forward(x), y, &device);
-        let loss_value = loss.clone().into_scalar::<f32>();
-        let t2 = Instant::now();
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let t3 = Instant::now();
-        let (mut buf, grad_layout) = params::flatten_grads(&model, &grads);
-        let t4 = Instant::now();
-        buf.iter_mut().for_each(|g| *g *= 1.0);
-        let grads = params::unflatten_grads(&buf, &grad_layout);
-        let t5 = Instant::now();
-        model = optim.step(lr, model, grads);
-        let t6 = Instant::now();
-        std::hint::black_box(loss_value);
-        for (p, d) in phases
-            .iter_mut()
-            .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
-        {
-            p.push(d);
+    let model = Net::new(&spec, IN, &device);
+    let mut weights = params::flat_weights(&model);
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let model = k_pool.install(|| {
+        let mut model = model;
+        for i in 0..steps.min(100) {
+            let b = &data[i % data.len()];
+            let t0 = Instant::now();
+            let x = tensorize::features(b, &layout, &device)?;
+            let y = tensorize::targets(b, "y", spec.task, &device)?;
+            let t1 = Instant::now();
+            let loss = mean_loss(spec.task, model.forward(x), y, &device);
+            let loss_value = loss.clone().into_scalar::<f32>();
+            let t2 = Instant::now();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let t3 = Instant::now();
+            let buf = params::flatten_grads(&model, &grads);
+            let t4 = Instant::now();
+            optim.step(&mut weights, &buf, 1.0);
+            let t5 = Instant::now();
+            model = params::load_flat(model, &weights);
+            let t6 = Instant::now();
+            std::hint::black_box(loss_value);
+            for (p, d) in phases
+                .iter_mut()
+                .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5])
+            {
+                p.push(d);
+            }
         }
-    }
+        anyhow::Ok(model)
+    })?;
     std::hint::black_box(&model);
 
     let sps = |d: Duration| (steps * BATCH) as f64 / d.as_secs_f64();
@@ -198,14 +241,14 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or_else(|| "n/a".into())
     };
     println!(
-        "MLP 784-256-128-10, batch {BATCH}, Adam, cross-entropy, {threads} threads, {steps} steps \
-         in {rounds} interleaved rounds"
+        "MLP 784-256-128-10, batch {BATCH}, Adam, cross-entropy, {steps} steps in {rounds} interleaved \
+         rounds; PyTorch and burn alone on {threads} threads, the kindling trainer on {k_threads}"
     );
     println!();
     println!("| path | samples/s | vs PyTorch |");
     println!("|---|---:|---:|");
     println!(
-        "| kindling step (trainer path) | {:.0} | {} |",
+        "| kindling step (trainer path, {k_threads} threads) | {:.0} | {} |",
         sps(kindling),
         vs(sps(kindling))
     );
@@ -231,8 +274,8 @@ fn main() -> anyhow::Result<()> {
         "forward + loss (+ loss read back)",
         "backward",
         "flatten gradients",
-        "rebuild gradients",
-        "Adam step",
+        "Adam step (flat, fused)",
+        "weights back into the model",
     ];
     for (name, p) in names.iter().zip(phases) {
         println!("| {name} | {:.2} |", median(p));

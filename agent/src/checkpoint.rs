@@ -31,7 +31,7 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     /// burn record bytes of the model.
     pub weights: Vec<u8>,
-    /// burn record bytes of the optimizer state.
+    /// The optimizer state ([`crate::optim::FlatOptimizer::to_bytes`]).
     pub optimizer: Vec<u8>,
 }
 

@@ -40,6 +40,8 @@ pub struct JobEnv {
     pub token: Option<Token>,
     /// How long a ring operation waits for a peer.
     pub collective_timeout: Duration,
+    /// The threads trainers compute on.
+    pub train_pool: Arc<rayon::ThreadPool>,
 }
 
 /// A producer's committed position in one split.
@@ -348,7 +350,8 @@ impl Job {
             cancel,
             shuffle: self.spec.shuffle,
         };
-        let outcome = tokio::task::spawn_blocking(move || trainer::train(ctx))
+        let pool = self.env.train_pool.clone();
+        let outcome = tokio::task::spawn_blocking(move || pool.install(|| trainer::train(ctx)))
             .await
             .map_err(|e| AgentError::Training(format!("trainer thread panicked: {e}")))??;
         Ok(outcome.model)

@@ -22,6 +22,7 @@ pub mod flight;
 pub mod health;
 pub mod job;
 pub mod model;
+pub mod optim;
 pub mod params;
 pub mod registry;
 pub mod rendezvous;

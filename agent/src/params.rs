@@ -1,111 +1,112 @@
 //! Moving a model's parameters and gradients in and out of flat buffers:
-//! gradients into one `f32` buffer for the all-reduce and back into
-//! `GradientsParams`; weights into an Arrow table (name, shape, values) that
-//! any language can read, and back.
+//! gradients into one `f32` buffer for the all-reduce; weights into one
+//! buffer for the optimizer ([`crate::optim`]) and back into the model; and
+//! weights into an Arrow table (name, shape, values) that any language can
+//! read, and back.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Float32Array, ListArray, RecordBatch, StringArray, UInt64Array};
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, UInt64Type};
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use crate::error::AgentError;
 use crate::model::Net;
 
-/// Where each parameter's gradient sits in the flat buffer.
-#[derive(Debug, Clone)]
-pub struct GradLayout {
-    entries: Vec<(ParamId, Vec<usize>, Device)>,
-    len: usize,
-}
-
-impl GradLayout {
-    /// Total number of values.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// No parameters.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 struct Flatten<'a> {
     grads: &'a GradientsParams,
     out: Vec<f32>,
-    entries: Vec<(ParamId, Vec<usize>, Device)>,
 }
 
 impl ModuleVisitor for Flatten<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let shape = param.lazy_shape().dims::<D>().to_vec();
-        let n: usize = shape.iter().product();
-        match self.grads.get::<D>(param.id) {
-            Some(g) => {
-                let device = g.device();
-                let data = g.into_data().convert::<f32>();
-                match data.as_slice::<f32>() {
-                    Ok(values) => self.out.extend_from_slice(values),
-                    Err(_) => self.out.extend(std::iter::repeat_n(0.0, n)),
-                }
-                self.entries.push((param.id, shape, device));
-            }
-            None => {
-                // A parameter without a gradient still takes its place so every rank
-                // lays the buffer out identically.
-                self.out.extend(std::iter::repeat_n(0.0, n));
-                self.entries.push((param.id, shape, param.val().device().inner()));
-            }
+        let n = param.lazy_shape().num_elements();
+        let values = self
+            .grads
+            .get::<D>(param.id)
+            .map(|g| g.into_data().convert::<f32>());
+        match values.as_ref().map(|d| d.as_slice::<f32>()) {
+            Some(Ok(values)) => self.out.extend_from_slice(values),
+            // A parameter without a gradient still takes its place so every
+            // rank lays the buffer out identically.
+            _ => self.out.extend(std::iter::repeat_n(0.0, n)),
         }
     }
 }
 
-/// Flattens `grads` of `model` into one buffer in module visit order.
-pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> (Vec<f32>, GradLayout) {
+/// Flattens `grads` of `model` into one buffer in module visit order (the
+/// layout of [`flat_weights`]).
+pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> Vec<f32> {
     let mut v = Flatten {
         grads,
         // Room for the trainer's trailing values too ([rows, loss, flags]):
         // one allocation per step instead of a chain of reallocations.
         out: Vec::with_capacity(model.num_params() + 4),
-        entries: Vec::new(),
     };
     model.visit(&mut v);
-    let len = v.out.len();
-    (
-        v.out,
-        GradLayout {
-            entries: v.entries,
-            len,
-        },
-    )
+    v.out
 }
 
 /// Zero gradients laid out like `model`'s (for a rank with no rows in a step).
-pub fn zero_grads(model: &Net) -> (Vec<f32>, GradLayout) {
+pub fn zero_grads(model: &Net) -> Vec<f32> {
     flatten_grads(model, &GradientsParams::new())
 }
 
-/// Rebuilds `GradientsParams` from a flat buffer laid out by [`flatten_grads`].
-pub fn unflatten_grads(values: &[f32], layout: &GradLayout) -> GradientsParams {
-    let mut grads = GradientsParams::new();
-    let mut offset = 0;
-    for (id, shape, device) in &layout.entries {
-        let n: usize = shape.iter().product();
-        let data = TensorData::new(values[offset..offset + n].to_vec(), shape.clone());
-        offset += n;
-        match shape.len() {
-            1 => grads.register::<1>(*id, Tensor::from_data(data, device)),
-            2 => grads.register::<2>(*id, Tensor::from_data(data, device)),
-            3 => grads.register::<3>(*id, Tensor::from_data(data, device)),
-            4 => grads.register::<4>(*id, Tensor::from_data(data, device)),
-            _ => {}
+struct FlatWeights {
+    out: Vec<f32>,
+}
+
+impl ModuleVisitor for FlatWeights {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let data = param.val().into_data().convert::<f32>();
+        match data.as_slice::<f32>() {
+            Ok(values) => self.out.extend_from_slice(values),
+            Err(_) => self
+                .out
+                .extend(std::iter::repeat_n(f32::NAN, param.lazy_shape().num_elements())),
         }
     }
-    grads
+}
+
+/// The model's weights in one buffer, laid out like [`flatten_grads`]'s
+/// gradients (module visit order, row-major).
+pub fn flat_weights(model: &Net) -> Vec<f32> {
+    let mut v = FlatWeights {
+        out: Vec::with_capacity(model.num_params()),
+    };
+    model.visit(&mut v);
+    v.out
+}
+
+struct LoadFlat<'a> {
+    values: &'a [f32],
+    offset: usize,
+}
+
+impl ModuleMapper for LoadFlat<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let shape = param.lazy_shape().dims::<D>().to_vec();
+        let n: usize = shape.iter().product();
+        let values = self.values[self.offset..self.offset + n].to_vec();
+        self.offset += n;
+        param.map(|t| {
+            let tracked = t.is_require_grad();
+            let fresh = Tensor::from_data(TensorData::new(values, shape), &t.device());
+            if tracked { fresh.require_grad() } else { fresh }
+        })
+    }
+}
+
+/// Writes `values` (laid out by [`flat_weights`]) into `model`'s parameters,
+/// keeping their ids, devices and gradient tracking.
+///
+/// # Panics
+/// If `values` is shorter than the model's parameters.
+pub fn load_flat(model: Net, values: &[f32]) -> Net {
+    model.map(&mut LoadFlat { values, offset: 0 })
 }
 
 #[derive(Default)]

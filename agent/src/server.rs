@@ -52,6 +52,9 @@ pub struct AgentConfig {
     pub collective_timeout: Duration,
     /// Largest incoming message.
     pub max_message_bytes: usize,
+    /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
+    /// Agents sharing a machine (local mode) each take their share.
+    pub train_threads: usize,
 }
 
 impl AgentConfig {
@@ -75,6 +78,7 @@ impl AgentConfig {
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            train_threads: 0,
         }
     }
 }
@@ -267,7 +271,21 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let inbox = Inbox::new();
+    let train_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.train_threads)
+        .thread_name({
+            let id = config.agent_id.clone();
+            move |i| format!("train-{id}-{i}")
+        })
+        .build()
+        .map_err(|e| {
+            AgentError::io(
+                "start the trainer thread pool",
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
     let env = JobEnv {
+        train_pool: Arc::new(train_pool),
         agent_id: config.agent_id.clone(),
         spill_dir: config.work_dir.join("spill").join(&config.agent_id),
         checkpoint_dir: config.work_dir.join("checkpoints").join(&config.agent_id),

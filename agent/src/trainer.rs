@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use burn::module::Module;
-use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig, momentum::MomentumConfig};
+use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::FeatureLayout;
-use kindling_schemas::spec::{JobSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{JobSpec, Task};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +40,7 @@ use crate::checkpoint::{self, Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
 use crate::model::{Net, mean_loss};
+use crate::optim::FlatOptimizer;
 use crate::{params, tensorize};
 
 /// Live numbers of a running training, shared with the status endpoint.
@@ -121,26 +122,6 @@ pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
     crate::device::for_spec(spec)
 }
 
-/// The optimizer a spec names.
-pub fn optimizer(spec: &JobSpec) -> ModuleOptimizer {
-    match spec.optimizer {
-        OptimizerSpec::Sgd { momentum, .. } => {
-            let mut c = SgdConfig::new();
-            if momentum > 0.0 {
-                c = c.with_momentum(Some(MomentumConfig {
-                    momentum,
-                    dampening: 0.0,
-                    nesterov: false,
-                }));
-            }
-            c.init()
-        }
-        OptimizerSpec::Adam { beta1, beta2, .. } => {
-            AdamConfig::new().with_beta_1(beta1).with_beta_2(beta2).init()
-        }
-    }
-}
-
 fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
     p.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -167,8 +148,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             init
         }
     };
-    let mut optim = optimizer(&spec);
-    let lr = spec.optimizer.learning_rate();
+    let mut optim = FlatOptimizer::new(&spec.optimizer, model.num_params());
     let rt = ctx.runtime.clone();
     let rank = ctx.ring.rank() as usize;
     let world = ctx.ring.world() as usize;
@@ -194,9 +174,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         let bytes = rt.block_on(ctx.ring.broadcast(root as u32, payload))?;
         let ckpt = checkpoint::unpack(&bytes)?;
         model = params::from_record_bytes(model, ckpt.weights)?;
-        optim = optim
-            .from_bytes(burn::tensor::Bytes::from_bytes_vec(ckpt.optimizer))
-            .map_err(|e| AgentError::Record(e.to_string()))?;
+        optim.load_bytes(&ckpt.optimizer)?;
         start_epoch = ckpt.meta.epoch;
         history = ckpt.meta.history;
         rows_per_epoch = ckpt.meta.rows_trained_per_epoch;
@@ -212,6 +190,8 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         }
     }
 
+    // The master copy of the weights the optimizer steps (the model's, flat).
+    let mut weights = params::flat_weights(&model);
     for epoch in start_epoch + 1..=spec.epochs {
         let started = Instant::now();
         let (train, ended) = ctx.data.train_since(0);
@@ -259,7 +239,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         let mut rows_total = 0f64;
         let mut rows_mine = 0u64;
         // This rank's gradients for a batch its peers were not all ready for.
-        let mut pending: Option<(Vec<f32>, params::GradLayout, u64)> = None;
+        let mut pending: Option<(Vec<f32>, u64)> = None;
         let mut step = 0u64;
         loop {
             if !live && step >= steps {
@@ -277,9 +257,9 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             if pending.is_none() {
                 match cursor.pull(LIVE_WAIT)? {
                     Pull::Ready(batch) => {
-                        let (buf, layout) = local_gradients(&model, &batch, &ctx.layout, &spec, &device)
+                        let buf = local_gradients(&model, &batch, &ctx.layout, &spec, &device)
                             .map_err(|e| e.at(epoch, step))?;
-                        pending = Some((buf, layout, batch.num_rows() as u64));
+                        pending = Some((buf, batch.num_rows() as u64));
                     }
                     Pull::NotYet => not_ready = 1.0,
                     Pull::Exhausted => exhausted = 1.0,
@@ -287,12 +267,12 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             }
             // A live step may not be taken: keep this rank's gradients until it is.
             let local = if live { pending.clone() } else { pending.take() };
-            let (mut buf, layout, rows) = match local {
+            let (mut buf, rows) = match local {
                 Some(local) => local,
                 None => {
-                    let (mut buf, layout) = params::zero_grads(&model);
+                    let mut buf = params::zero_grads(&model);
                     buf.extend([0.0, 0.0]);
-                    (buf, layout, 0)
+                    (buf, 0)
                 }
             };
             if live {
@@ -311,7 +291,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             }
             pending = None;
             rows_mine += rows;
-            let (next, n_total, step_loss) = apply_summed_gradients(model, &mut optim, lr, buf, &layout);
+            let (next, n_total, step_loss) = apply_summed_gradients(model, &mut optim, &mut weights, buf);
             model = next;
             loss_sum += step_loss;
             rows_total += n_total;
@@ -355,10 +335,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
                     history: history.clone(),
                 },
                 weights: params::to_record_bytes(&model)?,
-                optimizer: optim
-                    .into_bytes()
-                    .map_err(|e| AgentError::Record(e.to_string()))?
-                    .to_vec(),
+                optimizer: optim.to_bytes(),
             };
             ctx.checkpoints.save(&spec, &ckpt)?;
         }
@@ -378,7 +355,7 @@ pub fn local_gradients(
     layout: &FeatureLayout,
     spec: &JobSpec,
     device: &Device,
-) -> Result<(Vec<f32>, params::GradLayout), StepError> {
+) -> Result<Vec<f32>, StepError> {
     let n = batch.num_rows();
     let x = tensorize::features(batch, layout, device)?;
     let y = tensorize::targets(batch, &spec.label, spec.task, device)?;
@@ -389,10 +366,10 @@ pub fn local_gradients(
     }
     let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
     let grads = GradientsParams::from_grads(sum_loss.backward(), model);
-    let (mut buf, grad_layout) = params::flatten_grads(model, &grads);
+    let mut buf = params::flatten_grads(model, &grads);
     buf.push(n as f32);
     buf.push((loss_value * n as f64) as f32);
-    Ok((buf, grad_layout))
+    Ok(buf)
 }
 
 /// Why [`local_gradients`] failed.
@@ -422,24 +399,22 @@ impl StepError {
 }
 
 /// The optimizer step on an all-reduced buffer from [`local_gradients`]:
-/// divides the gradient sums by the total rows and steps. Returns the model,
-/// the total rows and the summed loss (no step when no rank had rows).
+/// averages the gradient sums over the total rows, steps the flat `weights`
+/// and writes them into the model. Returns the model, the total rows and the
+/// summed loss (no step when no rank had rows).
 pub fn apply_summed_gradients(
     model: Net,
-    optim: &mut ModuleOptimizer,
-    lr: f64,
+    optim: &mut FlatOptimizer,
+    weights: &mut [f32],
     mut buf: Vec<f32>,
-    layout: &params::GradLayout,
 ) -> (Net, f64, f64) {
     let step_loss = buf.pop().unwrap_or(0.0) as f64;
     let n_total = buf.pop().unwrap_or(0.0) as f64;
     if n_total <= 0.0 {
         return (model, n_total, step_loss);
     }
-    let inv = (1.0 / n_total) as f32;
-    buf.iter_mut().for_each(|g| *g *= inv);
-    let grads = params::unflatten_grads(&buf, layout);
-    (optim.step(lr, model, grads), n_total, step_loss)
+    optim.step(weights, &buf, (1.0 / n_total) as f32);
+    (params::load_flat(model, weights), n_total, step_loss)
 }
 
 /// Loss and accuracy over every rank's eval shard (identical on all ranks).

@@ -152,6 +152,9 @@ pub struct AgentArgs {
     /// Cache bytes kept in memory before spilling.
     #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value_t = 1 << 30)]
     pub memory_budget: u64,
+    /// Threads the trainer computes on (0 = one per core).
+    #[arg(long, env = "KINDLING_TRAIN_THREADS", default_value_t = 0)]
+    pub train_threads: usize,
 }
 
 /// `kindling rendezvous`.
@@ -378,6 +381,7 @@ pub async fn agent(args: AgentArgs) -> Result<()> {
     config.rendezvous = args.rendezvous.clone();
     config.token = read_token(&args.token_file)?;
     config.memory_budget = args.memory_budget;
+    config.train_threads = args.train_threads;
     let handle = kindling_agent::start(config).await?;
     println!("agent {} serving at {}", handle.agent_id(), handle.url());
     tokio::signal::ctrl_c().await?;

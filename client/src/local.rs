@@ -24,6 +24,10 @@ pub struct LocalClusterConfig {
     pub gang_timeout: Duration,
     /// How long an agent's ring step waits for a peer.
     pub collective_timeout: Duration,
+    /// Threads each agent's trainer computes on; 0 (the default) divides the
+    /// machine's cores among the agents started together, at least one each,
+    /// so local agents do not compete for the same cores.
+    pub train_threads: usize,
 }
 
 impl LocalClusterConfig {
@@ -41,6 +45,7 @@ impl LocalClusterConfig {
             lease: Duration::from_secs(3),
             gang_timeout: Duration::from_secs(60),
             collective_timeout: Duration::from_secs(60),
+            train_threads: 0,
         }
     }
 }
@@ -68,7 +73,11 @@ pub enum LocalError {
 
 impl LocalCluster {
     /// Starts the rendezvous and `agents` agents.
-    pub async fn start(agents: usize, config: LocalClusterConfig) -> Result<Self, LocalError> {
+    pub async fn start(agents: usize, mut config: LocalClusterConfig) -> Result<Self, LocalError> {
+        if config.train_threads == 0 {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            config.train_threads = (cores / agents.max(1)).max(1);
+        }
         let rv_config = RendezvousConfig {
             lease: config.lease,
             gang_timeout: config.gang_timeout,
@@ -111,6 +120,7 @@ impl LocalCluster {
         c.rendezvous = Some(self.rendezvous_url());
         c.memory_budget = self.config.memory_budget;
         c.collective_timeout = self.config.collective_timeout;
+        c.train_threads = self.config.train_threads;
         let handle = kindling_agent::start(c).await?;
         let mut agents = self.agents_lock();
         agents.push(Some(handle));

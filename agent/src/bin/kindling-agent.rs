@@ -56,6 +56,10 @@ struct Cli {
     /// Cached batches kept in memory before spilling, e.g. `4GiB`, `512MiB`, `1000000`.
     #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value = "1GiB", value_parser = parse_bytes)]
     memory_budget: u64,
+    /// Threads the trainer computes on (0 = one per core). Leave cores for the
+    /// Spark executors on the node: e.g. the CPU request of the agent's pod.
+    #[arg(long, env = "KINDLING_TRAIN_THREADS", default_value_t = 0)]
+    train_threads: usize,
     /// How long a collective step waits for a peer (ms).
     #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
     collective_timeout_ms: u64,
@@ -194,6 +198,7 @@ impl TryFrom<&Cli> for AgentConfig {
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
             max_message_bytes,
+            train_threads: cli.train_threads,
         })
     }
 }
