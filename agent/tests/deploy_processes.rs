@@ -240,6 +240,8 @@ impl Cluster {
             ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
             ("KINDLING_MEMORY_BUDGET".to_owned(), budget.to_owned()),
             ("KINDLING_CAPACITY".to_owned(), "1".to_owned()),
+            // As from a pod requesting one CPU: the test runs several agents.
+            ("KINDLING_TRAIN_THREADS".to_owned(), "1".to_owned()),
             ("KINDLING_LOG".to_owned(), "info".to_owned()),
         ]);
         assert_eq!(

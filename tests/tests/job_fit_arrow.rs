@@ -43,6 +43,10 @@ fn batches(rows: usize, per_batch: usize) -> Vec<RecordBatch> {
 }
 
 fn job(eval_fraction: f64) -> Result<TrainingJob, JobError> {
+    builder(eval_fraction).build()
+}
+
+fn builder(eval_fraction: f64) -> kindling::job::TrainingJobBuilder {
     TrainingJob::builder()
         .model(ModelSpec::Mlp { hidden: vec![16] })
         .task(Task::Classification { num_classes: 2 })
@@ -55,7 +59,6 @@ fn job(eval_fraction: f64) -> Result<TrainingJob, JobError> {
         .eval_fraction(eval_fraction)
         .local_mode(true)
         .progress(ProgressMode::Silent)
-        .build()
 }
 
 #[tokio::test]
@@ -105,17 +108,8 @@ async fn a_single_batch_is_dealt_evenly_over_the_shards() -> Result<(), JobError
     let data = batches(3_001, 3_001);
     assert_eq!(data.len(), 1);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let model = TrainingJob::builder()
-        .model(ModelSpec::Mlp { hidden: vec![16] })
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.02))
-        .features(["x0", "x1"])
-        .label("label")
+    let model = builder(0.0)
         .epochs(1)
-        .batch_size(64)
-        .num_slots(2)
-        .local_mode(true)
-        .progress(ProgressMode::Silent)
         .events(tx)
         .build()?
         .fit_arrow(data[0].schema(), || {
