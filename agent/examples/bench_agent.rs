@@ -7,8 +7,14 @@
 //!    caching, acks) against a `pyarrow.flight` server that stores the same
 //!    batches (`--python`, default `$HOME/.cache/kindling/venv/bin/python`).
 //!
+//! 3. Small all-reduce latency: 2 ranks all-reduce a `--floats`-long buffer
+//!    (default 610, the gradients of the pipeline benchmark's 16-32-2 MLP plus
+//!    rows and loss) `--reps` times back to back, as the trainer does once per
+//!    step, against two tasks swapping the same bytes over one loopback TCP
+//!    connection.
+//!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
-//! (`--only allreduce` or `--only ingest` runs one of them).
+//! (`--only allreduce`, `--only ingest` or `--only latency` runs one of them).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,21 +53,27 @@ async fn main() -> anyhow::Result<()> {
     println!("| benchmark | kindling | baseline | ratio |");
     println!("|---|---:|---:|---:|");
     let only = std::env::args().skip_while(|a| a != "--only").nth(1);
-    if only.as_deref() != Some("ingest") {
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("allreduce") {
         allreduce(ranks, mb).await?;
     }
-    if only.as_deref() != Some("allreduce") {
+    if run("ingest") {
         ingest(ingest_mb).await?;
+    }
+    if run("latency") {
+        latency(arg("--floats", 610), arg("--reps", 2000)).await?;
     }
     Ok(())
 }
 
-async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
-    let token = Token::new("bench");
-    let len = mb * (1 << 20) / 4;
+/// Collective servers for `world` ranks on loopback: their URLs and inboxes.
+async fn collective_servers(
+    world: usize,
+    token: &Token,
+    stop: &CancellationToken,
+) -> anyhow::Result<(Vec<String>, Vec<Arc<Inbox>>)> {
     let mut urls = Vec::new();
     let mut inboxes = Vec::new();
-    let stop = CancellationToken::new();
     for _ in 0..world {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         urls.push(format!("http://{}", listener.local_addr()?));
@@ -77,6 +89,77 @@ async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
                 .await
         });
     }
+    Ok((urls, inboxes))
+}
+
+fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbox>) -> anyhow::Result<Ring> {
+    inbox.enter_attempt(job, 1);
+    Ok(Ring::new(
+        RingConfig {
+            job_id: job.to_owned(),
+            attempt: 1,
+            rank: rank as u32,
+            peers: urls.to_vec(),
+            token: Some(token.clone()),
+            timeout: Duration::from_secs(120),
+        },
+        inbox.clone(),
+        CancellationToken::new(),
+    )?)
+}
+
+async fn latency(floats: usize, reps: usize) -> anyhow::Result<()> {
+    let token = Token::new("bench");
+    let stop = CancellationToken::new();
+    let (urls, inboxes) = collective_servers(2, &token, &stop).await?;
+    let mut tasks = Vec::new();
+    for (rank, inbox) in inboxes.iter().enumerate() {
+        let mut ring = ring("latency", rank, &urls, &token, inbox)?;
+        tasks.push(tokio::spawn(async move {
+            let mut buf = vec![rank as f32; floats];
+            let t = Instant::now();
+            for _ in 0..reps {
+                ring.all_reduce_sum(&mut buf).await?;
+            }
+            anyhow::Ok(t.elapsed())
+        }));
+    }
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        slowest = slowest.max(t.await??);
+    }
+    stop.cancel();
+    let ours = slowest.as_secs_f64() * 1e6 / reps as f64;
+
+    // Baseline: the same bytes swapped both ways over one loopback TCP connection.
+    let bytes = floats * 4;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let swap = move |mut s: TcpStream| async move {
+        let (mine, mut theirs) = (vec![1u8; bytes], vec![0u8; bytes]);
+        s.set_nodelay(true)?;
+        let t = Instant::now();
+        for _ in 0..reps {
+            let (mut r, mut w) = s.split();
+            tokio::try_join!(w.write_all(&mine), r.read_exact(&mut theirs))?;
+        }
+        anyhow::Ok(t.elapsed())
+    };
+    let server = tokio::spawn(async move { swap(listener.accept().await?.0).await });
+    let client = swap(TcpStream::connect(addr).await?).await?;
+    let tcp = client.max(server.await??).as_secs_f64() * 1e6 / reps as f64;
+    println!(
+        "| all-reduce latency, 2 ranks × {floats} floats | {ours:.0} µs | {tcp:.0} µs (swap over loopback TCP) | {:.2}× the time |",
+        ours / tcp
+    );
+    Ok(())
+}
+
+async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
+    let token = Token::new("bench");
+    let len = mb * (1 << 20) / 4;
+    let stop = CancellationToken::new();
+    let (urls, inboxes) = collective_servers(world, &token, &stop).await?;
     let mut best = Duration::MAX;
     let cpu_start = cpu_seconds();
     let rounds = 3;
@@ -84,19 +167,7 @@ async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
         let job = format!("bench-{round}");
         let mut tasks = Vec::new();
         for (rank, inbox) in inboxes.iter().enumerate() {
-            inbox.enter_attempt(&job, 1);
-            let mut ring = Ring::new(
-                RingConfig {
-                    job_id: job.clone(),
-                    attempt: 1,
-                    rank: rank as u32,
-                    peers: urls.clone(),
-                    token: Some(token.clone()),
-                    timeout: Duration::from_secs(120),
-                },
-                inbox.clone(),
-                CancellationToken::new(),
-            )?;
+            let mut ring = ring(&job, rank, &urls, &token, inbox)?;
             let mut buf = vec![rank as f32; len];
             tasks.push(tokio::spawn(async move {
                 let t = Instant::now();
