@@ -5,6 +5,7 @@ use std::sync::Arc;
 use arrow::array::{AsArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use kindling::job::{JobError, ProgressMode, TrainingEvent, TrainingJob};
 use kindling::spark::RecordBatchStream;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
@@ -42,6 +43,16 @@ fn batches(rows: usize, per_batch: usize) -> Vec<RecordBatch> {
         .collect()
 }
 
+/// Opens a stream of `data`'s batches (a fresh one per call, as `fit_arrow` asks).
+fn replay(data: &[RecordBatch]) -> BoxFuture<'static, Result<RecordBatchStream, kindling::spark::Error>> {
+    let data = data.to_vec();
+    async move {
+        let rows: RecordBatchStream = Box::pin(futures::stream::iter(data.into_iter().map(Ok)));
+        Ok(rows)
+    }
+    .boxed()
+}
+
 fn job(eval_fraction: f64) -> Result<TrainingJob, JobError> {
     builder(eval_fraction).build()
 }
@@ -69,12 +80,7 @@ async fn trains_on_arrow_batches_in_local_mode() -> Result<(), JobError> {
     let model = job(0.0)?
         .fit_arrow(schema, || {
             opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let data = data.clone();
-            async move {
-                let rows: RecordBatchStream = Box::pin(futures::stream::iter(data.into_iter().map(Ok)));
-                Ok(rows)
-            }
-            .boxed()
+            replay(&data)
         })
         .await?;
     assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 1, "one feed");
@@ -112,14 +118,7 @@ async fn a_single_batch_is_dealt_evenly_over_the_shards() -> Result<(), JobError
         .epochs(1)
         .events(tx)
         .build()?
-        .fit_arrow(data[0].schema(), || {
-            let data = data.clone();
-            async move {
-                let rows: RecordBatchStream = Box::pin(futures::stream::iter(data.into_iter().map(Ok)));
-                Ok(rows)
-            }
-            .boxed()
-        })
+        .fit_arrow(data[0].schema(), || replay(&data))
         .await?;
     let mut fed = Vec::new();
     while let Ok(event) = rx.try_recv() {
