@@ -184,15 +184,19 @@ mod tests {
 
     use super::FlatOptimizer;
 
+    /// Gradients at step `s`: of a quadratic, plus a drift per step.
+    fn grads(w: &[f32], s: usize) -> Vec<f32> {
+        w.iter()
+            .enumerate()
+            .map(|(i, x)| 2.0 * x + (i + s) as f32 * 0.01)
+            .collect()
+    }
+
     fn run(spec: &OptimizerSpec, steps: usize) -> (Vec<f32>, FlatOptimizer) {
         let mut w: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut opt = FlatOptimizer::new(spec, w.len());
         for s in 0..steps {
-            let g: Vec<f32> = w
-                .iter()
-                .enumerate()
-                .map(|(i, x)| 2.0 * x + (i + s) as f32 * 0.01)
-                .collect();
+            let g = grads(&w, s);
             opt.step(&mut w, &g, 0.5);
         }
         (w, opt)
@@ -227,11 +231,7 @@ mod tests {
             let mut resumed = FlatOptimizer::new(&spec, w.len());
             resumed.load_bytes(&first.to_bytes()).expect("load");
             for s in 5..10 {
-                let g: Vec<f32> = w
-                    .iter()
-                    .enumerate()
-                    .map(|(i, x)| 2.0 * x + (i + s) as f32 * 0.01)
-                    .collect();
+                let g = grads(&w, s);
                 resumed.step(&mut w, &g, 0.5);
             }
             assert_eq!(w, ten, "{spec:?}");

@@ -23,17 +23,20 @@ struct Flatten<'a> {
 
 impl ModuleVisitor for Flatten<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let n = param.lazy_shape().num_elements();
-        let values = self
-            .grads
-            .get::<D>(param.id)
-            .map(|g| g.into_data().convert::<f32>());
-        match values.as_ref().map(|d| d.as_slice::<f32>()) {
-            Some(Ok(values)) => self.out.extend_from_slice(values),
-            // A parameter without a gradient still takes its place so every
-            // rank lays the buffer out identically.
-            _ => self.out.extend(std::iter::repeat_n(0.0, n)),
-        }
+        // A parameter without a gradient still takes its place (zeros) so
+        // every rank lays the buffer out identically.
+        let grad = self.grads.get::<D>(param.id);
+        append_values(&mut self.out, grad, param.lazy_shape().num_elements(), 0.0);
+    }
+}
+
+/// Appends `tensor`'s values as `f32` to `out`, or `n` times `fill` when
+/// there is no tensor or its values cannot be read as `f32`.
+fn append_values<const D: usize>(out: &mut Vec<f32>, tensor: Option<Tensor<D>>, n: usize, fill: f32) {
+    let data = tensor.map(|t| t.into_data().convert::<f32>());
+    match data.as_ref().map(|d| d.as_slice::<f32>()) {
+        Some(Ok(values)) => out.extend_from_slice(values),
+        _ => out.extend(std::iter::repeat_n(fill, n)),
     }
 }
 
@@ -61,13 +64,8 @@ struct FlatWeights {
 
 impl ModuleVisitor for FlatWeights {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let data = param.val().into_data().convert::<f32>();
-        match data.as_slice::<f32>() {
-            Ok(values) => self.out.extend_from_slice(values),
-            Err(_) => self
-                .out
-                .extend(std::iter::repeat_n(f32::NAN, param.lazy_shape().num_elements())),
-        }
+        let n = param.lazy_shape().num_elements();
+        append_values(&mut self.out, Some(param.val()), n, f32::NAN);
     }
 }
 

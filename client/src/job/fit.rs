@@ -220,22 +220,22 @@ impl TrainingJob {
         let (train_df, eval_df, layout, cached) = match rows {
             Rows::Spark(df) => {
                 let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
-                let mut data = df.select(columns.iter().map(String::as_str));
+                let data = df.select(columns.iter().map(String::as_str));
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-                // Persisted, the rows' partitioning and order are fixed, so the
-                // split can keep their order (Spark's sorted split would hand
-                // each shard its rows ordered by the first column).
-                if self.persist {
-                    data = data.persist(crate::spark::memory_and_disk()).await?;
-                }
-                let cached = self.persist.then(|| data.clone());
+                let cached = match self.persist {
+                    true => Some(data.persist(crate::spark::memory_and_disk()).await?),
+                    false => None,
+                };
+                let data = cached.clone().unwrap_or(data);
                 let (train_df, eval_df) = if self.eval_fraction > 0.0 {
                     let weights = [1.0 - self.eval_fraction, self.eval_fraction];
-                    let mut parts = if self.persist {
-                        data.random_split_in_order(&weights, spec.seed as i64)?
-                    } else {
-                        data.random_split(&weights, spec.seed as i64)?
+                    // Persisted, the rows' partitioning and order are fixed, so
+                    // the split can keep their order (Spark's sorted split would
+                    // hand each shard its rows ordered by the first column).
+                    let mut parts = match cached {
+                        Some(_) => data.random_split_in_order(&weights, spec.seed as i64)?,
+                        None => data.random_split(&weights, spec.seed as i64)?,
                     };
                     let eval = parts.pop();
                     (parts.pop().unwrap_or(data), eval)

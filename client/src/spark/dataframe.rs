@@ -576,19 +576,8 @@ impl DataFrame {
         })))
     }
 
-    fn sample_bounds(&self, lower: f64, upper: f64, with_replacement: bool, seed: i64) -> Self {
-        self.sample_bounds_ordered(lower, upper, with_replacement, seed, true)
-    }
-
     /// `sort`: Spark sorts each partition before sampling (`deterministic_order`).
-    fn sample_bounds_ordered(
-        &self,
-        lower: f64,
-        upper: f64,
-        with_replacement: bool,
-        seed: i64,
-        sort: bool,
-    ) -> Self {
+    fn sample_bounds(&self, lower: f64, upper: f64, with_replacement: bool, seed: i64, sort: bool) -> Self {
         self.derive(RelType::Sample(Box::new(proto::Sample {
             input: self.input(),
             lower_bound: lower,
@@ -608,7 +597,7 @@ impl DataFrame {
     /// # }
     /// ```
     pub fn sample(&self, fraction: f64, seed: i64) -> Self {
-        self.sample_bounds(0.0, fraction, false, seed)
+        self.sample_bounds(0.0, fraction, false, seed, true)
     }
 
     /// A Poisson sample with replacement, `fraction` = expected times each row is drawn.
@@ -619,7 +608,7 @@ impl DataFrame {
     /// # }
     /// ```
     pub fn sample_with_replacement(&self, fraction: f64, seed: i64) -> Self {
-        self.sample_bounds(0.0, fraction, true, seed)
+        self.sample_bounds(0.0, fraction, true, seed, true)
     }
 
     /// Splits rows by (normalised) `weights`: disjoint, covering every row once,
@@ -677,7 +666,7 @@ impl DataFrame {
         }
         Ok(bounds
             .windows(2)
-            .map(|b| self.sample_bounds_ordered(b[0], b[1], false, seed, sort))
+            .map(|b| self.sample_bounds(b[0], b[1], false, seed, sort))
             .collect())
     }
 
