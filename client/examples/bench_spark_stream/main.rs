@@ -2,12 +2,19 @@
 //! `toArrow()` in the same run; print rows/s, client CPU time and peak RSS for both,
 //! on three queries (wide computed rows; the same rows cached in Spark; large values).
 //!
+//! Each query is measured twice: from the Spark server itself, and from a replay
+//! of the responses Spark sent for it (`replay.rs`, a process of its own), where
+//! the server's cost is out of the way and each client's own limit shows.
+//!
 //! ```text
 //! deploy/local/spark-connect.sh start
 //! cargo run --release -p kindling --example bench_spark_stream -- sc://127.0.0.1:15002 10000000 [query index]
 //! ```
 
-use std::process::Command;
+mod replay;
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use futures::TryStreamExt;
@@ -86,7 +93,8 @@ import resource, sys, time
 from pyspark.sql import SparkSession
 remote, rows, sql = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 spark = SparkSession.builder.remote(remote).getOrCreate()
-spark.sql("SELECT 1").collect()
+if sys.argv[4] == "warm":
+    spark.sql("SELECT 1").collect()
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -98,7 +106,7 @@ print(f"{elapsed} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} {cpu1 - c
 "#;
 
 /// (seconds, peak RSS MiB, CPU seconds) of one PySpark `toArrow()` in a fresh process.
-fn pyspark(remote: &str, q: &Query) -> anyhow::Result<(f64, f64, f64)> {
+fn pyspark(remote: &str, q: &Query, warm_up: bool) -> anyhow::Result<(f64, f64, f64)> {
     let python = format!(
         "{}/.cache/kindling/venv/bin/python",
         std::env::var("HOME").unwrap_or_default()
@@ -106,6 +114,7 @@ fn pyspark(remote: &str, q: &Query) -> anyhow::Result<(f64, f64, f64)> {
     let out = Command::new(&python)
         .current_dir(std::env::temp_dir())
         .args(["-c", PYSPARK, remote, &q.rows.to_string(), &q.sql])
+        .arg(if warm_up { "warm" } else { "cold" })
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -139,9 +148,102 @@ async fn rust_run(spark: &SparkSession, q: &Query) -> anyhow::Result<(f64, f64, 
     Ok((secs, cpu, bytes))
 }
 
+/// A replay of `q`'s responses (this program with `--serve-replay`), killed on drop.
+struct ReplayServer {
+    child: Child,
+    remote: String,
+}
+
+impl ReplayServer {
+    fn start(remote: &str, q: &Query) -> anyhow::Result<ReplayServer> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["--serve-replay", remote, &q.sql])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        let Some(port) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            anyhow::bail!("the replay server did not start: {line:?}");
+        };
+        Ok(ReplayServer {
+            remote: format!("sc://127.0.0.1:{port}"),
+            child,
+        })
+    }
+}
+
+impl Drop for ReplayServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--serve-replay REMOTE SQL`: record the query from the Spark server at REMOTE,
+/// then serve the recording on a loopback port (printed as `listening on PORT`).
+async fn serve_replay(remote: &str, sql: &str) -> anyhow::Result<()> {
+    let endpoint = remote.replacen("sc://", "http://", 1);
+    let endpoint = endpoint
+        .split("/;")
+        .next()
+        .unwrap_or(&endpoint)
+        .trim_end_matches('/');
+    let recording = replay::Recording::record(endpoint, sql).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("listening on {}", listener.local_addr()?.port());
+    tonic::transport::Server::builder()
+        .add_service(replay::Replay::new(recording))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await?;
+    Ok(())
+}
+
+/// One query measured through both clients against one server: this client runs
+/// before and after PySpark (A-B-A) and the two runs are averaged, so neither
+/// client alone pays for a cold server (JIT, caches).
+async fn measure(server: &str, remote: &str, q: &Query, warm_up: bool) -> anyhow::Result<()> {
+    let spark = SparkSession::connect(remote).await?;
+    let first = rust_run(&spark, q).await?;
+    let (py_secs, py_rss, py_cpu) = pyspark(remote, q, warm_up)?;
+    let second = rust_run(&spark, q).await?;
+    let (secs, cpu, bytes) = ((first.0 + second.0) / 2.0, (first.1 + second.1) / 2.0, first.2);
+    let rss = status_kb("VmHWM:") as f64 / 1024.0;
+    let mb = bytes as f64 / 1e6;
+    let n = q.rows as f64;
+    for (client, s, c, r) in [
+        ("kindling", secs, cpu, rss),
+        ("PySpark toArrow()", py_secs, py_cpu, py_rss),
+    ] {
+        println!(
+            "| {} | {server} | {} | {client} | {s:.2} | {:.0} | {:.0} | {c:.2} | {:.3} | {r:.0} |",
+            q.name,
+            q.rows,
+            n / s,
+            mb / s,
+            c * 1e6 / n,
+        );
+    }
+    println!(
+        "| {} | {server} | | ratio kindling/PySpark | | **{:.2}×** | | {:.2}× | | {:.3}× |",
+        q.name,
+        py_secs / secs,
+        cpu / py_cpu,
+        rss / py_rss
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    if args.peek().map(String::as_str) == Some("--serve-replay") {
+        let (remote, sql) = (args.nth(1), args.next());
+        let (Some(remote), Some(sql)) = (remote, sql) else {
+            anyhow::bail!("usage: --serve-replay REMOTE SQL");
+        };
+        return serve_replay(&remote, &sql).await;
+    }
     let remote = args.next().unwrap_or_else(|| "sc://127.0.0.1:15002".into());
     let rows: u64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(10_000_000);
     let only: Option<usize> = args.next().map(|r| r.parse()).transpose()?;
@@ -151,9 +253,9 @@ async fn main() -> anyhow::Result<()> {
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
     println!(
-        "| query | rows | client | seconds | rows/s | MB/s (Arrow) | client CPU s | CPU µs/row | peak RSS MiB |"
+        "| query | server | rows | client | seconds | rows/s | MB/s (Arrow) | client CPU s | CPU µs/row | peak RSS MiB |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---|---:|---:|---:|---:|---:|---:|");
 
     let spark = SparkSession::connect(&remote).await?;
     spark.sql("SELECT 1").await?.collect().await?;
@@ -166,38 +268,14 @@ async fn main() -> anyhow::Result<()> {
             df.persist(memory_and_disk()).await?;
             anyhow::ensure!(df.count().await? == q.rows as i64, "cache fill");
         }
-        // This client runs before and after PySpark (A-B-A) and the two runs are
-        // averaged, so neither client alone pays for a cold server (JIT, caches).
-        let first = rust_run(&spark, q).await?;
-        let (py_secs, py_rss, py_cpu) = pyspark(&remote, q)?;
-        let second = rust_run(&spark, q).await?;
-        let (secs, cpu, bytes) = ((first.0 + second.0) / 2.0, (first.1 + second.1) / 2.0, first.2);
-        let rss = status_kb("VmHWM:") as f64 / 1024.0;
+        measure("Spark", &remote, q, true).await?;
+        // The same responses again, from a replay that costs next to nothing.
+        let replay = ReplayServer::start(&remote, q)?;
+        measure("replay", &replay.remote, q, false).await?;
+        drop(replay);
         if q.cached {
             df.unpersist(true).await?;
         }
-        let mb = bytes as f64 / 1e6;
-        let n = q.rows as f64;
-        for (client, s, c, r) in [
-            ("kindling", secs, cpu, rss),
-            ("PySpark toArrow()", py_secs, py_cpu, py_rss),
-        ] {
-            println!(
-                "| {} | {} | {client} | {s:.2} | {:.0} | {:.0} | {c:.2} | {:.3} | {r:.0} |",
-                q.name,
-                q.rows,
-                n / s,
-                mb / s,
-                c * 1e6 / n,
-            );
-        }
-        println!(
-            "| {} | | ratio kindling/PySpark | | **{:.2}×** | | {:.2}× | | {:.3}× |",
-            q.name,
-            py_secs / secs,
-            cpu / py_cpu,
-            rss / py_rss
-        );
     }
     Ok(())
 }
