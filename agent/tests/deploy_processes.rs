@@ -7,20 +7,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Float32Array, Float64Array, Int32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow::array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{FlightData, SchemaAsIpc};
 use futures::StreamExt;
 use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
+use kindling_fixtures::{committed_rows, pieces, put_messages, rule_batch, rule_schema};
 use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData, JobRef, StartJob};
 use kindling_schemas::auth::{BearerAttach, Token};
-use kindling_schemas::descriptor::{DataPath, Split};
-use kindling_schemas::metadata::{BatchMetadata, PutAck};
+use kindling_schemas::descriptor::Split;
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::service::interceptor::InterceptedService;
@@ -317,11 +313,7 @@ async fn wait_until(url: &str, job_id: &str, pred: impl Fn(&AgentJobStatus) -> b
 
 /// One producer's DoPut of `batch` (in 500-row pieces); returns the rows committed.
 async fn put(url: &str, job_id: &str, batch: &RecordBatch) -> u64 {
-    let pieces: Vec<RecordBatch> = (0..batch.num_rows())
-        .step_by(500)
-        .map(|offset| batch.slice(offset, 500.min(batch.num_rows() - offset)))
-        .collect();
-    put_generated(url, job_id, "shard", pieces.into_iter()).await
+    put_generated(url, job_id, "shard", pieces(batch, 500).into_iter()).await
 }
 
 /// One producer's DoPut of `batches`, generated as the stream is sent (the
@@ -332,35 +324,8 @@ async fn put_generated(
     producer: &'static str,
     batches: impl Iterator<Item = RecordBatch> + Send + 'static,
 ) -> u64 {
-    let options = IpcWriteOptions::default();
-    let mut schema: FlightData = SchemaAsIpc::new(&rule_batch(1, 0).schema(), &options).into();
-    schema.flight_descriptor = Some(DataPath::data(job_id, Split::Train).descriptor());
-    let generator = IpcDataGenerator::default();
-    let mut tracker = DictionaryTracker::new(false);
-    let data = batches.enumerate().map(move |(seq, batch)| {
-        let (_, encoded) = generator
-            .encode(&batch, &mut tracker, &options, &mut Default::default())
-            .expect("encode");
-        let mut msg: FlightData = encoded.into();
-        msg.app_metadata = BatchMetadata {
-            producer: producer.into(),
-            seq: seq as u64,
-            attempt: 0,
-        }
-        .encode()
-        .into();
-        msg
-    });
-    let messages = futures::stream::iter(std::iter::once(schema).chain(data));
-    let mut acks = flight(url).do_put(messages).await.expect("do_put").into_inner();
-    let mut committed = None;
-    while let Some(r) = acks.next().await {
-        let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
-        if ack.committed {
-            committed = Some(ack.rows);
-        }
-    }
-    committed.expect("a commit acknowledgement")
+    let messages = put_messages(job_id, Split::Train, producer, &rule_schema(), batches);
+    committed_rows(flight(url).do_put(messages).await.expect("do_put").into_inner()).await
 }
 
 /// A process's `VmHWM` (peak resident set) or `VmRSS`, in bytes.
@@ -388,38 +353,6 @@ async fn end_of_data(url: &str, job_id: &str, rows: u64) {
         }),
     )
     .await;
-}
-
-/// `rows` points with the rule `y = 1` iff `x1 + 2·x2 > 0.1`.
-fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    let (mut x1, mut x2, mut y) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rows {
-        let (a, b) = (next(), next() as f32);
-        x1.push(a);
-        x2.push(b);
-        y.push(i32::from(a + 2.0 * f64::from(b) > 0.1));
-    }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("x1", DataType::Float64, true),
-        Field::new("x2", DataType::Float32, true),
-        Field::new("y", DataType::Int32, true),
-    ]));
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Float64Array::from(x1)),
-            Arc::new(Float32Array::from(x2)),
-            Arc::new(Int32Array::from(y)),
-        ],
-    )
-    .expect("batch")
 }
 
 #[test]

@@ -136,17 +136,12 @@ async fn a_gpu_job_is_refused_by_an_agent_built_without_the_gpu_feature() {
 
 #[cfg(feature = "gpu")]
 mod on_gpu {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use arrow::array::{AsArray, Float32Array, Float64Array, Int32Array, RecordBatch};
-    use arrow::datatypes::{DataType, Field, Float32Type, Schema};
-    use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
-    use arrow_flight::{FlightData, SchemaAsIpc};
-    use futures::{StreamExt, TryStreamExt};
+    use arrow::array::RecordBatch;
+    use kindling_fixtures::{committed_rows, model_weights, pieces, put_messages, rule_batch};
     use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData};
     use kindling_schemas::descriptor::{DataPath, Split};
-    use kindling_schemas::metadata::{BatchMetadata, PutAck};
     use kindling_schemas::spec::JobSpec;
 
     use super::{Local, mlp};
@@ -154,41 +149,15 @@ mod on_gpu {
     impl Local {
         /// One producer's DoPut of `batch` in 250-row pieces; returns the rows committed.
         async fn put(&self, job_id: &str, split: Split, batch: &RecordBatch) -> u64 {
-            let options = IpcWriteOptions::default();
-            let mut schema: FlightData = SchemaAsIpc::new(&batch.schema(), &options).into();
-            schema.flight_descriptor = Some(DataPath::data(job_id, split).descriptor());
-            let mut messages = vec![schema];
-            let generator = IpcDataGenerator::default();
-            let mut tracker = DictionaryTracker::new(false);
-            for (seq, offset) in (0..batch.num_rows()).step_by(250).enumerate() {
-                let piece = batch.slice(offset, 250.min(batch.num_rows() - offset));
-                let (_, encoded) = generator
-                    .encode(&piece, &mut tracker, &options, &mut Default::default())
-                    .expect("encode");
-                let mut msg: FlightData = encoded.into();
-                msg.app_metadata = BatchMetadata {
-                    producer: "p".into(),
-                    seq: seq as u64,
-                    attempt: 0,
-                }
-                .encode()
-                .into();
-                messages.push(msg);
-            }
-            let mut acks = self
-                .flight()
-                .do_put(futures::stream::iter(messages))
-                .await
-                .expect("do_put")
-                .into_inner();
-            let mut committed = None;
-            while let Some(r) = acks.next().await {
-                let ack = PutAck::decode(&r.expect("ack").app_metadata).expect("ack metadata");
-                if ack.committed {
-                    committed = Some(ack.rows);
-                }
-            }
-            let rows = committed.expect("a commit acknowledgement");
+            let messages = put_messages(
+                job_id,
+                split,
+                "p",
+                &batch.schema(),
+                pieces(batch, 250).into_iter(),
+            );
+            let acks = self.flight().do_put(messages).await.expect("do_put").into_inner();
+            let rows = committed_rows(acks).await;
             let _: serde_json::Value = self
                 .action(&Action::EndOfData(EndOfData {
                     job_id: job_id.into(),
@@ -219,58 +188,8 @@ mod on_gpu {
             }
             .ticket();
             let stream = self.flight().do_get(ticket).await.expect("do_get").into_inner();
-            let batches: Vec<RecordBatch> =
-                arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-                    stream.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))),
-                )
-                .try_collect()
-                .await
-                .expect("model table");
-            let mut out = Vec::new();
-            for b in batches {
-                let names = b.column(0).as_string::<i32>();
-                let values = b.column(2).as_list::<i32>();
-                for i in 0..b.num_rows() {
-                    out.push((
-                        names.value(i).to_owned(),
-                        values.value(i).as_primitive::<Float32Type>().values().to_vec(),
-                    ));
-                }
-            }
-            out
+            model_weights(stream).await
         }
-    }
-
-    /// `rows` points with the rule `y = 1` iff `x1 + 2·x2 > 0.1`, deterministic in `seed`.
-    fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-        };
-        let (mut x1, mut x2, mut y) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..rows {
-            let (a, b) = (next(), next() as f32);
-            x1.push(a);
-            x2.push(b);
-            y.push(i32::from(a + 2.0 * f64::from(b) > 0.1));
-        }
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("x1", DataType::Float64, true),
-            Field::new("x2", DataType::Float32, true),
-            Field::new("y", DataType::Int32, true),
-        ]));
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Float64Array::from(x1)),
-                Arc::new(Float32Array::from(x2)),
-                Arc::new(Int32Array::from(y)),
-            ],
-        )
-        .expect("batch")
     }
 
     /// Trains `spec` as job `job_id` on 2000 rows, evaluates on 1000 others.

@@ -1,11 +1,9 @@
 //! Fixtures for agent tests: a local cluster on 127.0.0.1, synthetic data with
 //! a known rule, and helpers that drive agents through their Flight contract.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Float32Array, Float64Array, Int32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::RecordBatch;
 use kindling::feed::{AgentClient, ShardReceipt};
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
@@ -38,47 +36,7 @@ async fn start_cluster(agents: usize, budget: Option<u64>) -> (LocalCluster, tem
     )
 }
 
-/// Schema of [`rule_batch`].
-pub fn rule_schema() -> Arc<Schema> {
-    Arc::new(Schema::new(vec![
-        Field::new("x1", DataType::Float64, true),
-        Field::new("x2", DataType::Float32, true),
-        Field::new("y", DataType::Int32, true),
-    ]))
-}
-
-/// `rows` points with a linear rule: `y = 1` iff `x1 + 2·x2 > 0.1`.
-/// Deterministic in `seed`.
-pub fn rule_batch(rows: usize, seed: u64) -> RecordBatch {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    let mut x1 = Vec::with_capacity(rows);
-    let mut x2 = Vec::with_capacity(rows);
-    let mut y = Vec::with_capacity(rows);
-    for _ in 0..rows {
-        let a = next();
-        let b = next() as f32;
-        x1.push(a);
-        x2.push(b);
-        y.push(i32::from(a + 2.0 * b as f64 > 0.1));
-    }
-    RecordBatch::try_new(
-        rule_schema(),
-        vec![
-            Arc::new(Float64Array::from(x1)),
-            Arc::new(Float32Array::from(x2)),
-            Arc::new(Int32Array::from(y)),
-        ],
-    )
-    .expect("batch")
-}
+pub use kindling_fixtures::{rule_batch, rule_schema};
 
 /// A Flight client for agent `index`.
 pub fn agent_client(cluster: &LocalCluster, index: usize) -> AgentClient {

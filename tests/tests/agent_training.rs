@@ -2,9 +2,6 @@
 
 use std::time::Duration;
 
-use arrow::array::AsArray;
-use arrow::datatypes::Float32Type;
-use futures::TryStreamExt;
 use kindling_agent::rendezvous::RendezvousClient;
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::descriptor::{DataPath, Split};
@@ -33,24 +30,7 @@ async fn weights(client: &kindling::feed::AgentClient, job_id: &str) -> Vec<(Str
     }
     .ticket();
     let stream = client.flight().do_get(ticket).await.expect("do_get").into_inner();
-    let batches: Vec<_> = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(
-        stream.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))),
-    )
-    .try_collect()
-    .await
-    .expect("model table");
-    let mut out = Vec::new();
-    for b in batches {
-        let names = b.column(0).as_string::<i32>();
-        let values = b.column(2).as_list::<i32>();
-        for i in 0..b.num_rows() {
-            out.push((
-                names.value(i).to_owned(),
-                values.value(i).as_primitive::<Float32Type>().values().to_vec(),
-            ));
-        }
-    }
-    out
+    kindling_fixtures::model_weights(stream).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
