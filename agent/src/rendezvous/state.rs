@@ -414,6 +414,29 @@ struct State {
     closed: bool,
 }
 
+/// The job `job_id`, or [`RendezvousError::JobNotFound`].
+fn job_ref<'a>(jobs: &'a HashMap<String, Job>, job_id: &str) -> Result<&'a Job> {
+    jobs.get(job_id).ok_or_else(|| RendezvousError::JobNotFound {
+        job_id: job_id.to_owned(),
+    })
+}
+
+/// The job `job_id` to change, or [`RendezvousError::JobNotFound`].
+fn job_mut<'a>(jobs: &'a mut HashMap<String, Job>, job_id: &str) -> Result<&'a mut Job> {
+    jobs.get_mut(job_id).ok_or_else(|| RendezvousError::JobNotFound {
+        job_id: job_id.to_owned(),
+    })
+}
+
+/// The registered agent `agent_id`, or [`RendezvousError::AgentNotRegistered`].
+fn agent_mut<'a>(agents: &'a mut HashMap<String, Agent>, agent_id: &str) -> Result<&'a mut Agent> {
+    agents
+        .get_mut(agent_id)
+        .ok_or_else(|| RendezvousError::AgentNotRegistered {
+            agent_id: agent_id.to_owned(),
+        })
+}
+
 /// Fails the job's current attempt: records the cause, wakes every blocked
 /// call with the error `make_err(next_attempt)` builds, tells the members
 /// (heartbeat notices, watchers) and opens the next attempt or fails the job.
@@ -570,12 +593,7 @@ impl RendezvousState {
         require("agent_id", agent_id)?;
         let lease = self.config.lease;
         let mut st = self.lock()?;
-        let agent = st
-            .agents
-            .get_mut(agent_id)
-            .ok_or_else(|| RendezvousError::AgentNotRegistered {
-                agent_id: agent_id.to_owned(),
-            })?;
+        let agent = agent_mut(&mut st.agents, agent_id)?;
         agent.lease_until = Instant::now() + lease;
         Ok(HeartbeatReply {
             lease,
@@ -696,20 +714,10 @@ impl RendezvousState {
         require_attempt(attempt)?;
         let mut guard = self.lock()?;
         let st = &mut *guard;
-        let job = st
-            .jobs
-            .get_mut(job_id)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })?;
+        let job = job_mut(&mut st.jobs, job_id)?;
         job.check_active()?;
         job.check_attempt(attempt)?;
-        let agent = st
-            .agents
-            .get_mut(agent_id)
-            .ok_or_else(|| RendezvousError::AgentNotRegistered {
-                agent_id: agent_id.to_owned(),
-            })?;
+        let agent = agent_mut(&mut st.agents, agent_id)?;
         let (tx, rx) = oneshot::channel();
         if let Some(members) = &job.gang.members {
             // Already formed: a retried join gets its membership again.
@@ -797,12 +805,7 @@ impl RendezvousState {
             });
         }
         let mut st = self.lock()?;
-        let job = st
-            .jobs
-            .get_mut(job_id)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })?;
+        let job = job_mut(&mut st.jobs, job_id)?;
         job.check_active()?;
         job.check_attempt(attempt)?;
         let Some(members) = &job.gang.members else {
@@ -915,12 +918,7 @@ impl RendezvousState {
         require_attempt(attempt)?;
         let mut guard = self.lock()?;
         let st = &mut *guard;
-        let job = st
-            .jobs
-            .get_mut(job_id)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })?;
+        let job = job_mut(&mut st.jobs, job_id)?;
         job.check_active()?;
         if attempt < job.attempt {
             return Ok(Some(job.attempt));
@@ -951,12 +949,7 @@ impl RendezvousState {
         require("job_id", job_id)?;
         require_attempt(attempt)?;
         let mut st = self.lock()?;
-        let job = st
-            .jobs
-            .get_mut(job_id)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })?;
+        let job = job_mut(&mut st.jobs, job_id)?;
         if job.state == JobState::Succeeded && job.attempt == attempt {
             return Ok(());
         }
@@ -979,12 +972,7 @@ impl RendezvousState {
         require("job_id", job_id)?;
         let mut guard = self.lock()?;
         let st = &mut *guard;
-        let job = st
-            .jobs
-            .get_mut(job_id)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })?;
+        let job = job_mut(&mut st.jobs, job_id)?;
         if job.state == JobState::Cancelled {
             return Ok(());
         }
@@ -1011,12 +999,7 @@ impl RendezvousState {
     pub fn job_status(&self, job_id: &str) -> Result<JobStatus> {
         require("job_id", job_id)?;
         let st = self.lock()?;
-        st.jobs
-            .get(job_id)
-            .map(Job::status)
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })
+        job_ref(&st.jobs, job_id).map(Job::status)
     }
 
     /// Every job (until garbage-collected), by job id.
@@ -1032,12 +1015,7 @@ impl RendezvousState {
     pub fn watch(&self, job_id: &str) -> Result<watch::Receiver<JobStatus>> {
         require("job_id", job_id)?;
         let st = self.lock()?;
-        st.jobs
-            .get(job_id)
-            .map(|j| j.events.subscribe())
-            .ok_or_else(|| RendezvousError::JobNotFound {
-                job_id: job_id.to_owned(),
-            })
+        job_ref(&st.jobs, job_id).map(|j| j.events.subscribe())
     }
 
     // ---- housekeeping -------------------------------------------------------
