@@ -11,16 +11,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
 use kindling_schemas::pb::collective::collective_client::CollectiveClient;
 use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
 use kindling_schemas::pb::collective::{Chunk, PushAck};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::AgentError;
 
@@ -28,7 +27,7 @@ use crate::error::AgentError;
 /// [`PARTS_IN_FLIGHT`] at a time, so the receiver reduces one part while the
 /// next is on the wire. Every rank must use the same value.
 pub const PART_BYTES: usize = 1 << 20;
-/// Parts of one segment pushed concurrently.
+/// Parts queued ahead of the wire on a ring's stream to its next rank.
 pub const PARTS_IN_FLIGHT: usize = 4;
 /// Largest message the collective server accepts.
 pub const MAX_MESSAGE_BYTES: usize = (4 << 20) + (64 << 10);
@@ -150,10 +149,8 @@ impl CollectiveService {
     }
 }
 
-#[tonic::async_trait]
-impl Collective for CollectiveService {
-    async fn push(&self, request: Request<Chunk>) -> Result<Response<PushAck>, Status> {
-        let c = request.into_inner();
+impl CollectiveService {
+    fn deliver(&self, c: Chunk) -> Result<(), Status> {
         let key = Key {
             job_id: c.job_id,
             attempt: c.attempt,
@@ -162,7 +159,22 @@ impl Collective for CollectiveService {
             from_rank: c.from_rank,
             part: c.part,
         };
-        self.inbox.deliver(key, c.data)?;
+        self.inbox.deliver(key, c.data)
+    }
+}
+
+#[tonic::async_trait]
+impl Collective for CollectiveService {
+    async fn push(&self, request: Request<Chunk>) -> Result<Response<PushAck>, Status> {
+        self.deliver(request.into_inner())?;
+        Ok(Response::new(PushAck {}))
+    }
+
+    async fn push_stream(&self, request: Request<Streaming<Chunk>>) -> Result<Response<PushAck>, Status> {
+        let mut chunks = request.into_inner();
+        while let Some(chunk) = chunks.message().await? {
+            self.deliver(chunk)?;
+        }
         Ok(Response::new(PushAck {}))
     }
 }
@@ -181,6 +193,12 @@ pub fn grpc_service(
 
 type Client = CollectiveClient<InterceptedService<Channel, BearerAttach>>;
 
+/// The stream of chunks to the next rank (opened on the first send).
+#[derive(Debug)]
+struct Link {
+    chunks: mpsc::Sender<Chunk>,
+}
+
 /// One rank's view of a ring for one job attempt.
 #[derive(Debug)]
 pub struct Ring {
@@ -189,6 +207,9 @@ pub struct Ring {
     rank: u32,
     world: u32,
     next: Option<(String, Client)>,
+    link: std::sync::OnceLock<Link>,
+    /// Why the stream to the next rank ended, once it has.
+    link_broken: (watch::Sender<Option<String>>, watch::Receiver<Option<String>>),
     inbox: Arc<Inbox>,
     op: u64,
     timeout: Duration,
@@ -230,7 +251,8 @@ impl Ring {
                     reason: e.to_string(),
                 })?
                 .connect_timeout(Duration::from_secs(5))
-                .timeout(config.timeout)
+                // No per-call timeout: the chunk stream lives as long as the
+                // ring; every wait on a peer is bounded by `config.timeout`.
                 .tcp_nodelay(true)
                 .initial_stream_window_size(STREAM_WINDOW_BYTES)
                 .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
@@ -250,6 +272,8 @@ impl Ring {
             rank: config.rank,
             world,
             next,
+            link: std::sync::OnceLock::new(),
+            link_broken: watch::channel(None),
             inbox,
             op: 0,
             timeout: config.timeout,
@@ -356,7 +380,8 @@ impl Ring {
         .await
     }
 
-    /// Pushes `parts` parts to the next rank, [`PARTS_IN_FLIGHT`] at a time.
+    /// Queues `parts` parts on the stream to the next rank; returns once all
+    /// are queued (at most [`PARTS_IN_FLIGHT`] wait ahead of the wire).
     async fn send_parts(
         &self,
         step: u32,
@@ -366,7 +391,8 @@ impl Ring {
         let Some((addr, client)) = &self.next else {
             return Ok(());
         };
-        let pushes = futures::stream::iter(0..parts).map(|part| {
+        let link = self.link.get_or_init(|| self.open_link(client.clone()));
+        for part in 0..parts {
             let chunk = Chunk {
                 job_id: self.job_id.clone(),
                 attempt: self.attempt,
@@ -376,18 +402,54 @@ impl Ring {
                 part: part as u32,
                 data: part_data(part),
             };
-            let mut client = client.clone();
-            async move { client.push(chunk).await.map_err(|s| peer_error(addr, &s)) }
-        });
-        let mut acks = pushes.buffered(PARTS_IN_FLIGHT);
-        loop {
             tokio::select! {
-                r = acks.next() => match r {
-                    Some(r) => { r?; }
-                    None => return Ok(()),
+                r = tokio::time::timeout(self.timeout, link.chunks.send(chunk)) => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(self.link_error(addr).await),
+                    Err(_) => {
+                        return Err(AgentError::PeerUnavailable {
+                            peer: addr.clone(),
+                            reason: format!("took no data within {:?} (op {}, step {step})", self.timeout, self.op),
+                        });
+                    }
                 },
                 _ = self.cancel.cancelled() => return Err(self.cancelled()),
             }
+        }
+        Ok(())
+    }
+
+    /// Opens the chunk stream to the next rank. The call runs as a task for
+    /// the ring's life; when it ends other than by the ring closing it, the
+    /// cause is published on `link_broken` for every waiter.
+    fn open_link(&self, mut client: Client) -> Link {
+        let (tx, rx) = mpsc::channel(PARTS_IN_FLIGHT);
+        let broken = self.link_broken.0.clone();
+        tokio::spawn(async move {
+            let outcome = client
+                .push_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await;
+            let cause = match outcome {
+                Ok(_) => "the stream to it was closed".to_owned(),
+                Err(s) => format!("{}: {}", s.code(), s.message()),
+            };
+            broken.send_replace(Some(cause));
+        });
+        Link { chunks: tx }
+    }
+
+    /// The error for a stream to the next rank that has ended.
+    async fn link_error(&self, addr: &str) -> AgentError {
+        let mut broken = self.link_broken.1.clone();
+        // The task publishes the cause right after the call returns.
+        let cause = tokio::time::timeout(Duration::from_secs(1), broken.wait_for(Option::is_some))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|c| c.clone()))
+            .unwrap_or_else(|| "the stream to it ended".to_owned());
+        AgentError::PeerUnavailable {
+            peer: addr.to_owned(),
+            reason: cause,
         }
     }
 
@@ -402,9 +464,15 @@ impl Ring {
             from_rank: from,
             part,
         };
+        let mut broken = self.link_broken.1.clone();
         match self.inbox.take_or_wait(key) {
             Ok(d) => Ok(d),
             Err(rx) => tokio::select! {
+                // The stream to the next rank failed: the ring is broken.
+                Ok(cause) = broken.wait_for(Option::is_some) => Err(AgentError::PeerUnavailable {
+                    peer: self.next.as_ref().map(|(a, _)| a.clone()).unwrap_or_default(),
+                    reason: cause.clone().unwrap_or_default(),
+                }),
                 r = tokio::time::timeout(self.timeout, rx) => match r {
                     Ok(Ok(d)) => Ok(d),
                     Ok(Err(_)) => Err(self.cancelled()),
@@ -467,13 +535,6 @@ impl Ring {
             attempt: self.attempt,
             cause: "collective operation aborted".into(),
         }
-    }
-}
-
-fn peer_error(addr: &str, s: &Status) -> AgentError {
-    AgentError::PeerUnavailable {
-        peer: addr.to_owned(),
-        reason: format!("{}: {}", s.code(), s.message()),
     }
 }
 
