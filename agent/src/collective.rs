@@ -60,6 +60,8 @@ enum Slot {
 #[derive(Debug, Default)]
 pub struct Inbox {
     inner: Mutex<InboxState>,
+    /// Cancelled when the agent stops serving: open chunk streams end.
+    closed: CancellationToken,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +82,14 @@ impl Inbox {
         let mut s = self.lock();
         s.attempts.insert(job_id.to_owned(), attempt);
         s.slots.retain(|k, _| k.job_id != job_id || k.attempt >= attempt);
+    }
+
+    /// Ends every open chunk stream into this inbox (with UNAVAILABLE, so
+    /// the senders' rings fail at once) and refuses new ones: the agent is
+    /// shutting down, and a peer's long-lived stream must not hold the
+    /// server's graceful shutdown open.
+    pub fn close(&self) {
+        self.closed.cancel();
     }
 
     /// Forgets a job.
@@ -172,10 +182,18 @@ impl Collective for CollectiveService {
 
     async fn push_stream(&self, request: Request<Streaming<Chunk>>) -> Result<Response<PushAck>, Status> {
         let mut chunks = request.into_inner();
-        while let Some(chunk) = chunks.message().await? {
-            self.deliver(chunk)?;
+        loop {
+            let chunk = tokio::select! {
+                chunk = chunks.message() => chunk?,
+                _ = self.inbox.closed.cancelled() => {
+                    return Err(Status::unavailable("the receiving agent is shutting down"));
+                }
+            };
+            match chunk {
+                Some(chunk) => self.deliver(chunk)?,
+                None => return Ok(Response::new(PushAck {})),
+            }
         }
-        Ok(Response::new(PushAck {}))
     }
 }
 

@@ -301,13 +301,19 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let flight = InterceptedService::new(flight, check.clone());
-    let collective = collective::grpc_service(inbox, check);
+    let collective = collective::grpc_service(inbox.clone(), check);
     let shutdown = cancel.clone();
     let server = tokio::spawn(async move {
+        // Stopping closes the inbox first: peers' chunk streams live as long
+        // as their rings and would otherwise hold the graceful shutdown open.
+        let stopping = async move {
+            shutdown.cancelled().await;
+            inbox.close();
+        };
         let result = collective::server_builder()
             .add_service(flight)
             .add_service(collective)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping)
             .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "agent server stopped");

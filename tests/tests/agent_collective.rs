@@ -22,13 +22,18 @@ async fn peers(n: usize, token: &Token) -> Vec<Peer> {
         let inbox = Inbox::new();
         let stop = CancellationToken::new();
         let svc = grpc_service(inbox.clone(), BearerCheck::new(Some(token.clone())));
-        let shutdown = stop.clone();
+        let (shutdown, closing) = (stop.clone(), inbox.clone());
         tokio::spawn(async move {
+            // As an agent stops: close the inbox (ending open chunk streams), then serve no more.
+            let stopping = async move {
+                shutdown.cancelled().await;
+                closing.close();
+            };
             kindling_agent::collective::server_builder()
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    shutdown.cancelled_owned(),
+                    stopping,
                 )
                 .await
                 .expect("serve");
@@ -136,4 +141,53 @@ async fn broadcast_reaches_every_rank_and_a_dead_peer_fails_fast() {
         .expect("fails, not hangs")
         .expect_err("dead peer");
     assert!(err.to_string().contains("unavailable"), "{err}");
+}
+
+/// A ring of two whose chunk streams are open (one all-reduce done).
+async fn two_open_rings(ps: &[Peer], token: &Token, job: &str) -> (Ring, Ring) {
+    let mut rs = rings(ps, token, job).into_iter();
+    let (mut r0, mut r1) = (rs.next().expect("rank 0"), rs.next().expect("rank 1"));
+    let (mut a, mut b) = (vec![1.0f32; 100], vec![2.0f32; 100]);
+    let (x, y) = tokio::join!(r0.all_reduce_sum(&mut a), r1.all_reduce_sum(&mut b));
+    x.expect("rank 0");
+    y.expect("rank 1");
+    assert_eq!(a, vec![3.0f32; 100]);
+    assert_eq!(b, a);
+    (r0, r1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_stopping_under_an_open_stream_fails_the_next_operation_with_its_cause() {
+    let token = Token::new("t");
+    let ps = peers(2, &token).await;
+    let (mut r0, _r1) = two_open_rings(&ps, &token, "stop").await;
+    // Peer 1 stops serving, as an agent does on shutdown, with rank 0's stream into it open.
+    ps[1].stop.cancel();
+    let mut buf = vec![1.0f32; 100];
+    // The ring's own timeout is 20 s; the cause must come from the peer, not from waiting.
+    let err = tokio::time::timeout(Duration::from_secs(15), r0.all_reduce_sum(&mut buf))
+        .await
+        .expect("fails, not hangs")
+        .expect_err("peer stopped");
+    let text = err.to_string();
+    assert!(
+        text.contains("shutting down") && text.contains(&ps[1].url),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_chunk_the_receiver_fences_fails_the_senders_operation_with_the_cause() {
+    let token = Token::new("t");
+    let ps = peers(2, &token).await;
+    let (mut r0, _r1) = two_open_rings(&ps, &token, "fence").await;
+    // Rank 1's agent moved on to attempt 2: attempt 1's chunks are refused.
+    ps[1].inbox.enter_attempt("fence", 2);
+    let mut buf = vec![1.0f32; 100];
+    let err = tokio::time::timeout(Duration::from_secs(15), r0.all_reduce_sum(&mut buf))
+        .await
+        .expect("fails, not hangs")
+        .expect_err("fenced");
+    let text = err.to_string();
+    assert!(text.contains("the job is on attempt 2"), "{text}");
 }
