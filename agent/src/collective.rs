@@ -159,27 +159,8 @@ impl CollectiveService {
     }
 }
 
-impl CollectiveService {
-    fn deliver(&self, c: Chunk) -> Result<(), Status> {
-        let key = Key {
-            job_id: c.job_id,
-            attempt: c.attempt,
-            op: c.op,
-            step: c.step,
-            from_rank: c.from_rank,
-            part: c.part,
-        };
-        self.inbox.deliver(key, c.data)
-    }
-}
-
 #[tonic::async_trait]
 impl Collective for CollectiveService {
-    async fn push(&self, request: Request<Chunk>) -> Result<Response<PushAck>, Status> {
-        self.deliver(request.into_inner())?;
-        Ok(Response::new(PushAck {}))
-    }
-
     async fn push_stream(&self, request: Request<Streaming<Chunk>>) -> Result<Response<PushAck>, Status> {
         let mut chunks = request.into_inner();
         loop {
@@ -189,10 +170,18 @@ impl Collective for CollectiveService {
                     return Err(Status::unavailable("the receiving agent is shutting down"));
                 }
             };
-            match chunk {
-                Some(chunk) => self.deliver(chunk)?,
-                None => return Ok(Response::new(PushAck {})),
-            }
+            let Some(c) = chunk else {
+                return Ok(Response::new(PushAck {}));
+            };
+            let key = Key {
+                job_id: c.job_id,
+                attempt: c.attempt,
+                op: c.op,
+                step: c.step,
+                from_rank: c.from_rank,
+                part: c.part,
+            };
+            self.inbox.deliver(key, c.data)?;
         }
     }
 }
@@ -211,12 +200,6 @@ pub fn grpc_service(
 
 type Client = CollectiveClient<InterceptedService<Channel, BearerAttach>>;
 
-/// The stream of chunks to the next rank (opened on the first send).
-#[derive(Debug)]
-struct Link {
-    chunks: mpsc::Sender<Chunk>,
-}
-
 /// One rank's view of a ring for one job attempt.
 #[derive(Debug)]
 pub struct Ring {
@@ -225,9 +208,10 @@ pub struct Ring {
     rank: u32,
     world: u32,
     next: Option<(String, Client)>,
-    link: std::sync::OnceLock<Link>,
+    /// The stream of chunks to the next rank (opened on the first send).
+    link: std::sync::OnceLock<mpsc::Sender<Chunk>>,
     /// Why the stream to the next rank ended, once it has.
-    link_broken: (watch::Sender<Option<String>>, watch::Receiver<Option<String>>),
+    link_broken: watch::Sender<Option<String>>,
     inbox: Arc<Inbox>,
     op: u64,
     timeout: Duration,
@@ -291,7 +275,7 @@ impl Ring {
             world,
             next,
             link: std::sync::OnceLock::new(),
-            link_broken: watch::channel(None),
+            link_broken: watch::Sender::new(None),
             inbox,
             op: 0,
             timeout: config.timeout,
@@ -421,9 +405,17 @@ impl Ring {
                 data: part_data(part),
             };
             tokio::select! {
-                r = tokio::time::timeout(self.timeout, link.chunks.send(chunk)) => match r {
+                r = tokio::time::timeout(self.timeout, link.send(chunk)) => match r {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(self.link_error(addr).await),
+                    Ok(Err(_)) => {
+                        // The call ended; its task publishes why right after.
+                        let mut broken = self.link_broken.subscribe();
+                        let cause = tokio::time::timeout(Duration::from_secs(1), broken.wait_for(Option::is_some))
+                            .await
+                            .ok()
+                            .and_then(|r| r.ok().and_then(|c| c.clone()));
+                        return Err(self.link_error(cause));
+                    }
                     Err(_) => {
                         return Err(AgentError::PeerUnavailable {
                             peer: addr.clone(),
@@ -440,9 +432,9 @@ impl Ring {
     /// Opens the chunk stream to the next rank. The call runs as a task for
     /// the ring's life; when it ends other than by the ring closing it, the
     /// cause is published on `link_broken` for every waiter.
-    fn open_link(&self, mut client: Client) -> Link {
+    fn open_link(&self, mut client: Client) -> mpsc::Sender<Chunk> {
         let (tx, rx) = mpsc::channel(PARTS_IN_FLIGHT);
-        let broken = self.link_broken.0.clone();
+        let broken = self.link_broken.clone();
         tokio::spawn(async move {
             let outcome = client
                 .push_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -453,21 +445,14 @@ impl Ring {
             };
             broken.send_replace(Some(cause));
         });
-        Link { chunks: tx }
+        tx
     }
 
-    /// The error for a stream to the next rank that has ended.
-    async fn link_error(&self, addr: &str) -> AgentError {
-        let mut broken = self.link_broken.1.clone();
-        // The task publishes the cause right after the call returns.
-        let cause = tokio::time::timeout(Duration::from_secs(1), broken.wait_for(Option::is_some))
-            .await
-            .ok()
-            .and_then(|r| r.ok().and_then(|c| c.clone()))
-            .unwrap_or_else(|| "the stream to it ended".to_owned());
+    /// The error for a ring whose stream to the next rank ended with `cause`.
+    fn link_error(&self, cause: Option<String>) -> AgentError {
         AgentError::PeerUnavailable {
-            peer: addr.to_owned(),
-            reason: cause,
+            peer: self.next.as_ref().map(|(a, _)| a.clone()).unwrap_or_default(),
+            reason: cause.unwrap_or_else(|| "the stream to it ended".to_owned()),
         }
     }
 
@@ -482,15 +467,12 @@ impl Ring {
             from_rank: from,
             part,
         };
-        let mut broken = self.link_broken.1.clone();
+        let mut broken = self.link_broken.subscribe();
         match self.inbox.take_or_wait(key) {
             Ok(d) => Ok(d),
             Err(rx) => tokio::select! {
                 // The stream to the next rank failed: the ring is broken.
-                Ok(cause) = broken.wait_for(Option::is_some) => Err(AgentError::PeerUnavailable {
-                    peer: self.next.as_ref().map(|(a, _)| a.clone()).unwrap_or_default(),
-                    reason: cause.clone().unwrap_or_default(),
-                }),
+                Ok(cause) = broken.wait_for(Option::is_some) => Err(self.link_error(cause.clone())),
                 r = tokio::time::timeout(self.timeout, rx) => match r {
                     Ok(Ok(d)) => Ok(d),
                     Ok(Err(_)) => Err(self.cancelled()),
