@@ -15,6 +15,11 @@ use kindling::SparkSession;
 use kindling::job::{ExecutorPush, Feed, ProgressMode, TrainingEvent, TrainingJob};
 use kindling_schemas::spec::{ModelSpec, Task};
 
+// Only `load_average` here; the other benchmarks use the rest.
+#[allow(dead_code)]
+mod common;
+use common::load_average;
+
 /// 8 float features and a label over 8 partitions, computed by Spark.
 fn query(rows: u64) -> String {
     let features: Vec<String> = (1..=8)
@@ -70,12 +75,6 @@ async fn run(df: &kindling::DataFrame, feed: Feed) -> anyhow::Result<Run> {
     anyhow::bail!("the job reported no fed split")
 }
 
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -92,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
     let push = || Feed::ExecutorPush(ExecutorPush::new().python_version(python.clone()));
     run(&small, push()).await?;
 
-    println!("load average before: {}", load());
+    println!("load average before: {}", load_average());
     println!("| rep | feed | rows | seconds | rows/s | bytes through the client | bytes/row |");
     println!("|---:|---|---:|---:|---:|---:|---:|");
     let mut totals = [(0.0f64, 0u64, 0u64); 2];
@@ -128,6 +127,6 @@ async fn main() -> anyhow::Result<()> {
         rate(totals[1]) / rate(totals[0]),
         totals[1].2 as f64 / totals[0].2.max(1) as f64
     );
-    println!("load average after: {}", load());
+    println!("load average after: {}", load_average());
     Ok(())
 }

@@ -40,6 +40,9 @@ use kindling_schemas::auth::Token;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+mod common;
+use common::{cpu_seconds, load_average, proc_field};
+
 const FEATURES: usize = 16;
 const PARTITIONS: i32 = 8;
 const EPOCHS: u32 = 2;
@@ -74,27 +77,6 @@ fn dataset(spark: &SparkSession, start: i64, rows: i64) -> DataFrame {
         .range_partitions(start, start + rows, 1, Some(PARTITIONS))
         .with_columns(columns)
         .select(names.iter().map(String::as_str))
-}
-
-/// A field of /proc/<pid>/status or /proc/<pid>/io, in bytes.
-fn proc_field(pid: &str, file: &str, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
-    let value: u64 = text
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if file == "status" { value * 1024 } else { value }
-}
-
-/// user + system CPU seconds of this process.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -364,10 +346,9 @@ fn main() -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "sc://127.0.0.1:15002".into());
     let n: i64 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(500_000);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "{FEATURES} float features + int label, {PARTITIONS} partitions, MLP [32], {EPOCHS} epochs, 2 agents; load {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load_average()
     );
     println!(
         "| rows | pipeline | wall to model | data in agents at | dataset bytes written | agents' disk writes (spill / checkpoints left) | client peak RSS | client CPU | agents' peak RSS | holdout accuracy |"

@@ -11,7 +11,11 @@
 //! cargo run --release -p kindling --example bench_spark_stream -- sc://127.0.0.1:15002 10000000 [query index]
 //! ```
 
+#[path = "../common/mod.rs"]
+mod common;
 mod replay;
+
+use common::{cpu_seconds, load_average, proc_field};
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -64,28 +68,6 @@ fn queries(rows: u64) -> Vec<Query> {
             cached: false,
         },
     ]
-}
-
-/// A field of /proc/self/status in kB.
-fn status_kb(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// user + system CPU seconds of this process (all threads).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 const PYSPARK: &str = r#"
@@ -208,7 +190,7 @@ async fn measure(server: &str, remote: &str, q: &Query, warm_up: bool) -> anyhow
     let (py_secs, py_rss, py_cpu) = pyspark(remote, q, warm_up)?;
     let second = rust_run(&spark, q).await?;
     let (secs, cpu, bytes) = ((first.0 + second.0) / 2.0, (first.1 + second.1) / 2.0, first.2);
-    let rss = status_kb("VmHWM:") as f64 / 1024.0;
+    let rss = proc_field("self", "status", "VmHWM:") as f64 / (1u64 << 20) as f64;
     let mb = bytes as f64 / 1e6;
     let n = q.rows as f64;
     for (client, s, c, r) in [
@@ -247,11 +229,7 @@ async fn main() -> anyhow::Result<()> {
     let remote = args.next().unwrap_or_else(|| "sc://127.0.0.1:15002".into());
     let rows: u64 = args.next().map(|r| r.parse()).transpose()?.unwrap_or(10_000_000);
     let only: Option<usize> = args.next().map(|r| r.parse()).transpose()?;
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "load average: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
+    println!("load average: {}", load_average());
     println!(
         "| query | server | rows | client | seconds | rows/s | MB/s (Arrow) | client CPU s | CPU µs/row | peak RSS MiB |"
     );

@@ -1,0 +1,30 @@
+//! What the client's benchmark programs share: readings of this machine and
+//! of processes from `/proc`.
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` prints them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// A field of `/proc/<pid>/status` or `/proc/<pid>/io`, in bytes (0 if absent).
+pub fn proc_field(pid: &str, file: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+    let value: u64 = text
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if file == "status" { value * 1024 } else { value }
+}
+
+/// user + system CPU seconds of this process (all threads).
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
