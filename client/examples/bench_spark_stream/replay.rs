@@ -10,7 +10,7 @@
 //! It speaks just enough of the service for `SparkSession::connect` + `sql` +
 //! `execute_stream` (this crate) and `SparkSession.builder.remote().getOrCreate()` +
 //! `sql().toArrow()` (PySpark): ExecutePlan (a SQL command, or the query),
-//! AnalyzePlan (Spark version), Config and ReleaseExecute. Anything else is
+//! AnalyzePlan (Spark version, the recorded schema) and ReleaseExecute. Anything else is
 //! answered UNIMPLEMENTED with the method named, so a client that needs more fails
 //! loudly instead of measuring something else.
 
@@ -21,9 +21,9 @@ use std::task::{Context, Poll};
 use futures::{StreamExt, stream};
 use spark_connect_proto::spark_connect_service_client::SparkConnectServiceClient;
 use spark_connect_proto::{
-    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
-    ExecutePlanResponse, Plan, ReattachOptions, ReleaseExecuteRequest, ReleaseExecuteResponse, Sql,
-    SqlCommand, UserContext, analyze_plan_request, analyze_plan_response,
+    AnalyzePlanRequest, AnalyzePlanResponse, ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachOptions,
+    ReleaseExecuteRequest, ReleaseExecuteResponse, Sql, SqlCommand, UserContext, analyze_plan_request,
+    analyze_plan_response,
     command::CommandType,
     execute_plan_request::{RequestOption, request_option},
     execute_plan_response,
@@ -273,17 +273,6 @@ where
                 }
                 "AnalyzePlan" => {
                     let handler = Method(move |r: AnalyzePlanRequest| this.analyze(r));
-                    Grpc::new(ProstCodec::default()).unary(handler, request).await
-                }
-                "Config" => {
-                    // No settings: every get answers "unset", every set is accepted.
-                    let handler = Method(move |r: ConfigRequest| {
-                        Ok(ConfigResponse {
-                            session_id: r.session_id,
-                            server_side_session_id: this.0.server_side_session_id.clone(),
-                            ..Default::default()
-                        })
-                    });
                     Grpc::new(ProstCodec::default()).unary(handler, request).await
                 }
                 "ReleaseExecute" => {
