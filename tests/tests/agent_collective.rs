@@ -156,6 +156,17 @@ async fn two_open_rings(ps: &[Peer], token: &Token, job: &str) -> (Ring, Ring) {
     (r0, r1)
 }
 
+/// The error of `ring`'s next all-reduce. The guard (15 s) is below the
+/// ring's own timeout (20 s), so the cause must come from the peer, not from waiting.
+async fn next_all_reduce_error(ring: &mut Ring) -> String {
+    let mut buf = vec![1.0f32; 100];
+    tokio::time::timeout(Duration::from_secs(15), ring.all_reduce_sum(&mut buf))
+        .await
+        .expect("fails, not hangs")
+        .expect_err("the operation fails")
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_peer_stopping_under_an_open_stream_fails_the_next_operation_with_its_cause() {
     let token = Token::new("t");
@@ -163,13 +174,7 @@ async fn a_peer_stopping_under_an_open_stream_fails_the_next_operation_with_its_
     let (mut r0, _r1) = two_open_rings(&ps, &token, "stop").await;
     // Peer 1 stops serving, as an agent does on shutdown, with rank 0's stream into it open.
     ps[1].stop.cancel();
-    let mut buf = vec![1.0f32; 100];
-    // The ring's own timeout is 20 s; the cause must come from the peer, not from waiting.
-    let err = tokio::time::timeout(Duration::from_secs(15), r0.all_reduce_sum(&mut buf))
-        .await
-        .expect("fails, not hangs")
-        .expect_err("peer stopped");
-    let text = err.to_string();
+    let text = next_all_reduce_error(&mut r0).await;
     assert!(
         text.contains("shutting down") && text.contains(&ps[1].url),
         "{text}"
@@ -183,11 +188,6 @@ async fn a_chunk_the_receiver_fences_fails_the_senders_operation_with_the_cause(
     let (mut r0, _r1) = two_open_rings(&ps, &token, "fence").await;
     // Rank 1's agent moved on to attempt 2: attempt 1's chunks are refused.
     ps[1].inbox.enter_attempt("fence", 2);
-    let mut buf = vec![1.0f32; 100];
-    let err = tokio::time::timeout(Duration::from_secs(15), r0.all_reduce_sum(&mut buf))
-        .await
-        .expect("fails, not hangs")
-        .expect_err("fenced");
-    let text = err.to_string();
+    let text = next_all_reduce_error(&mut r0).await;
     assert!(text.contains("the job is on attempt 2"), "{text}");
 }
