@@ -11,7 +11,11 @@
 //!    (default 610, the gradients of the pipeline benchmark's 16-32-2 MLP plus
 //!    rows and loss) `--reps` times back to back, as the trainer does once per
 //!    step, against two tasks swapping the same bytes over one loopback TCP
-//!    connection.
+//!    connection. Then the same all-reduce the way the trainer calls it: from
+//!    two OS threads that each compute for `--compute-us` µs (busy work on
+//!    the CPU, as a step's forward and backward) and then block on the ring
+//!    through a runtime handle; reported is the time each step waits for the
+//!    all-reduce, against the tight loop's.
 //!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
 //! (`--only allreduce`, `--only ingest` or `--only latency` runs one of them).
@@ -55,7 +59,10 @@ async fn main() -> anyhow::Result<()> {
         ingest(ingest_mb).await?;
     }
     if run("latency") {
-        latency(arg("--floats", 610), arg("--reps", 2000)).await?;
+        let floats = arg("--floats", 610);
+        let reps = arg("--reps", 2000);
+        let tight = latency(floats, reps).await?;
+        latency_between_steps(floats, reps, arg("--compute-us", 300) as u64, tight).await?;
     }
     Ok(())
 }
@@ -102,7 +109,8 @@ fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbo
     )?)
 }
 
-async fn latency(floats: usize, reps: usize) -> anyhow::Result<()> {
+/// Returns the all-reduce's time in µs.
+async fn latency(floats: usize, reps: usize) -> anyhow::Result<f64> {
     let token = Token::new("bench");
     let stop = CancellationToken::new();
     let (urls, inboxes) = collective_servers(2, &token, &stop).await?;
@@ -145,6 +153,52 @@ async fn latency(floats: usize, reps: usize) -> anyhow::Result<()> {
     println!(
         "| all-reduce latency, 2 ranks × {floats} floats | {ours:.0} µs | {tcp:.0} µs (swap over loopback TCP) | {:.2}× the time |",
         ours / tcp
+    );
+    Ok(ours)
+}
+
+/// The all-reduce as a trainer calls it: each rank a thread of its own
+/// (`spawn_blocking`, as the agent runs its trainer) that computes for
+/// `compute_us` µs, then blocks on the ring through a runtime handle.
+async fn latency_between_steps(
+    floats: usize,
+    reps: usize,
+    compute_us: u64,
+    tight: f64,
+) -> anyhow::Result<()> {
+    let token = Token::new("bench");
+    let stop = CancellationToken::new();
+    let (urls, inboxes) = collective_servers(2, &token, &stop).await?;
+    let compute = Duration::from_micros(compute_us);
+    let mut ranks = Vec::new();
+    for (rank, inbox) in inboxes.iter().enumerate() {
+        let mut ring = ring("steps", rank, &urls, &token, inbox)?;
+        let handle = tokio::runtime::Handle::current();
+        ranks.push(tokio::task::spawn_blocking(move || {
+            let mut buf = vec![rank as f32; floats];
+            let mut waited = Duration::ZERO;
+            for _ in 0..reps {
+                let step = Instant::now();
+                let mut x = 0u64;
+                while step.elapsed() < compute {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+                let t = Instant::now();
+                handle.block_on(ring.all_reduce_sum(&mut buf))?;
+                waited += t.elapsed();
+            }
+            anyhow::Ok(waited)
+        }));
+    }
+    let mut waited = Duration::ZERO;
+    for r in ranks {
+        waited = waited.max(r.await??);
+    }
+    stop.cancel();
+    let ours = waited.as_secs_f64() * 1e6 / reps as f64;
+    println!(
+        "| all-reduce wait per step, 2 trainer threads computing {compute_us} µs per step | {ours:.0} µs | {tight:.0} µs (the same all-reduce back to back, above) | {:.2}× the time |",
+        ours / tight
     );
     Ok(())
 }

@@ -12,11 +12,22 @@
 //! cluster (rendezvous + 2 agents, `LocalCluster`) in a process of its own, so
 //! the client's peak RSS is the client's alone (in `local_mode` the agents'
 //! caches would share its address space) and the agents' disk writes are
-//! counted from `/proc/<pid>/io`.
+//! counted from `/proc/<pid>/io`. The CPU seconds of the client, of the
+//! agents' process and (when its process is on this machine) of the Spark
+//! Connect server are reported per run.
+//!
+//! A third run per size measures what no streaming pipeline can beat: Spark
+//! executing the same ETL and streaming it to a client that drops every batch
+//! (no agents, no training). Its time over the Parquet path's "data in agents"
+//! time is the ratio the two pipelines would have if training cost nothing.
 //!
 //! ```text
-//! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000
+//! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000 \
+//!     [--batch-size 512] [--spark-pid PID]
 //! ```
+//!
+//! `--spark-pid` defaults to the pid `deploy/local/spark-connect.sh` recorded
+//! for a server on 127.0.0.1.
 //!
 //! Dataset: a synthetic binary classification in Spark from `range`: 16
 //! pseudo-random float features in [-0.5, 0.5) (multiplicative hashing of the
@@ -30,7 +41,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use arrow::array::AsArray;
 use arrow::datatypes::{Int32Type, Int64Type};
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use kindling::SparkSession;
 use kindling::functions::{col, lit, when};
 use kindling::job::{ProgressMode, TrainedModel, TrainingEvent, TrainingJob};
@@ -41,7 +52,7 @@ use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 mod common;
-use common::{cpu_seconds, load_average, proc_field};
+use common::{cpu_seconds, load_average, proc_field, process_cpu_seconds};
 
 const FEATURES: usize = 16;
 const PARTITIONS: i32 = 8;
@@ -149,12 +160,16 @@ async fn run_client(
     pipeline: &str,
     remote: &str,
     rows: i64,
+    batch_size: usize,
     rendezvous: &str,
     token: &str,
 ) -> anyhow::Result<()> {
     let spark = SparkSession::connect(remote).await?;
+    if pipeline == "stream" {
+        return stream_only(&spark, rows).await;
+    }
     let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = job(rendezvous, Token::new(token.to_string()), events_tx)?;
+    let job = job(rendezvous, Token::new(token.to_string()), batch_size, events_tx)?;
     let fed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
     let fed = fed_at.clone();
     tokio::spawn(async move {
@@ -222,10 +237,28 @@ async fn run_client(
     Ok(())
 }
 
+/// The floor of the streaming path: Spark executes the same ETL and streams
+/// it to this process, which drops every batch (no agents, no training).
+async fn stream_only(spark: &SparkSession, rows: i64) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut stream = dataset(spark, 0, rows).execute_stream().await?;
+    let mut received = 0;
+    while let Some(batch) = stream.next().await {
+        received += batch?.num_rows() as i64;
+    }
+    if received != rows {
+        bail!("the stream ended after {received} of {rows} rows");
+    }
+    let line = serde_json::json!({ "wall": started.elapsed().as_secs_f64() });
+    println!("RESULT {line}");
+    Ok(())
+}
+
 /// The same job for both pipelines, on the cluster at `rendezvous`.
 fn job(
     rendezvous: &str,
     token: Token,
+    batch_size: usize,
     events: tokio::sync::mpsc::UnboundedSender<TrainingEvent>,
 ) -> anyhow::Result<TrainingJob> {
     Ok(TrainingJob::builder()
@@ -235,7 +268,7 @@ fn job(
         .features(feature_names())
         .label("label")
         .epochs(EPOCHS)
-        .batch_size(512)
+        .batch_size(batch_size)
         .num_slots(2)
         .seed(7)
         .eval_fraction(0.0)
@@ -275,48 +308,101 @@ struct Measured {
     /// Bytes left under the agents' `spill/` and `checkpoints/` after the job.
     spill_bytes: u64,
     checkpoint_bytes: u64,
+    /// CPU seconds the agents' process used (start-up, ingest, training).
+    cluster_cpu: f64,
+    /// CPU seconds the Spark Connect server used while the client ran, when
+    /// its process is on this machine.
+    spark_cpu: Option<f64>,
 }
 
-fn measure(pipeline: &str, remote: &str, rows: i64) -> anyhow::Result<Measured> {
+/// Runs `pipeline` at `rows` in a fresh client process; every pipeline but
+/// `stream` gets a fresh local cluster in a process of its own.
+fn measure(
+    pipeline: &str,
+    remote: &str,
+    rows: i64,
+    batch_size: usize,
+    spark_pid: Option<&str>,
+) -> anyhow::Result<Measured> {
     let exe = std::env::current_exe()?;
     let dir = tempfile_dir(&format!("cluster-{pipeline}-{rows}"))?;
-    let mut cluster = Command::new(&exe)
-        .args(["--serve-cluster", dir.to_str().context("dir")?])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let cluster_pid = cluster.id().to_string();
-    let mut line = String::new();
-    BufReader::new(cluster.stdout.take().context("cluster stdout")?).read_line(&mut line)?;
-    let mut parts = line.split_whitespace().skip(1);
-    let (url, token) = (
-        parts.next().context("cluster url")?.to_string(),
-        parts.next().context("cluster token")?.to_string(),
-    );
+    let mut cluster = None;
+    let (mut url, mut token) = (String::new(), String::new());
+    if pipeline != "stream" {
+        let mut child = Command::new(&exe)
+            .args(["--serve-cluster", dir.to_str().context("dir")?])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("cluster stdout")?).read_line(&mut line)?;
+        let mut parts = line.split_whitespace().skip(1);
+        url = parts.next().context("cluster url")?.to_string();
+        token = parts.next().context("cluster token")?.to_string();
+        cluster = Some(child);
+    }
+    let spark_before = spark_pid.map(process_cpu_seconds);
     let client = Command::new(&exe)
-        .args(["--client", pipeline, remote, &rows.to_string(), &url, &token])
+        .args([
+            "--client",
+            pipeline,
+            remote,
+            &rows.to_string(),
+            &url,
+            &token,
+            &batch_size.to_string(),
+        ])
         .stderr(Stdio::inherit())
         .output()?;
+    let spark_cpu = spark_pid
+        .zip(spark_before)
+        .map(|(pid, before)| process_cpu_seconds(pid) - before);
     let stdout = String::from_utf8_lossy(&client.stdout);
     let result = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
         .with_context(|| format!("{pipeline} at {rows} rows failed: {}", client.status))?;
     let result: serde_json::Value = serde_json::from_str(result)?;
-    let cluster_rss = proc_field(&cluster_pid, "status", "VmHWM:");
-    let cluster_disk_writes = proc_field(&cluster_pid, "io", "write_bytes:");
-    let (spill_bytes, checkpoint_bytes) =
-        (dir_bytes(&dir.join("spill")), dir_bytes(&dir.join("checkpoints")));
-    drop(cluster.stdin.take());
-    cluster.wait()?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(Measured {
+    let mut measured = Measured {
         result,
-        cluster_rss,
-        cluster_disk_writes,
-        spill_bytes,
-        checkpoint_bytes,
-    })
+        cluster_rss: 0,
+        cluster_disk_writes: 0,
+        spill_bytes: dir_bytes(&dir.join("spill")),
+        checkpoint_bytes: dir_bytes(&dir.join("checkpoints")),
+        cluster_cpu: 0.0,
+        spark_cpu,
+    };
+    if let Some(mut cluster) = cluster {
+        let pid = cluster.id().to_string();
+        measured.cluster_rss = proc_field(&pid, "status", "VmHWM:");
+        measured.cluster_disk_writes = proc_field(&pid, "io", "write_bytes:");
+        measured.cluster_cpu = process_cpu_seconds(&pid);
+        drop(cluster.stdin.take());
+        cluster.wait()?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(measured)
+}
+
+/// The Spark Connect server's pid: `--spark-pid`, else the one
+/// `deploy/local/spark-connect.sh` recorded for a server on this machine.
+fn spark_pid(remote: &str, explicit: Option<String>) -> Option<String> {
+    let pid = explicit.or_else(|| {
+        let local = ["sc://127.0.0.1:", "sc://localhost:"]
+            .iter()
+            .find_map(|prefix| remote.strip_prefix(prefix))?;
+        let port: String = local.chars().take_while(char::is_ascii_digit).collect();
+        let home = std::env::var("KINDLING_HOME")
+            .map(PathBuf::from)
+            .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache/kindling")))
+            .ok()?;
+        let pid = std::fs::read_to_string(home.join(format!("spark-{port}/server.pid"))).ok()?;
+        Some(pid.trim().to_string())
+    })?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    String::from_utf8_lossy(&cmdline)
+        .contains("SparkConnectServer")
+        .then_some(pid)
 }
 
 fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
@@ -336,36 +422,60 @@ fn main() -> anyhow::Result<()> {
         Some("--serve-cluster") => return runtime.block_on(serve_cluster(&args[1])),
         Some("--client") => {
             let rows: i64 = args[3].parse()?;
-            return runtime.block_on(run_client(&args[1], &args[2], rows, &args[4], &args[5]));
+            let batch_size: usize = args[6].parse()?;
+            return runtime.block_on(run_client(
+                &args[1], &args[2], rows, batch_size, &args[4], &args[5],
+            ));
         }
         _ => {}
     }
     drop(runtime);
-    let remote = args
+    let mut explicit_pid = None;
+    let mut batch_size = 512usize;
+    let mut positional = Vec::new();
+    let mut rest = args.into_iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--spark-pid" => explicit_pid = Some(rest.next().context("--spark-pid needs a pid")?),
+            "--batch-size" => {
+                batch_size = rest.next().context("--batch-size needs a number")?.parse()?;
+            }
+            _ => positional.push(arg),
+        }
+    }
+    let remote = positional
         .first()
         .cloned()
         .unwrap_or_else(|| "sc://127.0.0.1:15002".into());
-    let n: i64 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(500_000);
+    let n: i64 = positional
+        .get(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(500_000);
+    let spark = spark_pid(&remote, explicit_pid);
+    let cpu = |s: Option<f64>| s.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "n/a".into());
     println!(
-        "{FEATURES} float features + int label, {PARTITIONS} partitions, MLP [32], {EPOCHS} epochs, 2 agents; load {}",
-        load_average()
+        "{FEATURES} float features + int label, {PARTITIONS} partitions, MLP [32], {EPOCHS} epochs, batch {batch_size} per agent, 2 agents; load {}; Spark server pid {}",
+        load_average(),
+        spark.as_deref().unwrap_or("unknown (its CPU is not reported)")
     );
     println!(
-        "| rows | pipeline | wall to model | data in agents at | dataset bytes written | agents' disk writes (spill / checkpoints left) | client peak RSS | client CPU | agents' peak RSS | holdout accuracy |"
+        "| rows | pipeline | wall to model | data in agents at | dataset bytes written | agents' disk writes (spill / checkpoints left) | client peak RSS | client CPU | agents' CPU | Spark server CPU | agents' peak RSS | holdout accuracy |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut walls = Vec::new();
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut floors = Vec::new();
     for rows in [n, 10 * n] {
-        let mut pair = Vec::new();
+        let mut walls = Vec::new();
+        let mut fed = Vec::new();
         for pipeline in ["kindling", "parquet"] {
-            let m = measure(pipeline, &remote, rows)?;
+            let m = measure(pipeline, &remote, rows, batch_size, spark.as_deref())?;
             let r = &m.result;
             let wall = r["wall"].as_f64().unwrap_or(f64::NAN);
             let written = r["written"]
                 .as_f64()
                 .map(|w| format!(" (Parquet written at {w:.1} s)"));
             println!(
-                "| {rows} | {pipeline} | {wall:.1} s | {:.1} s{} | {} | {} ({} / {}) | {} | {:.2} s | {} | {:.2}% |",
+                "| {rows} | {pipeline} | {wall:.1} s | {:.1} s{} | {} | {} ({} / {}) | {} | {:.2} s | {:.1} s | {} | {} | {:.2}% |",
                 r["fed"].as_f64().unwrap_or(f64::NAN),
                 written.unwrap_or_default(),
                 mib(r["parquet_bytes"].as_u64().unwrap_or(0)),
@@ -374,15 +484,33 @@ fn main() -> anyhow::Result<()> {
                 mib(m.checkpoint_bytes),
                 mib(r["client_rss"].as_u64().unwrap_or(0)),
                 r["client_cpu"].as_f64().unwrap_or(f64::NAN),
+                m.cluster_cpu,
+                cpu(m.spark_cpu),
                 mib(m.cluster_rss),
                 100.0 * r["accuracy"].as_f64().unwrap_or(f64::NAN),
             );
-            pair.push(wall);
+            walls.push(wall);
+            fed.push(r["fed"].as_f64().unwrap_or(f64::NAN));
         }
-        walls.push((rows, pair[0] / pair[1]));
+        // What no streaming client can beat: Spark streaming the same rows
+        // to a client that drops them.
+        let floor = measure("stream", &remote, rows, batch_size, spark.as_deref())?;
+        floors.push((rows, floor, walls, fed));
     }
-    for (rows, ratio) in walls {
-        println!("{rows} rows: kindling / parquet wall time = {ratio:.2}x");
+    println!();
+    println!(
+        "| rows | Spark alone: ETL streamed to a client that drops it | its Spark server CPU | parquet: data in agents at | kindling / parquet if training were free (stream alone / parquet data in) | kindling / parquet wall time |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (rows, floor, walls, fed) in &floors {
+        let stream = floor.result["wall"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {rows} | {stream:.1} s | {} | {:.1} s | {:.2}× | **{:.2}×** |",
+            cpu(floor.spark_cpu),
+            fed[1],
+            stream / fed[1],
+            walls[0] / walls[1]
+        );
     }
     Ok(())
 }

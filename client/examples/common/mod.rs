@@ -22,7 +22,12 @@ pub fn proc_field(pid: &str, file: &str, field: &str) -> u64 {
 
 /// user + system CPU seconds of this process (all threads).
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    process_cpu_seconds("self")
+}
+
+/// user + system CPU seconds of process `pid` (all threads; 0 if it is gone).
+pub fn process_cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
