@@ -1,10 +1,12 @@
 //! The burn models a job spec can name: linear/logistic regression, MLP, small CNN.
 
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::{CrossEntropyLossConfig, MseLoss, Reduction};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
+use std::sync::{Mutex, MutexGuard};
+
 use burn::tensor::{Device, Int, Tensor};
 use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 
@@ -21,13 +23,49 @@ pub struct Net {
     image: Option<[usize; 3]>,
 }
 
+/// burn's CPU backend draws every random tensor from one process-wide RNG.
+/// Every model construction holds this lock, so a seeded construction
+/// ([`Net::seeded`]) cannot have another one (a model built to load weights
+/// into, another job's init) draw from the RNG between seeding and building.
+static INIT: Mutex<()> = Mutex::new(());
+
+fn init_lock() -> MutexGuard<'static, ()> {
+    INIT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Net {
-    /// Builds the model `spec` names for inputs of width `input_dim`.
-    ///
-    /// Initial weights come from the device's RNG: seed it
-    /// ([`Device::seed`]) for reproducible weights; data-parallel ranks
-    /// receive rank 0's weights anyway.
+    /// Builds the model `spec` names for inputs of width `input_dim`, with
+    /// initial weights from the RNG's current state (use [`Net::seeded`] for
+    /// reproducible weights; data-parallel ranks receive rank 0's anyway).
     pub fn new(spec: &JobSpec, input_dim: usize, device: &Device) -> Self {
+        let _guard = init_lock();
+        Self::build(spec, input_dim, device)
+    }
+
+    /// burn initialises parameters lazily, on first use; draw them all now,
+    /// while the caller holds the init lock.
+    fn materialized(self) -> Self {
+        struct Draw;
+        impl ModuleVisitor for Draw {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let _ = param.val();
+            }
+        }
+        self.visit(&mut Draw);
+        self
+    }
+
+    /// The model with the initial weights `seed` gives, on the CPU with
+    /// autodiff: the same weights for the same seed whatever else the process
+    /// is doing (move them to another device with the record bytes).
+    pub fn seeded(spec: &JobSpec, input_dim: usize, seed: u64) -> Self {
+        let _guard = init_lock();
+        let cpu = Device::flex();
+        cpu.seed(seed);
+        Self::build(spec, input_dim, &cpu.autodiff())
+    }
+
+    fn build(spec: &JobSpec, input_dim: usize, device: &Device) -> Self {
         let out = spec.output_dim();
         let mut widths = vec![input_dim];
         let mut convs = Vec::new();
@@ -72,6 +110,7 @@ impl Net {
             activation: Relu::new(),
             image,
         }
+        .materialized()
     }
 
     /// Raw outputs: class logits `[n, classes]` or values `[n, 1]`.
@@ -116,5 +155,64 @@ pub fn mean_loss(task: Task, output: Tensor<2>, targets: Targets, device: &Devic
             let values: Tensor<2> = t.float().unsqueeze_dim(1);
             MseLoss::new().forward(output, values, Reduction::Mean)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use burn::tensor::Device;
+    use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+
+    use super::Net;
+    use crate::params;
+
+    /// Another thread building models the whole time (as a second job's
+    /// agent, or a model built to load weights into) must not change what a
+    /// seed gives: the RNG they draw from is process-wide.
+    #[test]
+    fn a_seed_gives_the_same_weights_while_other_models_are_built() {
+        let spec = JobSpec::builder()
+            .task(Task::Classification { num_classes: 3 })
+            .model(ModelSpec::Mlp { hidden: vec![16] })
+            .optimizer(OptimizerSpec::adam(0.01))
+            .features(["x"])
+            .label("y")
+            .build()
+            .expect("spec");
+        let expected = params::flat_weights(&Net::seeded(&spec, 8, 42));
+        let stop = Arc::new(AtomicBool::new(false));
+        let noise = {
+            let (spec, stop) = (spec.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let device = Device::flex();
+                let mut built = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(params::flat_weights(&Net::new(&spec, 8, &device)));
+                    built += 1;
+                }
+                built
+            })
+        };
+        let mut differing = 0;
+        for _ in 0..200 {
+            if params::flat_weights(&Net::seeded(&spec, 8, 42)) != expected {
+                differing += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let built = noise.join().expect("noise thread");
+        assert!(built > 0, "the other thread built no model");
+        assert_eq!(
+            differing, 0,
+            "of 200 seeded builds while {built} others were built"
+        );
+        assert_ne!(
+            params::flat_weights(&Net::seeded(&spec, 8, 43)),
+            expected,
+            "another seed gives other weights"
+        );
     }
 }

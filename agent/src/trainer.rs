@@ -132,15 +132,9 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let spec = ctx.spec.clone();
     let device = device_for(&spec)?.autodiff();
     let mut model = {
-        // Agents in one process share the device RNG: seed and init atomically so
-        // the same seed always gives the same initial weights.
         // Initial weights always come from the CPU's seeded RNG, so a seed gives
         // the same weights on every device (the GPU's RNG draws differently).
-        static INIT: Mutex<()> = Mutex::new(());
-        let _guard = INIT.lock().unwrap_or_else(|p| p.into_inner());
-        let cpu = Device::flex();
-        cpu.seed(spec.seed);
-        let init = Net::new(&spec, ctx.layout.input_dim, &cpu.autodiff());
+        let init = Net::seeded(&spec, ctx.layout.input_dim, spec.seed);
         if spec.use_gpu {
             let on_device = Net::new(&spec, ctx.layout.input_dim, &device);
             params::from_record_bytes(on_device, params::to_record_bytes(&init)?)?
