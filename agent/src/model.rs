@@ -1,12 +1,12 @@
 //! The burn models a job spec can name: linear/logistic regression, MLP, small CNN.
 
+use std::sync::{Mutex, MutexGuard};
+
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::{CrossEntropyLossConfig, MseLoss, Reduction};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
-use std::sync::{Mutex, MutexGuard};
-
 use burn::tensor::{Device, Int, Tensor};
 use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 
