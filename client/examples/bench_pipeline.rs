@@ -21,13 +21,20 @@
 //! (no agents, no training). Its time over the Parquet path's "data in agents"
 //! time is the ratio the two pipelines would have if training cost nothing.
 //!
+//! Before the first measured run, the server executes the ETL once each way
+//! (streamed and written as Parquet, N rows, not measured), so that neither
+//! pipeline pays for the JVM compiling Spark's code paths.
+//!
 //! ```text
 //! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000 \
-//!     [--batch-size 512] [--spark-pid PID]
+//!     [--batch-size 512] [--partitions 8] [--spark-pid PID] [--spark-cpus LIST]
 //! ```
 //!
 //! `--spark-pid` defaults to the pid `deploy/local/spark-connect.sh` recorded
-//! for a server on 127.0.0.1.
+//! for a server on 127.0.0.1. `--spark-cpus 0` pins the Spark server (all its
+//! threads) to CPU 0 and runs the client and the agents on the other CPUs, as a
+//! cluster gives executors and agents CPU requests of their own; the server's
+//! affinity is restored at the end.
 //!
 //! Dataset: a synthetic binary classification in Spark from `range`: 16
 //! pseudo-random float features in [-0.5, 0.5) (multiplicative hashing of the
@@ -55,6 +62,7 @@ mod common;
 use common::{cpu_seconds, load_average, proc_field, process_cpu_seconds};
 
 const FEATURES: usize = 16;
+/// Spark partitions of the ETL unless `--partitions` says otherwise.
 const PARTITIONS: i32 = 8;
 const EPOCHS: u32 = 2;
 const HOLDOUT: i64 = 20_000;
@@ -65,8 +73,9 @@ fn feature_names() -> Vec<String> {
     (0..FEATURES).map(|i| format!("f{i}")).collect()
 }
 
-/// The ETL: `rows` rows from `start`, features and a label with a known rule.
-fn dataset(spark: &SparkSession, start: i64, rows: i64) -> DataFrame {
+/// The ETL: `rows` rows from `start` in `partitions` Spark partitions,
+/// features and a label with a known rule.
+fn dataset(spark: &SparkSession, start: i64, rows: i64, partitions: i32) -> DataFrame {
     let mut columns = Vec::new();
     let mut score = lit(0.0);
     for (i, name) in feature_names().into_iter().enumerate() {
@@ -85,7 +94,7 @@ fn dataset(spark: &SparkSession, start: i64, rows: i64) -> DataFrame {
     columns.push(("label".into(), when(score.gt(lit(0.0)), lit(1)).otherwise(lit(0))));
     let names: Vec<String> = feature_names().into_iter().chain(["label".into()]).collect();
     spark
-        .range_partitions(start, start + rows, 1, Some(PARTITIONS))
+        .range_partitions(start, start + rows, 1, Some(partitions))
         .with_columns(columns)
         .select(names.iter().map(String::as_str))
 }
@@ -106,7 +115,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Test accuracy of `model` on rows the training never saw.
 async fn holdout_accuracy(spark: &SparkSession, model: &TrainedModel) -> anyhow::Result<f64> {
-    let batches = dataset(spark, 1_000_000_000, HOLDOUT).collect().await?;
+    let batches = dataset(spark, 1_000_000_000, HOLDOUT, PARTITIONS)
+        .collect()
+        .await?;
     let (mut correct, mut total) = (0usize, 0usize);
     for batch in &batches {
         let predicted = model.predict_batch(batch)?;
@@ -160,13 +171,16 @@ async fn run_client(
     pipeline: &str,
     remote: &str,
     rows: i64,
+    partitions: i32,
     batch_size: usize,
     rendezvous: &str,
     token: &str,
 ) -> anyhow::Result<()> {
     let spark = SparkSession::connect(remote).await?;
-    if pipeline == "stream" {
-        return stream_only(&spark, rows).await;
+    match pipeline {
+        "stream" => return stream_only(&spark, rows, partitions).await,
+        "warmup" => return warm_up(&spark, rows, partitions).await,
+        _ => {}
     }
     let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
     let job = job(rendezvous, Token::new(token.to_string()), batch_size, events_tx)?;
@@ -179,7 +193,7 @@ async fn run_client(
             }
         }
     });
-    let df = dataset(&spark, 0, rows);
+    let df = dataset(&spark, 0, rows, partitions);
     let started = Instant::now();
     let cpu_before = cpu_seconds();
     let (model, written_at, parquet_bytes) = match pipeline {
@@ -239,9 +253,9 @@ async fn run_client(
 
 /// The floor of the streaming path: Spark executes the same ETL and streams
 /// it to this process, which drops every batch (no agents, no training).
-async fn stream_only(spark: &SparkSession, rows: i64) -> anyhow::Result<()> {
+async fn stream_only(spark: &SparkSession, rows: i64, partitions: i32) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut stream = dataset(spark, 0, rows).execute_stream().await?;
+    let mut stream = dataset(spark, 0, rows, partitions).execute_stream().await?;
     let mut received = 0;
     while let Some(batch) = stream.next().await {
         received += batch?.num_rows() as i64;
@@ -251,6 +265,25 @@ async fn stream_only(spark: &SparkSession, rows: i64) -> anyhow::Result<()> {
     }
     let line = serde_json::json!({ "wall": started.elapsed().as_secs_f64() });
     println!("RESULT {line}");
+    Ok(())
+}
+
+/// Runs the ETL once each way, streamed and written as Parquet, so that the
+/// measured runs find the server's code paths compiled by the JVM.
+async fn warm_up(spark: &SparkSession, rows: i64, partitions: i32) -> anyhow::Result<()> {
+    let mut stream = dataset(spark, 0, rows, partitions).execute_stream().await?;
+    while let Some(batch) = stream.next().await {
+        batch?;
+    }
+    let dir = tempfile_dir("warmup")?;
+    let path = dir.to_str().context("temp dir path")?;
+    dataset(spark, 0, rows, partitions)
+        .write()
+        .mode(SaveMode::Overwrite)
+        .parquet(path)
+        .await?;
+    std::fs::remove_dir_all(&dir)?;
+    println!("RESULT {{}}");
     Ok(())
 }
 
@@ -315,21 +348,47 @@ struct Measured {
     spark_cpu: Option<f64>,
 }
 
-/// Runs `pipeline` at `rows` in a fresh client process; every pipeline but
-/// `stream` gets a fresh local cluster in a process of its own.
-fn measure(
-    pipeline: &str,
-    remote: &str,
-    rows: i64,
+/// Where the client and the agents run, and where the Spark server is.
+struct Setup<'a> {
+    remote: &'a str,
+    partitions: i32,
     batch_size: usize,
-    spark_pid: Option<&str>,
-) -> anyhow::Result<Measured> {
-    let exe = std::env::current_exe()?;
+    spark_pid: Option<&'a str>,
+    /// The CPUs the client and agents are pinned to (`taskset -c`), if any.
+    trainer_cpus: Option<&'a str>,
+}
+
+impl Setup<'_> {
+    /// This program, run again (under `taskset` when the trainer side is pinned).
+    fn command(&self) -> anyhow::Result<Command> {
+        let exe = std::env::current_exe()?;
+        Ok(match self.trainer_cpus {
+            Some(cpus) => {
+                let mut command = Command::new("taskset");
+                command.args(["-c", cpus]).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        })
+    }
+}
+
+/// Runs `pipeline` at `rows` in a fresh client process; the two pipelines
+/// get a fresh local cluster in a process of its own.
+fn measure(pipeline: &str, rows: i64, setup: &Setup<'_>) -> anyhow::Result<Measured> {
+    let Setup {
+        remote,
+        partitions,
+        batch_size,
+        spark_pid,
+        ..
+    } = *setup;
     let dir = tempfile_dir(&format!("cluster-{pipeline}-{rows}"))?;
     let mut cluster = None;
     let (mut url, mut token) = (String::new(), String::new());
-    if pipeline != "stream" {
-        let mut child = Command::new(&exe)
+    if matches!(pipeline, "kindling" | "parquet") {
+        let mut child = setup
+            .command()?
             .args(["--serve-cluster", dir.to_str().context("dir")?])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -342,7 +401,8 @@ fn measure(
         cluster = Some(child);
     }
     let spark_before = spark_pid.map(process_cpu_seconds);
-    let client = Command::new(&exe)
+    let client = setup
+        .command()?
         .args([
             "--client",
             pipeline,
@@ -351,6 +411,7 @@ fn measure(
             &url,
             &token,
             &batch_size.to_string(),
+            &partitions.to_string(),
         ])
         .stderr(Stdio::inherit())
         .output()?;
@@ -405,6 +466,88 @@ fn spark_pid(remote: &str, explicit: Option<String>) -> Option<String> {
         .then_some(pid)
 }
 
+/// The CPUs of a `taskset -c` style list ("0", "0-3,6").
+fn parse_cpu_list(list: &str) -> anyhow::Result<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        let (first, last): (usize, usize) = (first.trim().parse()?, last.trim().parse()?);
+        cpus.extend(first..=last);
+    }
+    Ok(cpus)
+}
+
+/// `taskset` with `args`; fails with its stderr.
+fn taskset(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("taskset")
+        .args(args)
+        .output()
+        .context("running taskset (util-linux)")?;
+    if !out.status.success() {
+        bail!(
+            "taskset {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Every thread of the Spark server pinned to some CPUs, until dropped; then
+/// the affinity it had is restored.
+struct PinnedSpark {
+    pid: String,
+    mask: String,
+}
+
+impl PinnedSpark {
+    fn pin(pid: &str, cpus: &str) -> anyhow::Result<Self> {
+        // "pid 42's current affinity mask: 3"
+        let current = taskset(&["-p", pid])?;
+        let mask = current
+            .rsplit(':')
+            .next()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .with_context(|| format!("no affinity mask in {current:?}"))?
+            .to_string();
+        taskset(&["-a", "-p", "-c", cpus, pid])?;
+        Ok(Self {
+            pid: pid.to_string(),
+            mask,
+        })
+    }
+}
+
+impl Drop for PinnedSpark {
+    fn drop(&mut self) {
+        if let Err(e) = taskset(&["-a", "-p", &self.mask, &self.pid]) {
+            eprintln!("could not restore the Spark server's CPU affinity: {e:#}");
+        }
+    }
+}
+
+/// The CPUs left to the client and agents when Spark has `spark_cpus`, as a list.
+fn trainer_cpus(spark_cpus: &str) -> anyhow::Result<String> {
+    let allowed = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:").map(str::to_string))
+        .context("no Cpus_allowed_list in /proc/self/status")?;
+    let spark = parse_cpu_list(spark_cpus)?;
+    let rest: Vec<String> = parse_cpu_list(&allowed)?
+        .into_iter()
+        .filter(|c| !spark.contains(c))
+        .map(|c| c.to_string())
+        .collect();
+    if rest.is_empty() {
+        bail!(
+            "--spark-cpus {spark_cpus} leaves no CPU of {} for the client and agents",
+            allowed.trim()
+        );
+    }
+    Ok(rest.join(","))
+}
+
 fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("kindling-bench-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -423,20 +566,27 @@ fn main() -> anyhow::Result<()> {
         Some("--client") => {
             let rows: i64 = args[3].parse()?;
             let batch_size: usize = args[6].parse()?;
+            let partitions: i32 = args[7].parse()?;
             return runtime.block_on(run_client(
-                &args[1], &args[2], rows, batch_size, &args[4], &args[5],
+                &args[1], &args[2], rows, partitions, batch_size, &args[4], &args[5],
             ));
         }
         _ => {}
     }
     drop(runtime);
     let mut explicit_pid = None;
+    let mut spark_cpus = None;
     let mut batch_size = 512usize;
+    let mut partitions = PARTITIONS;
     let mut positional = Vec::new();
     let mut rest = args.into_iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--spark-pid" => explicit_pid = Some(rest.next().context("--spark-pid needs a pid")?),
+            "--partitions" => {
+                partitions = rest.next().context("--partitions needs a number")?.parse()?;
+            }
+            "--spark-cpus" => spark_cpus = Some(rest.next().context("--spark-cpus needs a CPU list")?),
             "--batch-size" => {
                 batch_size = rest.next().context("--batch-size needs a number")?.parse()?;
             }
@@ -453,12 +603,34 @@ fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(500_000);
     let spark = spark_pid(&remote, explicit_pid);
+    let (_pinned, trainer_cpus) = match &spark_cpus {
+        Some(cpus) => {
+            let pid = spark
+                .as_deref()
+                .context("--spark-cpus needs the Spark server's pid (--spark-pid)")?;
+            let trainer = trainer_cpus(cpus)?;
+            (Some(PinnedSpark::pin(pid, cpus)?), Some(trainer))
+        }
+        None => (None, None),
+    };
+    let setup = Setup {
+        remote: &remote,
+        partitions,
+        batch_size,
+        spark_pid: spark.as_deref(),
+        trainer_cpus: trainer_cpus.as_deref(),
+    };
     let cpu = |s: Option<f64>| s.map(|s| format!("{s:.1} s")).unwrap_or_else(|| "n/a".into());
+    let placement = match (&spark_cpus, &trainer_cpus) {
+        (Some(s), Some(t)) => format!("Spark server on CPU {s}, client and agents on CPU {t}"),
+        _ => "all processes share every CPU".into(),
+    };
     println!(
-        "{FEATURES} float features + int label, {PARTITIONS} partitions, MLP [32], {EPOCHS} epochs, batch {batch_size} per agent, 2 agents; load {}; Spark server pid {}",
+        "{FEATURES} float features + int label, {partitions} partitions, MLP [32], {EPOCHS} epochs, batch {batch_size} per agent, 2 agents; {placement}; load {}; Spark server pid {}",
         load_average(),
         spark.as_deref().unwrap_or("unknown (its CPU is not reported)")
     );
+    measure("warmup", n, &setup)?;
     println!(
         "| rows | pipeline | wall to model | data in agents at | dataset bytes written | agents' disk writes (spill / checkpoints left) | client peak RSS | client CPU | agents' CPU | Spark server CPU | agents' peak RSS | holdout accuracy |"
     );
@@ -468,7 +640,7 @@ fn main() -> anyhow::Result<()> {
         let mut walls = Vec::new();
         let mut fed = Vec::new();
         for pipeline in ["kindling", "parquet"] {
-            let m = measure(pipeline, &remote, rows, batch_size, spark.as_deref())?;
+            let m = measure(pipeline, rows, &setup)?;
             let r = &m.result;
             let wall = r["wall"].as_f64().unwrap_or(f64::NAN);
             let written = r["written"]
@@ -494,7 +666,7 @@ fn main() -> anyhow::Result<()> {
         }
         // What no streaming client can beat: Spark streaming the same rows
         // to a client that drops them.
-        let floor = measure("stream", &remote, rows, batch_size, spark.as_deref())?;
+        let floor = measure("stream", rows, &setup)?;
         floors.push((rows, floor, walls, fed));
     }
     println!();
