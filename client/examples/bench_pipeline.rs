@@ -200,8 +200,7 @@ async fn run_client(
         "kindling" => (job.fit(&df).await?, None, 0),
         "parquet" => {
             let dir = std::env::temp_dir().join(format!("kindling-bench-parquet-{}", std::process::id()));
-            let path = dir.to_str().context("temp dir path")?.to_string();
-            df.write().mode(SaveMode::Overwrite).parquet(&path).await?;
+            write_parquet(&df, &dir).await?;
             let written = Instant::now();
             let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
                 .flatten()
@@ -210,7 +209,7 @@ async fn run_client(
                 .collect();
             files.sort();
             if files.is_empty() {
-                bail!("Spark wrote no Parquet files into {path}");
+                bail!("Spark wrote no Parquet files into {}", dir.display());
             }
             let bytes = dir_bytes(&dir);
             let schema = {
@@ -255,11 +254,7 @@ async fn run_client(
 /// it to this process, which drops every batch (no agents, no training).
 async fn stream_only(spark: &SparkSession, rows: i64, partitions: i32) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut stream = dataset(spark, 0, rows, partitions).execute_stream().await?;
-    let mut received = 0;
-    while let Some(batch) = stream.next().await {
-        received += batch?.num_rows() as i64;
-    }
+    let received = drain(&dataset(spark, 0, rows, partitions)).await?;
     if received != rows {
         bail!("the stream ended after {received} of {rows} rows");
     }
@@ -271,19 +266,29 @@ async fn stream_only(spark: &SparkSession, rows: i64, partitions: i32) -> anyhow
 /// Runs the ETL once each way, streamed and written as Parquet, so that the
 /// measured runs find the server's code paths compiled by the JVM.
 async fn warm_up(spark: &SparkSession, rows: i64, partitions: i32) -> anyhow::Result<()> {
-    let mut stream = dataset(spark, 0, rows, partitions).execute_stream().await?;
-    while let Some(batch) = stream.next().await {
-        batch?;
-    }
+    let df = dataset(spark, 0, rows, partitions);
+    drain(&df).await?;
     let dir = tempfile_dir("warmup")?;
-    let path = dir.to_str().context("temp dir path")?;
-    dataset(spark, 0, rows, partitions)
-        .write()
-        .mode(SaveMode::Overwrite)
-        .parquet(path)
-        .await?;
+    write_parquet(&df, &dir).await?;
     std::fs::remove_dir_all(&dir)?;
     println!("RESULT {{}}");
+    Ok(())
+}
+
+/// Streams `df` from Spark and drops every batch; returns the rows received.
+async fn drain(df: &DataFrame) -> anyhow::Result<i64> {
+    let mut stream = df.execute_stream().await?;
+    let mut received = 0;
+    while let Some(batch) = stream.next().await {
+        received += batch?.num_rows() as i64;
+    }
+    Ok(received)
+}
+
+/// Has Spark write `df` as Parquet files into `dir` (replacing what is there).
+async fn write_parquet(df: &DataFrame, dir: &Path) -> anyhow::Result<()> {
+    let path = dir.to_str().context("temp dir path")?;
+    df.write().mode(SaveMode::Overwrite).parquet(path).await?;
     Ok(())
 }
 
