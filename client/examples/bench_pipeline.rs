@@ -27,7 +27,7 @@
 //!
 //! ```text
 //! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000 \
-//!     [--batch-size 512] [--partitions 8] [--spark-pid PID] [--spark-cpus LIST]
+//!     [--batch-size 512] [--epochs 2] [--partitions 8] [--spark-pid PID] [--spark-cpus LIST]
 //! ```
 //!
 //! `--spark-pid` defaults to the pid `deploy/local/spark-connect.sh` recorded
@@ -64,6 +64,7 @@ use common::{cpu_seconds, load_average, proc_field, process_cpu_seconds};
 const FEATURES: usize = 16;
 /// Spark partitions of the ETL unless `--partitions` says otherwise.
 const PARTITIONS: i32 = 8;
+/// Passes over the data unless `--epochs` says otherwise.
 const EPOCHS: u32 = 2;
 const HOLDOUT: i64 = 20_000;
 /// Rows per batch read back from Parquet (the reader's default is 1,024).
@@ -166,24 +167,59 @@ fn read_parquet(files: Vec<PathBuf>) -> RecordBatchStream {
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// One pipeline at one size, in this (fresh) process; prints one JSON line.
-async fn run_client(
-    pipeline: &str,
-    remote: &str,
+/// What `--client` runs: one pipeline at one size (the arguments `measure`
+/// passes, in order).
+struct ClientRun {
+    pipeline: String,
+    remote: String,
     rows: i64,
-    partitions: i32,
+    rendezvous: String,
+    token: String,
     batch_size: usize,
-    rendezvous: &str,
-    token: &str,
-) -> anyhow::Result<()> {
-    let spark = SparkSession::connect(remote).await?;
-    match pipeline {
+    partitions: i32,
+    epochs: u32,
+}
+
+impl ClientRun {
+    fn parse(args: &[String]) -> anyhow::Result<ClientRun> {
+        let arg = |i: usize| {
+            args.get(i)
+                .cloned()
+                .with_context(|| format!("--client argument {i} missing"))
+        };
+        Ok(ClientRun {
+            pipeline: arg(0)?,
+            remote: arg(1)?,
+            rows: arg(2)?.parse()?,
+            rendezvous: arg(3)?,
+            token: arg(4)?,
+            batch_size: arg(5)?.parse()?,
+            partitions: arg(6)?.parse()?,
+            epochs: arg(7)?.parse()?,
+        })
+    }
+}
+
+/// One pipeline at one size, in this (fresh) process; prints one JSON line.
+async fn run_client(run: ClientRun) -> anyhow::Result<()> {
+    let ClientRun {
+        pipeline,
+        remote,
+        rows,
+        rendezvous,
+        token,
+        batch_size,
+        partitions,
+        epochs,
+    } = run;
+    let spark = SparkSession::connect(&remote).await?;
+    match pipeline.as_str() {
         "stream" => return stream_only(&spark, rows, partitions).await,
         "warmup" => return warm_up(&spark, rows, partitions).await,
         _ => {}
     }
     let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let job = job(rendezvous, Token::new(token.to_string()), batch_size, events_tx)?;
+    let job = job(&rendezvous, Token::new(token), batch_size, epochs, events_tx)?;
     let fed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
     let fed = fed_at.clone();
     tokio::spawn(async move {
@@ -196,7 +232,7 @@ async fn run_client(
     let df = dataset(&spark, 0, rows, partitions);
     let started = Instant::now();
     let cpu_before = cpu_seconds();
-    let (model, written_at, parquet_bytes) = match pipeline {
+    let (model, written_at, parquet_bytes) = match pipeline.as_str() {
         "kindling" => (job.fit(&df).await?, None, 0),
         "parquet" => {
             let dir = std::env::temp_dir().join(format!("kindling-bench-parquet-{}", std::process::id()));
@@ -297,6 +333,7 @@ fn job(
     rendezvous: &str,
     token: Token,
     batch_size: usize,
+    epochs: u32,
     events: tokio::sync::mpsc::UnboundedSender<TrainingEvent>,
 ) -> anyhow::Result<TrainingJob> {
     Ok(TrainingJob::builder()
@@ -305,7 +342,7 @@ fn job(
         .optimizer(OptimizerSpec::adam(0.01))
         .features(feature_names())
         .label("label")
-        .epochs(EPOCHS)
+        .epochs(epochs)
         .batch_size(batch_size)
         .num_slots(2)
         .seed(7)
@@ -358,6 +395,7 @@ struct Setup<'a> {
     remote: &'a str,
     partitions: i32,
     batch_size: usize,
+    epochs: u32,
     spark_pid: Option<&'a str>,
     /// The CPUs the client and agents are pinned to (`taskset -c`), if any.
     trainer_cpus: Option<&'a str>,
@@ -385,6 +423,7 @@ fn measure(pipeline: &str, rows: i64, setup: &Setup<'_>) -> anyhow::Result<Measu
         remote,
         partitions,
         batch_size,
+        epochs,
         spark_pid,
         ..
     } = *setup;
@@ -417,6 +456,7 @@ fn measure(pipeline: &str, rows: i64, setup: &Setup<'_>) -> anyhow::Result<Measu
             &token,
             &batch_size.to_string(),
             &partitions.to_string(),
+            &epochs.to_string(),
         ])
         .stderr(Stdio::inherit())
         .output()?;
@@ -568,20 +608,14 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     match args.first().map(String::as_str) {
         Some("--serve-cluster") => return runtime.block_on(serve_cluster(&args[1])),
-        Some("--client") => {
-            let rows: i64 = args[3].parse()?;
-            let batch_size: usize = args[6].parse()?;
-            let partitions: i32 = args[7].parse()?;
-            return runtime.block_on(run_client(
-                &args[1], &args[2], rows, partitions, batch_size, &args[4], &args[5],
-            ));
-        }
+        Some("--client") => return runtime.block_on(run_client(ClientRun::parse(&args[1..])?)),
         _ => {}
     }
     drop(runtime);
     let mut explicit_pid = None;
     let mut spark_cpus = None;
     let mut batch_size = 512usize;
+    let mut epochs = EPOCHS;
     let mut partitions = PARTITIONS;
     let mut positional = Vec::new();
     let mut rest = args.into_iter();
@@ -595,6 +629,7 @@ fn main() -> anyhow::Result<()> {
             "--batch-size" => {
                 batch_size = rest.next().context("--batch-size needs a number")?.parse()?;
             }
+            "--epochs" => epochs = rest.next().context("--epochs needs a number")?.parse()?,
             _ => positional.push(arg),
         }
     }
@@ -622,6 +657,7 @@ fn main() -> anyhow::Result<()> {
         remote: &remote,
         partitions,
         batch_size,
+        epochs,
         spark_pid: spark.as_deref(),
         trainer_cpus: trainer_cpus.as_deref(),
     };
@@ -631,7 +667,7 @@ fn main() -> anyhow::Result<()> {
         _ => "all processes share every CPU".into(),
     };
     println!(
-        "{FEATURES} float features + int label, {partitions} partitions, MLP [32], {EPOCHS} epochs, batch {batch_size} per agent, 2 agents; {placement}; load {}; Spark server pid {}",
+        "{FEATURES} float features + int label, {partitions} partitions, MLP [32], {epochs} epochs, batch {batch_size} per agent, 2 agents; {placement}; load {}; Spark server pid {}",
         load_average(),
         spark.as_deref().unwrap_or("unknown (its CPU is not reported)")
     );

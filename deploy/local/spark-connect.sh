@@ -10,6 +10,12 @@
 #   KINDLING_SPARK_MASTER Spark master (default local[2]; local[2,2] lets a failed
 #                         task run again once, as spark.task.maxFailures does on a
 #                         cluster — local[N] never retries a task)
+#   KINDLING_SPARK_MAX_RESULT_SIZE
+#                         spark.driver.maxResultSize (default 1g, Spark's own):
+#                         the most a query's result may hold. Spark Connect sends
+#                         a query's whole result through the driver, so a larger
+#                         unpersisted DataFrame cannot be relayed in one query;
+#                         `fit` relays a persisted one in slices below it.
 #   KINDLING_HOME         state dir (default $HOME/.cache/kindling): venv, logs, pid
 #   KINDLING_PYTHON       python used to create the venv (default python3)
 set -euo pipefail
@@ -88,6 +94,7 @@ start() {
     --conf spark.connect.grpc.binding.address=127.0.0.1 \
     --conf "spark.connect.grpc.binding.port=$PORT" \
     --conf spark.connect.grpc.maxInboundMessageSize=268435456 \
+    --conf "spark.driver.maxResultSize=${KINDLING_SPARK_MAX_RESULT_SIZE:-1g}" \
     --conf spark.ui.enabled=false \
     --conf spark.sql.shuffle.partitions=4 \
     --conf "spark.local.dir=$RUN/tmp" \

@@ -65,6 +65,12 @@ pub struct PrivateSpark {
 impl PrivateSpark {
     /// Starts the server and returns once a real query answers.
     pub fn start(master: &str) -> PrivateSpark {
+        PrivateSpark::start_with(master, &[])
+    }
+
+    /// Like [`start`](Self::start), with more of `spark-connect.sh`'s
+    /// settings (e.g. `("KINDLING_SPARK_MAX_RESULT_SIZE", "2m")`).
+    pub fn start_with(master: &str, env: &[(&str, &str)]) -> PrivateSpark {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -74,6 +80,7 @@ impl PrivateSpark {
             .script("start")
             .env("KINDLING_SPARK_MASTER", master)
             .env("KINDLING_SPARK_DRIVER_MEMORY", "1g")
+            .envs(env.iter().copied())
             .status()
             .expect("run spark-connect.sh");
         assert!(
@@ -115,4 +122,24 @@ pub async fn rule_df(spark: &kindling::SparkSession, rows: usize) -> kindling::D
         .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
         .await
         .expect("sql")
+}
+
+/// The job the rule DataFrame trains ([`rule_df`]): an MLP with 16 hidden
+/// units over `x1`, `x2` for the label `y` (2 classes, Adam 0.02), on 2 local
+/// slots, batch 64, 5 epochs, a 0.2 eval split, seed 3, no progress output.
+pub fn rule_job() -> kindling::job::TrainingJobBuilder {
+    use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+    kindling::job::TrainingJob::builder()
+        .model(ModelSpec::Mlp { hidden: vec![16] })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.02))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(2)
+        .batch_size(64)
+        .epochs(5)
+        .eval_fraction(0.2)
+        .seed(3)
+        .local_mode(true)
+        .progress(kindling::job::ProgressMode::Silent)
 }

@@ -4,27 +4,11 @@
 //! Spark Connect server; the tasks push straight into real local agents.
 
 use kindling::SparkSession;
-use kindling::job::{
-    ExecutorPush, Feed, JobError, ProgressMode, PushedPartition, TrainingEvent, TrainingJob,
-};
-use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use kindling_tests::spark::{PrivateSpark, rule_df, spark_remote};
+use kindling::job::{ExecutorPush, Feed, JobError, PushedPartition, TrainingEvent};
+use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, spark_remote};
 
 fn job(feed: Feed) -> kindling::job::TrainingJobBuilder {
-    TrainingJob::builder()
-        .model(ModelSpec::Mlp { hidden: vec![16] })
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.02))
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(2)
-        .batch_size(64)
-        .epochs(5)
-        .eval_fraction(0.2)
-        .seed(3)
-        .local_mode(true)
-        .progress(ProgressMode::Silent)
-        .feed(feed)
+    rule_job().feed(feed)
 }
 
 /// What one `Fed` event said.

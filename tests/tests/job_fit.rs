@@ -4,26 +4,14 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use kindling::SparkSession;
-use kindling::job::{JobError, ProgressMode, TrainingEvent, TrainingJob};
+use kindling::job::{JobError, TrainingEvent};
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_schemas::action::{Action, AgentJobState, JobList};
 use kindling_schemas::schema::SchemaError;
-use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use kindling_tests::spark::{rule_df, spark_remote};
+use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 
 fn job(slots: u32, epochs: u32) -> kindling::job::TrainingJobBuilder {
-    TrainingJob::builder()
-        .model(ModelSpec::Mlp { hidden: vec![16] })
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.02))
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(slots)
-        .batch_size(64)
-        .epochs(epochs)
-        .eval_fraction(0.2)
-        .seed(3)
-        .progress(ProgressMode::Silent)
+    rule_job().num_slots(slots).epochs(epochs)
 }
 
 async fn spark() -> SparkSession {

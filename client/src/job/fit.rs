@@ -17,6 +17,7 @@ use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::schema::{self, StreamKind};
 
 use super::progress::{PushedPartition, Reporter, TrainingEvent};
+use super::slices::{self, SparkRows};
 use super::{ExecutorPush, Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::AgentClient;
 use crate::local::{LocalCluster, LocalClusterConfig};
@@ -105,8 +106,8 @@ type OpenFn<'a> =
 
 /// Where `fit` reads its rows from.
 enum Rows<'a> {
-    /// A Spark query, executed as a stream (again for a re-feed).
-    Spark(DataFrame),
+    /// A Spark query, executed as a stream (again for a re-feed), whole or in slices.
+    Spark(SparkRows),
     /// Arrow batches from anywhere (files, another service), opened per feed.
     Arrow { schema: SchemaRef, open: &'a OpenFn<'a> },
 }
@@ -114,10 +115,7 @@ enum Rows<'a> {
 impl Rows<'_> {
     async fn open(&self) -> Result<(SchemaRef, RecordBatchStream), JobError> {
         match self {
-            Rows::Spark(df) => {
-                let stream = df.execute_stream().await?;
-                Ok((stream.schema(), stream.into_inner()))
-            }
+            Rows::Spark(rows) => Ok(rows.open().await?),
             Rows::Arrow { schema, open } => Ok((schema.clone(), open().await?)),
         }
     }
@@ -125,8 +123,8 @@ impl Rows<'_> {
     /// Bytes this client exchanged with Spark so far (0 for other sources).
     fn spark_bytes(&self) -> u64 {
         match self {
-            Rows::Spark(df) => {
-                let b = df.session().data_bytes();
+            Rows::Spark(rows) => {
+                let b = rows.df().session().data_bytes();
                 b.received + b.sent
             }
             Rows::Arrow { .. } => 0,
@@ -138,7 +136,7 @@ impl TrainingJob {
     /// Trains on `df`: in local mode on a rendezvous and `num_slots` agents
     /// started in this process, otherwise on the cluster's agents.
     pub async fn fit(&self, df: &DataFrame) -> Result<TrainedModel, JobError> {
-        self.fit_rows(Rows::Spark(df.clone())).await
+        self.fit_rows(Rows::Spark(SparkRows::whole(df.clone()))).await
     }
 
     /// Trains on Arrow batches that do not come from a Spark query (files read
@@ -205,7 +203,8 @@ impl TrainingJob {
     /// Trains on an existing local cluster (its spare agents replace lost
     /// ones, and it grows when it has none). Lets tests inject faults.
     pub async fn fit_on(&self, cluster: &LocalCluster, df: &DataFrame) -> Result<TrainedModel, JobError> {
-        self.run(Target::Local(cluster), Rows::Spark(df.clone())).await
+        self.run(Target::Local(cluster), Rows::Spark(SparkRows::whole(df.clone())))
+            .await
     }
 
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
@@ -218,7 +217,8 @@ impl TrainingJob {
 
         // The data, checked before anything starts on the agents.
         let (train_df, eval_df, layout, cached) = match rows {
-            Rows::Spark(df) => {
+            Rows::Spark(rows) => {
+                let df = rows.df();
                 let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
                 let data = df.select(columns.iter().map(String::as_str));
                 let schema = data.schema().await?;
@@ -242,7 +242,32 @@ impl TrainingJob {
                 } else {
                     (data, None)
                 };
-                (Rows::Spark(train_df), eval_df.map(Rows::Spark), layout, cached)
+                // A persisted DataFrame is relayed in slices the server can hold
+                // (executor push sends no rows through the server).
+                let sliced = cached.is_some() && matches!(self.feed, Feed::DriverRelay);
+                let relay = |df: DataFrame| {
+                    let schema = schema.clone();
+                    async move {
+                        match sliced {
+                            true => slices::plan(df, &schema, self.relay_slice_bytes).await,
+                            false => Ok(SparkRows::whole(df)),
+                        }
+                    }
+                };
+                let train_rows = relay(train_df).await?;
+                let eval_rows = match eval_df {
+                    Some(df) => Some(relay(df).await?),
+                    None => None,
+                };
+                if train_rows.queries() > 1 {
+                    tracing::info!(queries = train_rows.queries(), "relaying the DataFrame in slices");
+                }
+                (
+                    Rows::Spark(train_rows),
+                    eval_rows.map(Rows::Spark),
+                    layout,
+                    cached,
+                )
             }
             Rows::Arrow { schema, open } => {
                 if self.eval_fraction > 0.0 {
@@ -469,8 +494,8 @@ impl TrainingJob {
                 let (rows, bytes) = self.relay(ctx, data, split, shards, reporter).await?;
                 (rows, bytes, Vec::new())
             }
-            (Feed::ExecutorPush(push), Rows::Spark(df)) => {
-                let (rows, partitions) = self.push(ctx, push, df, split, shards, placed).await?;
+            (Feed::ExecutorPush(push), Rows::Spark(rows)) => {
+                let (rows, partitions) = self.push(ctx, push, rows.df(), split, shards, placed).await?;
                 (rows, 0, partitions)
             }
             (Feed::ExecutorPush(_), Rows::Arrow { .. }) => {
@@ -500,6 +525,10 @@ impl TrainingJob {
             },
             client_bytes: spark_bytes + agent_bytes,
             seconds: started.elapsed().as_secs_f64(),
+            queries: match (&self.feed, data) {
+                (Feed::DriverRelay, Rows::Spark(rows)) => rows.queries(),
+                _ => 1,
+            },
             partitions,
         });
         Ok(rows)

@@ -10,6 +10,7 @@
 mod fit;
 mod model;
 mod progress;
+mod slices;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,7 +36,38 @@ pub enum JobError {
     Data(#[from] kindling_schemas::schema::SchemaError),
     /// Spark failed.
     #[error(transparent)]
-    Spark(#[from] crate::spark::Error),
+    Spark(crate::spark::Error),
+    /// The Spark Connect server stopped a query whose result passed its
+    /// `spark.driver.maxResultSize`: a query's whole result goes through it.
+    #[error(
+        "{source} — a query's whole result goes through the Spark Connect server, which caps it at \
+         spark.driver.maxResultSize. Persist the DataFrame so it is relayed in slices (fit persists \
+         by default; TrainingJob::relay_slice_bytes sizes them), raise spark.driver.maxResultSize on \
+         the server, or train with executor push (Feed::ExecutorPush), which never sends rows through it"
+    )]
+    DriverResultLimit {
+        /// Spark's error.
+        #[source]
+        source: crate::spark::Error,
+    },
+    /// One partition alone is more than the Spark Connect server lets a query return.
+    #[error(
+        "partition {partition} of the DataFrame holds {rows} rows ({bytes} bytes of Arrow), more than \
+         a relayed slice may hold under the Spark Connect server's spark.driver.maxResultSize \
+         ({limit} bytes, of which a slice uses three quarters): repartition the DataFrame into more \
+         partitions, raise spark.driver.maxResultSize on the server, or feed with executor push \
+         (Feed::ExecutorPush)"
+    )]
+    PartitionTooLarge {
+        /// The partition.
+        partition: i32,
+        /// Its rows.
+        rows: u64,
+        /// Its Arrow bytes.
+        bytes: u64,
+        /// The server's limit in bytes.
+        limit: u64,
+    },
     /// Fewer live agents than slots.
     #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
     NotEnoughAgents {
@@ -118,6 +150,17 @@ pub enum JobError {
     Model(#[from] kindling_agent::AgentError),
 }
 
+impl From<crate::spark::Error> for JobError {
+    fn from(e: crate::spark::Error) -> Self {
+        match &e {
+            crate::spark::Error::Spark { message, .. } if message.contains("spark.driver.maxResultSize") => {
+                JobError::DriverResultLimit { source: e }
+            }
+            _ => JobError::Spark(e),
+        }
+    }
+}
+
 impl JobError {
     /// Whether running the job again could help.
     pub fn is_retryable(&self) -> bool {
@@ -163,6 +206,7 @@ pub struct TrainingJob {
     window_bytes: usize,
     commit_bytes: usize,
     persist: bool,
+    relay_slice_bytes: u64,
     gang_timeout: Duration,
     progress: ProgressMode,
     events: Option<mpsc::UnboundedSender<TrainingEvent>>,
@@ -311,6 +355,7 @@ pub struct TrainingJobBuilder {
     window_bytes: usize,
     commit_bytes: usize,
     persist: bool,
+    relay_slice_bytes: u64,
     gang_timeout: Duration,
     progress: ProgressMode,
     events: Option<mpsc::UnboundedSender<TrainingEvent>>,
@@ -331,6 +376,7 @@ impl Default for TrainingJobBuilder {
             window_bytes: 32 << 20,
             commit_bytes: 4 << 20,
             persist: true,
+            relay_slice_bytes: slices::DEFAULT_SLICE_BYTES,
             gang_timeout: Duration::from_secs(60),
             progress: ProgressMode::Auto,
             events: None,
@@ -449,9 +495,21 @@ impl TrainingJobBuilder {
     }
 
     /// Persist the DataFrame in Spark during the job so a lost shard can be
-    /// re-sent cheaply and identically (default on).
+    /// re-sent cheaply and identically (default on). A persisted DataFrame is
+    /// also relayed in slices (see [`relay_slice_bytes`](Self::relay_slice_bytes)),
+    /// so its size is not bounded by the Spark Connect server's result limit.
     pub fn persist(mut self, persist: bool) -> Self {
         self.persist = persist;
+        self
+    }
+
+    /// Arrow bytes per query of the driver relay when the DataFrame is
+    /// persisted (default 256 MiB; at most three quarters of the server's
+    /// `spark.driver.maxResultSize` are used whatever this says). The Spark
+    /// Connect server returns a query's result through its driver and holds
+    /// what the client has not read yet, so it holds at most one slice.
+    pub fn relay_slice_bytes(mut self, bytes: u64) -> Self {
+        self.relay_slice_bytes = bytes;
         self
     }
 
@@ -498,6 +556,11 @@ impl TrainingJobBuilder {
         if self.commit_bytes < 64 << 10 {
             return Err(JobError::Config("commit_bytes must be at least 64 KiB".into()));
         }
+        if self.relay_slice_bytes < 1 << 20 {
+            return Err(JobError::Config(
+                "relay_slice_bytes must be at least 1 MiB".into(),
+            ));
+        }
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(|e| JobError::Config(e.to_string()))?;
         }
@@ -541,6 +604,7 @@ impl TrainingJobBuilder {
             window_bytes: self.window_bytes,
             commit_bytes: self.commit_bytes,
             persist: self.persist,
+            relay_slice_bytes: self.relay_slice_bytes,
             gang_timeout: self.gang_timeout,
             progress: self.progress,
             events: self.events,

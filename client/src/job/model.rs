@@ -16,6 +16,7 @@ use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
 use super::JobError;
+use super::slices::{self, SparkRows};
 use crate::spark::{DataFrame, SparkSession};
 
 /// A stream of prediction batches.
@@ -149,10 +150,19 @@ impl TrainedModel {
         Ok(flight::predict_batch(&self.net, &spec, &layout, batch)?)
     }
 
-    /// Streams predictions over a DataFrame, batch by batch (on a blocking thread).
+    /// Streams predictions over a DataFrame, batch by batch (on a blocking
+    /// thread). A persisted DataFrame is read in slices the Spark Connect
+    /// server can hold (as `fit` relays it); an unpersisted one in one query.
     pub async fn predict(&self, df: &DataFrame) -> Result<PredictionStream, JobError> {
-        let stream = df.execute_stream().await?;
-        schema::validate(&stream.schema(), &self.spec, StreamKind::Predict)?;
+        let level = df.storage_level().await?;
+        let rows = if level.use_memory || level.use_disk {
+            let schema = df.schema().await?;
+            slices::plan(df.clone(), &schema, slices::DEFAULT_SLICE_BYTES).await?
+        } else {
+            SparkRows::whole(df.clone())
+        };
+        let (schema, stream) = rows.open().await?;
+        schema::validate(&schema, &self.spec, StreamKind::Predict)?;
         let model = self.clone();
         let out = stream.then(move |batch| {
             let model = model.clone();

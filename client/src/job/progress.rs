@@ -75,6 +75,10 @@ pub enum TrainingEvent {
         client_bytes: u64,
         /// Seconds the split took to land, end of data included.
         seconds: f64,
+        /// Spark queries that produced the rows: more than 1 when a persisted
+        /// DataFrame was relayed in slices (`relay_slice_bytes`); 1 for executor
+        /// push and for Arrow sources.
+        queries: usize,
         /// Executor push: the partitions pushed (empty for the driver relay).
         partitions: Vec<PushedPartition>,
     },
@@ -231,10 +235,16 @@ impl Reporter {
                     feed,
                     client_bytes,
                     seconds,
+                    queries,
                     ..
                 } => Some(format!(
                     "{split}: every row landed once ({feed}, {seconds:.1} s, {client_bytes} bytes through \
-                     the client), rows per shard {rows_per_shard:?}"
+                     the client{}), rows per shard {rows_per_shard:?}",
+                    if *queries > 1 {
+                        format!(", {queries} Spark queries")
+                    } else {
+                        String::new()
+                    }
                 )),
                 TrainingEvent::Step {
                     epoch,

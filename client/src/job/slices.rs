@@ -1,0 +1,297 @@
+//! The driver relay in slices: a persisted DataFrame goes to the agents as
+//! consecutive queries over ranges of its partitions, each small enough for
+//! the Spark Connect server to hold.
+//!
+//! Spark Connect runs a query's result as one Spark job whose tasks each
+//! return their whole partition. The server keeps every response until the
+//! client has read it (its execution never waits for the client), and it
+//! aborts the job once the results pass `spark.driver.maxResultSize` (1 GiB
+//! unless the server sets it). So one query over a large DataFrame fails past
+//! that limit, and while the agents read slower than Spark computes, the
+//! server's heap holds what they have not read yet. One slice at a time, both
+//! are bounded by a slice. The slices follow the partitions' order, so the
+//! rows arrive in the same order as from one query, and again on a re-feed.
+
+use arrow::array::{Array, Int32Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use futures::{StreamExt, TryStreamExt};
+
+use super::JobError;
+use crate::spark::functions::expr;
+use crate::spark::{DataFrame, RecordBatchStream};
+
+/// Default Arrow bytes per relayed slice (`TrainingJob::relay_slice_bytes`).
+pub(crate) const DEFAULT_SLICE_BYTES: u64 = 256 << 20;
+/// Spark's default `spark.driver.maxResultSize`, assumed when the server does not say.
+const SPARK_DEFAULT_MAX_RESULT_BYTES: u64 = 1 << 30;
+/// The share of the server's limit a slice may fill: the limit counts the
+/// serialized task results, which carry Arrow IPC framing besides the values.
+const LIMIT_SHARE: (u64, u64) = (3, 4);
+
+/// Partitions `first..=last` of a DataFrame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartitionRange {
+    pub first: i32,
+    pub last: i32,
+}
+
+/// A Spark query relayed as one stream, or as one query per slice.
+#[derive(Debug, Clone)]
+pub(crate) struct SparkRows {
+    df: DataFrame,
+    /// Empty: one query over the whole DataFrame.
+    slices: Vec<PartitionRange>,
+}
+
+impl SparkRows {
+    /// The whole DataFrame in one query.
+    pub fn whole(df: DataFrame) -> SparkRows {
+        SparkRows {
+            df,
+            slices: Vec::new(),
+        }
+    }
+
+    pub fn df(&self) -> &DataFrame {
+        &self.df
+    }
+
+    /// Queries the relay runs (1 when not sliced).
+    pub fn queries(&self) -> usize {
+        self.slices.len().max(1)
+    }
+
+    /// The rows as one stream. A slice's query starts only once the previous
+    /// slice has been read to its end.
+    pub async fn open(&self) -> Result<(SchemaRef, RecordBatchStream), crate::spark::Error> {
+        let Some((head, rest)) = self.slices.split_first() else {
+            let stream = self.df.execute_stream().await?;
+            return Ok((stream.schema(), stream.into_inner()));
+        };
+        let first = slice_of(&self.df, *head).execute_stream().await?;
+        let schema = first.schema();
+        let df = self.df.clone();
+        let tail = futures::stream::iter(rest.to_vec())
+            .then(move |range| {
+                let slice = slice_of(&df, range);
+                async move { slice.execute_stream().await.map(|s| s.into_inner()) }
+            })
+            .try_flatten();
+        Ok((schema, Box::pin(first.into_inner().chain(tail))))
+    }
+}
+
+fn slice_of(df: &DataFrame, range: PartitionRange) -> DataFrame {
+    df.filter(expr(&format!(
+        "spark_partition_id() BETWEEN {} AND {}",
+        range.first, range.last
+    )))
+}
+
+/// Plans the relay of a persisted DataFrame (`schema` is its schema): counts
+/// its rows per partition (one small aggregate over the cached rows) and cuts
+/// the partitions into consecutive slices of at most `slice_bytes` of Arrow
+/// values, and at most three quarters of the server's `spark.driver.maxResultSize`.
+pub(crate) async fn plan(df: DataFrame, schema: &Schema, slice_bytes: u64) -> Result<SparkRows, JobError> {
+    let limit = server_result_limit(&df).await;
+    let budget = match limit {
+        Some(limit) => slice_bytes.min(limit / LIMIT_SHARE.1 * LIMIT_SHARE.0),
+        None => slice_bytes,
+    };
+    let counts = partition_rows(&df).await?;
+    let row_bytes = arrow_row_bytes(schema);
+    let slices = cut(&counts, row_bytes, budget);
+    if let (Some(limit), Some(&(partition, rows))) = (limit, counts.iter().max_by_key(|(_, rows)| *rows)) {
+        let bytes = rows * row_bytes;
+        if bytes > limit / LIMIT_SHARE.1 * LIMIT_SHARE.0 {
+            return Err(JobError::PartitionTooLarge {
+                partition,
+                rows,
+                bytes,
+                limit,
+            });
+        }
+    }
+    tracing::debug!(
+        partitions = counts.len(),
+        row_bytes,
+        budget,
+        slices = slices.len(),
+        "driver relay planned"
+    );
+    Ok(SparkRows {
+        df,
+        slices: if slices.len() > 1 { slices } else { Vec::new() },
+    })
+}
+
+/// The server's `spark.driver.maxResultSize` in bytes; `None` when unlimited
+/// (`0`). Spark's default when the server does not report it.
+async fn server_result_limit(df: &DataFrame) -> Option<u64> {
+    let value = df.session().conf_get("spark.driver.maxResultSize").await;
+    match value.ok().flatten().as_deref().map(parse_spark_bytes) {
+        Some(Some(0)) => None,
+        Some(Some(bytes)) => Some(bytes),
+        _ => Some(SPARK_DEFAULT_MAX_RESULT_BYTES),
+    }
+}
+
+/// Rows of each non-empty partition, by partition id.
+async fn partition_rows(df: &DataFrame) -> Result<Vec<(i32, u64)>, JobError> {
+    let batches: Vec<RecordBatch> = df
+        .select_expr(["spark_partition_id() AS partition"])
+        .group_by(["partition"])
+        .count()
+        .collect()
+        .await?;
+    let mut counts = Vec::new();
+    for batch in &batches {
+        let ids = batch.column(0).as_any().downcast_ref::<Int32Array>();
+        let rows = batch.column(1).as_any().downcast_ref::<Int64Array>();
+        let (Some(ids), Some(rows)) = (ids, rows) else {
+            return Err(JobError::Spark(crate::spark::Error::Protocol(format!(
+                "rows per partition came back as {:?}",
+                batch.schema()
+            ))));
+        };
+        for i in 0..ids.len() {
+            counts.push((ids.value(i), rows.value(i).max(0) as u64));
+        }
+    }
+    counts.sort_unstable();
+    Ok(counts)
+}
+
+/// Arrow bytes of one row of fixed-width columns (values and validity bits);
+/// 8 per value for a type without a fixed width (strings, binary): an
+/// estimate, so slices of long strings can be larger than planned.
+pub(crate) fn arrow_row_bytes(schema: &Schema) -> u64 {
+    fn width(dt: &DataType) -> u64 {
+        match dt {
+            DataType::FixedSizeList(item, n) => width(item.data_type()) * (*n).max(0) as u64,
+            DataType::Boolean => 1,
+            other => other.primitive_width().map_or(8, |w| w as u64),
+        }
+    }
+    let values: u64 = schema.fields().iter().map(|f| width(f.data_type())).sum();
+    values + (schema.fields().len() as u64).div_ceil(8)
+}
+
+/// Consecutive runs of partitions of at most `budget` bytes each (a partition
+/// larger than the budget alone).
+pub(crate) fn cut(counts: &[(i32, u64)], row_bytes: u64, budget: u64) -> Vec<PartitionRange> {
+    let mut slices: Vec<PartitionRange> = Vec::new();
+    let mut filled = 0u64;
+    for &(partition, rows) in counts {
+        let bytes = rows * row_bytes;
+        match slices.last_mut() {
+            Some(last) if filled + bytes <= budget => {
+                last.last = partition;
+                filled += bytes;
+            }
+            _ => {
+                slices.push(PartitionRange {
+                    first: partition,
+                    last: partition,
+                });
+                filled = bytes;
+            }
+        }
+    }
+    slices
+}
+
+/// Bytes from a Spark size setting: `1g`, `512m`, `64k`, `2048` (bytes), `1gb`.
+pub(crate) fn parse_spark_bytes(value: &str) -> Option<u64> {
+    let v = value.trim().to_ascii_lowercase();
+    let v = v.strip_suffix('b').filter(|s| !s.is_empty()).unwrap_or(&v);
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (digits, unit) = v.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        "p" => 50,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::Field;
+    use std::sync::Arc;
+
+    #[test]
+    fn spark_sizes_parse_as_spark_reads_them() {
+        assert_eq!(parse_spark_bytes("1g"), Some(1 << 30));
+        assert_eq!(parse_spark_bytes("1024m"), Some(1 << 30));
+        assert_eq!(parse_spark_bytes("4M"), Some(4 << 20));
+        assert_eq!(parse_spark_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_spark_bytes("2gb"), Some(2 << 30));
+        assert_eq!(parse_spark_bytes("2048"), Some(2048));
+        assert_eq!(parse_spark_bytes("0"), Some(0));
+        assert_eq!(parse_spark_bytes("lots"), None);
+        assert_eq!(parse_spark_bytes("1x"), None);
+        assert_eq!(parse_spark_bytes(""), None);
+    }
+
+    #[test]
+    fn a_row_counts_every_value_and_its_validity_bit() {
+        let schema = Schema::new(vec![
+            Field::new("x", DataType::Float32, true),
+            Field::new("d", DataType::Float64, true),
+            Field::new(
+                "v",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 16),
+                true,
+            ),
+            Field::new("label", DataType::Int32, true),
+        ]);
+        assert_eq!(arrow_row_bytes(&schema), 4 + 8 + 64 + 4 + 1);
+    }
+
+    #[test]
+    fn slices_are_consecutive_cover_every_partition_once_and_stay_in_budget() {
+        let counts: Vec<(i32, u64)> = vec![(0, 10), (1, 10), (2, 10), (4, 25), (5, 1), (7, 40), (8, 5)];
+        let slices = cut(&counts, 2, 40);
+        assert_eq!(
+            slices,
+            vec![
+                PartitionRange { first: 0, last: 1 },
+                PartitionRange { first: 2, last: 2 },
+                PartitionRange { first: 4, last: 4 },
+                PartitionRange { first: 5, last: 5 },
+                PartitionRange { first: 7, last: 7 },
+                PartitionRange { first: 8, last: 8 },
+            ]
+        );
+        // Every partition in exactly one slice, in order, none over budget
+        // unless it is alone.
+        for &(p, rows) in &counts {
+            let holding: Vec<_> = slices.iter().filter(|s| s.first <= p && p <= s.last).collect();
+            assert_eq!(holding.len(), 1, "partition {p}");
+            let s = holding[0];
+            let bytes: u64 = counts
+                .iter()
+                .filter(|(q, _)| s.first <= *q && *q <= s.last)
+                .map(|(_, r)| r * 2)
+                .sum();
+            assert!(
+                bytes <= 40 || s.first == s.last,
+                "slice {s:?} holds {bytes} bytes ({rows} rows)"
+            );
+        }
+        assert!(slices.windows(2).all(|w| w[0].last < w[1].first));
+    }
+
+    #[test]
+    fn a_small_dataframe_is_one_slice_and_an_empty_one_none() {
+        assert_eq!(cut(&[(0, 5), (1, 5)], 4, 1 << 20).len(), 1);
+        assert!(cut(&[], 4, 1 << 20).is_empty());
+    }
+}
