@@ -3,7 +3,7 @@
 //! DataFrame is relayed in slices and trains on every row once; one query over
 //! the same rows is stopped by Spark and `fit` names the limit and the ways
 //! round it; a partition larger than a slice may be is refused before a job
-//! starts.
+//! starts, and the rows `fit` persisted for it are released.
 
 use futures::TryStreamExt;
 use kindling::SparkSession;
@@ -122,4 +122,12 @@ async fn a_dataframe_over_the_servers_result_limit_is_relayed_in_slices() {
         }
         other => panic!("expected PartitionTooLarge, got {other:?}"),
     }
+    // The rows `fit` persisted for it are released again.
+    let level = df
+        .coalesce(1)
+        .select(["x1", "x2", "y"])
+        .storage_level()
+        .await
+        .expect("storage level");
+    assert!(!level.use_memory && !level.use_disk, "still cached: {level:?}");
 }

@@ -254,10 +254,22 @@ impl TrainingJob {
                         }
                     }
                 };
-                let train_rows = relay(train_df).await?;
-                let eval_rows = match eval_df {
-                    Some(df) => Some(relay(df).await?),
-                    None => None,
+                let planned = async {
+                    let train_rows = relay(train_df).await?;
+                    let eval_rows = match eval_df {
+                        Some(df) => Some(relay(df).await?),
+                        None => None,
+                    };
+                    Ok::<_, JobError>((train_rows, eval_rows))
+                };
+                let (train_rows, eval_rows) = match planned.await {
+                    Ok(planned) => planned,
+                    Err(e) => {
+                        if let Some(df) = &cached {
+                            let _ = df.unpersist(false).await;
+                        }
+                        return Err(e);
+                    }
                 };
                 if train_rows.queries() > 1 {
                     tracing::info!(queries = train_rows.queries(), "relaying the DataFrame in slices");
