@@ -215,71 +215,23 @@ impl TrainingJob {
             .clone()
             .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
 
-        // The data, checked before anything starts on the agents.
-        let (train_df, eval_df, layout, cached) = match rows {
+        // The data, checked before anything starts on the agents. A persisted
+        // query is released at the end, whatever fails after it was persisted.
+        let (rows, layout, cached) = match rows {
             Rows::Spark(rows) => {
-                let df = rows.df();
                 let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
-                let data = df.select(columns.iter().map(String::as_str));
+                let data = rows.df().select(columns.iter().map(String::as_str));
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
                 let cached = match self.persist {
                     true => Some(data.persist(crate::spark::memory_and_disk()).await?),
                     false => None,
                 };
-                let data = cached.clone().unwrap_or(data);
-                let (train_df, eval_df) = if self.eval_fraction > 0.0 {
-                    let weights = [1.0 - self.eval_fraction, self.eval_fraction];
-                    // Persisted, the rows' partitioning and order are fixed, so
-                    // the split can keep their order (Spark's sorted split would
-                    // hand each shard its rows ordered by the first column).
-                    let mut parts = match cached {
-                        Some(_) => data.random_split_in_order(&weights, spec.seed as i64)?,
-                        None => data.random_split(&weights, spec.seed as i64)?,
-                    };
-                    let eval = parts.pop();
-                    (parts.pop().unwrap_or(data), eval)
-                } else {
-                    (data, None)
-                };
-                // A persisted DataFrame is relayed in slices the server can hold
-                // (executor push sends no rows through the server).
-                let sliced = cached.is_some() && matches!(self.feed, Feed::DriverRelay);
-                let relay = |df: DataFrame| {
-                    let schema = schema.clone();
-                    async move {
-                        match sliced {
-                            true => slices::plan(df, &schema, self.relay_slice_bytes).await,
-                            false => Ok(SparkRows::whole(df)),
-                        }
-                    }
-                };
-                let planned = async {
-                    let train_rows = relay(train_df).await?;
-                    let eval_rows = match eval_df {
-                        Some(df) => Some(relay(df).await?),
-                        None => None,
-                    };
-                    Ok::<_, JobError>((train_rows, eval_rows))
-                };
-                let (train_rows, eval_rows) = match planned.await {
-                    Ok(planned) => planned,
-                    Err(e) => {
-                        if let Some(df) = &cached {
-                            let _ = df.unpersist(false).await;
-                        }
-                        return Err(e);
-                    }
-                };
-                if train_rows.queries() > 1 {
-                    tracing::info!(queries = train_rows.queries(), "relaying the DataFrame in slices");
-                }
-                (
-                    Rows::Spark(train_rows),
-                    eval_rows.map(Rows::Spark),
-                    layout,
-                    cached,
-                )
+                let splits = self
+                    .split_and_plan(cached.clone().unwrap_or(data), &schema, cached.is_some())
+                    .await
+                    .map(|(train, eval)| (Rows::Spark(train), eval.map(Rows::Spark)));
+                (splits, layout, cached)
             }
             Rows::Arrow { schema, open } => {
                 if self.eval_fraction > 0.0 {
@@ -294,17 +246,62 @@ impl TrainingJob {
                     ));
                 }
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-                (Rows::Arrow { schema, open }, None, layout, None)
+                (Ok((Rows::Arrow { schema, open }, None)), layout, None)
             }
         };
-        let result = self
-            .train(target, &train_df, eval_df.as_ref(), layout, job_id, reporter)
-            .await;
+        let result = match rows {
+            Ok((train_df, eval_df)) => {
+                self.train(target, &train_df, eval_df.as_ref(), layout, job_id, reporter)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         // The cached rows go on success and on failure alike.
         if let Some(df) = cached {
             let _ = df.unpersist(false).await;
         }
         result
+    }
+
+    /// The training rows and the eval split of `data` (with `schema`), each
+    /// relayed in slices the Spark Connect server can hold when `data` is
+    /// persisted and fed by the driver relay (executor push sends no rows
+    /// through the server).
+    async fn split_and_plan(
+        &self,
+        data: DataFrame,
+        schema: &arrow::datatypes::Schema,
+        persisted: bool,
+    ) -> Result<(SparkRows, Option<SparkRows>), JobError> {
+        let (train_df, eval_df) = if self.eval_fraction > 0.0 {
+            let weights = [1.0 - self.eval_fraction, self.eval_fraction];
+            let seed = self.spec.seed as i64;
+            // Persisted, the rows' partitioning and order are fixed, so the
+            // split can keep their order (Spark's sorted split would hand each
+            // shard its rows ordered by the first column).
+            let mut parts = match persisted {
+                true => data.random_split_in_order(&weights, seed)?,
+                false => data.random_split(&weights, seed)?,
+            };
+            let eval = parts.pop();
+            (parts.pop().unwrap_or(data), eval)
+        } else {
+            (data, None)
+        };
+        let sliced = persisted && matches!(self.feed, Feed::DriverRelay);
+        let relay = async |df: DataFrame| match sliced {
+            true => slices::plan(df, schema, self.relay_slice_bytes).await,
+            false => Ok(SparkRows::whole(df)),
+        };
+        let train = relay(train_df).await?;
+        let eval = match eval_df {
+            Some(df) => Some(relay(df).await?),
+            None => None,
+        };
+        if train.queries() > 1 {
+            tracing::info!(queries = train.queries(), "relaying the DataFrame in slices");
+        }
+        Ok((train, eval))
     }
 
     /// Everything after the data is checked: agents, feed, training, model.
@@ -537,9 +534,9 @@ impl TrainingJob {
             },
             client_bytes: spark_bytes + agent_bytes,
             seconds: started.elapsed().as_secs_f64(),
-            queries: match (&self.feed, data) {
-                (Feed::DriverRelay, Rows::Spark(rows)) => rows.queries(),
-                _ => 1,
+            queries: match data {
+                Rows::Spark(rows) => rows.queries(),
+                Rows::Arrow { .. } => 1,
             },
             partitions,
         });

@@ -30,9 +30,9 @@ const LIMIT_SHARE: (u64, u64) = (3, 4);
 
 /// Partitions `first..=last` of a DataFrame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PartitionRange {
-    pub first: i32,
-    pub last: i32,
+struct PartitionRange {
+    first: i32,
+    last: i32,
 }
 
 /// A Spark query relayed as one stream, or as one query per slice.
@@ -94,24 +94,23 @@ fn slice_of(df: &DataFrame, range: PartitionRange) -> DataFrame {
 /// values, and at most three quarters of the server's `spark.driver.maxResultSize`.
 pub(crate) async fn plan(df: DataFrame, schema: &Schema, slice_bytes: u64) -> Result<SparkRows, JobError> {
     let limit = server_result_limit(&df).await;
-    let budget = match limit {
-        Some(limit) => slice_bytes.min(limit / LIMIT_SHARE.1 * LIMIT_SHARE.0),
-        None => slice_bytes,
-    };
+    // The most one query may return here; `None` when the server sets no limit.
+    let cap = limit.map(|limit| limit / LIMIT_SHARE.1 * LIMIT_SHARE.0);
+    let budget = cap.map_or(slice_bytes, |cap| slice_bytes.min(cap));
     let counts = partition_rows(&df).await?;
     let row_bytes = arrow_row_bytes(schema);
-    let slices = cut(&counts, row_bytes, budget);
-    if let (Some(limit), Some(&(partition, rows))) = (limit, counts.iter().max_by_key(|(_, rows)| *rows)) {
-        let bytes = rows * row_bytes;
-        if bytes > limit / LIMIT_SHARE.1 * LIMIT_SHARE.0 {
-            return Err(JobError::PartitionTooLarge {
-                partition,
-                rows,
-                bytes,
-                limit,
-            });
-        }
+    if let (Some(limit), Some(cap)) = (limit, cap)
+        && let Some(&(partition, rows)) = counts.iter().max_by_key(|(_, rows)| *rows)
+        && rows * row_bytes > cap
+    {
+        return Err(JobError::PartitionTooLarge {
+            partition,
+            rows,
+            bytes: rows * row_bytes,
+            limit,
+        });
     }
+    let slices = cut(&counts, row_bytes, budget);
     tracing::debug!(
         partitions = counts.len(),
         row_bytes,
@@ -165,7 +164,7 @@ async fn partition_rows(df: &DataFrame) -> Result<Vec<(i32, u64)>, JobError> {
 /// Arrow bytes of one row of fixed-width columns (values and validity bits);
 /// 8 per value for a type without a fixed width (strings, binary): an
 /// estimate, so slices of long strings can be larger than planned.
-pub(crate) fn arrow_row_bytes(schema: &Schema) -> u64 {
+fn arrow_row_bytes(schema: &Schema) -> u64 {
     fn width(dt: &DataType) -> u64 {
         match dt {
             DataType::FixedSizeList(item, n) => width(item.data_type()) * (*n).max(0) as u64,
@@ -179,7 +178,7 @@ pub(crate) fn arrow_row_bytes(schema: &Schema) -> u64 {
 
 /// Consecutive runs of partitions of at most `budget` bytes each (a partition
 /// larger than the budget alone).
-pub(crate) fn cut(counts: &[(i32, u64)], row_bytes: u64, budget: u64) -> Vec<PartitionRange> {
+fn cut(counts: &[(i32, u64)], row_bytes: u64, budget: u64) -> Vec<PartitionRange> {
     let mut slices: Vec<PartitionRange> = Vec::new();
     let mut filled = 0u64;
     for &(partition, rows) in counts {
@@ -202,7 +201,7 @@ pub(crate) fn cut(counts: &[(i32, u64)], row_bytes: u64, budget: u64) -> Vec<Par
 }
 
 /// Bytes from a Spark size setting: `1g`, `512m`, `64k`, `2048` (bytes), `1gb`.
-pub(crate) fn parse_spark_bytes(value: &str) -> Option<u64> {
+fn parse_spark_bytes(value: &str) -> Option<u64> {
     let v = value.trim().to_ascii_lowercase();
     let v = v.strip_suffix('b').filter(|s| !s.is_empty()).unwrap_or(&v);
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
