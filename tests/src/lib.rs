@@ -1,4 +1,5 @@
 //! End-to-end tests and fixtures: a real Spark Connect server, agents and rendezvous on loopback.
 
 pub mod cluster;
+pub mod events;
 pub mod spark;

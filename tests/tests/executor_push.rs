@@ -4,52 +4,12 @@
 //! Spark Connect server; the tasks push straight into real local agents.
 
 use kindling::SparkSession;
-use kindling::job::{ExecutorPush, Feed, JobError, PushedPartition, TrainingEvent};
+use kindling::job::{ExecutorPush, Feed, JobError, PushedPartition};
+use kindling_tests::events::{accuracy, fed_events};
 use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, spark_remote};
 
 fn job(feed: Feed) -> kindling::job::TrainingJobBuilder {
     rule_job().feed(feed)
-}
-
-/// What one `Fed` event said.
-#[derive(Debug)]
-struct Fed {
-    split: &'static str,
-    feed: &'static str,
-    rows_per_shard: Vec<u64>,
-    client_bytes: u64,
-    partitions: Vec<PushedPartition>,
-}
-
-fn fed_events(rx: &mut tokio::sync::mpsc::UnboundedReceiver<TrainingEvent>) -> Vec<Fed> {
-    let mut out = Vec::new();
-    while let Ok(e) = rx.try_recv() {
-        if let TrainingEvent::Fed {
-            split,
-            rows_per_shard,
-            feed,
-            client_bytes,
-            partitions,
-            ..
-        } = e
-        {
-            out.push(Fed {
-                split,
-                feed,
-                rows_per_shard,
-                client_bytes,
-                partitions,
-            });
-        }
-    }
-    out
-}
-
-fn accuracy(m: &kindling::job::TrainedModel) -> f64 {
-    m.history()
-        .last()
-        .and_then(|h| h.eval_accuracy)
-        .expect("eval accuracy")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,7 +7,8 @@
 
 use futures::TryStreamExt;
 use kindling::SparkSession;
-use kindling::job::{JobError, TrainingEvent};
+use kindling::job::JobError;
+use kindling_tests::events::{Fed, accuracy, fed_events};
 use kindling_tests::spark::{PrivateSpark, rule_df, rule_job};
 
 /// Rows of the DataFrame: 17 bytes of Arrow each (f64, f32, i32 and the
@@ -35,29 +36,19 @@ async fn a_dataframe_over_the_servers_result_limit_is_relayed_in_slices() {
         .fit(&df)
         .await
         .expect("a persisted DataFrame over the limit trains");
-    let mut fed = Vec::new();
-    while let Ok(event) = rx.try_recv() {
-        if let TrainingEvent::Fed {
-            split,
-            rows_per_shard,
-            queries,
-            ..
-        } = event
-        {
-            fed.push((split, rows_per_shard.iter().sum::<u64>(), queries));
-        }
-    }
-    let train = fed.iter().find(|(s, ..)| *s == "train").expect("train fed");
-    let eval = fed.iter().find(|(s, ..)| *s == "eval").expect("eval fed");
-    assert_eq!(train.1 + eval.1, ROWS, "rows fed: {fed:?}");
+    let fed = fed_events(&mut rx);
+    let split = |name: &str| fed.iter().find(|f| f.split == name).expect(name);
+    let (train, eval) = (split("train"), split("eval"));
+    let rows = |f: &Fed| f.rows_per_shard.iter().sum::<u64>();
+    assert_eq!(rows(train) + rows(eval), ROWS, "rows fed: {fed:?}");
     // ~3.7 MB of training rows against slices of at most 1.5 MiB.
-    assert!(train.2 >= 3, "the training rows took {} queries", train.2);
-    let accuracy = model
-        .history()
-        .last()
-        .and_then(|h| h.eval_accuracy)
-        .expect("accuracy");
-    assert!(accuracy > 0.9, "accuracy {accuracy}");
+    assert!(
+        train.queries >= 3,
+        "the training rows took {} queries",
+        train.queries
+    );
+    let trained = accuracy(&model);
+    assert!(trained > 0.9, "accuracy {trained}");
 
     // Predicting over the rows persisted reads them in slices too; not
     // persisted, in one query that Spark stops.
