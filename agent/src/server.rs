@@ -216,8 +216,10 @@ impl AgentHandle {
         departure
     }
 
-    /// Simulates a crash: connections drop at once, heartbeats stop, nothing
-    /// is reported to the rendezvous (its lease lapses).
+    /// **Test hook** (feature `test-hooks`): simulates a crash — connections
+    /// drop at once, heartbeats stop, nothing is reported to the rendezvous
+    /// (its lease lapses).
+    #[cfg(feature = "test-hooks")]
     pub fn kill(mut self) {
         if let Some(server) = self.server.take() {
             server.abort();

@@ -1,13 +1,14 @@
-//! The `train`, `predict`, `status`, `agent` and `rendezvous` subcommands of the `kindling` binary.
+//! The `train`, `predict` and `status` subcommands of the `kindling` binary.
+//! (Agents and the rendezvous run as their own binaries, `kindling-agent`
+//! and `kindling-rendezvous`.)
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
 use kindling::spark::{DataFrame, SparkSession};
-use kindling_agent::rendezvous::{RendezvousClient, RendezvousConfig, ServerConfig};
+use kindling_agent::rendezvous::RendezvousClient;
 use kindling_schemas::auth::Token;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 
@@ -131,55 +132,9 @@ pub struct StatusArgs {
     pub token_file: Option<PathBuf>,
 }
 
-/// `kindling agent`.
-#[derive(Debug, clap::Args)]
-pub struct AgentArgs {
-    /// Address to listen on.
-    #[arg(long, env = "KINDLING_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: std::net::SocketAddr,
-    /// Rendezvous to register with.
-    #[arg(long, env = "KINDLING_RENDEZVOUS")]
-    pub rendezvous: Option<String>,
-    /// File holding the bearer token.
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Agent id (default: host name).
-    #[arg(long, env = "KINDLING_AGENT_ID")]
-    pub agent_id: Option<String>,
-    /// Spill and checkpoint directory.
-    #[arg(long, env = "KINDLING_WORK_DIR", default_value = "/var/tmp/kindling")]
-    pub work_dir: PathBuf,
-    /// Cache bytes kept in memory before spilling.
-    #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value_t = 1 << 30)]
-    pub memory_budget: u64,
-    /// Threads the trainer computes on (0 = one per core).
-    #[arg(long, env = "KINDLING_TRAIN_THREADS", default_value_t = 0)]
-    pub train_threads: usize,
-}
-
-/// `kindling rendezvous`.
-#[derive(Debug, clap::Args)]
-pub struct RendezvousArgs {
-    /// Address to listen on.
-    #[arg(long, env = "KINDLING_RENDEZVOUS_LISTEN", default_value = "127.0.0.1:7070")]
-    pub listen: std::net::SocketAddr,
-    /// File holding the bearer token.
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Agent lease in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    pub lease_ms: u64,
-}
-
+/// The token in `--token-file` (trailing whitespace ignored), if given.
 fn read_token(path: &Option<PathBuf>) -> Result<Option<Token>> {
-    match path {
-        None => Ok(None),
-        Some(p) => {
-            let t = std::fs::read_to_string(p)
-                .with_context(|| format!("reading the token file {}", p.display()))?;
-            Ok(Some(Token::new(t.trim())))
-        }
-    }
+    Ok(Token::read(path.as_deref(), None)?)
 }
 
 fn parse_task(s: &str) -> Result<Task> {
@@ -368,45 +323,5 @@ pub async fn status(args: StatusArgs) -> Result<()> {
             println!("    first failure: {cause}");
         }
     }
-    Ok(())
-}
-
-/// Runs `kindling agent` until ctrl-c.
-pub async fn agent(args: AgentArgs) -> Result<()> {
-    let id = args.agent_id.clone().unwrap_or_else(|| {
-        std::env::var("HOSTNAME").unwrap_or_else(|_| format!("agent-{}", std::process::id()))
-    });
-    let mut config = kindling_agent::AgentConfig::local(id, &args.work_dir);
-    config.listen = args.listen;
-    config.rendezvous = args.rendezvous.clone();
-    config.token = read_token(&args.token_file)?;
-    config.memory_budget = args.memory_budget;
-    config.train_threads = args.train_threads;
-    let handle = kindling_agent::start(config).await?;
-    println!("agent {} serving at {}", handle.agent_id(), handle.url());
-    tokio::signal::ctrl_c().await?;
-    handle.shutdown_and_wait().await;
-    Ok(())
-}
-
-/// Runs `kindling rendezvous` until ctrl-c.
-pub async fn rendezvous(args: RendezvousArgs) -> Result<()> {
-    let config = RendezvousConfig {
-        lease: Duration::from_millis(args.lease_ms),
-        ..RendezvousConfig::default()
-    };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let server = {
-        let stop = stop.clone();
-        let config = ServerConfig::new(config, read_token(&args.token_file)?);
-        tokio::spawn(async move { kindling_agent::rendezvous::serve(listener, config, stop).await })
-    };
-    println!("rendezvous serving at http://{}", args.listen);
-    tokio::signal::ctrl_c().await?;
-    stop.cancel();
-    server.await??;
     Ok(())
 }

@@ -151,7 +151,9 @@ impl LocalCluster {
             .collect()
     }
 
-    /// Fault hook: kills agent `index` as a crash would (no goodbye to the rendezvous).
+    /// **Test hook** (feature `test-hooks`): kills agent `index` as a crash
+    /// would (no goodbye to the rendezvous).
+    #[cfg(feature = "test-hooks")]
     pub fn kill_agent(&self, index: usize) {
         let killed = self.agents_lock().get_mut(index).and_then(Option::take);
         if let Some(a) = killed {

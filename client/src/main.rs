@@ -32,10 +32,6 @@ enum Command {
     Predict(bin_cli::PredictArgs),
     /// Show the agents and jobs a rendezvous knows.
     Status(bin_cli::StatusArgs),
-    /// Run a training agent (Flight + collective services).
-    Agent(bin_cli::AgentArgs),
-    /// Run the barrier rendezvous service.
-    Rendezvous(bin_cli::RendezvousArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,8 +72,6 @@ async fn main() -> Result<()> {
         Command::Train(args) => bin_cli::train(args).await,
         Command::Predict(args) => bin_cli::predict(args).await,
         Command::Status(args) => bin_cli::status(args).await,
-        Command::Agent(args) => bin_cli::agent(args).await,
-        Command::Rendezvous(args) => bin_cli::rendezvous(args).await,
     }
 }
 

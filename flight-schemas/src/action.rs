@@ -329,6 +329,16 @@ pub struct AgentJobStatus {
     pub device: String,
 }
 
+impl AgentJobStatus {
+    /// Rows the agent holds for `split`.
+    pub fn rows(&self, split: crate::descriptor::Split) -> u64 {
+        match split {
+            crate::descriptor::Split::Train => self.rows_train,
+            crate::descriptor::Split::Eval => self.rows_eval,
+        }
+    }
+}
+
 /// Answer to `list_jobs`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobList {

@@ -40,6 +40,57 @@ impl Token {
     }
 }
 
+/// A token that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The token file could not be read.
+    #[error("reading the token file {}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file holds nothing but whitespace.
+    #[error("the token file {} is empty", .path.display())]
+    Empty {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+}
+
+impl Token {
+    /// The token every Kindling process reads: from `file` (trailing
+    /// whitespace ignored) when given, else `inline` (`--token`,
+    /// `KINDLING_TOKEN`) when not empty; `None` when neither is given.
+    ///
+    /// ```
+    /// use kindling_schemas::auth::Token;
+    /// assert_eq!(Token::read(None, Some("abc")).unwrap(), Some(Token::new("abc")));
+    /// assert_eq!(Token::read(None, Some("")).unwrap(), None);
+    /// ```
+    pub fn read(file: Option<&std::path::Path>, inline: Option<&str>) -> Result<Option<Token>, TokenError> {
+        match (file, inline) {
+            (Some(path), _) => {
+                let raw = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                let secret = raw.trim_end();
+                if secret.is_empty() {
+                    return Err(TokenError::Empty {
+                        path: path.to_owned(),
+                    });
+                }
+                Ok(Some(Token::new(secret)))
+            }
+            (None, Some(secret)) if !secret.is_empty() => Ok(Some(Token::new(secret))),
+            _ => Ok(None),
+        }
+    }
+}
+
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(<redacted>)")

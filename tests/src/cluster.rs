@@ -7,7 +7,7 @@ use arrow::array::RecordBatch;
 use kindling::feed::{AgentClient, ShardReceipt};
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
-use kindling_schemas::action::{Action, AgentJobStatus, EndOfData, EndOfDataResponse, JobRef, StartJob};
+use kindling_schemas::action::{AgentJobStatus, EndOfDataResponse};
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::JobSpec;
 
@@ -59,13 +59,8 @@ pub async fn start_job(cluster: &LocalCluster, job_id: &str, spec: &JobSpec, age
 
 /// Starts `job_id` on agent `index` (the job exists at the rendezvous).
 pub async fn start_on(cluster: &LocalCluster, index: usize, job_id: &str, spec: &JobSpec) {
-    let start = Action::StartJob(StartJob {
-        job_id: job_id.into(),
-        spec: spec.clone(),
-        rendezvous: cluster.rendezvous_url(),
-    });
-    let _: serde_json::Value = agent_client(cluster, index)
-        .action(&start)
+    agent_client(cluster, index)
+        .start_job(job_id, spec, &cluster.rendezvous_url())
         .await
         .expect("start_job");
 }
@@ -96,23 +91,14 @@ pub async fn end_of_data(
     expected: Option<u64>,
 ) -> EndOfDataResponse {
     client
-        .action(&Action::EndOfData(EndOfData {
-            job_id: job_id.into(),
-            split,
-            expected_rows: expected,
-        }))
+        .end_of_data(job_id, split, expected)
         .await
         .expect("end_of_data")
 }
 
 /// The agent's status of a job.
 pub async fn status(client: &AgentClient, job_id: &str) -> AgentJobStatus {
-    client
-        .action(&Action::JobStatus(JobRef {
-            job_id: job_id.into(),
-        }))
-        .await
-        .expect("job_status")
+    client.job_status(job_id).await.expect("job_status")
 }
 
 /// Polls the job's status until `pred` holds; panics after `limit`.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arrow::array::{Float64Array, Int32Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
 use kindling::feed::AgentClient;
-use kindling_schemas::action::{Action, AgentJobState, JobRef};
+use kindling_schemas::action::{Action, AgentJobState};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 use kindling_tests::cluster::*;
@@ -165,12 +165,7 @@ async fn calls_without_the_token_or_for_unknown_jobs_are_refused() {
     assert_eq!(err.code(), Some(tonic::Code::Unauthenticated));
 
     let c = agent_client(&cluster, 0);
-    let err = c
-        .action::<serde_json::Value>(&Action::JobStatus(JobRef {
-            job_id: "ghost".into(),
-        }))
-        .await
-        .expect_err("unknown job");
+    let err = c.job_status("ghost").await.expect_err("unknown job");
     assert_eq!(err.code(), Some(tonic::Code::NotFound));
     assert!(err.to_string().contains("ghost"));
     let err = put(&c, "ghost", Split::Train, "p", &[rule_batch(3, 1)])

@@ -90,7 +90,10 @@ fn the_executor_python_setting_must_be_major_minor() {
         let err = job(Feed::ExecutorPush(ExecutorPush::new().python_version(bad)))
             .build()
             .expect_err(bad);
-        assert!(matches!(err, JobError::Config(_)), "{err:?}");
+        assert!(
+            matches!(err, JobError::Setting { setting, .. } if setting.contains("python_version")),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("must be `major.minor`"), "{err}");
     }
     let ok = job(Feed::ExecutorPush(ExecutorPush::new().python_version("3.12")))

@@ -143,7 +143,7 @@ async fn an_eval_split_is_refused_before_anything_starts() -> Result<(), JobErro
         .await
         .expect_err("eval split on Arrow batches");
     assert!(
-        matches!(err, JobError::Config(ref m) if m.contains("eval_fraction")),
+        matches!(err, JobError::Setting { setting: "eval_fraction", ref reason } if reason.contains("eval_fraction")),
         "{err}"
     );
     Ok(())

@@ -7,6 +7,7 @@
 
 use futures::TryStreamExt;
 use kindling::SparkSession;
+use kindling::feed::FeedError;
 use kindling::job::JobError;
 use kindling_tests::events::{Fed, accuracy, fed_events};
 use kindling_tests::spark::{PrivateSpark, rule_df, rule_job};
@@ -98,12 +99,12 @@ async fn a_dataframe_over_the_servers_result_limit_is_relayed_in_slices() {
         .await
         .expect_err("one partition over the limit");
     match err {
-        JobError::PartitionTooLarge {
+        JobError::Feed(FeedError::PartitionTooLarge {
             partition,
             rows,
             bytes,
             limit,
-        } => {
+        }) => {
             assert_eq!(partition, 0);
             assert!(
                 rows > ROWS / 2 && bytes == rows * 17,

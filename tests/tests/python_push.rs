@@ -1,4 +1,4 @@
-//! Executor push (deploy/python/kindling_push.py): Spark partitions stream
+//! Executor push (client/python/kindling_push.py): Spark partitions stream
 //! straight into agents, one producer `partition-<p>` per partition, so a
 //! retried or repeated task never adds rows twice.
 
@@ -67,7 +67,7 @@ async fn spark_executors_push_each_partition_exactly_once() {
         "rows": ROWS,
         "partitions": PARTITIONS,
         "batch_rows": 200,
-        "module": python_common::repo_root().join("deploy/python/kindling_push.py"),
+        "module": python_common::repo_root().join("client/python/kindling_push.py"),
     });
     let out = python_common::run_script("push_spark.py", &args).await;
     let mut agent_ids = Vec::new();

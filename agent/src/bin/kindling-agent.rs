@@ -128,25 +128,17 @@ fn hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
+/// The token from the flags, or `None` only with `--allow-unauthenticated`.
 fn read_token(
     file: Option<&PathBuf>,
     inline: Option<&String>,
     allow_none: bool,
 ) -> anyhow::Result<Option<Token>> {
-    match (file, inline) {
-        (Some(path), _) => {
-            let raw = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the token file {}", path.display()))?;
-            let secret = raw.trim_end();
-            if secret.is_empty() {
-                bail!("the token file {} is empty", path.display());
-            }
-            Ok(Some(Token::new(secret)))
-        }
-        (None, Some(secret)) if !secret.is_empty() => Ok(Some(Token::new(secret.clone()))),
-        _ if allow_none => Ok(None),
-        _ => bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)"),
+    let token = Token::read(file.map(PathBuf::as_path), inline.map(String::as_str))?;
+    if token.is_none() && !allow_none {
+        bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)");
     }
+    Ok(token)
 }
 
 impl TryFrom<&Cli> for AgentConfig {

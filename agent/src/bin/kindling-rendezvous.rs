@@ -63,20 +63,10 @@ impl TryFrom<&Cli> for ServerConfig {
     type Error = anyhow::Error;
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
-        let token = match (&cli.token_file, &cli.token) {
-            (Some(path), _) => {
-                let raw = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading the token file {}", path.display()))?;
-                let secret = raw.trim_end();
-                if secret.is_empty() {
-                    bail!("the token file {} is empty", path.display());
-                }
-                Some(Token::new(secret))
-            }
-            (None, Some(secret)) if !secret.is_empty() => Some(Token::new(secret.clone())),
-            _ if cli.allow_unauthenticated => None,
-            _ => bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)"),
-        };
+        let token = Token::read(cli.token_file.as_deref(), cli.token.as_deref())?;
+        if token.is_none() && !cli.allow_unauthenticated {
+            bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)");
+        }
         let rendezvous = RendezvousConfig {
             lease: Duration::from_millis(cli.lease_ms),
             gang_timeout: Duration::from_millis(cli.gang_timeout_ms),

@@ -10,7 +10,6 @@
 mod fit;
 mod model;
 mod progress;
-mod slices;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,7 +19,10 @@ use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec
 use tokio::sync::mpsc;
 
 pub use model::TrainedModel;
-pub use progress::{ProgressMode, PushedPartition, TrainingEvent};
+pub use progress::{ProgressMode, TrainingEvent};
+
+pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
+pub use crate::feed::{ExecutorPush, PushedPartition};
 
 /// Everything that can make a training job fail.
 #[derive(Debug, thiserror::Error)]
@@ -28,9 +30,17 @@ pub enum JobError {
     /// The job was configured wrongly.
     #[error(transparent)]
     Spec(#[from] SpecError),
-    /// A builder setting is invalid.
-    #[error("invalid training job: {0}")]
-    Config(String),
+    /// A setting is invalid, or does not fit how the job is run.
+    #[error("invalid training job: {setting}: {reason}")]
+    Setting {
+        /// The setting (builder method).
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The job id cannot name a job on the agents.
+    #[error("invalid training job: job_id: {0}")]
+    JobId(#[source] kindling_schemas::descriptor::PathError),
     /// The DataFrame's columns or values do not fit the spec (nothing was trained).
     #[error("the data does not fit the job: {0}")]
     Data(#[from] kindling_schemas::schema::SchemaError),
@@ -50,24 +60,6 @@ pub enum JobError {
         #[source]
         source: crate::spark::Error,
     },
-    /// One partition alone is more than the Spark Connect server lets a query return.
-    #[error(
-        "partition {partition} of the DataFrame holds {rows} rows ({bytes} bytes of Arrow), more than \
-         a relayed slice may hold under the Spark Connect server's spark.driver.maxResultSize \
-         ({limit} bytes, of which a slice uses three quarters): repartition the DataFrame into more \
-         partitions, raise spark.driver.maxResultSize on the server, or feed with executor push \
-         (Feed::ExecutorPush)"
-    )]
-    PartitionTooLarge {
-        /// The partition.
-        partition: i32,
-        /// Its rows.
-        rows: u64,
-        /// Its Arrow bytes.
-        bytes: u64,
-        /// The server's limit in bytes.
-        limit: u64,
-    },
     /// Fewer live agents than slots.
     #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
     NotEnoughAgents {
@@ -78,56 +70,15 @@ pub enum JobError {
         /// Where they were counted.
         rendezvous: String,
     },
-    /// An agent refused or failed.
+    /// Moving rows into the agents failed, or an agent refused or failed a call.
     #[error(transparent)]
-    Feed(#[from] crate::feed::FeedError),
+    Feed(crate::feed::FeedError),
     /// The rendezvous refused or failed.
     #[error("rendezvous: {0}")]
-    Rendezvous(String),
+    Rendezvous(#[from] kindling_agent::rendezvous::ClientError),
     /// Local mode could not start.
     #[error(transparent)]
     Local(#[from] crate::local::LocalError),
-    /// Rows were lost or duplicated on the way to an agent.
-    #[error("shard {shard}: sent {sent} rows but agent {agent} committed {committed}")]
-    RowMismatch {
-        /// Shard.
-        shard: usize,
-        /// Agent.
-        agent: String,
-        /// Rows sent.
-        sent: u64,
-        /// Rows committed.
-        committed: u64,
-    },
-    /// The executors pushed a different number of rows than the DataFrame holds.
-    #[error(
-        "executor push of the {split} split: the DataFrame has {counted} rows but the partitions \
-         pushed {pushed} ({partitions} partitions summarised)"
-    )]
-    PushedRows {
-        /// Train or eval.
-        split: &'static str,
-        /// Rows the DataFrame counts.
-        counted: u64,
-        /// Rows the partitions' summaries report.
-        pushed: u64,
-        /// Partitions summarised.
-        partitions: usize,
-    },
-    /// A partition was pushed to an agent that is not one of the job's.
-    #[error(
-        "executor push: partition {partition} went to agent `{agent_id}` ({address}), not one of the job's agents {job_agents:?}"
-    )]
-    PushedElsewhere {
-        /// The partition.
-        partition: u32,
-        /// The agent that holds it.
-        agent_id: String,
-        /// The address the executor used.
-        address: String,
-        /// The job's agents.
-        job_agents: Vec<String>,
-    },
     /// Training failed on the agents.
     #[error("training of job `{job_id}` failed: {cause}")]
     TrainingFailed {
@@ -136,6 +87,23 @@ pub enum JobError {
         /// The first cause.
         cause: String,
     },
+    /// The input to predict has no rows.
+    #[error("{what} is empty: there is nothing to predict")]
+    EmptyInput {
+        /// What was empty.
+        what: &'static str,
+    },
+    /// The features to predict do not have the width the model was trained on.
+    #[error("the features give an input of width {features}, the model was trained on {model}")]
+    InputWidth {
+        /// Width of the features given.
+        features: usize,
+        /// Width the model takes.
+        model: usize,
+    },
+    /// A prediction thread panicked or was cancelled.
+    #[error("prediction thread failed: {0}")]
+    PredictionThread(#[source] tokio::task::JoinError),
     /// A model file or directory could not be read or written.
     #[error("{context}: {source}")]
     Io {
@@ -161,13 +129,26 @@ impl From<crate::spark::Error> for JobError {
     }
 }
 
+impl From<crate::feed::FeedError> for JobError {
+    /// Spark's and the data's errors read the same whether they arose while
+    /// checking the job or while feeding it.
+    fn from(e: crate::feed::FeedError) -> Self {
+        match e {
+            crate::feed::FeedError::Spark(e) => e.into(),
+            crate::feed::FeedError::Data(e) => JobError::Data(e),
+            other => JobError::Feed(other),
+        }
+    }
+}
+
 impl JobError {
     /// Whether running the job again could help.
     pub fn is_retryable(&self) -> bool {
         match self {
             JobError::Spark(e) => e.is_retryable(),
             JobError::Feed(e) => e.is_retryable(),
-            JobError::NotEnoughAgents { .. } | JobError::Rendezvous(_) => true,
+            JobError::Rendezvous(e) => e.is_retryable(),
+            JobError::NotEnoughAgents { .. } => true,
             _ => false,
         }
     }
@@ -235,90 +216,6 @@ pub enum Feed {
     ExecutorPush(ExecutorPush),
 }
 
-/// Settings of [`Feed::ExecutorPush`].
-///
-/// ```
-/// let push = kindling::job::ExecutorPush::new().python_version("3.12").node_local(false);
-/// assert_eq!(push.python(), "3.12");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecutorPush {
-    python_version: String,
-    node_local: bool,
-    timeout: Duration,
-    token_in_plan: Option<bool>,
-    fail_task: Option<(u32, u32)>,
-}
-
-/// The executors' Python when none is set: the Python of the Kindling executor
-/// images and of `deploy/local` (`major.minor`).
-pub const DEFAULT_EXECUTOR_PYTHON: &str = "3.11";
-
-impl Default for ExecutorPush {
-    fn default() -> Self {
-        ExecutorPush {
-            python_version: DEFAULT_EXECUTOR_PYTHON.into(),
-            node_local: true,
-            timeout: Duration::from_secs(60),
-            token_in_plan: None,
-            fail_task: None,
-        }
-    }
-}
-
-impl ExecutorPush {
-    /// Defaults: executors on Python [`DEFAULT_EXECUTOR_PYTHON`], node-local routing.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The executors' Python `major.minor`, sent as the UDF's `python_ver`
-    /// (Spark releases whose worker compares it refuse another version with
-    /// `PYTHON_VERSION_MISMATCH`; `fit` names the version to set).
-    pub fn python_version(mut self, version: impl Into<String>) -> Self {
-        self.python_version = version.into();
-        self
-    }
-
-    /// The executors' Python `major.minor`.
-    pub fn python(&self) -> &str {
-        &self.python_version
-    }
-
-    /// On a cluster, push each partition to the agent of the executor's node
-    /// (`KINDLING_AGENT_ADDRESS`) when that agent runs the job (default on);
-    /// otherwise, and always in local mode, partition `p` goes to shard
-    /// `p mod num_slots`.
-    pub fn node_local(mut self, on: bool) -> Self {
-        self.node_local = on;
-        self
-    }
-
-    /// Deadline of each Flight call an executor makes (default 60 s).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Whether the cluster token travels inside the Spark plan to the
-    /// executors. Default: only in local mode (its token lives as long as the
-    /// job); on a cluster the executors read `KINDLING_TOKEN` from their
-    /// environment (the executor pod template sets it from the Secret).
-    pub fn token_in_plan(mut self, on: bool) -> Self {
-        self.token_in_plan = Some(on);
-        self
-    }
-
-    /// **Test hook.** Makes attempt 0 of the task of `partition` fail after it
-    /// pushed `after_batches` batches (mid-stream), to prove that a retried
-    /// task does not add rows twice. Never use it in production.
-    #[doc(hidden)]
-    pub fn fail_first_attempt_for_test(mut self, partition: u32, after_batches: u32) -> Self {
-        self.fail_task = Some((partition, after_batches));
-        self
-    }
-}
-
 impl TrainingJob {
     /// Starts a builder.
     pub fn builder() -> TrainingJobBuilder {
@@ -376,7 +273,7 @@ impl Default for TrainingJobBuilder {
             window_bytes: 32 << 20,
             commit_bytes: 4 << 20,
             persist: true,
-            relay_slice_bytes: slices::DEFAULT_SLICE_BYTES,
+            relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
             gang_timeout: Duration::from_secs(60),
             progress: ProgressMode::Auto,
             events: None,
@@ -542,51 +439,35 @@ impl TrainingJobBuilder {
     pub fn build(self) -> Result<TrainingJob, JobError> {
         let spec = self.spec.build()?;
         if !(0.0..0.9).contains(&self.eval_fraction) {
-            return Err(JobError::Config(format!(
-                "eval_fraction must be in [0, 0.9), got {}",
-                self.eval_fraction
-            )));
+            return Err(JobError::Setting {
+                setting: "eval_fraction",
+                reason: format!("must be in [0, 0.9), got {}", self.eval_fraction),
+            });
         }
         if self.max_attempts == 0 {
-            return Err(JobError::Config("max_attempts must be at least 1".into()));
+            return Err(setting("max_attempts", "must be at least 1"));
         }
         if self.window_bytes < 64 << 10 {
-            return Err(JobError::Config("window_bytes must be at least 64 KiB".into()));
+            return Err(setting("window_bytes", "must be at least 64 KiB"));
         }
         if self.commit_bytes < 64 << 10 {
-            return Err(JobError::Config("commit_bytes must be at least 64 KiB".into()));
+            return Err(setting("commit_bytes", "must be at least 64 KiB"));
         }
         if self.relay_slice_bytes < 1 << 20 {
-            return Err(JobError::Config(
-                "relay_slice_bytes must be at least 1 MiB".into(),
-            ));
+            return Err(setting("relay_slice_bytes", "must be at least 1 MiB"));
         }
         if let Some(id) = &self.job_id {
-            kindling_schemas::descriptor::check_job_id(id).map_err(|e| JobError::Config(e.to_string()))?;
+            kindling_schemas::descriptor::check_job_id(id).map_err(JobError::JobId)?;
         }
         if let Feed::ExecutorPush(push) = &self.feed {
-            let ok = push.python_version.split_once('.').is_some_and(|(a, b)| {
-                !a.is_empty()
-                    && !b.is_empty()
-                    && a.bytes().all(|c| c.is_ascii_digit())
-                    && b.bytes().all(|c| c.is_ascii_digit())
-            });
-            if !ok {
-                return Err(JobError::Config(format!(
-                    "executor push: the executors' Python version must be `major.minor` (e.g. \"3.11\"), got `{}`",
-                    push.python_version
-                )));
-            }
-            if push.timeout.is_zero() {
-                return Err(JobError::Config(
-                    "executor push: the timeout must be positive".into(),
-                ));
-            }
+            push.check()
+                .map_err(|(setting, reason)| JobError::Setting { setting, reason })?;
         }
         let local_mode = self.local_mode.unwrap_or(self.rendezvous.is_none());
         if !local_mode && self.rendezvous.is_none() {
-            return Err(JobError::Config(
-                "a cluster job needs .rendezvous(url); or use .local_mode(true)".into(),
+            return Err(setting(
+                "rendezvous",
+                "a cluster job needs .rendezvous(url); or use .local_mode(true)",
             ));
         }
         let work_dir = self
@@ -610,5 +491,12 @@ impl TrainingJobBuilder {
             events: self.events,
             feed: self.feed,
         })
+    }
+}
+
+fn setting(setting: &'static str, reason: &str) -> JobError {
+    JobError::Setting {
+        setting,
+        reason: reason.into(),
     }
 }

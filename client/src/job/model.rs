@@ -16,7 +16,7 @@ use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
 use super::JobError;
-use super::slices::{self, SparkRows};
+use crate::feed::relay::{self, SparkRows};
 use crate::spark::{DataFrame, SparkSession};
 
 /// A stream of prediction batches.
@@ -136,18 +136,34 @@ impl TrainedModel {
     /// Predicts one batch: the batch's columns plus `prediction` (and
     /// `probabilities` for classification).
     pub fn predict_batch(&self, batch: &RecordBatch) -> Result<RecordBatch, JobError> {
-        let layout = schema::validate(&batch.schema(), &self.spec, StreamKind::Predict)?;
+        let layout = self.check_input(&batch.schema())?;
+        self.predict_checked(&layout, batch)
+    }
+
+    /// The layout of prediction input with `schema`, checked against the
+    /// spec and the width the model was trained on.
+    fn check_input(&self, schema: &arrow::datatypes::Schema) -> Result<schema::FeatureLayout, JobError> {
+        let layout = schema::validate(schema, &self.spec, StreamKind::Predict)?;
         if layout.input_dim != self.meta.input_dim {
-            return Err(JobError::Config(format!(
-                "the features give an input of width {}, the model was trained on {}",
-                layout.input_dim, self.meta.input_dim
-            )));
+            return Err(JobError::InputWidth {
+                features: layout.input_dim,
+                model: self.meta.input_dim,
+            });
         }
+        Ok(layout)
+    }
+
+    /// Predicts a batch whose schema [`check_input`](Self::check_input) gave `layout`.
+    fn predict_checked(
+        &self,
+        layout: &schema::FeatureLayout,
+        batch: &RecordBatch,
+    ) -> Result<RecordBatch, JobError> {
         let spec = JobSpec {
             use_gpu: false,
             ..self.spec.clone()
         };
-        Ok(flight::predict_batch(&self.net, &spec, &layout, batch)?)
+        Ok(flight::predict_batch(&self.net, &spec, layout, batch)?)
     }
 
     /// Streams predictions over a DataFrame, batch by batch (on a blocking
@@ -157,20 +173,20 @@ impl TrainedModel {
         let level = df.storage_level().await?;
         let rows = if level.use_memory || level.use_disk {
             let schema = df.schema().await?;
-            slices::plan(df.clone(), &schema, slices::DEFAULT_SLICE_BYTES).await?
+            relay::plan(df.clone(), &schema, relay::DEFAULT_SLICE_BYTES).await?
         } else {
             SparkRows::whole(df.clone())
         };
         let (schema, stream) = rows.open().await?;
-        schema::validate(&schema, &self.spec, StreamKind::Predict)?;
+        let layout = Arc::new(self.check_input(&schema)?);
         let model = self.clone();
         let out = stream.then(move |batch| {
-            let model = model.clone();
+            let (model, layout) = (model.clone(), layout.clone());
             async move {
                 let batch = batch?;
-                tokio::task::spawn_blocking(move || model.predict_batch(&batch))
+                tokio::task::spawn_blocking(move || model.predict_checked(&layout, &batch))
                     .await
-                    .map_err(|e| JobError::Config(format!("prediction thread failed: {e}")))?
+                    .map_err(JobError::PredictionThread)?
             }
         });
         Ok(Box::pin(out))
@@ -186,7 +202,11 @@ impl TrainedModel {
         let mut stream = self.predict(df).await?;
         let first = match stream.next().await {
             Some(b) => b?,
-            None => return Err(JobError::Config("the DataFrame to predict is empty".into())),
+            None => {
+                return Err(JobError::EmptyInput {
+                    what: "the DataFrame to predict",
+                });
+            }
         };
         let schema: SchemaRef = first.schema();
         let rest = stream.map(|r| r.map_err(|e| crate::spark::Error::InvalidArgument(e.to_string())));

@@ -9,6 +9,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use kindling_schemas::action::EpochMetrics;
 use tokio::sync::mpsc;
 
+use crate::feed::PushedPartition;
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProgressMode {
@@ -21,23 +23,6 @@ pub enum ProgressMode {
     Log,
     /// Nothing shown (events are still sent).
     Silent,
-}
-
-/// One partition an executor pushed ([`TrainingEvent::Fed`], executor push).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PushedPartition {
-    /// Spark partition id.
-    pub partition: u32,
-    /// Spark task attempt that reported it (from 0; above 0 after a retry).
-    pub attempt: u32,
-    /// The shard (agent) holding its rows; `None` for an empty partition.
-    pub shard: Option<usize>,
-    /// Rows in the partition.
-    pub rows: u64,
-    /// Rows this attempt committed (0 when an earlier attempt already had).
-    pub committed_rows: u64,
-    /// The agent already held the partition from an earlier attempt.
-    pub duplicate: bool,
 }
 
 /// One thing that happened in a training job.

@@ -1,6 +1,8 @@
-//! The driver relay in slices: a persisted DataFrame goes to the agents as
+//! The driver relay: rows streamed through this process (a Spark query, or
+//! Arrow batches from anywhere) and dealt evenly to the job's shards
+//! ([`relay`], [`Dealer`]). A persisted DataFrame goes to the agents as
 //! consecutive queries over ranges of its partitions, each small enough for
-//! the Spark Connect server to hold.
+//! the Spark Connect server to hold ([`plan`], [`SparkRows`]).
 //!
 //! Spark Connect runs a query's result as one Spark job whose tasks each
 //! return their whole partition. The server keeps every response until the
@@ -12,13 +14,24 @@
 //! are bounded by a slice. The slices follow the partitions' order, so the
 //! rows arrive in the same order as from one query, and again on a re-feed.
 
+use std::time::{Duration, Instant};
+
 use arrow::array::{Array, Int32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
+use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
+use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::schema;
+use kindling_schemas::spec::JobSpec;
 
-use super::JobError;
+use super::{AgentClient, FeedError};
 use crate::spark::functions::expr;
 use crate::spark::{DataFrame, RecordBatchStream};
+
+/// Batches larger than this are sliced before they are sent.
+const MAX_BATCH_BYTES: usize = 8 << 20;
+/// How often relay progress is reported.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// Default Arrow bytes per relayed slice (`TrainingJob::relay_slice_bytes`).
 pub(crate) const DEFAULT_SLICE_BYTES: u64 = 256 << 20;
@@ -27,6 +40,193 @@ const SPARK_DEFAULT_MAX_RESULT_BYTES: u64 = 1 << 30;
 /// The share of the server's limit a slice may fill: the limit counts the
 /// serialized task results, which carry Arrow IPC framing besides the values.
 const LIMIT_SHARE: (u64, u64) = (3, 4);
+
+/// Opens the rows of an Arrow source once more (a feed, or a re-feed of lost shards).
+pub(crate) type OpenFn<'a> =
+    dyn Fn() -> BoxFuture<'static, Result<RecordBatchStream, crate::spark::Error>> + Send + Sync + 'a;
+
+/// Where a job reads its rows from.
+pub(crate) enum Rows<'a> {
+    /// A Spark query, executed as a stream (again for a re-feed), whole or in slices.
+    Spark(SparkRows),
+    /// Arrow batches from anywhere (files, another service), opened per feed.
+    Arrow { schema: SchemaRef, open: &'a OpenFn<'a> },
+}
+
+impl Rows<'_> {
+    /// The rows as one stream, from the start.
+    pub async fn open(&self) -> Result<(SchemaRef, RecordBatchStream), FeedError> {
+        match self {
+            Rows::Spark(rows) => Ok(rows.open().await?),
+            Rows::Arrow { schema, open } => Ok((schema.clone(), open().await?)),
+        }
+    }
+
+    /// Bytes this client exchanged with Spark so far (0 for other sources).
+    pub fn spark_bytes(&self) -> u64 {
+        match self {
+            Rows::Spark(rows) => {
+                let b = rows.df().session().data_bytes();
+                b.received + b.sent
+            }
+            Rows::Arrow { .. } => 0,
+        }
+    }
+
+    /// Queries a feed of these rows runs.
+    pub fn queries(&self) -> usize {
+        match self {
+            Rows::Spark(rows) => rows.queries(),
+            Rows::Arrow { .. } => 1,
+        }
+    }
+}
+
+/// The job's shards: agent clients and ids by shard, optionally only some.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shards<'a> {
+    pub clients: &'a [AgentClient],
+    pub agent_ids: &'a [String],
+    /// `Some`: only these shards are (re-)fed.
+    pub only: Option<&'a [usize]>,
+}
+
+impl Shards<'_> {
+    /// Whether shard `s` is fed this time.
+    pub fn feeds(&self, s: usize) -> bool {
+        self.only.is_none_or(|o| o.contains(&s))
+    }
+}
+
+/// Bytes a relay keeps unacknowledged per shard, and per `DoPut` stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub window_bytes: usize,
+    pub commit_bytes: usize,
+}
+
+/// Streams `data` through this process and deals every batch's rows out to
+/// the shards ([`Dealer`]), checking each batch's values against `spec` and
+/// each shard's committed rows. `progress(shard, rows, rows_per_sec)` is
+/// called about every 250 ms. Returns rows per shard and the bytes sent.
+pub(crate) async fn relay(
+    job_id: &str,
+    spec: &JobSpec,
+    data: &Rows<'_>,
+    split: Split,
+    shards: Shards<'_>,
+    window: Window,
+    mut progress: impl FnMut(usize, u64, f64),
+) -> Result<(Vec<u64>, u64), FeedError> {
+    let clients = shards.clients;
+    let n = clients.len();
+    let (schema, mut stream) = data.open().await?;
+    let path = DataPath::data(job_id, split);
+    let mut writers: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(s, c)| {
+            shards.feeds(s).then(|| {
+                c.put_committing(
+                    &path,
+                    format!("shard-{s}"),
+                    schema.clone(),
+                    window.window_bytes,
+                    window.commit_bytes,
+                )
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut rows = vec![0u64; n];
+    let mut dealer = Dealer::new(n);
+    while let Some(batch) = stream.try_next().await? {
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        schema::validate_batch(&batch, spec)?;
+        for (s, piece) in dealer.deal(&batch) {
+            if let Some(w) = writers[s].as_mut() {
+                w.write(&piece).await?;
+            }
+            rows[s] += piece.num_rows() as u64;
+            if last_report.elapsed() >= PROGRESS_EVERY {
+                last_report = Instant::now();
+                let secs = started.elapsed().as_secs_f64().max(1e-9);
+                progress(s, rows[s], rows.iter().sum::<u64>() as f64 / secs);
+            }
+        }
+    }
+    let mut bytes = 0;
+    for (s, w) in writers.into_iter().enumerate() {
+        let Some(w) = w else { continue };
+        let receipt = w.finish().await?;
+        bytes += receipt.bytes_sent;
+        if receipt.rows_committed != rows[s] {
+            return Err(FeedError::RowMismatch {
+                shard: s,
+                agent: clients[s].url().to_owned(),
+                sent: rows[s],
+                committed: receipt.rows_committed,
+            });
+        }
+    }
+    Ok((rows, bytes))
+}
+
+/// Deals the rows of a stream of batches out to `n` shards, deterministically
+/// and evenly: each batch is cut into `n` contiguous slices whose sizes differ
+/// by at most one row, and the shard that takes the first of the larger
+/// slices rotates, so after any prefix of the stream the shards' row counts
+/// differ by at most one. (Routing whole batches round-robin would put a
+/// one-batch result, or a result of few large batches, on few shards.)
+/// Slices are further cut to at most [`MAX_BATCH_BYTES`].
+pub(crate) struct Dealer {
+    n: usize,
+    next: usize,
+}
+
+impl Dealer {
+    pub fn new(n: usize) -> Self {
+        Self { n: n.max(1), next: 0 }
+    }
+
+    /// `(shard, slice)` pairs covering `batch` in row order; empty slices are left out.
+    pub fn deal(&mut self, batch: &RecordBatch) -> Vec<(usize, RecordBatch)> {
+        let rows = batch.num_rows();
+        let (base, extra) = (rows / self.n, rows % self.n);
+        let mut out = Vec::with_capacity(self.n);
+        let mut start = 0;
+        for k in 0..self.n {
+            let len = base + usize::from(k < extra);
+            if len == 0 {
+                break;
+            }
+            let shard = (self.next + k) % self.n;
+            for piece in slice_large(&batch.slice(start, len)) {
+                out.push((shard, piece));
+            }
+            start += len;
+        }
+        self.next = (self.next + extra) % self.n;
+        out
+    }
+}
+
+/// Slices a batch so no piece exceeds [`MAX_BATCH_BYTES`].
+fn slice_large(batch: &RecordBatch) -> Vec<RecordBatch> {
+    let bytes = schema::batch_bytes(batch) as usize;
+    if bytes <= MAX_BATCH_BYTES || batch.num_rows() < 2 {
+        return vec![batch.clone()];
+    }
+    let pieces = bytes.div_ceil(MAX_BATCH_BYTES);
+    let per = batch.num_rows().div_ceil(pieces);
+    (0..batch.num_rows())
+        .step_by(per)
+        .map(|start| batch.slice(start, per.min(batch.num_rows() - start)))
+        .collect()
+}
 
 /// Partitions `first..=last` of a DataFrame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +292,7 @@ fn slice_of(df: &DataFrame, range: PartitionRange) -> DataFrame {
 /// its rows per partition (one small aggregate over the cached rows) and cuts
 /// the partitions into consecutive slices of at most `slice_bytes` of Arrow
 /// values, and at most three quarters of the server's `spark.driver.maxResultSize`.
-pub(crate) async fn plan(df: DataFrame, schema: &Schema, slice_bytes: u64) -> Result<SparkRows, JobError> {
+pub(crate) async fn plan(df: DataFrame, schema: &Schema, slice_bytes: u64) -> Result<SparkRows, FeedError> {
     let limit = server_result_limit(&df).await;
     // The most one query may return here; `None` when the server sets no limit.
     let cap = limit.map(|limit| limit / LIMIT_SHARE.1 * LIMIT_SHARE.0);
@@ -103,7 +303,7 @@ pub(crate) async fn plan(df: DataFrame, schema: &Schema, slice_bytes: u64) -> Re
         && let Some(&(partition, rows)) = counts.iter().max_by_key(|(_, rows)| *rows)
         && rows * row_bytes > cap
     {
-        return Err(JobError::PartitionTooLarge {
+        return Err(FeedError::PartitionTooLarge {
             partition,
             rows,
             bytes: rows * row_bytes,
@@ -136,7 +336,7 @@ async fn server_result_limit(df: &DataFrame) -> Option<u64> {
 }
 
 /// Rows of each non-empty partition, by partition id.
-async fn partition_rows(df: &DataFrame) -> Result<Vec<(i32, u64)>, JobError> {
+async fn partition_rows(df: &DataFrame) -> Result<Vec<(i32, u64)>, FeedError> {
     let batches: Vec<RecordBatch> = df
         .select_expr(["spark_partition_id() AS partition"])
         .group_by(["partition"])
@@ -148,7 +348,7 @@ async fn partition_rows(df: &DataFrame) -> Result<Vec<(i32, u64)>, JobError> {
         let ids = batch.column(0).as_any().downcast_ref::<Int32Array>();
         let rows = batch.column(1).as_any().downcast_ref::<Int64Array>();
         let (Some(ids), Some(rows)) = (ids, rows) else {
-            return Err(JobError::Spark(crate::spark::Error::Protocol(format!(
+            return Err(FeedError::Spark(crate::spark::Error::Protocol(format!(
                 "rows per partition came back as {:?}",
                 batch.schema()
             ))));
@@ -224,6 +424,39 @@ mod tests {
     use super::*;
     use arrow::datatypes::Field;
     use std::sync::Arc;
+
+    fn ids(from: i64, rows: usize) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let ids = Int64Array::from_iter_values(from..from + rows as i64);
+        RecordBatch::try_new(schema, vec![Arc::new(ids)]).expect("batch")
+    }
+
+    #[test]
+    fn dealt_rows_stay_within_one_of_each_other_and_keep_their_order() {
+        use arrow::array::AsArray;
+        use arrow::datatypes::Int64Type;
+        for n in 1..=4 {
+            let mut dealer = Dealer::new(n);
+            let mut per_shard: Vec<Vec<i64>> = vec![Vec::new(); n];
+            let mut from = 0i64;
+            for rows in [1usize, 3001, 7, 2, 1, 1, 10_000, 5] {
+                for (s, piece) in dealer.deal(&ids(from, rows)) {
+                    per_shard[s].extend(piece.column(0).as_primitive::<Int64Type>().values());
+                }
+                from += rows as i64;
+                let counts: Vec<usize> = per_shard.iter().map(Vec::len).collect();
+                let (lo, hi) = (counts.iter().min().copied(), counts.iter().max().copied());
+                assert!(hi.zip(lo).is_some_and(|(h, l)| h - l <= 1), "n={n}: {counts:?}");
+            }
+            // Every row lands exactly once, each shard's rows in stream order.
+            let mut all: Vec<i64> = per_shard.iter().flatten().copied().collect();
+            for ids in &per_shard {
+                assert!(ids.windows(2).all(|w| w[0] < w[1]), "n={n}: order");
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..from).collect::<Vec<_>>(), "n={n}");
+        }
+    }
 
     #[test]
     fn spark_sizes_parse_as_spark_reads_them() {

@@ -1,196 +1,23 @@
-//! Streaming record batches into agents: a typed Flight client for one agent
-//! and a [`ShardWriter`] that `DoPut`s one producer's batches with bounded
-//! bytes in flight and checks what the agent committed.
+//! One producer's rows to one agent: [`ShardWriter`] (one `DoPut` with
+//! bounded bytes in flight) and [`CommittingWriter`] (consecutive `DoPut`s of
+//! about `commit_bytes`), each checking what the agent committed.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, SchemaAsIpc};
 use futures::StreamExt;
-use kindling_schemas::action::Action;
-use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
-use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
 
-/// Largest message exchanged with an agent.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
-
-/// Errors talking to an agent.
-#[derive(Debug, thiserror::Error)]
-pub enum FeedError {
-    /// The agent address is malformed.
-    #[error("invalid agent address {addr}: {reason}")]
-    Address {
-        /// The address.
-        addr: String,
-        /// Why.
-        reason: String,
-    },
-    /// The agent refused or failed a call.
-    #[error("agent {agent}: {}: {}", .status.code(), .status.message())]
-    Agent {
-        /// The agent.
-        agent: String,
-        /// The gRPC status.
-        #[source]
-        status: Box<tonic::Status>,
-    },
-    /// The agent answered something that does not follow the contract.
-    #[error("agent {agent} broke the protocol: {reason}")]
-    Protocol {
-        /// The agent.
-        agent: String,
-        /// What was wrong.
-        reason: String,
-    },
-    /// Arrow encoding failed.
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-}
-
-impl FeedError {
-    /// Whether a retry (or re-sending to another agent) can help.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            FeedError::Agent { status, .. } => matches!(
-                status.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::Aborted
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Unknown
-            ),
-            _ => false,
-        }
-    }
-
-    /// The gRPC code, when the agent answered with one.
-    pub fn code(&self) -> Option<tonic::Code> {
-        match self {
-            FeedError::Agent { status, .. } => Some(status.code()),
-            _ => None,
-        }
-    }
-}
-
-type Inner = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
-
-/// A Flight client for one agent, with the bearer token attached to every call.
-#[derive(Debug, Clone)]
-pub struct AgentClient {
-    url: String,
-    inner: Inner,
-}
-
-impl AgentClient {
-    /// Connects lazily to the agent at `url` (`http://host:port`).
-    pub fn connect(url: &str, token: Option<&Token>) -> Result<Self, FeedError> {
-        let addr_err = |reason: String| FeedError::Address {
-            addr: url.to_owned(),
-            reason,
-        };
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| addr_err(e.to_string()))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
-        let attach = BearerAttach::new(token).map_err(|e| addr_err(e.to_string()))?;
-        let inner = FlightServiceClient::with_interceptor(channel, attach)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        Ok(AgentClient {
-            url: url.to_owned(),
-            inner,
-        })
-    }
-
-    /// The agent's address.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// The raw Flight client.
-    pub fn flight(&self) -> Inner {
-        self.inner.clone()
-    }
-
-    fn status(&self, s: tonic::Status) -> FeedError {
-        FeedError::Agent {
-            agent: self.url.clone(),
-            status: Box::new(s),
-        }
-    }
-
-    /// Runs an action and decodes its JSON answer.
-    pub async fn action<T: DeserializeOwned>(&self, action: &Action) -> Result<T, FeedError> {
-        let mut results = self
-            .inner
-            .clone()
-            .do_action(action.to_flight())
-            .await
-            .map_err(|s| self.status(s))?
-            .into_inner();
-        let first = results
-            .next()
-            .await
-            .ok_or_else(|| FeedError::Protocol {
-                agent: self.url.clone(),
-                reason: "empty action result".into(),
-            })?
-            .map_err(|s| self.status(s))?;
-        serde_json::from_slice(&first.body).map_err(|e| FeedError::Protocol {
-            agent: self.url.clone(),
-            reason: format!("action `{}` answered malformed JSON: {e}", action.kind().name()),
-        })
-    }
-
-    /// Opens a `DoPut` of one producer's batches to `path`.
-    pub async fn put(
-        &self,
-        path: &DataPath,
-        producer: impl Into<String>,
-        schema: &Schema,
-        window_bytes: usize,
-    ) -> Result<ShardWriter, FeedError> {
-        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes, 0).await
-    }
-
-    /// A producer's rows to `path` as consecutive `DoPut` streams of about
-    /// `commit_bytes` each (see [`CommittingWriter`]).
-    pub fn put_committing(
-        &self,
-        path: &DataPath,
-        producer: impl Into<String>,
-        schema: SchemaRef,
-        window_bytes: usize,
-        commit_bytes: usize,
-    ) -> CommittingWriter {
-        CommittingWriter {
-            client: self.clone(),
-            path: path.clone(),
-            producer: producer.into(),
-            schema,
-            window_bytes,
-            commit_bytes: commit_bytes as u64,
-            current: None,
-            closing: None,
-            seq: 0,
-            rows_sent: 0,
-            bytes_sent: 0,
-            streams: 0,
-        }
-    }
-}
+use super::FeedError;
+use super::agent::AgentClient;
 
 /// What an agent committed for one producer's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -229,7 +56,7 @@ pub struct ShardWriter {
 }
 
 impl ShardWriter {
-    async fn open(
+    pub(super) async fn open(
         client: AgentClient,
         path: &DataPath,
         producer: String,
@@ -242,13 +69,13 @@ impl ShardWriter {
         schema_msg.flight_descriptor = Some(path.descriptor());
         let (tx, rx) = mpsc::channel::<FlightData>(4);
         tx.send(schema_msg).await.map_err(|_| FeedError::Protocol {
-            agent: client.url.clone(),
+            agent: client.url().to_owned(),
             reason: "request stream closed before it started".into(),
         })?;
         let window_kib = (window_bytes / 1024).clamp(1, u32::MAX as usize >> 4) as u32;
         let window = Arc::new(Semaphore::new(window_kib as usize));
         let charged = Arc::new(Mutex::new(VecDeque::new()));
-        let agent = client.url.clone();
+        let agent = client.url().to_owned();
         let acks = {
             let window = window.clone();
             let charged = charged.clone();
@@ -392,6 +219,30 @@ pub struct CommittingWriter {
 }
 
 impl CommittingWriter {
+    pub(super) fn new(
+        client: AgentClient,
+        path: &DataPath,
+        producer: String,
+        schema: SchemaRef,
+        window_bytes: usize,
+        commit_bytes: usize,
+    ) -> Self {
+        CommittingWriter {
+            client,
+            path: path.clone(),
+            producer,
+            schema,
+            window_bytes,
+            commit_bytes: commit_bytes as u64,
+            current: None,
+            closing: None,
+            seq: 0,
+            rows_sent: 0,
+            bytes_sent: 0,
+            streams: 0,
+        }
+    }
+
     /// Sends one batch, opening the next stream if needed and closing the
     /// current one once it carried `commit_bytes`.
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<(), FeedError> {
@@ -436,12 +287,12 @@ impl CommittingWriter {
             return Ok(());
         };
         let receipt = closing.await.map_err(|e| FeedError::Protocol {
-            agent: self.client.url.clone(),
+            agent: self.client.url().to_owned(),
             reason: format!("commit waiter failed: {e}"),
         })??;
         if receipt.rows_committed != self.rows_sent || receipt.duplicate_stream {
             return Err(FeedError::Protocol {
-                agent: self.client.url.clone(),
+                agent: self.client.url().to_owned(),
                 reason: format!(
                     "producer `{}`: the agent committed {} rows after {} were sent{}",
                     self.producer,
@@ -493,18 +344,17 @@ async fn read_acks(
     charged: &Mutex<VecDeque<u32>>,
 ) -> Result<Option<Commit>, FeedError> {
     let mut results = client
-        .inner
-        .clone()
+        .flight()
         .do_put(ReceiverStream::new(rx))
         .await
-        .map_err(|s| client.status(s))?
+        .map_err(|s| client.status_error(s))?
         .into_inner();
     let mut duplicates = 0;
     let mut committed = None;
     while let Some(r) = results.next().await {
-        let r = r.map_err(|s| client.status(s))?;
+        let r = r.map_err(|s| client.status_error(s))?;
         let ack = PutAck::decode(&r.app_metadata).map_err(|e| FeedError::Protocol {
-            agent: client.url.clone(),
+            agent: client.url().to_owned(),
             reason: e.to_string(),
         })?;
         if ack.producer != producer {

@@ -1,0 +1,275 @@
+//! [`AgentClient`]: the typed Flight client of one agent — its actions
+//! (`start_job`, `job_status`, `end_of_data`, `cancel_job`), `DoPut` writers,
+//! the trained model table (`DoGet`) and predictions (`DoExchange`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use futures::{Stream, StreamExt, TryStreamExt};
+use kindling_schemas::action::{
+    Action, AgentJobStatus, CancelJob, EndOfData, EndOfDataResponse, JobRef, StartJob, StartJobResponse,
+};
+use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::spec::JobSpec;
+use serde::de::DeserializeOwned;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use super::FeedError;
+use super::writer::{CommittingWriter, ShardWriter};
+
+/// Largest message exchanged with an agent.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+type Inner = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
+
+/// A Flight client for one agent, with the bearer token attached to every call.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    url: String,
+    inner: Inner,
+}
+
+impl AgentClient {
+    /// Connects lazily to the agent at `url` (`http://host:port`).
+    pub fn connect(url: &str, token: Option<&Token>) -> Result<Self, FeedError> {
+        let addr_err = |reason: String| FeedError::Address {
+            addr: url.to_owned(),
+            reason,
+        };
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| addr_err(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let attach = BearerAttach::new(token).map_err(|e| addr_err(e.to_string()))?;
+        let inner = FlightServiceClient::with_interceptor(channel, attach)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(AgentClient {
+            url: url.to_owned(),
+            inner,
+        })
+    }
+
+    /// The agent's address.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The raw Flight client.
+    pub fn flight(&self) -> Inner {
+        self.inner.clone()
+    }
+
+    pub(crate) fn status_error(&self, s: tonic::Status) -> FeedError {
+        FeedError::Agent {
+            agent: self.url.clone(),
+            status: Box::new(s),
+        }
+    }
+
+    /// Runs an action and decodes its JSON answer.
+    pub async fn action<T: DeserializeOwned>(&self, action: &Action) -> Result<T, FeedError> {
+        let mut results = self
+            .inner
+            .clone()
+            .do_action(action.to_flight())
+            .await
+            .map_err(|s| self.status_error(s))?
+            .into_inner();
+        let first = results
+            .next()
+            .await
+            .ok_or_else(|| FeedError::Protocol {
+                agent: self.url.clone(),
+                reason: "empty action result".into(),
+            })?
+            .map_err(|s| self.status_error(s))?;
+        serde_json::from_slice(&first.body).map_err(|e| FeedError::Protocol {
+            agent: self.url.clone(),
+            reason: format!("action `{}` answered malformed JSON: {e}", action.kind().name()),
+        })
+    }
+
+    /// Opens a `DoPut` of one producer's batches to `path`.
+    pub async fn put(
+        &self,
+        path: &DataPath,
+        producer: impl Into<String>,
+        schema: &Schema,
+        window_bytes: usize,
+    ) -> Result<ShardWriter, FeedError> {
+        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes, 0).await
+    }
+
+    /// A producer's rows to `path` as consecutive `DoPut` streams of about
+    /// `commit_bytes` each (see [`CommittingWriter`]).
+    pub fn put_committing(
+        &self,
+        path: &DataPath,
+        producer: impl Into<String>,
+        schema: SchemaRef,
+        window_bytes: usize,
+        commit_bytes: usize,
+    ) -> CommittingWriter {
+        CommittingWriter::new(
+            self.clone(),
+            path,
+            producer.into(),
+            schema,
+            window_bytes,
+            commit_bytes,
+        )
+    }
+
+    /// Starts `job_id` on this agent (the job exists at the rendezvous).
+    pub async fn start_job(
+        &self,
+        job_id: &str,
+        spec: &JobSpec,
+        rendezvous: &str,
+    ) -> Result<StartJobResponse, FeedError> {
+        self.action(&Action::StartJob(StartJob {
+            job_id: job_id.into(),
+            spec: spec.clone(),
+            rendezvous: rendezvous.into(),
+        }))
+        .await
+    }
+
+    /// The agent's status of `job_id`.
+    pub async fn job_status(&self, job_id: &str) -> Result<AgentJobStatus, FeedError> {
+        self.action(&Action::JobStatus(JobRef {
+            job_id: job_id.into(),
+        }))
+        .await
+    }
+
+    /// Says `split` of `job_id` is complete on this agent; with
+    /// `expected_rows`, the agent checks it holds exactly that many.
+    pub async fn end_of_data(
+        &self,
+        job_id: &str,
+        split: Split,
+        expected_rows: Option<u64>,
+    ) -> Result<EndOfDataResponse, FeedError> {
+        self.action(&Action::EndOfData(EndOfData {
+            job_id: job_id.into(),
+            split,
+            expected_rows,
+        }))
+        .await
+    }
+
+    /// Cancels `job_id` on this agent.
+    pub async fn cancel_job(&self, job_id: &str, reason: &str) -> Result<(), FeedError> {
+        let _: serde_json::Value = self
+            .action(&Action::CancelJob(CancelJob {
+                job_id: job_id.into(),
+                reason: reason.into(),
+            }))
+            .await?;
+        Ok(())
+    }
+
+    /// The trained model of `job_id` as one Arrow table (`name`, `shape`, `values`).
+    pub async fn fetch_model(&self, job_id: &str) -> Result<RecordBatch, FeedError> {
+        let ticket = DataPath::Model {
+            job_id: job_id.into(),
+        }
+        .ticket();
+        let stream = self
+            .inner
+            .clone()
+            .do_get(ticket)
+            .await
+            .map_err(|s| self.status_error(s))?
+            .into_inner();
+        let batches: Vec<RecordBatch> = self
+            .decode(stream.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .try_collect()
+            .await?;
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| FeedError::Protocol {
+                agent: self.url.clone(),
+                reason: "empty model".into(),
+            })?;
+        Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    }
+
+    /// Predicts `batches` (with `schema`: the job's feature columns) with the
+    /// trained model of `job_id` on the agent, through `DoExchange`: a stream
+    /// of the input columns plus the predictions, batch by batch.
+    pub async fn predict<S>(
+        &self,
+        job_id: &str,
+        schema: SchemaRef,
+        batches: S,
+    ) -> Result<impl Stream<Item = Result<RecordBatch, FeedError>> + Send + 'static, FeedError>
+    where
+        S: Stream<Item = RecordBatch> + Send + 'static,
+    {
+        let path = DataPath::Predict {
+            job_id: job_id.into(),
+        };
+        // An encoding error ends the request stream and is reported after
+        // the agent's answer ends (the agent sees a truncated exchange).
+        let failed = Arc::new(Mutex::new(None::<FlightError>));
+        let slot = failed.clone();
+        let input = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .with_flight_descriptor(Some(path.descriptor()))
+            .build(batches.map(Ok))
+            .scan((), move |_, r| {
+                let next = r.map_err(|e| slot.lock().map(|mut s| *s = Some(e))).ok();
+                futures::future::ready(next)
+            });
+        let output = self
+            .inner
+            .clone()
+            .do_exchange(input)
+            .await
+            .map_err(|s| self.status_error(s))?
+            .into_inner();
+        let agent = self.url.clone();
+        let encode_error = futures::stream::once(async move {
+            let e = failed.lock().ok().and_then(|mut s| s.take());
+            e.map(|e| FeedError::Protocol {
+                agent,
+                reason: format!("could not encode the batches to predict: {e}"),
+            })
+        })
+        .filter_map(|e| futures::future::ready(e.map(Err)));
+        Ok(self
+            .decode(output.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .chain(encode_error))
+    }
+
+    /// Decodes a Flight data stream from this agent into record batches.
+    fn decode<S>(&self, stream: S) -> impl Stream<Item = Result<RecordBatch, FeedError>> + Send + 'static
+    where
+        S: Stream<Item = Result<arrow_flight::FlightData, FlightError>> + Send + 'static,
+    {
+        let agent = self.url.clone();
+        FlightRecordBatchStream::new_from_flight_data(stream).map_err(move |e| match e {
+            FlightError::Tonic(status) => FeedError::Agent {
+                agent: agent.clone(),
+                status,
+            },
+            other => FeedError::Protocol {
+                agent: agent.clone(),
+                reason: other.to_string(),
+            },
+        })
+    }
+}

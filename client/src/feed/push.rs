@@ -1,0 +1,377 @@
+//! Executor push: every Spark task pushes its own partition straight to an
+//! agent (`kindling_push.udf_command` through a `mapInArrow` relation, with
+//! the module `client/python/kindling_push.py` uploaded as a session file);
+//! only one summary row per partition comes back to this process.
+
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use kindling_schemas::auth::Token;
+use kindling_schemas::descriptor::Split;
+
+use super::FeedError;
+use super::relay::Shards;
+use crate::spark::{DataFrame, MapInArrowUdf};
+
+/// The executor-push module, shipped to the executors as a session Python file.
+const KINDLING_PUSH_PY: &str = include_str!("../../python/kindling_push.py");
+/// `kindling_push.SUMMARY_DDL`: one row per pushed partition.
+pub(crate) const PUSH_SUMMARY_DDL: &str = "partition_id int, attempt int, agent string, agent_id string, \
+     producer string, batches long, rows long, committed_rows long, duplicate boolean";
+
+/// Where each pushed partition's rows are held: (split, partition, shard, rows).
+pub(crate) type Placements = Vec<(Split, u32, usize, u64)>;
+
+/// The job-wide facts a push needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PushCtx<'a> {
+    pub job_id: &'a str,
+    pub token: Option<&'a Token>,
+    /// Local mode: agents on loopback, the token may travel in the plan.
+    pub local: bool,
+}
+
+/// Settings of executor push (`Feed::ExecutorPush`).
+///
+/// ```
+/// let push = kindling::feed::ExecutorPush::new().python_version("3.12").node_local(false);
+/// assert_eq!(push.python(), "3.12");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorPush {
+    python_version: String,
+    node_local: bool,
+    timeout: Duration,
+    token_in_plan: Option<bool>,
+    #[cfg(feature = "test-hooks")]
+    fail_task: Option<(u32, u32)>,
+}
+
+/// The executors' Python when none is set: the Python of the Kindling executor
+/// images and of `deploy/local` (`major.minor`).
+pub const DEFAULT_EXECUTOR_PYTHON: &str = "3.11";
+
+impl Default for ExecutorPush {
+    fn default() -> Self {
+        ExecutorPush {
+            python_version: DEFAULT_EXECUTOR_PYTHON.into(),
+            node_local: true,
+            timeout: Duration::from_secs(60),
+            token_in_plan: None,
+            #[cfg(feature = "test-hooks")]
+            fail_task: None,
+        }
+    }
+}
+
+impl ExecutorPush {
+    /// Defaults: executors on Python [`DEFAULT_EXECUTOR_PYTHON`], node-local routing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The executors' Python `major.minor`, sent as the UDF's `python_ver`
+    /// (Spark releases whose worker compares it refuse another version with
+    /// `PYTHON_VERSION_MISMATCH`; `fit` names the version to set).
+    pub fn python_version(mut self, version: impl Into<String>) -> Self {
+        self.python_version = version.into();
+        self
+    }
+
+    /// The executors' Python `major.minor`.
+    pub fn python(&self) -> &str {
+        &self.python_version
+    }
+
+    /// On a cluster, push each partition to the agent of the executor's node
+    /// (`KINDLING_AGENT_ADDRESS`) when that agent runs the job (default on);
+    /// otherwise, and always in local mode, partition `p` goes to shard
+    /// `p mod num_slots`.
+    pub fn node_local(mut self, on: bool) -> Self {
+        self.node_local = on;
+        self
+    }
+
+    /// Deadline of each Flight call an executor makes (default 60 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether the cluster token travels inside the Spark plan to the
+    /// executors. Default: only in local mode (its token lives as long as the
+    /// job); on a cluster the executors read `KINDLING_TOKEN` from their
+    /// environment (the executor pod template sets it from the Secret).
+    pub fn token_in_plan(mut self, on: bool) -> Self {
+        self.token_in_plan = Some(on);
+        self
+    }
+
+    /// **Test hook** (feature `test-hooks`, which only the test crates
+    /// enable). Makes attempt 0 of the task of `partition` fail after it
+    /// pushed `after_batches` batches (mid-stream), to prove that a retried
+    /// task does not add rows twice.
+    #[cfg(feature = "test-hooks")]
+    pub fn fail_first_attempt_for_test(mut self, partition: u32, after_batches: u32) -> Self {
+        self.fail_task = Some((partition, after_batches));
+        self
+    }
+}
+
+impl ExecutorPush {
+    /// Checks the settings (`TrainingJob`'s builder calls it).
+    pub(crate) fn check(&self) -> Result<(), (&'static str, String)> {
+        let ok = self.python_version.split_once('.').is_some_and(|(a, b)| {
+            !a.is_empty()
+                && !b.is_empty()
+                && a.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        });
+        if !ok {
+            return Err((
+                "executor push python_version",
+                format!(
+                    "the executors' Python version must be `major.minor` (e.g. \"3.11\"), got `{}`",
+                    self.python_version
+                ),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(("executor push timeout", "must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One partition an executor pushed ([`TrainingEvent::Fed`], executor push).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushedPartition {
+    /// Spark partition id.
+    pub partition: u32,
+    /// Spark task attempt that reported it (from 0; above 0 after a retry).
+    pub attempt: u32,
+    /// The shard (agent) holding its rows; `None` for an empty partition.
+    pub shard: Option<usize>,
+    /// Rows in the partition.
+    pub rows: u64,
+    /// Rows this attempt committed (0 when an earlier attempt already had).
+    pub committed_rows: u64,
+    /// The agent already held the partition from an earlier attempt.
+    pub duplicate: bool,
+}
+
+/// Executor push: every Spark task pushes its partition to its agent
+/// (`kindling_push.udf_command` through a `mapInArrow` relation); only one
+/// summary row per partition comes back here. Checks the summaries against
+/// the DataFrame's count and every shard's rows against its agent.
+pub(crate) async fn push(
+    ctx: &PushCtx<'_>,
+    opts: &ExecutorPush,
+    df: &DataFrame,
+    split: Split,
+    shards: Shards<'_>,
+    placed: &mut Placements,
+) -> Result<(Vec<u64>, Vec<PushedPartition>), FeedError> {
+    let clients = shards.clients;
+    let n = clients.len();
+    let session = df.session();
+    session
+        .add_python_file("kindling_push.py", KINDLING_PUSH_PY)
+        .await?;
+    let agents: Vec<String> = clients.iter().map(|c| c.url().to_owned()).collect();
+    let mut config = serde_json::json!({
+        "job_id": ctx.job_id,
+        "split": split.as_str(),
+        "agents": agents,
+        "timeout": opts.timeout.as_secs_f64(),
+        "node_local": opts.node_local && !ctx.local,
+    });
+    if opts.token_in_plan.unwrap_or(ctx.local)
+        && let Some(t) = ctx.token
+    {
+        config["token"] = t.expose().into();
+    }
+    if let Some(only) = shards.only {
+        let routes: serde_json::Map<String, serde_json::Value> = placed
+            .iter()
+            .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
+            .map(|(_, p, shard, _)| (p.to_string(), agents[*shard].clone().into()))
+            .collect();
+        config["routes"] = routes.into();
+    }
+    #[cfg(feature = "test-hooks")]
+    if let Some((partition, after)) = opts.fail_task {
+        config["fail"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after});
+    }
+    let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
+        .arg(config.to_string());
+    let summaries = df
+        .map_in_arrow(&udf)?
+        .collect()
+        .await
+        .map_err(|e| python_version_hint(e, opts.python()))?;
+    let summary = parse_summaries(&summaries)?;
+
+    let mut rows = vec![0u64; n];
+    let mut seen = std::collections::BTreeSet::new();
+    let mut pushed = 0u64;
+    let mut placements = Vec::new();
+    let mut report = Vec::with_capacity(summary.len());
+    for s in &summary {
+        if !seen.insert(s.partition) {
+            return Err(FeedError::PartitionSummarisedTwice {
+                partition: s.partition,
+            });
+        }
+        pushed += s.rows;
+        let mut line = PushedPartition {
+            partition: s.partition,
+            attempt: s.attempt,
+            shard: None,
+            rows: s.rows,
+            committed_rows: s.committed_rows,
+            duplicate: s.duplicate,
+        };
+        let Some(holder) = &s.agent_id else {
+            report.push(line); // an empty partition: nothing was sent
+            continue;
+        };
+        let shard =
+            shards
+                .agent_ids
+                .iter()
+                .position(|a| a == holder)
+                .ok_or_else(|| FeedError::PushedElsewhere {
+                    partition: s.partition,
+                    agent_id: holder.clone(),
+                    address: s.agent.clone(),
+                    job_agents: shards.agent_ids.to_vec(),
+                })?;
+        rows[shard] += s.rows;
+        placements.push((split, s.partition, shard, s.rows));
+        line.shard = Some(shard);
+        report.push(line);
+    }
+    report.sort_by_key(|p| p.partition);
+    match shards.only {
+        None => {
+            let counted = df.count().await? as u64;
+            if counted != pushed {
+                return Err(FeedError::PushedRows {
+                    split: split.as_str(),
+                    counted,
+                    pushed,
+                    partitions: summary.len(),
+                });
+            }
+        }
+        Some(only) => {
+            // Re-sent shards must hold what they held before.
+            let before: u64 = placed
+                .iter()
+                .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
+                .map(|(_, _, _, r)| r)
+                .sum();
+            if before != pushed {
+                return Err(FeedError::PushedRows {
+                    split: split.as_str(),
+                    counted: before,
+                    pushed,
+                    partitions: summary.len(),
+                });
+            }
+            placed.retain(|(sp, _, shard, _)| !(*sp == split && only.contains(shard)));
+        }
+    }
+    placed.extend(placements);
+    // What the agents hold must be what the partitions report, shard by shard.
+    for (s, c) in clients.iter().enumerate() {
+        if !shards.feeds(s) {
+            continue;
+        }
+        let held = c.job_status(ctx.job_id).await?.rows(split);
+        if held != rows[s] {
+            return Err(FeedError::RowMismatch {
+                shard: s,
+                agent: c.url().to_owned(),
+                sent: rows[s],
+                committed: held,
+            });
+        }
+    }
+    Ok((rows, report))
+}
+
+/// One partition's summary row from `kindling_push`.
+#[derive(Debug)]
+struct PushSummary {
+    partition: u32,
+    attempt: u32,
+    agent: String,
+    agent_id: Option<String>,
+    rows: u64,
+    committed_rows: u64,
+    duplicate: bool,
+}
+
+fn parse_summaries(batches: &[RecordBatch]) -> Result<Vec<PushSummary>, FeedError> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{DataType, Int64Type};
+    let bad = |column: &'static str, reason: String| FeedError::MalformedSummary { column, reason };
+    let mut out = Vec::new();
+    for batch in batches {
+        let column = |name: &'static str, ty: &DataType| {
+            let c = batch
+                .column_by_name(name)
+                .ok_or_else(|| bad(name, "missing".into()))?;
+            arrow::compute::cast(c, ty).map_err(|e| bad(name, e.to_string()))
+        };
+        let partition = column("partition_id", &DataType::Int64)?;
+        let agent = column("agent", &DataType::Utf8)?;
+        let agent_id = column("agent_id", &DataType::Utf8)?;
+        let attempt = column("attempt", &DataType::Int64)?;
+        let rows = column("rows", &DataType::Int64)?;
+        let committed = column("committed_rows", &DataType::Int64)?;
+        let duplicate = column("duplicate", &DataType::Boolean)?;
+        let (partition, attempt, rows, committed) = (
+            partition.as_primitive::<Int64Type>(),
+            attempt.as_primitive::<Int64Type>(),
+            rows.as_primitive::<Int64Type>(),
+            committed.as_primitive::<Int64Type>(),
+        );
+        let duplicate = duplicate.as_boolean();
+        let (agent, agent_id) = (agent.as_string::<i32>(), agent_id.as_string::<i32>());
+        for i in 0..batch.num_rows() {
+            out.push(PushSummary {
+                partition: u32::try_from(partition.value(i))
+                    .map_err(|e| bad("partition_id", e.to_string()))?,
+                agent: agent.value(i).to_owned(),
+                attempt: u32::try_from(attempt.value(i)).map_err(|e| bad("attempt", e.to_string()))?,
+                agent_id: agent_id.is_valid(i).then(|| agent_id.value(i).to_owned()),
+                rows: u64::try_from(rows.value(i)).map_err(|e| bad("rows", e.to_string()))?,
+                committed_rows: u64::try_from(committed.value(i))
+                    .map_err(|e| bad("committed_rows", e.to_string()))?,
+                duplicate: duplicate.value(i),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Names the setting to change when the executors run another Python.
+fn python_version_hint(e: crate::spark::Error, configured: &str) -> FeedError {
+    let text = e.to_string();
+    if text.contains("PYTHON_VERSION_MISMATCH") || text.contains("has different version") {
+        let executors = text
+            .split("different version: ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|v| v.trim_end_matches(',').to_owned());
+        return FeedError::PythonMismatch {
+            executors,
+            configured: configured.to_owned(),
+            source: Box::new(e),
+        };
+    }
+    FeedError::Spark(e)
+}
