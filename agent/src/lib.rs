@@ -2,6 +2,7 @@
 //!
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
 //! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
+//! - [`cli`]: command-line pieces both binaries share (the token flags).
 //! - [`flight`]: the Flight service (ingest, actions, model, prediction).
 //! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
 //! - [`cache`]: shard cache with memory budget and disk spill.
@@ -15,6 +16,7 @@
 
 pub mod cache;
 pub mod checkpoint;
+pub mod cli;
 pub mod collective;
 pub mod device;
 pub mod error;

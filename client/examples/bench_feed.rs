@@ -39,7 +39,7 @@ struct Run {
 }
 
 async fn run(df: &kindling::DataFrame, feed: Feed) -> anyhow::Result<Run> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     TrainingJob::builder()
         .model(ModelSpec::Linear)
         .task(Task::Classification { num_classes: 2 })

@@ -218,7 +218,7 @@ async fn run_client(run: ClientRun) -> anyhow::Result<()> {
         "warmup" => return warm_up(&spark, rows, partitions).await,
         _ => {}
     }
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(1024);
     let job = job(&rendezvous, Token::new(token), batch_size, epochs, events_tx)?;
     let fed_at = std::sync::Arc::new(std::sync::Mutex::new(None::<Instant>));
     let fed = fed_at.clone();
@@ -334,7 +334,7 @@ fn job(
     token: Token,
     batch_size: usize,
     epochs: u32,
-    events: tokio::sync::mpsc::UnboundedSender<TrainingEvent>,
+    events: tokio::sync::mpsc::Sender<TrainingEvent>,
 ) -> anyhow::Result<TrainingJob> {
     Ok(TrainingJob::builder()
         .model(ModelSpec::Mlp { hidden: vec![32] })

@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let model = TrainingJob::builder()
         .model(ModelSpec::Mlp { hidden: vec![16] })
         .task(Task::Classification { num_classes: 2 })

@@ -52,6 +52,9 @@ pub enum TokenError {
         #[source]
         source: std::io::Error,
     },
+    /// No token was given and running without one was not asked for.
+    #[error("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)")]
+    Missing,
     /// The token file holds nothing but whitespace.
     #[error("the token file {} is empty", .path.display())]
     Empty {

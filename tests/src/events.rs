@@ -1,7 +1,7 @@
 //! What a `TrainingJob` reported: its `Fed` events and its final eval accuracy.
 
 use kindling::job::{PushedPartition, TrainedModel, TrainingEvent};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 /// What one `Fed` event said.
 #[derive(Debug)]
@@ -15,7 +15,7 @@ pub struct Fed {
 }
 
 /// The `Fed` events received so far, in order (other events are dropped).
-pub fn fed_events(rx: &mut UnboundedReceiver<TrainingEvent>) -> Vec<Fed> {
+pub fn fed_events(rx: &mut Receiver<TrainingEvent>) -> Vec<Fed> {
     let mut out = Vec::new();
     while let Ok(e) = rx.try_recv() {
         if let TrainingEvent::Fed {

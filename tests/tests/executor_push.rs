@@ -18,7 +18,7 @@ async fn executor_push_trains_like_the_driver_relay_without_rows_through_the_cli
     let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
     let df = rule_df(&spark, ROWS).await;
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let relay = job(Feed::DriverRelay)
         .events(tx)
         .build()
@@ -28,7 +28,7 @@ async fn executor_push_trains_like_the_driver_relay_without_rows_through_the_cli
         .expect("driver relay fit");
     let relay_fed = fed_events(&mut rx);
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let push = job(Feed::ExecutorPush(ExecutorPush::new()))
         .events(tx)
         .build()
@@ -119,7 +119,7 @@ async fn a_task_retried_after_a_failure_mid_stream_does_not_double_rows() {
         .await
         .expect("conf");
     let df = rule_df(&spark, ROWS).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let push = ExecutorPush::new().fail_first_attempt_for_test(1, 2);
     let model = job(Feed::ExecutorPush(push))
         .eval_fraction(0.0)

@@ -22,7 +22,7 @@ async fn spark() -> SparkSession {
 async fn local_fit_on_two_slots_matches_one_slot_and_predicts_back_into_spark() {
     let spark = spark().await;
     let df = rule_df(&spark, 20_000).await;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let two = job(2, 5)
         .local_mode(true)
         .events(tx)
@@ -127,7 +127,7 @@ async fn a_killed_agent_is_replaced_and_every_epoch_trains_every_row_once() {
     let mut config = LocalClusterConfig::new(dir.path());
     config.lease = Duration::from_millis(600);
     let cluster = std::sync::Arc::new(LocalCluster::start(2, config).await.expect("cluster"));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let job = job(2, 6)
         .batch_size(16)
         .eval_fraction(0.0)
@@ -247,7 +247,7 @@ async fn a_cancelled_client_leaves_no_job_running_on_the_agents() {
     let mut config = LocalClusterConfig::new(dir.path());
     config.lease = Duration::from_millis(600);
     let cluster = std::sync::Arc::new(LocalCluster::start(2, config).await.expect("cluster"));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let job = job(2, 50)
         .eval_fraction(0.0)
         .window_bytes(256 << 10)

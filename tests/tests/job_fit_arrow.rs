@@ -113,7 +113,7 @@ async fn a_single_batch_is_dealt_evenly_over_the_shards() -> Result<(), JobError
     // ranks get rows, within one row of each other.
     let data = batches(3_001, 3_001);
     assert_eq!(data.len(), 1);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let model = builder(0.0)
         .epochs(1)
         .events(tx)

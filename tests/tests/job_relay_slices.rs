@@ -29,7 +29,7 @@ async fn a_dataframe_over_the_servers_result_limit_is_relayed_in_slices() {
     let df = rule_df(&spark, ROWS as usize).await;
 
     // Persisted (the default): relayed in slices, every row lands once.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let model = job()
         .events(tx)
         .build()

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use kindling_agent::AgentConfig;
+use kindling_agent::cli::TokenArgs;
 use kindling_agent::health::{HealthServer, Readiness};
-use kindling_schemas::auth::Token;
 use tokio_util::sync::CancellationToken;
 
 /// Kindling training agent: receives Arrow shards over Flight and trains with
@@ -41,15 +41,8 @@ struct Cli {
     /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (none: standalone agent).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
     rendezvous: Option<String>,
-    /// File holding the bearer token (trailing whitespace ignored).
-    #[arg(long, env = "KINDLING_TOKEN_FILE", conflicts_with = "token")]
-    token_file: Option<PathBuf>,
-    /// The bearer token itself (prefer --token-file; never logged).
-    #[arg(long, env = "KINDLING_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Run without authentication (development on loopback only).
-    #[arg(long)]
-    allow_unauthenticated: bool,
+    #[command(flatten)]
+    auth: TokenArgs,
     /// Node-local directory for spill files and checkpoints.
     #[arg(long, env = "KINDLING_WORK_DIR", default_value = "/var/lib/kindling")]
     work_dir: PathBuf,
@@ -128,28 +121,11 @@ fn hostname() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// The token from the flags, or `None` only with `--allow-unauthenticated`.
-fn read_token(
-    file: Option<&PathBuf>,
-    inline: Option<&String>,
-    allow_none: bool,
-) -> anyhow::Result<Option<Token>> {
-    let token = Token::read(file.map(PathBuf::as_path), inline.map(String::as_str))?;
-    if token.is_none() && !allow_none {
-        bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)");
-    }
-    Ok(token)
-}
-
 impl TryFrom<&Cli> for AgentConfig {
     type Error = anyhow::Error;
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
-        let token = read_token(
-            cli.token_file.as_ref(),
-            cli.token.as_ref(),
-            cli.allow_unauthenticated,
-        )?;
+        let token = cli.auth.read()?;
         let node_name = cli
             .node_name
             .clone()

@@ -2,14 +2,13 @@
 //! (Kubernetes Deployment + Service). Same `serve` as the embedded mode.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
+use kindling_agent::cli::TokenArgs;
 use kindling_agent::health::{HealthServer, Readiness};
 use kindling_agent::rendezvous::{RendezvousConfig, ServerConfig, serve};
-use kindling_schemas::auth::Token;
 use tokio_util::sync::CancellationToken;
 
 /// Gang start, barrier / all-gather and whole-group retry for Kindling agents.
@@ -19,15 +18,8 @@ struct Cli {
     /// Address to listen on.
     #[arg(long, env = "KINDLING_RENDEZVOUS_LISTEN", default_value = "0.0.0.0:7070")]
     listen: SocketAddr,
-    /// File holding the bearer token (trailing whitespace ignored).
-    #[arg(long, env = "KINDLING_TOKEN_FILE", conflicts_with = "token")]
-    token_file: Option<PathBuf>,
-    /// The bearer token itself (prefer --token-file; never logged).
-    #[arg(long, env = "KINDLING_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Run without authentication (development on loopback only).
-    #[arg(long)]
-    allow_unauthenticated: bool,
+    #[command(flatten)]
+    auth: TokenArgs,
     /// Agent lease: heartbeats must arrive at least this often (ms).
     #[arg(long, env = "KINDLING_RENDEZVOUS_LEASE_MS", default_value_t = 10_000)]
     lease_ms: u64,
@@ -63,10 +55,7 @@ impl TryFrom<&Cli> for ServerConfig {
     type Error = anyhow::Error;
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
-        let token = Token::read(cli.token_file.as_deref(), cli.token.as_deref())?;
-        if token.is_none() && !cli.allow_unauthenticated {
-            bail!("no token: pass --token-file or KINDLING_TOKEN (or --allow-unauthenticated)");
-        }
+        let token = cli.auth.read()?;
         let rendezvous = RendezvousConfig {
             lease: Duration::from_millis(cli.lease_ms),
             gang_timeout: Duration::from_millis(cli.gang_timeout_ms),

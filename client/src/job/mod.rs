@@ -190,7 +190,7 @@ pub struct TrainingJob {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     progress: ProgressMode,
-    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
 }
 
@@ -255,7 +255,7 @@ pub struct TrainingJobBuilder {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     progress: ProgressMode,
-    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
 }
 
@@ -422,8 +422,14 @@ impl TrainingJobBuilder {
         self
     }
 
-    /// Also sends every progress event to `events`.
-    pub fn events(mut self, events: mpsc::UnboundedSender<TrainingEvent>) -> Self {
+    /// Also sends the job's events to `events`, a bounded channel: `fit`
+    /// never waits for the application to read it. Progress updates
+    /// ([`TrainingEvent::Streamed`], [`TrainingEvent::Step`]) are skipped while
+    /// the channel is more than half full, so the milestones (start, each
+    /// split fed, each epoch, recoveries, the end) fit in the rest; size it for
+    /// those if you read only after `fit` returns (a few plus one per epoch).
+    /// Beyond that, events are dropped with a warning.
+    pub fn events(mut self, events: mpsc::Sender<TrainingEvent>) -> Self {
         self.events = Some(events);
         self
     }

@@ -100,7 +100,8 @@ pub enum TrainingEvent {
 /// Fans events out to the application's channel and to the screen.
 #[derive(Debug)]
 pub(crate) struct Reporter {
-    events: Option<mpsc::UnboundedSender<TrainingEvent>>,
+    events: Option<mpsc::Sender<TrainingEvent>>,
+    dropped: u64,
     bars: Option<MultiProgress>,
     shard_bars: HashMap<(&'static str, usize), ProgressBar>,
     train_bar: Option<ProgressBar>,
@@ -109,7 +110,7 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    pub(crate) fn new(mode: ProgressMode, events: Option<mpsc::UnboundedSender<TrainingEvent>>) -> Self {
+    pub(crate) fn new(mode: ProgressMode, events: Option<mpsc::Sender<TrainingEvent>>) -> Self {
         let terminal = std::io::stderr().is_terminal();
         let (bars, log) = match mode {
             ProgressMode::Auto if terminal => (Some(MultiProgress::new()), false),
@@ -119,6 +120,7 @@ impl Reporter {
         };
         Reporter {
             events,
+            dropped: 0,
             bars,
             shard_bars: HashMap::new(),
             train_bar: None,
@@ -129,9 +131,26 @@ impl Reporter {
 
     pub(crate) fn emit(&mut self, event: TrainingEvent) {
         self.show(&event);
-        if let Some(tx) = &self.events {
-            // The application may have dropped its receiver; progress is best effort.
-            let _ = tx.send(event);
+        let Some(tx) = &self.events else { return };
+        // Progress updates leave half of the channel to the milestones, so an
+        // application that reads only at the end still gets every milestone.
+        let progress = matches!(event, TrainingEvent::Streamed { .. } | TrainingEvent::Step { .. });
+        if progress && tx.capacity() < tx.max_capacity().div_ceil(2) {
+            return;
+        }
+        match tx.try_send(event) {
+            // A dropped receiver: the application stopped listening.
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                self.dropped += 1;
+                if self.dropped.is_power_of_two() {
+                    tracing::warn!(
+                        dropped = self.dropped,
+                        ?event,
+                        "the training events channel is full (the application is not reading it): events dropped"
+                    );
+                }
+            }
         }
     }
 
@@ -271,4 +290,74 @@ fn epoch_line(m: &EpochMetrics) -> String {
     }
     s.push_str(&format!("  {:.0} samples/s/rank", m.samples_per_sec));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use kindling_schemas::action::EpochMetrics;
+    use tokio::sync::mpsc;
+
+    use super::{ProgressMode, Reporter, TrainingEvent};
+
+    fn step(step: u64) -> TrainingEvent {
+        TrainingEvent::Step {
+            epoch: 1,
+            step,
+            steps: 100,
+            loss: Some(0.5),
+            samples_per_sec: 1.0,
+        }
+    }
+
+    fn epoch(epoch: u32) -> TrainingEvent {
+        TrainingEvent::Epoch(EpochMetrics {
+            epoch,
+            train_loss: 0.1,
+            rows: 10,
+            eval_loss: None,
+            eval_accuracy: None,
+            samples_per_sec: 1.0,
+        })
+    }
+
+    #[test]
+    fn progress_leaves_half_the_channel_to_milestones_and_nothing_blocks() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut reporter = Reporter::new(ProgressMode::Silent, Some(tx));
+        for s in 0..100 {
+            reporter.emit(step(s));
+        }
+        for e in 1..=4 {
+            reporter.emit(epoch(e));
+        }
+        // Full now: one more milestone is dropped, not waited for.
+        reporter.emit(TrainingEvent::Finished { job_id: "j".into() });
+        let mut got = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            got.push(e);
+        }
+        let steps = got
+            .iter()
+            .filter(|e| matches!(e, TrainingEvent::Step { .. }))
+            .count();
+        assert_eq!(steps, 4, "{got:?}");
+        let epochs: Vec<u32> = got
+            .iter()
+            .filter_map(|e| match e {
+                TrainingEvent::Epoch(m) => Some(m.epoch),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(epochs, [1, 2, 3, 4]);
+        assert_eq!(reporter.dropped, 1);
+    }
+
+    #[test]
+    fn a_dropped_receiver_is_not_an_error() {
+        let (tx, rx) = mpsc::channel(2);
+        drop(rx);
+        let mut reporter = Reporter::new(ProgressMode::Silent, Some(tx));
+        reporter.emit(epoch(1));
+        assert_eq!(reporter.dropped, 0);
+    }
 }
