@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig, ServerConfig};
+use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig, RendezvousError, ServerConfig};
 use kindling_agent::{AgentConfig, AgentError, AgentHandle};
 use kindling_schemas::auth::Token;
 
@@ -65,7 +65,7 @@ pub struct LocalCluster {
 pub enum LocalError {
     /// The rendezvous did not start.
     #[error("local rendezvous: {0}")]
-    Rendezvous(String),
+    Rendezvous(#[from] RendezvousError),
     /// An agent did not start.
     #[error("local agent: {0}")]
     Agent(#[from] AgentError),
@@ -84,8 +84,7 @@ impl LocalCluster {
             ..RendezvousConfig::default()
         };
         let rendezvous = EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone()))
-            .await
-            .map_err(|e| LocalError::Rendezvous(e.to_string()))?;
+            .await?;
         let cluster = LocalCluster {
             config,
             rendezvous_url: rendezvous.url(),

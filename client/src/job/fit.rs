@@ -16,6 +16,7 @@ use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, Shards, SparkRows, Window};
 use crate::feed::{AgentClient, PushedPartition};
+#[cfg(feature = "local")]
 use crate::local::{LocalCluster, LocalClusterConfig};
 use crate::spark::{DataFrame, RecordBatchStream};
 
@@ -24,24 +25,30 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// Where the job runs.
 enum Target<'a> {
+    #[cfg(feature = "local")]
     Local(&'a LocalCluster),
-    Remote { url: String, token: Option<Token> },
+    Remote { url: &'a str, token: Option<Token> },
 }
 
 impl Target<'_> {
     fn rendezvous(&self) -> String {
         match self {
+            #[cfg(feature = "local")]
             Target::Local(c) => c.rendezvous_url(),
-            Target::Remote { url, .. } => url.clone(),
+            Target::Remote { url, .. } => (*url).to_owned(),
         }
     }
 
     fn is_local(&self) -> bool {
-        matches!(self, Target::Local(_))
+        #[cfg(feature = "local")]
+        return matches!(self, Target::Local(_));
+        #[cfg(not(feature = "local"))]
+        false
     }
 
     fn token(&self) -> Option<Token> {
         match self {
+            #[cfg(feature = "local")]
             Target::Local(c) => c.token().cloned(),
             Target::Remote { token, .. } => token.clone(),
         }
@@ -119,6 +126,7 @@ impl TrainingJob {
     }
 
     async fn fit_rows(&self, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
+        #[cfg(feature = "local")]
         if self.local_mode {
             let dir = self.work_dir.join(uuid::Uuid::new_v4().simple().to_string());
             let mut config = LocalClusterConfig::new(&dir);
@@ -132,22 +140,22 @@ impl TrainingJob {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
             }
-            result
-        } else {
-            let url = self.rendezvous.clone().unwrap_or_default();
-            self.run(
-                Target::Remote {
-                    url,
-                    token: self.token.clone(),
-                },
-                rows,
-            )
-            .await
+            return result;
         }
+        let url = self.rendezvous.as_deref().unwrap_or_default();
+        self.run(
+            Target::Remote {
+                url,
+                token: self.token.clone(),
+            },
+            rows,
+        )
+        .await
     }
 
     /// Trains on an existing local cluster (its spare agents replace lost
     /// ones, and it grows when it has none). Lets tests inject faults.
+    #[cfg(feature = "local")]
     pub async fn fit_on(&self, cluster: &LocalCluster, df: &DataFrame) -> Result<TrainedModel, JobError> {
         self.run(Target::Local(cluster), Rows::Spark(SparkRows::whole(df.clone())))
             .await
@@ -415,7 +423,7 @@ impl TrainingJob {
             job_id.clone(),
             layout.input_dim,
             final_status.history.clone(),
-            &weights,
+            weights,
         )?;
         guard.armed = false;
         reporter.emit(TrainingEvent::Finished {
@@ -503,6 +511,7 @@ async fn pick_agents(
     count: usize,
     exclude: &[String],
 ) -> Result<Vec<AgentInfo>, JobError> {
+    #[cfg(feature = "local")]
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let mut live: Vec<AgentInfo> = rv
@@ -516,26 +525,19 @@ async fn pick_agents(
             live.truncate(count);
             return Ok(live);
         }
-        match target {
-            Target::Local(cluster) => {
-                for _ in live.len()..count {
-                    cluster.add_agent().await?;
-                }
+        #[cfg(feature = "local")]
+        if let Target::Local(cluster) = target {
+            for _ in live.len()..count {
+                cluster.add_agent().await?;
             }
-            Target::Remote { url, .. } => {
-                return Err(JobError::NotEnoughAgents {
-                    needed: count as u32,
-                    live: live.len(),
-                    rendezvous: url.clone(),
-                });
+            if Instant::now() <= deadline {
+                continue;
             }
         }
-        if Instant::now() > deadline {
-            return Err(JobError::NotEnoughAgents {
-                needed: count as u32,
-                live: live.len(),
-                rendezvous: target.rendezvous(),
-            });
-        }
+        return Err(JobError::NotEnoughAgents {
+            needed: count as u32,
+            live: live.len(),
+            rendezvous: target.rendezvous(),
+        });
     }
 }

@@ -77,6 +77,7 @@ pub enum JobError {
     #[error("rendezvous: {0}")]
     Rendezvous(#[from] kindling_agent::rendezvous::ClientError),
     /// Local mode could not start.
+    #[cfg(feature = "local")]
     #[error(transparent)]
     Local(#[from] crate::local::LocalError),
     /// Training failed on the agents.
@@ -114,6 +115,7 @@ pub enum JobError {
         source: std::io::Error,
     },
     /// The model could not be built or loaded.
+    #[cfg(feature = "local")]
     #[error(transparent)]
     Model(#[from] kindling_agent::AgentError),
 }
@@ -470,6 +472,12 @@ impl TrainingJobBuilder {
                 .map_err(|(setting, reason)| JobError::Setting { setting, reason })?;
         }
         let local_mode = self.local_mode.unwrap_or(self.rendezvous.is_none());
+        if local_mode && cfg!(not(feature = "local")) {
+            return Err(setting(
+                "local_mode",
+                "this build of kindling has no local mode (the `local` feature is off): set .rendezvous(url)",
+            ));
+        }
         if !local_mode && self.rendezvous.is_none() {
             return Err(setting(
                 "rendezvous",

@@ -1,25 +1,36 @@
-//! The result of `fit`: metrics, the trained weights, save/load, and
-//! prediction over DataFrames (streamed, and back into Spark).
+//! The result of `fit`: metrics, the trained weights as an Arrow table,
+//! save/load, and — with the `local` feature, which links burn — prediction
+//! in this process over DataFrames (streamed, and back into Spark).
 
 use std::path::Path;
+#[cfg(feature = "local")]
 use std::pin::Pin;
+#[cfg(feature = "local")]
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+#[cfg(feature = "local")]
 use arrow::datatypes::SchemaRef;
+#[cfg(feature = "local")]
 use futures::{Stream, StreamExt};
+#[cfg(feature = "local")]
 use kindling_agent::model::Net;
+#[cfg(feature = "local")]
 use kindling_agent::{flight, params, trainer};
 use kindling_schemas::action::EpochMetrics;
+#[cfg(feature = "local")]
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
 use super::JobError;
+#[cfg(feature = "local")]
 use crate::feed::relay::{self, SparkRows};
+#[cfg(feature = "local")]
 use crate::spark::{DataFrame, SparkSession};
 
 /// A stream of prediction batches.
+#[cfg(feature = "local")]
 pub type PredictionStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, JobError>> + Send>>;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -29,11 +40,14 @@ struct ModelMeta {
     history: Vec<EpochMetrics>,
 }
 
-/// A trained model.
+/// A trained model: its spec, metrics and weights; with the `local` feature
+/// also the burn network, to predict in this process.
 #[derive(Debug, Clone)]
 pub struct TrainedModel {
     spec: JobSpec,
     meta: ModelMeta,
+    weights: RecordBatch,
+    #[cfg(feature = "local")]
     net: Arc<Net>,
 }
 
@@ -43,21 +57,21 @@ impl TrainedModel {
         job_id: String,
         input_dim: usize,
         history: Vec<EpochMetrics>,
-        weights: &RecordBatch,
+        weights: RecordBatch,
     ) -> Result<Self, JobError> {
-        let device = trainer::device_for(&JobSpec {
-            use_gpu: false,
-            ..spec.clone()
-        })?;
-        let net = params::from_arrow(Net::new(&spec, input_dim, &device), weights)?;
+        let meta = ModelMeta {
+            job_id,
+            input_dim,
+            history,
+        };
+        #[cfg(feature = "local")]
+        let net = Arc::new(params::from_arrow(empty_net(&spec, input_dim)?, &weights)?);
         Ok(TrainedModel {
             spec,
-            meta: ModelMeta {
-                job_id,
-                input_dim,
-                history,
-            },
-            net: Arc::new(net),
+            meta,
+            weights,
+            #[cfg(feature = "local")]
+            net,
         })
     }
 
@@ -78,11 +92,12 @@ impl TrainedModel {
 
     /// The weights as an Arrow table (`name`, `shape`, `values`).
     pub fn weights(&self) -> Result<RecordBatch, JobError> {
-        Ok(params::to_arrow(&self.net)?)
+        Ok(self.weights.clone())
     }
 
     /// Saves to `dir`: `spec.json`, `model.json` (metrics, input width),
-    /// `model.bpk` (burn record) and `weights.arrow` (Arrow IPC file, for other languages).
+    /// `weights.arrow` (Arrow IPC file, for other languages) and, with the
+    /// `local` feature, `model.bpk` (burn record).
     pub fn save(&self, dir: impl AsRef<Path>) -> Result<(), JobError> {
         let dir = dir.as_ref();
         let io = |what: &str, e| JobError::Io {
@@ -93,14 +108,15 @@ impl TrainedModel {
         std::fs::write(dir.join("spec.json"), self.spec.to_json()).map_err(|e| io("write spec.json", e))?;
         let meta = serde_json::to_vec_pretty(&self.meta).map_err(|e| io("encode model.json", e.into()))?;
         std::fs::write(dir.join("model.json"), meta).map_err(|e| io("write model.json", e))?;
+        #[cfg(feature = "local")]
         std::fs::write(dir.join("model.bpk"), params::to_record_bytes(&self.net)?)
             .map_err(|e| io("write model.bpk", e))?;
-        let table = self.weights()?;
+        let table = &self.weights;
         let file =
             std::fs::File::create(dir.join("weights.arrow")).map_err(|e| io("create weights.arrow", e))?;
         let mut w = arrow::ipc::writer::FileWriter::try_new(file, &table.schema())
             .map_err(|e| io("write weights.arrow", std::io::Error::other(e)))?;
-        w.write(&table)
+        w.write(table)
             .map_err(|e| io("write weights.arrow", std::io::Error::other(e)))?;
         w.finish()
             .map_err(|e| io("write weights.arrow", std::io::Error::other(e)))?;
@@ -121,18 +137,55 @@ impl TrainedModel {
             context: format!("parse model.json in {}", dir.display()),
             source: e.into(),
         })?;
-        let device = trainer::device_for(&JobSpec {
-            use_gpu: false,
-            ..spec.clone()
-        })?;
-        let net = params::from_record_bytes(Net::new(&spec, meta.input_dim, &device), read("model.bpk")?)?;
-        Ok(TrainedModel {
-            spec,
-            meta,
-            net: Arc::new(net),
-        })
+        #[cfg(feature = "local")]
+        {
+            let bytes = read("model.bpk")?;
+            let net = params::from_record_bytes(empty_net(&spec, meta.input_dim)?, bytes)?;
+            let weights = params::to_arrow(&net)?;
+            Ok(TrainedModel {
+                spec,
+                meta,
+                weights,
+                net: Arc::new(net),
+            })
+        }
+        #[cfg(not(feature = "local"))]
+        {
+            let weights = read_weights(&dir.join("weights.arrow"))?;
+            Ok(TrainedModel { spec, meta, weights })
+        }
     }
+}
 
+/// The model's network with fresh weights, on the CPU, to load weights into.
+#[cfg(feature = "local")]
+fn empty_net(spec: &JobSpec, input_dim: usize) -> Result<Net, JobError> {
+    let device = trainer::device_for(&JobSpec {
+        use_gpu: false,
+        ..spec.clone()
+    })?;
+    Ok(Net::new(spec, input_dim, &device))
+}
+
+/// The weights table of an Arrow IPC file written by [`TrainedModel::save`].
+#[cfg(not(feature = "local"))]
+fn read_weights(path: &Path) -> Result<RecordBatch, JobError> {
+    let io = |e: std::io::Error| JobError::Io {
+        context: format!("read {}", path.display()),
+        source: e,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let reader = arrow::ipc::reader::FileReader::try_new(file, None).map_err(|e| io(std::io::Error::other(e)))?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io(std::io::Error::other(e)))?;
+    arrow::compute::concat_batches(&schema, &batches).map_err(|e| io(std::io::Error::other(e)))
+}
+
+/// Prediction in this process (the `local` feature: burn on this machine's CPU).
+#[cfg(feature = "local")]
+impl TrainedModel {
     /// Predicts one batch: the batch's columns plus `prediction` (and
     /// `probabilities` for classification).
     pub fn predict_batch(&self, batch: &RecordBatch) -> Result<RecordBatch, JobError> {

@@ -135,7 +135,7 @@ impl Reporter {
         // Progress updates leave half of the channel to the milestones, so an
         // application that reads only at the end still gets every milestone.
         let progress = matches!(event, TrainingEvent::Streamed { .. } | TrainingEvent::Step { .. });
-        if progress && tx.capacity() < tx.max_capacity().div_ceil(2) {
+        if progress && tx.capacity() <= tx.max_capacity() / 2 {
             return;
         }
         match tx.try_send(event) {

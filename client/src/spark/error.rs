@@ -113,7 +113,7 @@ impl Error {
     pub(crate) fn from_status(address: &str, status: tonic::Status) -> Self {
         let transport_failure = (status.code() == tonic::Code::Unavailable && status.details().is_empty())
             || (status.code() == tonic::Code::Unknown && status.message().contains("transport"))
-            || super::stream::is_transport_failure(&status);
+            || is_transport_failure(&status);
         if transport_failure {
             return Error::Connection {
                 address: address.to_string(),
@@ -149,3 +149,10 @@ fn describe_transport(status: &tonic::Status) -> String {
 
 /// Shorthand for results of this module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether `status` was made by this side's transport (the connection broke)
+/// rather than sent by the server: server statuses come from trailers and
+/// carry no source error, transport failures carry the hyper/h2/io cause.
+pub(crate) fn is_transport_failure(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some() && status.details().is_empty()
+}

@@ -17,7 +17,7 @@ use spark_connect_proto::execute_plan_response::ResponseType;
 use spark_connect_proto::{ExecutePlanRequest, ExecutePlanResponse, Plan, ReleaseExecuteRequest};
 use tonic::Streaming;
 
-use super::error::Result;
+use super::error::{Result, is_transport_failure};
 use super::transport::Transport;
 use super::types::spark_to_arrow_schema;
 
@@ -309,13 +309,6 @@ impl Execution {
             spawn_release(self.transport.clone(), request);
         }
     }
-}
-
-/// Whether `status` was made by this side's transport (the connection broke)
-/// rather than sent by the server: server statuses come from trailers and
-/// carry no source error, transport failures carry the hyper/h2/io cause.
-pub(crate) fn is_transport_failure(status: &tonic::Status) -> bool {
-    std::error::Error::source(status).is_some() && status.details().is_empty()
 }
 
 /// Releases (and so interrupts, if unfinished) the operation when dropped.
