@@ -9,7 +9,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use futures::{Stream, StreamExt};
 use kindling_agent::model::Net;
-use kindling_agent::{flight, params, trainer};
+use kindling_agent::{params, predict, trainer};
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::JobSpec;
@@ -147,7 +147,7 @@ impl TrainedModel {
             use_gpu: false,
             ..self.spec.clone()
         };
-        Ok(flight::predict_batch(&self.net, &spec, &layout, batch)?)
+        Ok(predict::predict_batch(&self.net, &spec, &layout, batch)?)
     }
 
     /// Streams predictions over a DataFrame, batch by batch (on a blocking
