@@ -85,7 +85,7 @@ impl CachedBatch {
                 let mut reader = FileReader::try_new(file, None).map_err(AgentError::arrow)?;
                 reader
                     .next()
-                    .ok_or_else(|| AgentError::Training(format!("spill file {} is empty", path.display())))?
+                    .ok_or_else(|| AgentError::EmptySpillFile(path.clone()))?
                     .map_err(AgentError::arrow)
             }
         }
@@ -108,6 +108,60 @@ impl Drop for CachedBatch {
                 if let Err(e) = std::fs::remove_file(path.as_path()) {
                     tracing::warn!(path = %path.display(), error = %e, "could not remove spill file");
                 }
+            }
+        }
+    }
+}
+
+/// A batch whose place [`ShardCache::place`] decided, not yet stored.
+#[derive(Debug)]
+pub enum PlacedBatch {
+    /// Fits the budget (already charged).
+    Memory(CachedBatch),
+    /// Goes to a spill file.
+    Spill {
+        /// The spill directory (created on first spill).
+        dir: PathBuf,
+        /// The file to write.
+        path: PathBuf,
+        /// The batch.
+        batch: RecordBatch,
+        /// Its Arrow size.
+        bytes: u64,
+    },
+}
+
+impl PlacedBatch {
+    /// The batch's Arrow size (what it charges the budget when it fits;
+    /// buffers shared by its columns, as after an IPC decode, count once).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            PlacedBatch::Memory(CachedBatch::Memory { bytes, .. }) => *bytes,
+            PlacedBatch::Memory(CachedBatch::Disk { .. }) => 0,
+            PlacedBatch::Spill { bytes, .. } => *bytes,
+        }
+    }
+
+    /// Whether [`store`](Self::store) writes a file (blocking I/O: run it off
+    /// the async runtime).
+    pub fn spills(&self) -> bool {
+        matches!(self, PlacedBatch::Spill { .. })
+    }
+
+    /// Stores the batch: nothing to do in memory, else writes its spill file.
+    pub fn store(self) -> Result<CachedBatch, AgentError> {
+        match self {
+            PlacedBatch::Memory(cached) => Ok(cached),
+            PlacedBatch::Spill { dir, path, batch, .. } => {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| AgentError::io(format!("create spill dir {}", dir.display()), e))?;
+                write_ipc_file(&path, &batch)?;
+                let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                Ok(CachedBatch::Disk {
+                    path,
+                    bytes,
+                    rows: batch.num_rows(),
+                })
             }
         }
     }
@@ -146,39 +200,46 @@ impl ShardCache {
         }
     }
 
-    /// Adds a batch of `stream`, not yet visible to readers. Returns the
-    /// batch's Arrow size (what it charges the budget when it fits; buffers
-    /// shared by its columns, as after an IPC decode, count once).
+    /// Adds a batch of `stream`, not yet visible to readers, writing its
+    /// spill file in place (see [`place`](Self::place) to write it elsewhere).
+    /// Returns the batch's Arrow size, as [`PlacedBatch::bytes`].
     pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, AgentError> {
-        let bytes = kindling_schemas::schema::batch_bytes(&batch);
-        let cached = if self.budget.try_reserve(bytes) {
-            CachedBatch::Memory {
-                batch,
-                bytes,
-                budget: self.budget.clone(),
-            }
-        } else {
-            self.spill(&batch)?
-        };
-        self.staged.push(Entry {
-            stream,
-            batch: Arc::new(cached),
-        });
+        let placed = self.place(batch);
+        let bytes = placed.bytes();
+        let cached = placed.store()?;
+        self.stage(stream, cached);
         Ok(bytes)
     }
 
-    fn spill(&mut self, batch: &RecordBatch) -> Result<CachedBatch, AgentError> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| AgentError::io(format!("create spill dir {}", self.dir.display()), e))?;
+    /// Decides where a batch goes: memory when it fits the budget (charging
+    /// it now), else a spill file named now and written by
+    /// [`PlacedBatch::store`]. Cheap, so it can run under the job's lock while
+    /// the spill write runs outside it.
+    pub fn place(&mut self, batch: RecordBatch) -> PlacedBatch {
+        let bytes = kindling_schemas::schema::batch_bytes(&batch);
+        if self.budget.try_reserve(bytes) {
+            return PlacedBatch::Memory(CachedBatch::Memory {
+                batch,
+                bytes,
+                budget: self.budget.clone(),
+            });
+        }
         let path = self.dir.join(format!("batch-{:08}.arrow", self.next_file));
         self.next_file += 1;
-        write_ipc_file(&path, batch)?;
-        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        Ok(CachedBatch::Disk {
+        PlacedBatch::Spill {
+            dir: self.dir.clone(),
             path,
+            batch,
             bytes,
-            rows: batch.num_rows(),
-        })
+        }
+    }
+
+    /// Adds a stored batch of `stream`, not yet visible to readers.
+    pub fn stage(&mut self, stream: u64, batch: CachedBatch) {
+        self.staged.push(Entry {
+            stream,
+            batch: Arc::new(batch),
+        });
     }
 
     /// Makes a stream's batches visible, after every batch committed before.

@@ -121,8 +121,11 @@ impl CheckpointStore {
             let p = dir.join(name);
             std::fs::read(&p).map_err(|e| AgentError::io(format!("read {}", p.display()), e))
         };
-        let meta: CheckpointMeta = serde_json::from_slice(&read("meta.json")?)
-            .map_err(|e| AgentError::Record(format!("checkpoint {}: meta.json: {e}", dir.display())))?;
+        let meta: CheckpointMeta =
+            serde_json::from_slice(&read("meta.json")?).map_err(|source| AgentError::CheckpointMeta {
+                place: format!("{}/meta.json", dir.display()),
+                source,
+            })?;
         Ok(Some(Checkpoint {
             meta,
             weights: read("model.bpk")?,
@@ -154,7 +157,7 @@ pub fn pack(ckpt: &Checkpoint) -> Vec<u8> {
 
 /// Unpacks [`pack`]'s output.
 pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, AgentError> {
-    let bad = || AgentError::Record("truncated checkpoint broadcast".into());
+    let bad = || AgentError::TruncatedCheckpoint;
     let mut parts = Vec::with_capacity(3);
     let mut rest = bytes;
     for _ in 0..3 {
@@ -166,8 +169,12 @@ pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, AgentError> {
     }
     let optimizer = parts.pop().unwrap_or_default();
     let weights = parts.pop().unwrap_or_default();
-    let meta = serde_json::from_slice(&parts.pop().unwrap_or_default())
-        .map_err(|e| AgentError::Record(format!("checkpoint meta: {e}")))?;
+    let meta = serde_json::from_slice(&parts.pop().unwrap_or_default()).map_err(|source| {
+        AgentError::CheckpointMeta {
+            place: "in a broadcast".into(),
+            source,
+        }
+    })?;
     Ok(Checkpoint {
         meta,
         weights,

@@ -240,10 +240,10 @@ impl Ring {
     pub fn new(config: RingConfig, inbox: Arc<Inbox>, cancel: CancellationToken) -> Result<Ring, AgentError> {
         let world = config.peers.len() as u32;
         if world == 0 || config.rank >= world {
-            return Err(AgentError::InvalidInput(format!(
-                "rank {} outside a world of {world}",
-                config.rank
-            )));
+            return Err(AgentError::RankOutsideWorld {
+                rank: config.rank,
+                world,
+            });
         }
         let next = if world > 1 {
             let addr = config.peers[((config.rank + 1) % world) as usize].clone();
@@ -259,8 +259,7 @@ impl Ring {
                 .initial_stream_window_size(STREAM_WINDOW_BYTES)
                 .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                 .connect_lazy();
-            let attach = BearerAttach::new(config.token.as_ref())
-                .map_err(|e| AgentError::InvalidInput(e.to_string()))?;
+            let attach = BearerAttach::new(config.token.as_ref())?;
             let client = CollectiveClient::with_interceptor(channel, attach)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -341,11 +340,11 @@ impl Ring {
     pub async fn broadcast(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, AgentError> {
         self.op += 1;
         if self.world == 1 {
-            return bytes.ok_or_else(|| AgentError::InvalidInput("broadcast root has no payload".into()));
+            return bytes.ok_or(AgentError::BroadcastWithoutPayload);
         }
         let last = (root + self.world - 1) % self.world;
         let data = if self.rank == root {
-            bytes.ok_or_else(|| AgentError::InvalidInput("broadcast root has no payload".into()))?
+            bytes.ok_or(AgentError::BroadcastWithoutPayload)?
         } else {
             // Length first (8 bytes), then the payload, both relayed along the ring.
             let len_bytes = self.recv(0, 8).await?;

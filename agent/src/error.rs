@@ -1,24 +1,121 @@
 //! The agent's error type and its one mapping to `tonic::Status`.
 
-use kindling_schemas::descriptor::PathError;
-use kindling_schemas::schema::SchemaError;
+use std::path::PathBuf;
+
+use arrow_flight::error::FlightError;
+use kindling_schemas::action::{ActionError, AgentJobState};
+use kindling_schemas::auth::InvalidToken;
+use kindling_schemas::descriptor::{PathError, Split};
+use kindling_schemas::metadata::MetadataError;
+use kindling_schemas::schema::{FeatureColumn, SchemaError};
 use tonic::Status;
 
 /// Everything that can go wrong in an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    /// The caller sent something that does not follow the contract.
-    #[error("invalid input: {0}")]
-    InvalidInput(String),
-    /// A stream's schema or values do not fit the job spec.
-    #[error(transparent)]
-    Schema(#[from] SchemaError),
+    // The caller's request does not follow the contract (InvalidArgument).
+    /// A `DoPut` or `DoExchange` whose stream ended before its first message.
+    #[error("empty {call}: the first message must carry the descriptor")]
+    EmptyStream {
+        /// The Flight call.
+        call: &'static str,
+    },
+    /// The first message of a `DoPut` or `DoExchange` has no descriptor.
+    #[error("the first {call} message has no flight descriptor")]
+    NoDescriptor {
+        /// The Flight call.
+        call: &'static str,
+    },
     /// A Flight path that does not follow the contract.
     #[error(transparent)]
     Path(#[from] PathError),
+    /// A valid path the call does not take.
+    #[error("{call} takes {expected}, not {got:?}")]
+    WrongPath {
+        /// The Flight call.
+        call: &'static str,
+        /// The paths it takes.
+        expected: &'static str,
+        /// The path's segments.
+        got: Vec<String>,
+    },
+    /// A model was asked for at a path that names no model.
+    #[error("{0:?} is not a model: use [job_id, model] or [job_id, checkpoint]")]
+    NotAModel(Vec<String>),
+    /// `GetSchema` for a path that has no fixed schema.
+    #[error("no schema for {0:?}")]
+    NoSchema(Vec<String>),
+    /// An action with an unknown name or a malformed body.
+    #[error("invalid input: {0}")]
+    Action(#[from] ActionError),
+    /// A record batch whose `app_metadata` is missing or malformed.
+    #[error("invalid input: {0}")]
+    BatchMetadata(#[from] MetadataError),
+    /// The producer's `DoPut` stream broke with this status.
+    #[error("invalid input: DoPut stream broke: {}", .0.message())]
+    PutStreamBroke(#[source] Box<Status>),
+    /// Flight data that does not decode (or a Flight stream failing locally).
+    #[error("malformed Flight stream: {0}")]
+    MalformedFlight(#[source] FlightError),
+    /// A record batch arrived before the stream's schema.
+    #[error("invalid input: record batch before schema")]
+    BatchBeforeSchema,
+    /// A stream's schema or values do not fit the job spec.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// A stream's features differ from those of the job's earlier streams.
+    #[error("invalid input: stream layout {stream:?} differs from the job's earlier streams {job:?}")]
+    LayoutMismatch {
+        /// This stream's features.
+        stream: Vec<FeatureColumn>,
+        /// The features the job agreed on.
+        job: Vec<FeatureColumn>,
+    },
+    /// A producer skipped or reordered a sequence number.
+    #[error(
+        "invalid input: producer `{producer}` sent seq {got} but {expected} is the next expected (gap or reorder)"
+    )]
+    SequenceGap {
+        /// The producer.
+        producer: String,
+        /// The sequence number it sent.
+        got: u64,
+        /// The one expected.
+        expected: u64,
+    },
+    /// The producer stopped reading acknowledgements mid-stream.
+    #[error("invalid input: the producer went away before the end of its stream")]
+    ProducerGone,
+    /// A batch lacks a column the job needs.
+    #[error("invalid input: column `{0}` is missing from the batch")]
+    MissingColumn(String),
+    /// A model table (weights as Arrow) that does not fit the model.
+    #[error("invalid input: model table: {0}")]
+    ModelTable(String),
+    /// A ring rank outside the world.
+    #[error("invalid input: rank {rank} outside a world of {world}")]
+    RankOutsideWorld {
+        /// The rank.
+        rank: u32,
+        /// The world size.
+        world: u32,
+    },
+    /// The root of a broadcast has nothing to send.
+    #[error("invalid input: broadcast root has no payload")]
+    BroadcastWithoutPayload,
+    /// The bearer token cannot be sent as a header.
+    #[error("invalid input: {0}")]
+    Token(#[from] InvalidToken),
+
+    // Not found.
     /// The job is not known to this agent.
     #[error("unknown job `{0}` on this agent: start it with the `start_job` action first")]
     UnknownJob(String),
+    /// The job has no checkpoint on this agent.
+    #[error("job `{0}` has no checkpoint on this agent yet")]
+    NoCheckpoint(String),
+
+    // The job is in the wrong state (FailedPrecondition).
     /// The job exists but is in the wrong state for the call.
     #[error("job `{job_id}` is {state}: {reason}")]
     WrongState {
@@ -29,6 +126,33 @@ pub enum AgentError {
         /// Why the call is refused.
         reason: String,
     },
+    /// A checkpoint was asked for before any stream told the input layout.
+    #[error("the checkpoint's input layout is unknown: no data arrived")]
+    UnknownLayout,
+    /// The train split ended before any stream reached this agent.
+    #[error("end of data before any stream reached this agent: send at least the schema")]
+    NoData,
+    /// `end_of_data` expected another number of rows than were committed.
+    #[error(
+        "end_of_data for {} of job `{job_id}`: {committed} rows committed here, the producer expected {expected}",
+        .split.as_str()
+    )]
+    RowCountMismatch {
+        /// The job.
+        job_id: String,
+        /// The split.
+        split: Split,
+        /// Rows committed on this agent.
+        committed: u64,
+        /// Rows the producer sent.
+        expected: u64,
+    },
+    /// The job asks for a GPU this agent cannot give (not built with the
+    /// `gpu` feature, or no adapter on the node).
+    #[error("{0}")]
+    GpuUnavailable(String),
+
+    // Retryable: the attempt or a peer failed.
     /// The current attempt failed (a peer died, the rendezvous failed it).
     #[error("attempt {attempt} of job `{job_id}` failed: {cause}")]
     AttemptFailed {
@@ -47,12 +171,60 @@ pub enum AgentError {
         /// What happened.
         reason: String,
     },
-    /// Training diverged or the model failed.
-    #[error("training failed: {0}")]
-    Training(String),
+    /// The rendezvous refused or failed a call.
+    #[error("rendezvous {url}: {source}")]
+    Rendezvous {
+        /// The rendezvous address.
+        url: String,
+        /// What the call failed with.
+        #[source]
+        source: Box<crate::rendezvous::ClientError>,
+    },
+    /// The rendezvous did not answer in time.
+    #[error("rendezvous {url}: timed out")]
+    RendezvousTimeout {
+        /// The rendezvous address.
+        url: String,
+    },
+
     /// The job was cancelled.
     #[error("job cancelled: {0}")]
     Cancelled(String),
+    /// A Flight call the agent does not offer; says what to use instead.
+    #[error("{0}")]
+    Unsupported(&'static str),
+    /// A status already decided elsewhere (the caller's own stream failed with it).
+    #[error("{}", .0.message())]
+    Status(Box<Status>),
+
+    // The agent failed (Internal).
+    /// The loss became non-finite.
+    #[error(
+        "training failed: loss became {loss} at epoch {epoch}, step {step}: lower the learning rate or normalise the features"
+    )]
+    Diverged {
+        /// The loss.
+        loss: f64,
+        /// The epoch.
+        epoch: u32,
+        /// The step in the epoch.
+        step: u64,
+    },
+    /// A task on a blocking thread panicked or was cancelled.
+    #[error("{task} panicked: {source}")]
+    Panicked {
+        /// What ran there.
+        task: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Tensor data of an unexpected type.
+    #[error("tensor data: {0}")]
+    TensorData(#[source] burn::tensor::DataError),
+    /// A spill file with no batch in it.
+    #[error("spill file {} is empty", .0.display())]
+    EmptySpillFile(PathBuf),
     /// Local I/O (spill files, checkpoints).
     #[error("{context}: {source}")]
     Io {
@@ -65,16 +237,27 @@ pub enum AgentError {
     /// Arrow encoding or decoding.
     #[error("arrow: {0}")]
     Arrow(#[source] arrow::error::ArrowError),
-    /// The rendezvous refused or failed a call.
-    #[error("rendezvous: {0}")]
-    Rendezvous(String),
-    /// A model or optimizer record could not be encoded or decoded.
+    /// A burn model record could not be encoded, decoded or loaded.
     #[error("model record: {0}")]
-    Record(String),
-    /// The job asks for a GPU this agent cannot give (not built with the
-    /// `gpu` feature, or no adapter on the node).
-    #[error("{0}")]
-    GpuUnavailable(String),
+    Record(#[source] burn::store::RecordError),
+    /// Optimizer state that does not belong to this optimizer or model.
+    #[error("model record: optimizer state: {0}")]
+    OptimizerState(String),
+    /// A checkpoint's metadata does not parse.
+    #[error("model record: checkpoint {place}: {source}")]
+    CheckpointMeta {
+        /// Where it was read from.
+        place: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A checkpoint broadcast shorter than its lengths say.
+    #[error("model record: truncated checkpoint broadcast")]
+    TruncatedCheckpoint,
+    /// A JSON response could not be encoded.
+    #[error("encoding the response: {0}")]
+    ResponseJson(#[source] serde_json::Error),
 }
 
 impl AgentError {
@@ -91,31 +274,175 @@ impl AgentError {
         }
     }
 
+    /// The job `job_id` is `state`, which refuses the call for `reason`.
+    pub fn wrong_state(job_id: &str, state: AgentJobState, reason: impl Into<String>) -> Self {
+        AgentError::WrongState {
+            job_id: job_id.to_owned(),
+            state: format!("{state:?}").to_lowercase(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A failed rendezvous call to `url`.
+    pub fn rendezvous(url: &str, source: crate::rendezvous::ClientError) -> Self {
+        AgentError::Rendezvous {
+            url: url.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
     /// Whether retrying the same call (or a new attempt) can help.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            AgentError::AttemptFailed { .. } | AgentError::PeerUnavailable { .. } | AgentError::Rendezvous(_)
-        )
+        match self {
+            AgentError::AttemptFailed { .. }
+            | AgentError::PeerUnavailable { .. }
+            | AgentError::RendezvousTimeout { .. } => true,
+            AgentError::Rendezvous { source, .. } => source.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+/// A failed Flight stream: our own error travelled inside it, the caller's
+/// stream failed with a status, or the data does not decode.
+impl From<FlightError> for AgentError {
+    fn from(e: FlightError) -> Self {
+        match e {
+            FlightError::Tonic(s) => AgentError::Status(s),
+            FlightError::ExternalError(inner) => match inner.downcast::<AgentError>() {
+                Ok(agent) => *agent,
+                Err(other) => AgentError::MalformedFlight(FlightError::ExternalError(other)),
+            },
+            other => AgentError::MalformedFlight(other),
+        }
+    }
+}
+
+/// Carries an agent error through a Flight stream (see `From<FlightError>`).
+impl From<AgentError> for FlightError {
+    fn from(e: AgentError) -> Self {
+        FlightError::ExternalError(Box::new(e))
     }
 }
 
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Status {
+        use crate::rendezvous::ClientError;
         let msg = e.to_string();
         match e {
-            AgentError::InvalidInput(_) | AgentError::Schema(_) | AgentError::Path(_) => {
+            AgentError::EmptyStream { .. }
+            | AgentError::NoDescriptor { .. }
+            | AgentError::Path(_)
+            | AgentError::WrongPath { .. }
+            | AgentError::NotAModel(_)
+            | AgentError::NoSchema(_)
+            | AgentError::Action(_)
+            | AgentError::BatchMetadata(_)
+            | AgentError::PutStreamBroke(_)
+            | AgentError::MalformedFlight(_)
+            | AgentError::BatchBeforeSchema
+            | AgentError::Schema(_)
+            | AgentError::LayoutMismatch { .. }
+            | AgentError::SequenceGap { .. }
+            | AgentError::ProducerGone
+            | AgentError::MissingColumn(_)
+            | AgentError::ModelTable(_)
+            | AgentError::RankOutsideWorld { .. }
+            | AgentError::BroadcastWithoutPayload
+            | AgentError::Token(_) => Status::invalid_argument(msg),
+            AgentError::UnknownJob(_) | AgentError::NoCheckpoint(_) => Status::not_found(msg),
+            AgentError::WrongState { .. }
+            | AgentError::UnknownLayout
+            | AgentError::NoData
+            | AgentError::RowCountMismatch { .. }
+            | AgentError::GpuUnavailable(_) => Status::failed_precondition(msg),
+            AgentError::AttemptFailed { .. } => Status::aborted(msg),
+            // A rendezvous address or token that cannot work is the caller's input.
+            AgentError::Rendezvous { ref source, .. }
+                if matches!(
+                    **source,
+                    ClientError::InvalidEndpoint { .. } | ClientError::InvalidToken(_)
+                ) =>
+            {
                 Status::invalid_argument(msg)
             }
-            AgentError::UnknownJob(_) => Status::not_found(msg),
-            AgentError::WrongState { .. } | AgentError::GpuUnavailable(_) => Status::failed_precondition(msg),
-            AgentError::AttemptFailed { .. } => Status::aborted(msg),
-            AgentError::PeerUnavailable { .. } | AgentError::Rendezvous(_) => Status::unavailable(msg),
+            AgentError::PeerUnavailable { .. }
+            | AgentError::Rendezvous { .. }
+            | AgentError::RendezvousTimeout { .. } => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),
-            AgentError::Training(_)
+            AgentError::Unsupported(_) => Status::unimplemented(msg),
+            AgentError::Status(status) => *status,
+            AgentError::Diverged { .. }
+            | AgentError::Panicked { .. }
+            | AgentError::TensorData(_)
+            | AgentError::EmptySpillFile(_)
             | AgentError::Io { .. }
             | AgentError::Arrow(_)
-            | AgentError::Record(_) => Status::internal(msg),
+            | AgentError::Record(_)
+            | AgentError::OptimizerState(_)
+            | AgentError::CheckpointMeta { .. }
+            | AgentError::TruncatedCheckpoint
+            | AgentError::ResponseJson(_) => Status::internal(msg),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+    use crate::rendezvous::ClientError;
+
+    #[test]
+    fn codes_say_whose_fault_it_is() {
+        let gap = AgentError::SequenceGap {
+            producer: "p".into(),
+            got: 3,
+            expected: 1,
+        };
+        assert_eq!(Status::from(gap).code(), Code::InvalidArgument);
+        assert_eq!(
+            Status::from(AgentError::NoCheckpoint("j".into())).code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            Status::from(AgentError::UnknownLayout).code(),
+            Code::FailedPrecondition
+        );
+        assert_eq!(
+            Status::from(AgentError::Unsupported("no")).code(),
+            Code::Unimplemented
+        );
+        let refused = AgentError::rendezvous(
+            "http://rv",
+            ClientError::rpc("join")(Status::unauthenticated("no")),
+        );
+        assert!(!refused.is_retryable());
+        assert_eq!(Status::from(refused).code(), Code::Unavailable);
+        let down = AgentError::rendezvous("http://rv", ClientError::rpc("join")(Status::unavailable("down")));
+        assert!(down.is_retryable());
+        let timeout = AgentError::RendezvousTimeout {
+            url: "http://rv".into(),
+        };
+        assert!(timeout.is_retryable());
+    }
+
+    /// An agent error travels through a Flight stream and leaves with its own
+    /// status; the caller's broken stream keeps the status it broke with.
+    #[test]
+    fn flight_errors_keep_the_status_they_carry() {
+        let carried = FlightError::from(AgentError::BatchBeforeSchema);
+        let status = Status::from(AgentError::from(carried));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().contains("record batch before schema"),
+            "{status}"
+        );
+        let broken = FlightError::Tonic(Box::new(Status::cancelled("gone")));
+        let status = Status::from(AgentError::from(broken));
+        assert_eq!((status.code(), status.message()), (Code::Cancelled, "gone"));
+        let malformed = Status::from(AgentError::from(FlightError::protocol("bad header")));
+        assert_eq!(malformed.code(), Code::InvalidArgument);
     }
 }

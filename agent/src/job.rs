@@ -2,7 +2,6 @@
 //! state, and the task that gangs with the other agents, trains, and re-joins
 //! the next attempt when the rendezvous fails the current one.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,10 +14,11 @@ use kindling_schemas::spec::JobSpec;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{MemoryBudget, ShardCache};
+use crate::cache::MemoryBudget;
 use crate::checkpoint::CheckpointStore;
 use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
+use crate::ingest::IngestState;
 use crate::model::Net;
 use crate::rendezvous_link::{AttemptMembership, RendezvousLink};
 use crate::trainer::{self, Progress, TrainContext};
@@ -44,15 +44,6 @@ pub struct JobEnv {
     pub train_pool: Arc<rayon::ThreadPool>,
 }
 
-/// A producer's committed position in one split.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProducerPosition {
-    /// The next sequence number not yet committed.
-    pub next_seq: u64,
-    /// Rows committed.
-    pub rows: u64,
-}
-
 /// Mutable state of a job, behind one lock.
 #[derive(Debug)]
 pub struct JobData {
@@ -66,18 +57,10 @@ pub struct JobData {
     pub world_size: u32,
     /// The failure or cancellation cause.
     pub error: Option<String>,
-    /// Training rows.
-    pub train: ShardCache,
-    /// Eval rows.
-    pub eval: ShardCache,
+    /// The train and eval splits: rows, producer positions, end of data.
+    pub ingest: IngestState,
     /// Layout agreed by the first accepted stream of each split.
     pub layout: Option<FeatureLayout>,
-    /// Committed positions per (split, producer).
-    pub producers: HashMap<(Split, String), ProducerPosition>,
-    /// Next stream id (for staging).
-    pub next_stream: u64,
-    /// Splits whose producers said they are done.
-    pub end_of_data: HashMap<Split, bool>,
 }
 
 /// A job on this agent.
@@ -120,12 +103,8 @@ impl Job {
             rank: None,
             world_size: spec.num_slots,
             error: None,
-            train: ShardCache::new(spill.join("train"), env.budget.clone()),
-            eval: ShardCache::new(spill.join("eval"), env.budget.clone()),
+            ingest: IngestState::new(&spill, env.budget.clone()),
             layout: None,
-            producers: HashMap::new(),
-            next_stream: 0,
-            end_of_data: HashMap::new(),
         };
         Arc::new(Job {
             job_id,
@@ -162,8 +141,7 @@ impl Job {
     pub fn status(&self) -> AgentJobStatus {
         let d = self.lock();
         let p = self.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let (m1, d1) = d.train.bytes();
-        let (m2, d2) = d.eval.bytes();
+        let (memory, disk) = d.ingest.bytes();
         AgentJobStatus {
             job_id: self.job_id.clone(),
             agent_id: self.env.agent_id.clone(),
@@ -176,12 +154,12 @@ impl Job {
             step: p.step,
             steps_per_epoch: p.steps_per_epoch,
             loss: p.loss,
-            rows_train: d.train.committed_rows(),
-            rows_eval: d.eval.committed_rows(),
+            rows_train: d.ingest.split(Split::Train).committed_rows(),
+            rows_eval: d.ingest.split(Split::Eval).committed_rows(),
             rows_trained_per_epoch: p.rows_trained_per_epoch.clone(),
             samples_per_sec: p.samples_per_sec,
-            cache_bytes_memory: m1 + m2,
-            cache_bytes_disk: d1 + d2,
+            cache_bytes_memory: memory,
+            cache_bytes_disk: disk,
             history: p.history.clone(),
             resumed_from_epoch: p.resumed_from_epoch,
             error: d.error.clone(),
@@ -197,8 +175,7 @@ impl Job {
                 d.state = AgentJobState::Cancelled;
                 d.error = Some(format!("cancelled: {reason}"));
             }
-            d.train.clear();
-            d.eval.clear();
+            d.ingest.clear();
         }
         self.cancel.cancel();
         self.env.inbox.forget(&self.job_id);
@@ -220,7 +197,7 @@ impl Job {
         loop {
             {
                 let d = self.lock();
-                if d.layout.is_some() || d.end_of_data.get(&Split::Train).copied().unwrap_or(false) {
+                if d.layout.is_some() || d.ingest.split(Split::Train).ended() {
                     return Ok(());
                 }
             }
@@ -311,11 +288,7 @@ impl Job {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
-        let layout = self.lock().layout.clone().ok_or_else(|| {
-            AgentError::InvalidInput(
-                "end of data before any stream reached this agent: send at least the schema".into(),
-            )
-        })?;
+        let layout = self.lock().layout.clone().ok_or(AgentError::NoData)?;
         let data = Arc::new(JobShards {
             changes: std::sync::Mutex::new(self.data_changed.subscribe()),
             job: self.clone(),
@@ -353,7 +326,10 @@ impl Job {
         let pool = self.env.train_pool.clone();
         let outcome = tokio::task::spawn_blocking(move || pool.install(|| trainer::train(ctx)))
             .await
-            .map_err(|e| AgentError::Training(format!("trainer thread panicked: {e}")))??;
+            .map_err(|source| AgentError::Panicked {
+                task: "the trainer thread",
+                source,
+            })??;
         Ok(outcome.model)
     }
 }
@@ -374,12 +350,12 @@ impl trainer::ShardSource for JobShards {
             .unwrap_or_else(|p| p.into_inner())
             .borrow_and_update();
         let d = self.job.lock();
-        let ended = d.end_of_data.get(&Split::Train).copied().unwrap_or(false);
-        (d.train.committed_since(from), ended)
+        let train = d.ingest.split(Split::Train);
+        (train.cache.committed_since(from), train.ended())
     }
 
     fn eval(&self) -> Vec<Arc<crate::cache::CachedBatch>> {
-        self.job.lock().eval.snapshot()
+        self.job.lock().ingest.split(Split::Eval).cache.snapshot()
     }
 
     fn wait(&self, timeout: Duration) {

@@ -3,13 +3,17 @@
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
 //! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
 //! - [`cli`]: command-line pieces both binaries share (the token flags).
-//! - [`flight`]: the Flight service (ingest, actions, model, prediction).
+//! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
+//! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
+//! - [`predict`]: inference and the `DoExchange` prediction stream.
 //! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
+//! - [`error`]: [`AgentError`] and its one mapping to `tonic::Status`.
 //! - [`cache`]: shard cache with memory budget and disk spill.
 //! - [`trainer`]: the data-parallel burn training loop.
 //! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
 //! - [`collective`]: ring all-reduce and broadcast between agents.
 //! - [`model`], [`tensorize`], [`params`]: burn models, Arrow → tensors, weights ↔ buffers/Arrow.
+//! - [`optim`]: the optimizers on flat weight buffers, and their state.
 //! - [`checkpoint`]: checkpoints per job and attempt.
 //! - [`rendezvous_link`]: the agent's side of the rendezvous.
 //! - [`rendezvous`]: the barrier rendezvous service (server, client, embedded mode).
@@ -22,10 +26,12 @@ pub mod device;
 pub mod error;
 pub mod flight;
 pub mod health;
+pub mod ingest;
 pub mod job;
 pub mod model;
 pub mod optim;
 pub mod params;
+pub mod predict;
 pub mod registry;
 pub mod rendezvous;
 pub mod rendezvous_link;

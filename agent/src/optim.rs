@@ -140,7 +140,7 @@ impl FlatOptimizer {
     /// Restores the state [`to_bytes`](Self::to_bytes) wrote, checking it
     /// belongs to this optimizer and model size.
     pub fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), AgentError> {
-        let bad = |m: String| AgentError::Record(format!("optimizer state: {m}"));
+        let bad = AgentError::OptimizerState;
         let head = MAGIC.len() + 17;
         if bytes.len() < head || &bytes[..MAGIC.len()] != MAGIC {
             return Err(bad("not written by this version of the agent".into()));

@@ -205,7 +205,7 @@ impl ModuleMapper for Replace {
 /// Loads weights from a table made by [`to_arrow`] into `model` (same
 /// architecture), checking names, count and shapes.
 pub fn from_arrow(model: Net, table: &RecordBatch) -> Result<Net, AgentError> {
-    let bad = |m: String| AgentError::InvalidInput(format!("model table: {m}"));
+    let bad = AgentError::ModelTable;
     if table.schema().fields() != model_schema().fields() {
         return Err(bad(format!(
             "expected columns name, shape, values; got {:?}",
@@ -267,15 +267,13 @@ pub fn to_record_bytes(model: &Net) -> Result<Vec<u8>, AgentError> {
         .clone()
         .into_record()
         .into_bytes()
-        .map_err(|e| AgentError::Record(e.to_string()))?;
+        .map_err(AgentError::Record)?;
     Ok(bytes.to_vec())
 }
 
 /// Loads burn record bytes made by [`to_record_bytes`] into `model`.
 pub fn from_record_bytes(model: Net, bytes: Vec<u8>) -> Result<Net, AgentError> {
     let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
-        .map_err(|e| AgentError::Record(e.to_string()))?;
-    model
-        .try_load_record(record)
-        .map_err(|e| AgentError::Record(e.to_string()))
+        .map_err(AgentError::Record)?;
+    model.try_load_record(record).map_err(AgentError::Record)
 }

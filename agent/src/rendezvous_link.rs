@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::AgentError;
+use crate::rendezvous::ClientError;
 
 type Client = RendezvousClient<InterceptedService<Channel, BearerAttach>>;
 
@@ -39,19 +40,28 @@ pub struct RendezvousLink {
     client: Client,
 }
 
-fn rv_error(url: &str, s: tonic::Status) -> AgentError {
-    AgentError::Rendezvous(format!("{url}: {}: {}", s.code(), s.message()))
+/// A failed call `op` to the rendezvous at `url`.
+fn rv_error<'a>(url: &'a str, op: &'static str) -> impl FnOnce(tonic::Status) -> AgentError + 'a {
+    move |s| AgentError::rendezvous(url, ClientError::rpc(op)(s))
 }
 
 impl RendezvousLink {
     /// Connects lazily to `url`.
     pub fn connect(url: &str, token: Option<&Token>) -> Result<Self, AgentError> {
         let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| AgentError::Rendezvous(format!("bad rendezvous address {url}: {e}")))?
+            .map_err(|source| {
+                AgentError::rendezvous(
+                    url,
+                    ClientError::InvalidEndpoint {
+                        url: url.to_owned(),
+                        source,
+                    },
+                )
+            })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .connect_lazy();
-        let attach = BearerAttach::new(token).map_err(|e| AgentError::InvalidInput(e.to_string()))?;
+        let attach = BearerAttach::new(token)?;
         Ok(RendezvousLink {
             url: url.to_owned(),
             client: RendezvousClient::with_interceptor(channel, attach),
@@ -70,7 +80,7 @@ impl RendezvousLink {
                 agent: Some(info.clone()),
             })
             .await
-            .map_err(|s| rv_error(&self.url, s))?
+            .map_err(rv_error(&self.url, "register_agent"))?
             .into_inner()
             .lease_ms;
         let url = self.url.clone();
@@ -117,7 +127,7 @@ impl RendezvousLink {
                     job_id: job_id.to_owned(),
                 })
                 .await
-                .map_err(|s| rv_error(&self.url, s))?
+                .map_err(rv_error(&self.url, "job_status"))?
                 .into_inner();
             match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
                 JobState::Succeeded | JobState::Failed | JobState::Cancelled => return Ok(None),
@@ -156,7 +166,7 @@ impl RendezvousLink {
                     continue;
                 }
                 Err(s) if s.code() == Code::Cancelled => return Ok(None),
-                Err(s) => return Err(rv_error(&self.url, s)),
+                Err(s) => return Err(rv_error(&self.url, "join")(s)),
             }
         }
     }
@@ -217,7 +227,7 @@ impl RendezvousLink {
                 attempt,
             })
             .await
-            .map_err(|s| rv_error(&self.url, s))?;
+            .map_err(rv_error(&self.url, "complete_job"))?;
         Ok(())
     }
 
@@ -238,7 +248,7 @@ impl RendezvousLink {
                 cause: cause.to_owned(),
             })
             .await
-            .map_err(|s| rv_error(&self.url, s))?;
+            .map_err(rv_error(&self.url, "report_failure"))?;
         Ok(())
     }
 
@@ -251,7 +261,7 @@ impl RendezvousLink {
                 job_id: job_id.to_owned(),
             })
             .await
-            .map_err(|s| rv_error(&self.url, s))?
+            .map_err(rv_error(&self.url, "job_status"))?
             .into_inner();
         let cause = s.failures.first().map(|f| f.cause.clone()).unwrap_or_default();
         let state = match JobState::try_from(s.state).unwrap_or(JobState::Unspecified) {

@@ -178,7 +178,9 @@ impl AgentHandle {
                     link.report_failure(&job_id, attempt, &self.agent_id, &cause),
                 )
                 .await
-                .map_err(|_| AgentError::Rendezvous(format!("{rendezvous}: timed out")))
+                .map_err(|_| AgentError::RendezvousTimeout {
+                    url: rendezvous.clone(),
+                })
                 .and_then(|r| r),
                 Err(e) => Err(e),
             };

@@ -94,5 +94,5 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, Agent
     batch
         .column_by_name(name)
         .map(|c| c.as_ref())
-        .ok_or_else(|| AgentError::InvalidInput(format!("column `{name}` is missing from the batch")))
+        .ok_or_else(|| AgentError::MissingColumn(name.to_owned()))
 }

@@ -385,9 +385,7 @@ impl StepError {
     fn at(self, epoch: u32, step: u64) -> AgentError {
         match self {
             StepError::Agent(e) => e,
-            StepError::NonFinite(loss) => AgentError::Training(format!(
-                "loss became {loss} at epoch {epoch}, step {step}: lower the learning rate or normalise the features"
-            )),
+            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
         }
     }
 }
@@ -434,9 +432,7 @@ fn evaluate(
         if let Task::Classification { .. } = ctx.spec.task {
             let predicted = out.argmax(1).into_data().convert::<i64>();
             let labels = tensorize::class_labels(&batch, &ctx.spec.label)?;
-            let p = predicted
-                .as_slice::<i64>()
-                .map_err(|e| AgentError::Training(format!("{e:?}")))?;
+            let p = predicted.as_slice::<i64>().map_err(AgentError::TensorData)?;
             sums[1] += p.iter().zip(&labels).filter(|(a, b)| a == b).count() as f64;
         }
     }

@@ -83,8 +83,8 @@ impl LocalCluster {
             gang_timeout: config.gang_timeout,
             ..RendezvousConfig::default()
         };
-        let rendezvous = EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone()))
-            .await?;
+        let rendezvous =
+            EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone())).await?;
         let cluster = LocalCluster {
             config,
             rendezvous_url: rendezvous.url(),

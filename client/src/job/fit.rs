@@ -27,7 +27,10 @@ const POLL: Duration = Duration::from_millis(200);
 enum Target<'a> {
     #[cfg(feature = "local")]
     Local(&'a LocalCluster),
-    Remote { url: &'a str, token: Option<Token> },
+    Remote {
+        url: &'a str,
+        token: Option<Token>,
+    },
 }
 
 impl Target<'_> {

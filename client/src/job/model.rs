@@ -16,7 +16,7 @@ use futures::{Stream, StreamExt};
 #[cfg(feature = "local")]
 use kindling_agent::model::Net;
 #[cfg(feature = "local")]
-use kindling_agent::{flight, params, trainer};
+use kindling_agent::{params, predict, trainer};
 use kindling_schemas::action::EpochMetrics;
 #[cfg(feature = "local")]
 use kindling_schemas::schema::{self, StreamKind};
@@ -175,7 +175,8 @@ fn read_weights(path: &Path) -> Result<RecordBatch, JobError> {
         source: e,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    let reader = arrow::ipc::reader::FileReader::try_new(file, None).map_err(|e| io(std::io::Error::other(e)))?;
+    let reader =
+        arrow::ipc::reader::FileReader::try_new(file, None).map_err(|e| io(std::io::Error::other(e)))?;
     let schema = reader.schema();
     let batches = reader
         .collect::<Result<Vec<_>, _>>()
@@ -216,7 +217,7 @@ impl TrainedModel {
             use_gpu: false,
             ..self.spec.clone()
         };
-        Ok(flight::predict_batch(&self.net, &spec, layout, batch)?)
+        Ok(predict::predict_batch(&self.net, &spec, layout, batch)?)
     }
 
     /// Streams predictions over a DataFrame, batch by batch (on a blocking

@@ -1,0 +1,140 @@
+//! Inference: the prediction columns of a batch ([`predict_batch`]) and the
+//! `DoExchange` prediction stream, running burn on the blocking pool.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float32Array, Int64Array, ListArray, RecordBatch};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
+use arrow_flight::error::FlightError;
+use burn::tensor::activation::softmax;
+use futures::{Stream, StreamExt};
+use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
+use kindling_schemas::spec::{JobSpec, Task};
+
+use crate::error::AgentError;
+use crate::model::Net;
+use crate::{tensorize, trainer};
+
+/// Predictions for one stream of feature batches: the first schema sets the
+/// layout, each batch then gets [`predict_batch`]'s columns.
+#[derive(Debug)]
+struct Predictor {
+    model: Arc<Net>,
+    spec: Arc<JobSpec>,
+    layout: Option<Arc<FeatureLayout>>,
+}
+
+impl Predictor {
+    fn accept_schema(&mut self, schema: &Schema) -> Result<(), AgentError> {
+        let layout = schema::validate(schema, &self.spec, StreamKind::Predict)?;
+        self.layout = Some(Arc::new(layout));
+        Ok(())
+    }
+
+    /// Runs the model on the blocking pool: a forward pass is CPU-heavy.
+    async fn predict(&self, batch: RecordBatch) -> Result<RecordBatch, AgentError> {
+        let layout = self.layout.clone().ok_or(AgentError::BatchBeforeSchema)?;
+        let model = self.model.clone();
+        let spec = self.spec.clone();
+        tokio::task::spawn_blocking(move || predict_batch(&model, &spec, &layout, &batch))
+            .await
+            .map_err(|source| AgentError::Panicked {
+                task: "prediction",
+                source,
+            })?
+    }
+}
+
+/// Streams predictions for decoded feature batches, one batch at a time.
+/// Errors travel as [`FlightError`]s wrapping an [`AgentError`].
+pub fn predict_stream<S>(
+    decoded: S,
+    model: Arc<Net>,
+    spec: JobSpec,
+) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static
+where
+    S: Stream<Item = Result<DecodedFlightData, FlightError>> + Send + Unpin + 'static,
+{
+    let predictor = Predictor {
+        model,
+        spec: Arc::new(spec),
+        layout: None,
+    };
+    futures::stream::unfold((decoded, predictor), |(mut decoded, mut predictor)| async move {
+        loop {
+            let result = match decoded.next().await? {
+                Err(e) => Err(e),
+                Ok(msg) => match msg.payload {
+                    DecodedPayload::None => continue,
+                    DecodedPayload::Schema(schema) => match predictor.accept_schema(&schema) {
+                        Ok(()) => continue,
+                        Err(e) => Err(e.into()),
+                    },
+                    DecodedPayload::RecordBatch(batch) => {
+                        predictor.predict(batch).await.map_err(FlightError::from)
+                    }
+                },
+            };
+            return Some((result, (decoded, predictor)));
+        }
+    })
+}
+
+/// Appends prediction columns to `batch`: `prediction` (class or value) and,
+/// for classification, `probabilities` (`List<Float32>`, one per class).
+pub fn predict_batch(
+    model: &Net,
+    spec: &JobSpec,
+    layout: &FeatureLayout,
+    batch: &RecordBatch,
+) -> Result<RecordBatch, AgentError> {
+    let features_only = {
+        let s = batch.schema();
+        let cols: Vec<usize> = layout
+            .features
+            .iter()
+            .filter_map(|f| s.index_of(&f.name).ok())
+            .collect();
+        batch.project(&cols).map_err(AgentError::arrow)?
+    };
+    let label_free = JobSpec {
+        label: String::new(),
+        ..spec.clone()
+    };
+    schema::validate_batch(&features_only, &label_free)?;
+    let device = trainer::device_for(spec)?;
+    let out = model.forward(tensorize::features(&features_only, layout, &device)?);
+    let n = batch.num_rows();
+    let mut fields: Vec<Arc<Field>> = batch.schema().fields().iter().cloned().collect();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    match spec.task {
+        Task::Classification { num_classes } => {
+            let probs = softmax(out, 1);
+            let classes = probs.clone().argmax(1).into_data().convert::<i64>();
+            let classes = classes
+                .as_slice::<i64>()
+                .map_err(AgentError::TensorData)?
+                .to_vec();
+            let p = probs.into_data().convert::<f32>();
+            let p = p.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec();
+            // A variable-size list: Spark has no FixedSizeList type, and predictions
+            // often go straight back into Spark.
+            let item = Arc::new(Field::new("item", DataType::Float32, false));
+            let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(num_classes, n));
+            let list = ListArray::new(item.clone(), offsets, Arc::new(Float32Array::from(p)), None);
+            fields.push(Arc::new(Field::new("prediction", DataType::Int64, false)));
+            fields.push(Arc::new(Field::new("probabilities", DataType::List(item), false)));
+            columns.push(Arc::new(Int64Array::from(classes)));
+            columns.push(Arc::new(list));
+        }
+        Task::Regression => {
+            let v = out.reshape([n]).into_data().convert::<f32>();
+            let v = v.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec();
+            fields.push(Arc::new(Field::new("prediction", DataType::Float32, false)));
+            columns.push(Arc::new(Float32Array::from(v)));
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(AgentError::arrow)
+}
