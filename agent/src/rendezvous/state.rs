@@ -9,26 +9,26 @@
 //!
 //! Time is `tokio::time`, so timeouts can be tested with paused time.
 //!
-//! Joins and gang formation are in [`gang`], all-gathers and barriers in
-//! [`gather`]; the value types are `kindling_schemas::rendezvous`'s and
-//! [`super::types`]'s.
+//! Agent leases are in `state/agents.rs`, joins and gang formation in
+//! `state/gang.rs`, all-gathers and barriers in `state/gather.rs`; the value
+//! types come from `kindling_schemas::rendezvous` and [`super::types`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use kindling_schemas::rendezvous::{
-    AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus,
-};
+use kindling_schemas::rendezvous::{AgentInfo, AttemptFailure, AttemptRef, JobConfig, JobState, JobStatus};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::error::RendezvousError;
 use super::types::{ReapReport, RendezvousConfig};
 
+mod agents;
 mod gang;
 mod gather;
 
+use agents::{agent_mut, remove_agent};
 use gang::{Joiner, expire_gang_now};
 use gather::{Collective, GatherResult, expire_gather_now};
 
@@ -177,15 +177,6 @@ fn job_mut<'a>(jobs: &'a mut HashMap<String, Job>, job_id: &str) -> Result<&'a m
     })
 }
 
-/// The registered agent `agent_id`, or [`RendezvousError::AgentNotRegistered`].
-fn agent_mut<'a>(agents: &'a mut HashMap<String, Agent>, agent_id: &str) -> Result<&'a mut Agent> {
-    agents
-        .get_mut(agent_id)
-        .ok_or_else(|| RendezvousError::AgentNotRegistered {
-            agent_id: agent_id.to_owned(),
-        })
-}
-
 /// Fails the job's current attempt: records the cause, wakes every blocked
 /// call with the error `make_err(next_attempt)` builds, tells the members
 /// (heartbeat notices, watchers) and opens the next attempt or fails the job.
@@ -288,75 +279,6 @@ impl RendezvousState {
         } else {
             Ok(guard)
         }
-    }
-
-    // ---- agents -------------------------------------------------------------
-
-    /// Registers (or re-registers) an agent and starts its lease.
-    pub fn register_agent(&self, info: AgentInfo) -> Result<Duration> {
-        require("agent_id", &info.agent_id)?;
-        let lease = self.config.lease;
-        let mut st = self.lock()?;
-        let lease_until = Instant::now() + lease;
-        match st.agents.get_mut(&info.agent_id) {
-            Some(agent) => {
-                agent.info = info;
-                agent.lease_until = lease_until;
-            }
-            None => {
-                tracing::debug!(agent = %info.agent_id, "agent registered");
-                st.agents.insert(
-                    info.agent_id.clone(),
-                    Agent {
-                        info,
-                        lease_until,
-                        notices: BTreeMap::new(),
-                    },
-                );
-            }
-        }
-        Ok(lease)
-    }
-
-    /// Renews an agent's lease; replies with the attempts it joined that failed.
-    pub fn heartbeat(&self, agent_id: &str) -> Result<HeartbeatReply> {
-        require("agent_id", agent_id)?;
-        let lease = self.config.lease;
-        let mut st = self.lock()?;
-        let agent = agent_mut(&mut st.agents, agent_id)?;
-        agent.lease_until = Instant::now() + lease;
-        Ok(HeartbeatReply {
-            lease,
-            failed_attempts: agent.notices.values().cloned().collect(),
-        })
-    }
-
-    /// Removes an agent at once, as if its lease lapsed.
-    pub fn deregister_agent(&self, agent_id: &str) -> Result<()> {
-        require("agent_id", agent_id)?;
-        let mut st = self.lock()?;
-        if !st.agents.contains_key(agent_id) {
-            return Err(RendezvousError::AgentNotRegistered {
-                agent_id: agent_id.to_owned(),
-            });
-        }
-        let cause = format!("agent `{agent_id}` deregistered");
-        remove_agent(&mut st, agent_id, &cause);
-        Ok(())
-    }
-
-    /// Live agents, by agent id.
-    pub fn list_agents(&self) -> Result<Vec<AgentInfo>> {
-        let st = self.lock()?;
-        let now = Instant::now();
-        let mut agents: Vec<AgentInfo> = st
-            .agents
-            .values()
-            .filter(|a| a.lease_until > now)
-            .map(|a| a.info.clone())
-            .collect();
-        agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        Ok(agents)
     }
 
     // ---- jobs ---------------------------------------------------------------
@@ -642,45 +564,6 @@ fn placeholder_status() -> JobStatus {
         updated: SystemTime::UNIX_EPOCH,
         cancel_reason: None,
     }
-}
-
-/// Drops an agent: fails the running attempts it is a member of; while a
-/// gang is still forming it just leaves it (no attempt is burnt).
-fn remove_agent(st: &mut State, agent_id: &str, cause: &str) -> Vec<(String, u32)> {
-    let mut failed = Vec::new();
-    st.agents.remove(agent_id);
-    for job in st.jobs.values_mut() {
-        if job.state.is_terminal() || !job.is_member(agent_id) {
-            continue;
-        }
-        if job.gang.members.is_some() {
-            let attempt = job.attempt;
-            let job_id = job.config.job_id.clone();
-            let cause = cause.to_owned();
-            failed.push((job_id.clone(), attempt));
-            fail_attempt(&mut st.agents, job, agent_id, cause.clone(), |next_attempt| {
-                RendezvousError::AttemptFailed {
-                    job_id,
-                    attempt,
-                    cause,
-                    next_attempt,
-                }
-            });
-        } else {
-            if let Some(pos) = job.gang.joined.iter().position(|j| j.agent_id == agent_id) {
-                let j = job.gang.joined.remove(pos);
-                if let Some(w) = j.waiter {
-                    let _ = w.send(Err(RendezvousError::AgentNotRegistered {
-                        agent_id: agent_id.to_owned(),
-                    }));
-                }
-            }
-            if job.gang.joined.is_empty() {
-                job.gang.deadline = None;
-            }
-        }
-    }
-    failed
 }
 
 #[cfg(test)]

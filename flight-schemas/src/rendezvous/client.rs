@@ -52,6 +52,20 @@ impl Stream for JobWatch {
 /// Each blocked join/all-gather holds one HTTP/2 stream; for thousands of
 /// members in one process spread them over several channels
 /// ([`with_channel`](Self::with_channel)).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), kindling_schemas::rendezvous::ClientError> {
+/// use kindling_schemas::auth::Token;
+/// use kindling_schemas::rendezvous::{AgentInfo, JobConfig, RendezvousClient};
+/// let token = Token::new("secret");
+/// let client = RendezvousClient::connect("http://rendezvous:7070", Some(&token)).await?;
+/// let lease = client.register(AgentInfo { agent_id: "a0".into(), ..Default::default() }).await?;
+/// let attempt = client.create_job(&JobConfig::new("job-1", 1)).await?;
+/// let gang = client.join("job-1", attempt, lease.agent_id()).await?;
+/// gang.barrier().await?;
+/// gang.complete().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RendezvousClient {
     inner: Inner,
