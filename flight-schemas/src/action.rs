@@ -228,7 +228,13 @@ pub struct EndOfDataResponse {
     pub rows: u64,
 }
 
-/// A job's lifecycle on one agent.
+/// A job's lifecycle on one agent: its own progress through its share of the
+/// job (ingest, training, recovery), as `job_status` reports it.
+///
+/// Not the rendezvous's [`JobState`](crate::rendezvous::JobState), which is
+/// the job's gang across every member and attempt (ganging, running, and how
+/// it ended). They share the terminal states: an agent ends its job the way
+/// the rendezvous says the job ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentJobState {

@@ -1,5 +1,6 @@
 //! Kindling's wire contract: everything two Kindling processes (or a client in
-//! another language) must agree on, and nothing else.
+//! another language) must agree on, plus the typed rendezvous client that
+//! speaks it — so a client needs this crate, not the agent (nor burn).
 //!
 //! - [`descriptor`]: Flight path descriptors and tickets (`[job_id, "train"]`, …).
 //! - [`metadata`]: per-batch `app_metadata` (producer + sequence) and `PutResult` acks.
@@ -8,11 +9,15 @@
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
 //! - [`pb`]: the generated rendezvous and collective gRPC services.
+//! - [`rendezvous`]: the rendezvous's value types, their one conversion to
+//!   `pb`, and the typed async [`RendezvousClient`](rendezvous::RendezvousClient)
+//!   (the server lives in `kindling_agent::rendezvous`).
 
 pub mod action;
 pub mod auth;
 pub mod descriptor;
 pub mod metadata;
+pub mod rendezvous;
 pub mod schema;
 pub mod spec;
 

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::RendezvousError;
 use super::server::{ServerConfig, serve};
-use super::state::RendezvousConfig;
+use super::types::RendezvousConfig;
 
 /// A running in-process rendezvous. Dropping it stops the server; call
 /// [`shutdown_and_wait`](Self::shutdown_and_wait) to also wait for it.

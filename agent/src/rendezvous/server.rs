@@ -3,13 +3,14 @@
 //! binary and the embedded mode both run.
 
 use std::pin::Pin;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};
+use kindling_schemas::rendezvous::{CURRENT_ATTEMPT_METADATA, JobConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -17,8 +18,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::error::{CURRENT_ATTEMPT_METADATA, RendezvousError};
-use super::state::{AttemptFailure, JobConfig, JobStatus, RendezvousConfig, RendezvousState};
+use super::error::RendezvousError;
+use super::state::RendezvousState;
+use super::types::RendezvousConfig;
 
 impl From<RendezvousError> for Status {
     fn from(err: RendezvousError) -> Status {
@@ -135,41 +137,6 @@ impl RendezvousService {
     }
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn failure_to_pb(f: &AttemptFailure) -> pb::Failure {
-    pb::Failure {
-        attempt: f.attempt,
-        agent_id: f.agent_id.clone(),
-        cause: f.cause.clone(),
-        at_unix_ms: unix_ms(f.at),
-    }
-}
-
-/// Domain status → wire status.
-pub(crate) fn status_to_pb(s: &JobStatus) -> pb::JobStatusResponse {
-    pb::JobStatusResponse {
-        job_id: s.job_id.clone(),
-        state: s.state.to_pb() as i32,
-        attempt: s.attempt,
-        max_attempts: s.max_attempts,
-        num_slots: s.num_slots,
-        members: s.members.clone(),
-        failures: s.failures.iter().map(failure_to_pb).collect(),
-        spec_summary: s.spec_summary.clone(),
-        created_unix_ms: unix_ms(s.created),
-        updated_unix_ms: unix_ms(s.updated),
-        cancel_reason: s.cancel_reason.clone().unwrap_or_default(),
-    }
-}
-
-fn millis(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
 fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -246,15 +213,7 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::CreateJobResponse>, Status> {
-        let r = request.into_inner();
-        let attempt = self.state.create_job(JobConfig {
-            job_id: r.job_id,
-            num_slots: r.num_slots,
-            max_attempts: r.max_attempts,
-            spec_summary: r.spec_summary,
-            gang_timeout: millis(r.gang_timeout_ms),
-            barrier_timeout: millis(r.barrier_timeout_ms),
-        })?;
+        let attempt = self.state.create_job(JobConfig::from(request.into_inner()))?;
         Ok(Response::new(pb::CreateJobResponse { attempt }))
     }
 
@@ -336,7 +295,7 @@ impl Rendezvous for RendezvousService {
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusResponse>, Status> {
         let status = self.state.job_status(&request.into_inner().job_id)?;
-        Ok(Response::new(status_to_pb(&status)))
+        Ok(Response::new(pb::JobStatusResponse::from(&status)))
     }
 
     async fn list_jobs(
@@ -345,7 +304,7 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let jobs = self.state.list_jobs()?;
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: jobs.iter().map(status_to_pb).collect(),
+            jobs: jobs.iter().map(pb::JobStatusResponse::from).collect(),
         }))
     }
 
@@ -371,7 +330,7 @@ impl Rendezvous for RendezvousService {
                 let status = rx.borrow_and_update().clone();
                 let terminal = status.state.is_terminal();
                 let event = pb::JobEvent {
-                    status: Some(status_to_pb(&status)),
+                    status: Some(pb::JobStatusResponse::from(&status)),
                 };
                 Some((Ok(event), (rx, shutdown, false, terminal)))
             },

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use kindling_schemas::rendezvous::Membership;
 use tokio::time::advance;
 
 use super::*;

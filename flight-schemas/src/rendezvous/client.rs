@@ -4,13 +4,10 @@
 //! failure reports, watch streams and status.
 
 use std::pin::Pin;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use kindling_schemas::auth::{BearerAttach, Token};
-use kindling_schemas::pb::rendezvous as pb;
-use kindling_schemas::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -19,9 +16,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::error::ClientError;
-use super::state::{
-    AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
-};
+use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
+use crate::auth::{BearerAttach, Token};
+use crate::pb::rendezvous as pb;
+use crate::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
 type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
@@ -54,6 +52,20 @@ impl Stream for JobWatch {
 /// Each blocked join/all-gather holds one HTTP/2 stream; for thousands of
 /// members in one process spread them over several channels
 /// ([`with_channel`](Self::with_channel)).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), kindling_schemas::rendezvous::ClientError> {
+/// use kindling_schemas::auth::Token;
+/// use kindling_schemas::rendezvous::{AgentInfo, JobConfig, RendezvousClient};
+/// let token = Token::new("secret");
+/// let client = RendezvousClient::connect("http://rendezvous:7070", Some(&token)).await?;
+/// let lease = client.register(AgentInfo { agent_id: "a0".into(), ..Default::default() }).await?;
+/// let attempt = client.create_job(&JobConfig::new("job-1", 1)).await?;
+/// let gang = client.join("job-1", attempt, lease.agent_id()).await?;
+/// gang.barrier().await?;
+/// gang.complete().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RendezvousClient {
     inner: Inner,
@@ -169,17 +181,9 @@ impl RendezvousClient {
     /// Creates a job; returns the attempt to join. Idempotent for an active
     /// job with identical parameters; otherwise ALREADY_EXISTS.
     pub async fn create_job(&self, job: &JobConfig) -> Result<u32> {
-        let ms = |d: Option<Duration>| d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
         Ok(self
             .grpc()
-            .create_job(pb::CreateJobRequest {
-                job_id: job.job_id.clone(),
-                num_slots: job.num_slots,
-                max_attempts: job.max_attempts,
-                spec_summary: job.spec_summary.clone(),
-                gang_timeout_ms: ms(job.gang_timeout),
-                barrier_timeout_ms: ms(job.barrier_timeout),
-            })
+            .create_job(pb::CreateJobRequest::from(job))
             .await
             .map_err(ClientError::rpc("create_job"))?
             .into_inner()
@@ -357,39 +361,10 @@ impl RendezvousClient {
     }
 }
 
-fn from_unix_ms(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
-
 fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {
-    let state = pb::JobState::try_from(s.state)
-        .ok()
-        .and_then(JobState::from_pb)
-        .ok_or_else(|| ClientError::Malformed {
-            op,
-            detail: format!("unknown job state {}", s.state),
-        })?;
-    Ok(JobStatus {
-        job_id: s.job_id,
-        state,
-        attempt: s.attempt,
-        max_attempts: s.max_attempts,
-        num_slots: s.num_slots,
-        members: s.members,
-        failures: s
-            .failures
-            .into_iter()
-            .map(|f| AttemptFailure {
-                attempt: f.attempt,
-                agent_id: f.agent_id,
-                cause: f.cause,
-                at: from_unix_ms(f.at_unix_ms),
-            })
-            .collect(),
-        spec_summary: s.spec_summary,
-        created: from_unix_ms(s.created_unix_ms),
-        updated: from_unix_ms(s.updated_unix_ms),
-        cancel_reason: (!s.cancel_reason.is_empty()).then_some(s.cancel_reason),
+    JobStatus::try_from(s).map_err(|e| ClientError::Malformed {
+        op,
+        detail: e.to_string(),
     })
 }
 

@@ -1,0 +1,163 @@
+//! Gang formation: a join waits until every slot of the attempt is filled,
+//! then all members are released at once with ranks by agent id; a gang that
+//! does not fill within the gang timeout fails the attempt.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
+
+use kindling_schemas::rendezvous::{AgentInfo, Membership, RENDEZVOUS_REPORTER};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{
+    Agent, Job, JobState, RendezvousError, RendezvousState, Result, agent_mut, fail_attempt, job_mut,
+    require, require_attempt,
+};
+
+type JoinWaiter = oneshot::Sender<Result<Membership>>;
+
+pub(super) struct Joiner {
+    pub(super) agent_id: String,
+    pub(super) waiter: Option<JoinWaiter>,
+}
+
+impl RendezvousState {
+    /// Joins `agent_id` to the current attempt and waits until all
+    /// `num_slots` members joined (or the gang timeout, a failure, a cancel).
+    pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<Membership> {
+        let (rx, deadline) = self.join_start(job_id, attempt, agent_id)?;
+        self.await_outcome(rx, deadline, |s| s.expire_gang(job_id, attempt, Instant::now()))
+            .await
+    }
+
+    fn join_start(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        agent_id: &str,
+    ) -> Result<(oneshot::Receiver<Result<Membership>>, Instant)> {
+        require("job_id", job_id)?;
+        require("agent_id", agent_id)?;
+        require_attempt(attempt)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = job_mut(&mut st.jobs, job_id)?;
+        job.check_active()?;
+        job.check_attempt(attempt)?;
+        let agent = agent_mut(&mut st.agents, agent_id)?;
+        let (tx, rx) = oneshot::channel();
+        if let Some(members) = &job.gang.members {
+            // Already formed: a retried join gets its membership again.
+            let rank = members
+                .iter()
+                .position(|m| m.agent_id == agent_id)
+                .ok_or_else(|| {
+                    job.wrong_state(format!(
+                        "attempt {attempt} already formed with {} members; agent `{agent_id}` is not one of them",
+                        members.len()
+                    ))
+                })?;
+            let _ = tx.send(Ok(membership(job_id, attempt, rank, members)));
+            return Ok((rx, Instant::now()));
+        }
+        let now = Instant::now();
+        let deadline = *job.gang.deadline.get_or_insert(now + job.gang_timeout);
+        match job.gang.joined.iter_mut().find(|j| j.agent_id == agent_id) {
+            // A retried join replaces the earlier waiter.
+            Some(j) => j.waiter = Some(tx),
+            None => {
+                job.gang.joined.push(Joiner {
+                    agent_id: agent_id.to_owned(),
+                    waiter: Some(tx),
+                });
+                agent.notices.remove(job_id);
+            }
+        }
+        if job.gang.joined.len() == job.config.num_slots as usize {
+            form_gang(&st.agents, job);
+        }
+        Ok((rx, deadline))
+    }
+
+    /// Fails the attempt if it is still ganging past its deadline. `Some` is
+    /// a new deadline to keep waiting for; `None` means the waiter has been
+    /// (or is being) resolved.
+    fn expire_gang(&self, job_id: &str, attempt: u32, now: Instant) -> Option<Instant> {
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = &mut *guard;
+        let job = st.jobs.get_mut(job_id)?;
+        if job.attempt != attempt || job.state != JobState::Ganging {
+            return None;
+        }
+        let deadline = job.gang.deadline?;
+        if now < deadline {
+            return Some(deadline);
+        }
+        expire_gang_now(&mut st.agents, job);
+        None
+    }
+}
+
+fn membership(job_id: &str, attempt: u32, rank: usize, members: &Arc<[AgentInfo]>) -> Membership {
+    Membership {
+        job_id: job_id.to_owned(),
+        attempt,
+        rank: rank as u32,
+        world_size: members.len() as u32,
+        peers: members.clone(),
+    }
+}
+
+/// All members joined: ranks by agent id, release every join at once.
+fn form_gang(agents: &HashMap<String, Agent>, job: &mut Job) {
+    let mut members: Vec<AgentInfo> = job
+        .gang
+        .joined
+        .iter()
+        .map(|j| {
+            agents
+                .get(&j.agent_id)
+                .map(|a| a.info.clone())
+                .unwrap_or_else(|| AgentInfo {
+                    agent_id: j.agent_id.clone(),
+                    ..AgentInfo::default()
+                })
+        })
+        .collect();
+    members.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+    let members: Arc<[AgentInfo]> = members.into();
+    let job_id = job.config.job_id.clone();
+    let attempt = job.attempt;
+    for j in &mut job.gang.joined {
+        if let Some(w) = j.waiter.take()
+            && let Some(rank) = members.iter().position(|m| m.agent_id == j.agent_id)
+        {
+            let _ = w.send(Ok(membership(&job_id, attempt, rank, &members)));
+        }
+    }
+    job.gang.members = Some(members);
+    job.gang.deadline = None;
+    job.state = JobState::Running;
+    tracing::info!(job = %job_id, attempt, world = job.config.num_slots, "gang formed");
+    job.publish();
+}
+
+pub(super) fn expire_gang_now(agents: &mut HashMap<String, Agent>, job: &mut Job) {
+    let job_id = job.config.job_id.clone();
+    let attempt = job.attempt;
+    let joined = job.gang.joined.len();
+    let expected = job.config.num_slots as usize;
+    let timeout = job.gang_timeout;
+    let cause =
+        format!("gang timeout: {joined} of {expected} members joined attempt {attempt} within {timeout:?}");
+    fail_attempt(agents, job, RENDEZVOUS_REPORTER, cause, |next_attempt| {
+        RendezvousError::GangTimeout {
+            job_id,
+            attempt,
+            joined,
+            expected,
+            timeout,
+            next_attempt,
+        }
+    });
+}

@@ -1,0 +1,87 @@
+//! [`ClientError`], what a [`RendezvousClient`](super::RendezvousClient) call
+//! fails with, and the status metadata the server attaches for it to read.
+
+use crate::auth::InvalidToken;
+
+/// Metadata key on error statuses naming the attempt members should join now.
+pub const CURRENT_ATTEMPT_METADATA: &str = "kindling-current-attempt";
+
+/// What a [`RendezvousClient`](super::RendezvousClient) call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URL is not a valid gRPC endpoint.
+    #[error("invalid rendezvous endpoint `{url}`")]
+    InvalidEndpoint {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+
+    /// The TCP/HTTP2 connection could not be established.
+    #[error("cannot connect to the rendezvous at `{url}`")]
+    Connect {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+
+    /// The token cannot be sent as a header.
+    #[error(transparent)]
+    InvalidToken(#[from] InvalidToken),
+
+    /// The server answered the call with an error status.
+    #[error("rendezvous {op} failed ({:?}): {}", .source.code(), .source.message())]
+    Rpc {
+        op: &'static str,
+        #[source]
+        source: tonic::Status,
+    },
+
+    /// The server's reply is missing a field or carries an unknown value.
+    #[error("rendezvous {op} returned a malformed reply: {detail}")]
+    Malformed { op: &'static str, detail: String },
+}
+
+impl ClientError {
+    pub(crate) fn rpc(op: &'static str) -> impl FnOnce(tonic::Status) -> ClientError {
+        move |source| ClientError::Rpc { op, source }
+    }
+
+    /// The gRPC status code, when the server answered.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Rpc { source, .. } => Some(source.code()),
+            _ => None,
+        }
+    }
+
+    /// Whether trying again may succeed: the server was unavailable, or the
+    /// attempt failed/timed out and the group should re-join the next attempt
+    /// (see [`current_attempt`](Self::current_attempt)).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } => true,
+            ClientError::Rpc { source, .. } => match source.code() {
+                tonic::Code::Unavailable => true,
+                tonic::Code::Aborted | tonic::Code::DeadlineExceeded | tonic::Code::FailedPrecondition => {
+                    self.current_attempt().is_some()
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// The attempt the server says members should join now (from fencing,
+    /// failed-attempt and timeout errors), if any.
+    pub fn current_attempt(&self) -> Option<u32> {
+        match self {
+            ClientError::Rpc { source, .. } => source
+                .metadata()
+                .get(CURRENT_ATTEMPT_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
+            _ => None,
+        }
+    }
+}

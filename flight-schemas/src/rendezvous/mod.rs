@@ -1,0 +1,24 @@
+//! The client half of the barrier rendezvous: its value types, their one
+//! conversion to and from the protobuf messages, and the typed async client
+//! — beside the protocol, as arrow-flight keeps its `FlightClient`.
+//!
+//! The server (state machine, tonic service, embedded mode) lives in
+//! `kindling_agent::rendezvous`; this module needs no agent and no burn.
+//!
+//! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
+//! - [`wire`]: the one place those values meet their `pb` messages.
+//! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`Gang`], [`JobWatch`].
+//! - [`error`]: [`ClientError`] and the status metadata the server attaches.
+
+pub mod client;
+pub mod error;
+pub mod types;
+pub mod wire;
+
+pub use client::{AgentLease, Gang, JobWatch, RendezvousClient};
+pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
+pub use types::{
+    AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
+    RENDEZVOUS_REPORTER,
+};
+pub use wire::UnknownJobState;
