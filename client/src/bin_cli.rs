@@ -8,8 +8,8 @@ use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
 use kindling::spark::{DataFrame, SparkSession};
-use kindling_agent::rendezvous::RendezvousClient;
 use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 
 /// Where the input rows come from.

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use kindling::feed::{AgentClient, ShardReceipt};
 use kindling::local::{LocalCluster, LocalClusterConfig};
-use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::action::{AgentJobStatus, EndOfDataResponse};
 use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::JobSpec;
 
 /// A local cluster in a temp dir, with short leases so failures show quickly.

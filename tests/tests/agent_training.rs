@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use kindling_agent::rendezvous::RendezvousClient;
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
 use kindling_tests::cluster::*;
 

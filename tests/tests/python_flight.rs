@@ -5,7 +5,7 @@
 
 mod python_common;
 
-use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_tests::cluster::cluster;
 use serde_json::json;
 

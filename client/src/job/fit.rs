@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use futures::future::BoxFuture;
-use kindling_agent::rendezvous::{AgentInfo, JobConfig, JobState, RendezvousClient};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::Split;
+use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobState, RendezvousClient};
 use kindling_schemas::schema::{self, StreamKind};
 
 use super::progress::{Reporter, TrainingEvent};

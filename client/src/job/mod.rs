@@ -75,7 +75,7 @@ pub enum JobError {
     Feed(crate::feed::FeedError),
     /// The rendezvous refused or failed.
     #[error("rendezvous: {0}")]
-    Rendezvous(#[from] kindling_agent::rendezvous::ClientError),
+    Rendezvous(#[from] kindling_schemas::rendezvous::ClientError),
     /// Local mode could not start.
     #[cfg(feature = "local")]
     #[error(transparent)]
@@ -184,6 +184,7 @@ pub struct TrainingJob {
     rendezvous: Option<String>,
     token: Option<Token>,
     eval_fraction: f64,
+    #[cfg_attr(not(feature = "local"), allow(dead_code))]
     work_dir: PathBuf,
     max_attempts: u32,
     window_bytes: usize,
