@@ -43,7 +43,8 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    pub(crate) fn rpc(op: &'static str) -> impl FnOnce(tonic::Status) -> ClientError {
+    /// Wraps the status a rendezvous call `op` failed with (for `map_err`).
+    pub fn rpc(op: &'static str) -> impl FnOnce(tonic::Status) -> ClientError {
         move |source| ClientError::Rpc { op, source }
     }
 
