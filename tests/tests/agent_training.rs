@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::Int64Type;
+use futures::TryStreamExt;
+
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::rendezvous::RendezvousClient;
@@ -72,6 +76,38 @@ async fn two_agents_learn_a_separating_rule() {
     );
     // Loss went down.
     assert!(last.train_loss < s0.history[0].train_loss);
+
+    // The typed client predicts through the agent's DoExchange, batch by
+    // batch, with the model it trained (and reads that model's table).
+    let c = agent_client(&cluster, 1);
+    let batches = vec![eval.slice(0, 400), eval.slice(400, 600)];
+    let predicted: Vec<RecordBatch> = c
+        .predict("rule", eval.schema(), futures::stream::iter(batches))
+        .await
+        .expect("predict")
+        .try_collect()
+        .await
+        .expect("predictions");
+    assert_eq!(
+        predicted.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(),
+        [400, 600]
+    );
+    let mut right = 0;
+    for b in &predicted {
+        let column = |name: &str| {
+            let c = b
+                .column_by_name(name)
+                .unwrap_or_else(|| panic!("no `{name}` in {:?}", b.schema()));
+            arrow::compute::cast(c, &arrow::datatypes::DataType::Int64).expect("cast")
+        };
+        let (y, p) = (column("y"), column("prediction"));
+        let (y, p) = (y.as_primitive::<Int64Type>(), p.as_primitive::<Int64Type>());
+        right += (0..b.num_rows()).filter(|&i| y.value(i) == p.value(i)).count();
+    }
+    assert!(right as f64 / 1000.0 > 0.95, "{right} of 1000 predicted right");
+    let table = c.fetch_model("rule").await.expect("model table");
+    assert_eq!(table.schema().field(0).name(), "name");
+    assert!(table.num_rows() > 0);
     cluster.shutdown().await;
 }
 

@@ -1,0 +1,171 @@
+//! The house rules of the product crates, checked on their sources: each
+//! crate's modules import only from modules below them in the layers the
+//! README's layout table lists, no source file passes 700 lines, and the
+//! client without its default features links no burn.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The product crates: folder, and the crate name in the README's table.
+const CRATES: [&str; 3] = ["flight-schemas", "agent", "client"];
+/// The most lines a source file of a product crate may have.
+const MAX_LINES: usize = 700;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display())) {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The layers of `folder`'s crate, lowest first, from the README's layout
+/// table: the backticked names of the row's last cell, in order.
+fn readme_layers(readme: &str, folder: &str) -> Vec<String> {
+    let row = readme
+        .lines()
+        .find(|l| l.starts_with(&format!("| `{folder}/`")))
+        .unwrap_or_else(|| panic!("the README's layout table has no row for `{folder}/`"));
+    let last = row.trim_end_matches('|').rsplit('|').next().unwrap_or_default();
+    last.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// The top-level module a source file belongs to (`None` for the crate root
+/// and binaries, which may use anything).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).expect("file under src");
+    let first = rel
+        .components()
+        .next()?
+        .as_os_str()
+        .to_string_lossy()
+        .into_owned();
+    match first.as_str() {
+        "lib.rs" | "main.rs" | "bin" => None,
+        _ if rel.components().count() == 1 => {
+            let name = first.trim_end_matches(".rs").to_owned();
+            (!name.starts_with("bin_")).then_some(name)
+        }
+        _ => Some(first),
+    }
+}
+
+/// The top-level modules `text` refers to as `crate::<module>`, outside comments.
+fn crate_refs(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for (i, _) in code.match_indices("crate::") {
+            let before = code[..i].chars().last();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue; // `kindling_crate::` and the like
+            }
+            let name: String = code[i + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name.chars().next().is_some_and(|c| c.is_ascii_lowercase()) {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn modules_import_only_from_the_layers_below_them() {
+    let root = repo_root();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut wrong = Vec::new();
+    for folder in CRATES {
+        let layers = readme_layers(&readme, folder);
+        assert!(!layers.is_empty(), "no layers listed for `{folder}/`");
+        let rank = |m: &str| layers.iter().position(|l| l == m);
+        let src = root.join(folder).join("src");
+        for file in rust_files(&src) {
+            let Some(module) = module_of(&src, &file) else {
+                continue;
+            };
+            let Some(own) = rank(&module) else {
+                wrong.push(format!(
+                    "{folder}: module `{module}` is not in the README's layers {layers:?}"
+                ));
+                continue;
+            };
+            let text = std::fs::read_to_string(&file).expect("source");
+            for used in crate_refs(&text) {
+                match rank(&used) {
+                    Some(r) if r <= own => {}
+                    Some(_) => wrong.push(format!(
+                        "{}: `{module}` uses `crate::{used}`, a layer above it",
+                        file.strip_prefix(&root).unwrap_or(&file).display()
+                    )),
+                    None => {} // an item of the crate root (a re-export), not a module
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn no_product_source_file_passes_700_lines() {
+    let root = repo_root();
+    let long: Vec<String> = CRATES
+        .iter()
+        .flat_map(|folder| rust_files(&root.join(folder).join("src")))
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(&f).expect("source").lines().count();
+            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files over {MAX_LINES} lines: {long:?}");
+}
+
+#[test]
+fn the_client_without_default_features_links_no_burn() {
+    let root = repo_root();
+    let tree = |features: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal",
+                "-p",
+                "kindling",
+                "--prefix",
+                "none",
+            ])
+            .args(features)
+            .output()
+            .expect("cargo tree");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let links_burn = |tree: &str| tree.lines().any(|l| l.starts_with("burn"));
+    assert!(
+        !links_burn(&tree(&["--no-default-features"])),
+        "kindling without `local` links burn"
+    );
+    // The check itself sees burn where it is: with the default `local` feature.
+    assert!(links_burn(&tree(&[])), "kindling with `local` should link burn");
+}
