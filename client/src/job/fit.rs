@@ -508,6 +508,7 @@ fn clients_urls(clients: &[AgentClient]) -> Vec<String> {
 
 /// Picks `count` live agents not in `exclude`, in a stable order. In local
 /// mode a missing agent is started; on a cluster too few is an error.
+#[cfg_attr(not(feature = "local"), allow(clippy::never_loop))]
 async fn pick_agents(
     rv: &RendezvousClient,
     target: &Target<'_>,
