@@ -7,6 +7,7 @@ use kindling_schemas::action::{ActionError, AgentJobState};
 use kindling_schemas::auth::InvalidToken;
 use kindling_schemas::descriptor::{PathError, Split};
 use kindling_schemas::metadata::MetadataError;
+use kindling_schemas::rendezvous::ClientError;
 use kindling_schemas::schema::{FeatureColumn, SchemaError};
 use tonic::Status;
 
@@ -178,7 +179,7 @@ pub enum AgentError {
         url: String,
         /// What the call failed with.
         #[source]
-        source: Box<crate::rendezvous::ClientError>,
+        source: Box<ClientError>,
     },
     /// The rendezvous did not answer in time.
     #[error("rendezvous {url}: timed out")]
@@ -284,7 +285,7 @@ impl AgentError {
     }
 
     /// A failed rendezvous call to `url`.
-    pub fn rendezvous(url: &str, source: crate::rendezvous::ClientError) -> Self {
+    pub fn rendezvous(url: &str, source: ClientError) -> Self {
         AgentError::Rendezvous {
             url: url.to_owned(),
             source: Box::new(source),
@@ -327,7 +328,6 @@ impl From<AgentError> for FlightError {
 
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Status {
-        use crate::rendezvous::ClientError;
         let msg = e.to_string();
         match e {
             AgentError::EmptyStream { .. }
@@ -392,7 +392,6 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::rendezvous::ClientError;
 
     #[test]
     fn codes_say_whose_fault_it_is() {

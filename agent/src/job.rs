@@ -9,6 +9,7 @@ use std::time::Duration;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::Split;
+use kindling_schemas::rendezvous::{Gang, JobState, RendezvousClient};
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 use tokio::sync::watch;
@@ -20,7 +21,6 @@ use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
 use crate::ingest::IngestState;
 use crate::model::Net;
-use crate::rendezvous_link::{AttemptMembership, RendezvousLink};
 use crate::trainer::{self, Progress, TrainContext};
 
 /// Agent-wide settings a job needs.
@@ -210,23 +210,32 @@ impl Job {
 
     /// Runs the job to the end: gang, wait for data, train; on a failed
     /// attempt, re-join the next one and resume from the latest checkpoint.
-    pub async fn run(self: Arc<Self>, link: RendezvousLink) {
+    pub async fn run(self: Arc<Self>, rendezvous: RendezvousClient) {
+        let rv_error = |e| AgentError::rendezvous(&self.rendezvous, e);
         loop {
             if self.cancel.is_cancelled() {
                 return;
             }
             self.set_state(AgentJobState::Ganging);
-            let membership = match link.join(&self.job_id, &self.env.agent_id, &self.cancel).await {
-                Ok(Some(m)) => m,
+            let joined = tokio::select! {
+                joined = rendezvous.join_current(&self.job_id, &self.env.agent_id) => joined.map_err(rv_error),
+                _ = self.cancel.cancelled() => Err(AgentError::Cancelled("while joining".into())),
+            };
+            let gang = match joined {
+                Ok(Some(gang)) => gang,
                 Ok(None) => {
                     // The job ended at the rendezvous (failed for good, cancelled or done).
-                    let status = link.job_outcome(&self.job_id).await;
-                    match status {
-                        Ok((AgentJobState::Succeeded, _))
-                            if self.model.lock().map(|m| m.is_some()).unwrap_or(false) => {}
-                        Ok((AgentJobState::Cancelled, cause)) => self.cancel(&cause),
-                        Ok((_, cause)) => self.fail(cause),
-                        Err(e) => self.fail(e.to_string()),
+                    match rendezvous.status(&self.job_id).await {
+                        Ok(status) => {
+                            let cause = status.first_cause().unwrap_or_default();
+                            match status.state {
+                                JobState::Succeeded
+                                    if self.model.lock().map(|m| m.is_some()).unwrap_or(false) => {}
+                                JobState::Cancelled => self.cancel(cause),
+                                _ => self.fail(cause.to_owned()),
+                            }
+                        }
+                        Err(e) => self.fail(rv_error(e).to_string()),
                     }
                     return;
                 }
@@ -235,27 +244,34 @@ impl Job {
                     return;
                 }
             };
-            let attempt = membership.attempt;
+            let attempt = gang.attempt();
             {
                 let mut d = self.lock();
                 d.attempt = attempt;
-                d.rank = Some(membership.rank);
-                d.world_size = membership.peers.len() as u32;
+                d.rank = Some(gang.rank());
+                d.world_size = gang.world_size();
             }
             self.env.inbox.enter_attempt(&self.job_id, attempt);
             let attempt_cancel = self.cancel.child_token();
-            let watcher = link.watch_attempt(&self.job_id, attempt, attempt_cancel.clone());
-            let result = self
-                .clone()
-                .run_attempt(&membership, attempt_cancel.clone())
-                .await;
+            let work = self.clone().run_attempt(&gang, attempt_cancel.clone());
+            tokio::pin!(work);
+            let result = tokio::select! {
+                result = &mut work => result,
+                over = gang.attempt_over() => {
+                    match over {
+                        Ok(_) => tracing::info!(job = %self.job_id, attempt, "attempt over at the rendezvous"),
+                        Err(e) => tracing::warn!(job = %self.job_id, attempt, error = %e, "lost the watch of the attempt"),
+                    }
+                    attempt_cancel.cancel();
+                    work.await
+                }
+            };
             attempt_cancel.cancel();
-            watcher.abort();
             match result {
                 Ok(model) => {
                     *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(model));
-                    if let Err(e) = link.complete(&self.job_id, attempt).await {
-                        tracing::warn!(job = %self.job_id, error = %e, "could not report completion");
+                    if let Err(e) = gang.complete().await {
+                        tracing::warn!(job = %self.job_id, error = %rv_error(e), "could not report completion");
                     }
                     self.set_state(AgentJobState::Succeeded);
                     return;
@@ -267,11 +283,8 @@ impl Job {
                     tracing::warn!(job = %self.job_id, attempt, error = %e, "attempt failed");
                     self.set_state(AgentJobState::Recovering);
                     // Tell the rendezvous unless it told us (then this is a no-op there).
-                    if let Err(re) = link
-                        .report_failure(&self.job_id, attempt, &self.env.agent_id, &e.to_string())
-                        .await
-                    {
-                        tracing::debug!(job = %self.job_id, error = %re, "failure report not taken");
+                    if let Err(re) = gang.report_failure(&e.to_string()).await {
+                        tracing::debug!(job = %self.job_id, error = %rv_error(re), "failure report not taken");
                     }
                 }
             }
@@ -280,11 +293,7 @@ impl Job {
 
     /// One attempt: starts training as soon as the data's layout is known;
     /// the first epoch trains the train split as it arrives.
-    async fn run_attempt(
-        self: Arc<Self>,
-        m: &AttemptMembership,
-        cancel: CancellationToken,
-    ) -> Result<Net, AgentError> {
+    async fn run_attempt(self: Arc<Self>, gang: &Gang, cancel: CancellationToken) -> Result<Net, AgentError> {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
@@ -297,9 +306,13 @@ impl Job {
         let ring = Ring::new(
             RingConfig {
                 job_id: self.job_id.clone(),
-                attempt: m.attempt,
-                rank: m.rank,
-                peers: m.peers.clone(),
+                attempt: gang.attempt(),
+                rank: gang.rank(),
+                peers: gang
+                    .peers()
+                    .iter()
+                    .map(|p| p.collective_address.clone())
+                    .collect(),
                 token: self.env.token.clone(),
                 timeout: self.env.collective_timeout,
             },
@@ -308,7 +321,7 @@ impl Job {
         )?;
         let ctx = TrainContext {
             job_id: self.job_id.clone(),
-            attempt: m.attempt,
+            attempt: gang.attempt(),
             spec: self.spec.clone(),
             layout,
             data,

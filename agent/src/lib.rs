@@ -15,7 +15,6 @@
 //! - [`model`], [`tensorize`], [`params`]: burn models, Arrow → tensors, weights ↔ buffers/Arrow.
 //! - [`optim`]: the optimizers on flat weight buffers, and their state.
 //! - [`checkpoint`]: checkpoints per job and attempt.
-//! - [`rendezvous_link`]: the agent's side of the rendezvous.
 //! - [`rendezvous`]: the barrier rendezvous service (server, client, embedded mode).
 
 pub mod cache;
@@ -34,7 +33,6 @@ pub mod params;
 pub mod predict;
 pub mod registry;
 pub mod rendezvous;
-pub mod rendezvous_link;
 pub mod server;
 pub mod tensorize;
 pub mod trainer;

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use kindling_schemas::action::StartJob;
+use kindling_schemas::rendezvous::RendezvousClient;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::AgentError;
 use crate::job::{Job, JobEnv};
-use crate::rendezvous_link::RendezvousLink;
 
 /// Every job on one agent.
 #[derive(Debug)]
@@ -65,7 +65,8 @@ impl JobRegistry {
         }
         // A job asking for a GPU this agent lacks is refused here, before it gangs.
         let device = crate::device::label(&start.spec)?;
-        let link = RendezvousLink::connect(&start.rendezvous, self.env.token.as_ref())?;
+        let rendezvous = RendezvousClient::connect_lazy(&start.rendezvous, self.env.token.as_ref())
+            .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
         let job = Job::new(
             start.job_id.clone(),
             start.spec,
@@ -75,7 +76,7 @@ impl JobRegistry {
             self.cancel.child_token(),
         );
         jobs.insert(start.job_id, job.clone());
-        self.tracker.spawn(job.clone().run(link));
+        self.tracker.spawn(job.clone().run(rendezvous));
         Ok(job)
     }
 

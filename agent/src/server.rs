@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use kindling_schemas::auth::{BearerCheck, Token};
-use kindling_schemas::pb::rendezvous::AgentInfo;
+use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -22,7 +22,6 @@ use crate::error::AgentError;
 use crate::flight::AgentFlightService;
 use crate::job::JobEnv;
 use crate::registry::JobRegistry;
-use crate::rendezvous_link::RendezvousLink;
 
 /// Largest Flight message an agent accepts (one record batch).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -95,7 +94,8 @@ pub struct AgentHandle {
     jobs_cancel: CancellationToken,
     tracker: TaskTracker,
     server: Option<JoinHandle<()>>,
-    rendezvous: Option<String>,
+    /// The rendezvous the agent registered with, and its URL.
+    rendezvous: Option<(String, RendezvousClient)>,
     token: Option<Token>,
 }
 
@@ -172,20 +172,20 @@ impl AgentHandle {
         let cause = format!("agent {} left: {cause}", self.agent_id);
         let mut departure = Departure::default();
         for (job_id, rendezvous, attempt) in running {
-            let reported = match RendezvousLink::connect(&rendezvous, self.token.as_ref()) {
-                Ok(link) => tokio::time::timeout(
+            let reported = match RendezvousClient::connect_lazy(&rendezvous, self.token.as_ref()) {
+                Ok(client) => tokio::time::timeout(
                     LEAVE_CALL_TIMEOUT,
-                    link.report_failure(&job_id, attempt, &self.agent_id, &cause),
+                    client.report_failure(&job_id, attempt, &self.agent_id, &cause),
                 )
                 .await
                 .map_err(|_| AgentError::RendezvousTimeout {
                     url: rendezvous.clone(),
                 })
-                .and_then(|r| r),
-                Err(e) => Err(e),
+                .and_then(|r| r.map_err(|e| AgentError::rendezvous(&rendezvous, e))),
+                Err(e) => Err(AgentError::rendezvous(&rendezvous, e)),
             };
             match reported {
-                Ok(()) => departure.reported.push((job_id, attempt)),
+                Ok(_) => departure.reported.push((job_id, attempt)),
                 Err(e) => {
                     tracing::warn!(job = %job_id, attempt, error = %e, "could not report leaving");
                     departure.unreported.push(job_id);
@@ -202,13 +202,9 @@ impl AgentHandle {
         }
         self.tracker.close();
         self.tracker.wait().await;
-        if let Some(url) = &self.rendezvous {
-            let deregistered = tokio::time::timeout(LEAVE_CALL_TIMEOUT, async {
-                let client =
-                    crate::rendezvous::RendezvousClient::connect(url.clone(), self.token.as_ref()).await?;
-                client.deregister(&self.agent_id).await
-            })
-            .await;
+        if let Some((url, client)) = &self.rendezvous {
+            let deregistered =
+                tokio::time::timeout(LEAVE_CALL_TIMEOUT, client.deregister(&self.agent_id)).await;
             match deregistered {
                 Ok(Ok(())) => departure.deregistered = true,
                 Ok(Err(e)) => tracing::warn!(rendezvous = %url, error = %e, "could not deregister"),
@@ -324,8 +320,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         }
     });
     let has_gpu = gpu_backend().await;
+    let mut rendezvous = None;
     if let Some(rv) = &config.rendezvous {
-        let link = RendezvousLink::connect(rv, config.token.as_ref())?;
         let info = AgentInfo {
             agent_id: config.agent_id.clone(),
             flight_address: url.clone(),
@@ -334,18 +330,26 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             capacity: config.capacity,
             has_gpu,
         };
-        let heartbeat = match link.register(info, cancel.child_token()).await {
-            Ok(heartbeat) => heartbeat,
+        let registered = match RendezvousClient::connect_lazy(rv, config.token.as_ref()) {
+            Ok(client) => client.register(info).await.map(|lease| (client, lease)),
+            Err(e) => Err(e),
+        };
+        let (client, lease) = match registered {
+            Ok(registered) => registered,
             Err(e) => {
                 // Free the port so the caller can retry `start`.
                 cancel.cancel();
                 let _ = server.await;
-                return Err(e);
+                return Err(AgentError::rendezvous(rv, e));
             }
         };
+        // The heartbeats stop with the agent (a crash, too: the lease lapses).
+        let stop = cancel.clone();
         tracker.spawn(async move {
-            let _ = heartbeat.await;
+            stop.cancelled().await;
+            lease.stop().await;
         });
+        rendezvous = Some((rv.clone(), client));
     }
     tracing::info!(agent = %config.agent_id, %url, "agent serving");
     Ok(AgentHandle {
@@ -357,7 +361,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         jobs_cancel,
         tracker,
         server: Some(server),
-        rendezvous: config.rendezvous,
+        rendezvous,
         token: config.token,
     })
 }

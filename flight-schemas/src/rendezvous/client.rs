@@ -1,21 +1,20 @@
 //! Typed async client of the rendezvous, used by agents and the TrainingJob:
 //! registration with a background heartbeat ([`AgentLease`]), jobs, joins
-//! ([`Gang`]: barrier / all-gather with sequence numbers kept for you),
-//! failure reports, watch streams and status.
+//! (into a [`Gang`]), failure reports, watch streams and status.
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::error::ClientError;
+use super::gang::{Gang, gather_request};
 use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
 use crate::auth::{BearerAttach, Token};
 use crate::pb::rendezvous as pb;
@@ -23,6 +22,10 @@ use crate::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
 type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
+
+/// How long [`RendezvousClient::join_current`] waits before looking for the
+/// current attempt again after the one it tried moved on.
+const REJOIN_DELAY: Duration = Duration::from_millis(50);
 
 /// A stream of a job's states: the current one first, then every change
 /// (intermediate states may be skipped); ends after a terminal state.
@@ -75,16 +78,19 @@ impl RendezvousClient {
     /// Connects to `url` (e.g. `http://rendezvous:7070`) with a bearer token.
     pub async fn connect(url: impl Into<String>, token: Option<&Token>) -> Result<Self> {
         let url = url.into();
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|source| ClientError::InvalidEndpoint {
-                url: url.clone(),
-                source,
-            })?
-            .tcp_nodelay(true);
-        let channel = endpoint
+        let channel = endpoint(&url)?
             .connect()
             .await
             .map_err(|source| ClientError::Connect { url, source })?;
+        Self::with_channel(channel, token)
+    }
+
+    /// A client that connects to `url` on its first call (and again after a
+    /// broken connection), giving up on each try after five seconds.
+    pub fn connect_lazy(url: &str, token: Option<&Token>) -> Result<Self> {
+        let channel = endpoint(url)?
+            .connect_timeout(Duration::from_secs(5))
+            .connect_lazy();
         Self::with_channel(channel, token)
     }
 
@@ -96,7 +102,7 @@ impl RendezvousClient {
         Ok(RendezvousClient { inner })
     }
 
-    fn grpc(&self) -> Inner {
+    pub(super) fn grpc(&self) -> Inner {
         self.inner.clone()
     }
 
@@ -215,18 +221,43 @@ impl RendezvousClient {
                 ),
             });
         }
-        Ok(Gang {
-            client: self.clone(),
-            agent_id: agent_id.to_owned(),
-            membership: Membership {
-                job_id: job_id.to_owned(),
-                attempt: reply.attempt,
-                rank: reply.rank,
-                world_size: reply.world_size,
-                peers: reply.peers.into(),
-            },
-            collective: tokio::sync::Mutex::new((0, None)),
-        })
+        let membership = Membership {
+            job_id: job_id.to_owned(),
+            attempt: reply.attempt,
+            rank: reply.rank,
+            world_size: reply.world_size,
+            peers: reply.peers.into(),
+        };
+        Ok(Gang::new(self.clone(), agent_id.to_owned(), membership))
+    }
+
+    /// Joins the job's current attempt, whichever it is, and waits for the
+    /// gang: what a member that may arrive at any time does. When the
+    /// attempt moves on meanwhile (a later one started, or it failed or
+    /// timed out while ganging) it looks up the current one and joins again.
+    /// `None` when the job has ended or is cancelled.
+    pub async fn join_current(&self, job_id: &str, agent_id: &str) -> Result<Option<Gang>> {
+        use tonic::Code;
+        loop {
+            let status = self.status(job_id).await?;
+            if status.state.is_terminal() {
+                return Ok(None);
+            }
+            match self.join(job_id, status.attempt, agent_id).await {
+                Ok(gang) => return Ok(Some(gang)),
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(Code::FailedPrecondition | Code::Aborted | Code::DeadlineExceeded)
+                    ) =>
+                {
+                    tracing::info!(job = job_id, error = %e, "re-joining");
+                    tokio::time::sleep(REJOIN_DELAY).await;
+                }
+                Err(e) if e.code() == Some(Code::Cancelled) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Low-level all-gather: every member's payload in rank order once all
@@ -248,21 +279,6 @@ impl RendezvousClient {
             .map_err(ClientError::rpc("all_gather"))?
             .into_inner();
         Ok(reply.payloads)
-    }
-
-    /// Opens an all-gather stream and sends `first` on it (so opening costs
-    /// no extra round trip).
-    async fn open_gather_stream(&self, first: pb::AllGatherRequest) -> Result<GatherStream> {
-        let (requests, rx) = mpsc::channel(1);
-        // Cannot fail: the receiver is alive and the channel is empty.
-        let _ = requests.try_send(first);
-        let replies = self
-            .grpc()
-            .all_gather_stream(ReceiverStream::new(rx))
-            .await
-            .map_err(ClientError::rpc("all_gather"))?
-            .into_inner();
-        Ok(GatherStream { requests, replies })
     }
 
     /// Reports the attempt failed. Returns the attempt to re-join, or `None`
@@ -361,6 +377,14 @@ impl RendezvousClient {
     }
 }
 
+fn endpoint(url: &str) -> Result<Endpoint> {
+    let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|source| ClientError::InvalidEndpoint {
+        url: url.to_owned(),
+        source,
+    })?;
+    Ok(endpoint.tcp_nodelay(true))
+}
+
 fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {
     JobStatus::try_from(s).map_err(|e| ClientError::Malformed {
         op,
@@ -454,145 +478,5 @@ async fn heartbeat_loop(
             Ok(Err(e)) => tracing::warn!(agent = %agent.agent_id, error = %e, "heartbeat failed"),
             Err(_) => tracing::warn!(agent = %agent.agent_id, "heartbeat timed out"),
         }
-    }
-}
-
-/// This member's place in a formed gang, with the collective calls of the
-/// attempt. Sequence numbers are kept here: every member must make the same
-/// sequence of barrier / all-gather calls.
-#[derive(Debug)]
-pub struct Gang {
-    client: RendezvousClient,
-    agent_id: String,
-    membership: Membership,
-    /// The next collective's sequence number and the open all-gather stream
-    /// (`None` before the first call and after an error). One lock: calls on
-    /// one gang are serialised, in sequence order.
-    collective: tokio::sync::Mutex<(u64, Option<GatherStream>)>,
-}
-
-/// An open `AllGatherStream`: one reply per request, in order.
-struct GatherStream {
-    requests: mpsc::Sender<pb::AllGatherRequest>,
-    replies: tonic::Streaming<pb::AllGatherResponse>,
-}
-
-impl std::fmt::Debug for GatherStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GatherStream").finish_non_exhaustive()
-    }
-}
-
-impl GatherStream {
-    /// Sends `request` and waits for its reply.
-    async fn call(&mut self, request: pb::AllGatherRequest) -> Result<pb::AllGatherResponse> {
-        let ended = || ClientError::Rpc {
-            op: "all_gather",
-            source: tonic::Status::unavailable("the rendezvous closed the all-gather stream"),
-        };
-        self.requests.send(request).await.map_err(|_| ended())?;
-        self.next_reply().await
-    }
-
-    async fn next_reply(&mut self) -> Result<pb::AllGatherResponse> {
-        self.replies
-            .message()
-            .await
-            .map_err(ClientError::rpc("all_gather"))?
-            .ok_or_else(|| ClientError::Rpc {
-                op: "all_gather",
-                source: tonic::Status::unavailable("the rendezvous closed the all-gather stream"),
-            })
-    }
-}
-
-fn gather_request(job_id: &str, attempt: u32, rank: u32, seq: u64, payload: Bytes) -> pb::AllGatherRequest {
-    pb::AllGatherRequest {
-        job_id: job_id.to_owned(),
-        attempt,
-        rank,
-        seq,
-        payload,
-    }
-}
-
-impl Gang {
-    /// Rank, world size, peers.
-    pub fn membership(&self) -> &Membership {
-        &self.membership
-    }
-    /// This member's rank (ranks follow ascending agent id).
-    pub fn rank(&self) -> u32 {
-        self.membership.rank
-    }
-    /// Number of members.
-    pub fn world_size(&self) -> u32 {
-        self.membership.world_size
-    }
-    /// The attempt this gang belongs to.
-    pub fn attempt(&self) -> u32 {
-        self.membership.attempt
-    }
-    /// Every member in rank order.
-    pub fn peers(&self) -> &[AgentInfo] {
-        &self.membership.peers
-    }
-
-    /// Like Spark's `BarrierTaskContext.allGather`: every member's payload in
-    /// rank order. Fails (ABORTED / DEADLINE_EXCEEDED) when the attempt fails.
-    ///
-    /// Calls travel on one stream kept open for the gang (opened by the
-    /// first call, re-opened after an error).
-    pub async fn all_gather(&self, payload: impl Into<Bytes>) -> Result<Vec<Bytes>> {
-        let m = &self.membership;
-        let mut guard = self.collective.lock().await;
-        let (next_seq, open) = &mut *guard;
-        let request = gather_request(&m.job_id, m.attempt, m.rank, *next_seq, payload.into());
-        *next_seq += 1;
-        let reply = match open {
-            Some(stream) => stream.call(request).await,
-            None => match self.client.open_gather_stream(request).await {
-                Ok(mut stream) => {
-                    let reply = stream.next_reply().await;
-                    *open = Some(stream);
-                    reply
-                }
-                Err(e) => Err(e),
-            },
-        };
-        if reply.is_err() {
-            *open = None;
-        }
-        let payloads = reply?.payloads;
-        if payloads.is_empty() {
-            // A barrier: the server sends no payloads when all are empty.
-            return Ok(vec![Bytes::new(); m.world_size as usize]);
-        }
-        if payloads.len() != m.world_size as usize {
-            return Err(ClientError::Malformed {
-                op: "all_gather",
-                detail: format!("{} payloads for world size {}", payloads.len(), m.world_size),
-            });
-        }
-        Ok(payloads)
-    }
-
-    /// Like Spark's `BarrierTaskContext.barrier`.
-    pub async fn barrier(&self) -> Result<()> {
-        self.all_gather(Bytes::new()).await.map(drop)
-    }
-
-    /// Reports this attempt failed; returns the attempt to re-join.
-    pub async fn report_failure(&self, cause: &str) -> Result<Option<u32>> {
-        let m = &self.membership;
-        self.client
-            .report_failure(&m.job_id, m.attempt, &self.agent_id, cause)
-            .await
-    }
-
-    /// Marks the job succeeded.
-    pub async fn complete(&self) -> Result<()> {
-        let m = &self.membership;
-        self.client.complete(&m.job_id, m.attempt).await
     }
 }

@@ -7,16 +7,19 @@
 //!
 //! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
 //! - [`wire`]: the one place those values meet their `pb` messages.
-//! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`Gang`], [`JobWatch`].
+//! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`JobWatch`].
+//! - [`gang`]: [`Gang`], a member's collectives and the watch on its attempt.
 //! - [`error`]: [`ClientError`] and the status metadata the server attaches.
 
 pub mod client;
 pub mod error;
+pub mod gang;
 pub mod types;
 pub mod wire;
 
-pub use client::{AgentLease, Gang, JobWatch, RendezvousClient};
+pub use client::{AgentLease, JobWatch, RendezvousClient};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
+pub use gang::Gang;
 pub use types::{
     AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
     RENDEZVOUS_REPORTER,
