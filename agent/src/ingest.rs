@@ -1,9 +1,8 @@
-//! Exactly-once ingest: per split, the shard cache, each producer's committed
-//! position and end-of-data; per `DoPut` stream, what it staged until it
-//! commits all or nothing.
+//! Exactly-once ingest into a job's splits
+//! ([`IngestState`](crate::job::IngestState)): per `DoPut`
+//! stream, what it staged until it commits all or nothing; end of data.
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -12,102 +11,8 @@ use kindling_schemas::descriptor::Split;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 
-use crate::cache::{MemoryBudget, ShardCache};
 use crate::error::AgentError;
 use crate::job::{Job, JobData};
-
-/// A producer's committed position in one split.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProducerPosition {
-    /// The next sequence number not yet committed.
-    pub next_seq: u64,
-    /// Rows committed.
-    pub rows: u64,
-}
-
-/// One split of a job on this agent: its rows, who committed them, and
-/// whether its producers said they are done.
-#[derive(Debug)]
-pub struct SplitIngest {
-    /// The split's batches.
-    pub cache: ShardCache,
-    producers: HashMap<String, ProducerPosition>,
-    ended: bool,
-}
-
-impl SplitIngest {
-    fn new(cache: ShardCache) -> Self {
-        SplitIngest {
-            cache,
-            producers: HashMap::new(),
-            ended: false,
-        }
-    }
-
-    /// The producer's committed position (zero before its first commit).
-    pub fn position(&self, producer: &str) -> ProducerPosition {
-        self.producers.get(producer).copied().unwrap_or_default()
-    }
-
-    /// Whether the split's producers said they are done.
-    pub fn ended(&self) -> bool {
-        self.ended
-    }
-
-    /// Committed rows.
-    pub fn committed_rows(&self) -> u64 {
-        self.cache.committed_rows()
-    }
-}
-
-/// Both splits of a job and the numbering of its `DoPut` streams.
-#[derive(Debug)]
-pub struct IngestState {
-    train: SplitIngest,
-    eval: SplitIngest,
-    next_stream: u64,
-}
-
-impl IngestState {
-    /// Empty splits spilling under `spill_dir` (`train/`, `eval/`), in memory
-    /// up to `budget`.
-    pub fn new(spill_dir: &Path, budget: Arc<MemoryBudget>) -> Self {
-        IngestState {
-            train: SplitIngest::new(ShardCache::new(spill_dir.join("train"), budget.clone())),
-            eval: SplitIngest::new(ShardCache::new(spill_dir.join("eval"), budget)),
-            next_stream: 0,
-        }
-    }
-
-    /// One split.
-    pub fn split(&self, split: Split) -> &SplitIngest {
-        match split {
-            Split::Train => &self.train,
-            Split::Eval => &self.eval,
-        }
-    }
-
-    /// One split, to change.
-    pub fn split_mut(&mut self, split: Split) -> &mut SplitIngest {
-        match split {
-            Split::Train => &mut self.train,
-            Split::Eval => &mut self.eval,
-        }
-    }
-
-    /// `(bytes in memory, bytes on disk)` of both splits.
-    pub fn bytes(&self) -> (u64, u64) {
-        let (m1, d1) = self.train.cache.bytes();
-        let (m2, d2) = self.eval.cache.bytes();
-        (m1 + m2, d1 + d2)
-    }
-
-    /// Drops every cached batch of both splits.
-    pub fn clear(&mut self) {
-        self.train.cache.clear();
-        self.eval.cache.clear();
-    }
-}
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
     if d.state.is_terminal() {
@@ -138,7 +43,7 @@ pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Resul
                 expected,
             });
         }
-        s.ended = true;
+        s.end();
         rows
     };
     job.notify_data();
@@ -173,11 +78,7 @@ pub struct PutStream {
 impl PutStream {
     /// A new stream into `split` of `job`.
     pub fn open(job: Arc<Job>, split: Split) -> Self {
-        let stream = {
-            let mut d = job.lock();
-            d.ingest.next_stream += 1;
-            d.ingest.next_stream
-        };
+        let stream = { job.lock().ingest.open_stream() };
         PutStream {
             job,
             split,
@@ -301,11 +202,10 @@ impl PutStream {
                 split.cache.abort(self.stream);
             }
             for (producer, st) in self.staged.drain() {
-                let pos = split.producers.entry(producer.clone()).or_default();
                 if still_next {
-                    pos.next_seq = st.next;
-                    pos.rows += st.rows;
+                    split.advance(&producer, st.next, st.rows);
                 }
+                let pos = split.position(&producer);
                 acks.push(PutAck {
                     producer,
                     seq: st.next.saturating_sub(1),

@@ -4,18 +4,28 @@
 //! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
 //! - [`cli`]: command-line pieces both binaries share (the token flags).
 //! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
-//! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
 //! - [`predict`]: inference and the `DoExchange` prediction stream.
-//! - [`registry`] / [`job`]: the jobs on an agent and their lifecycle.
-//! - [`error`]: [`AgentError`] and its one mapping to `tonic::Status`.
-//! - [`cache`]: shard cache with memory budget and disk spill.
+//! - [`registry`]: the jobs on an agent, and starting their tasks.
+//! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
+//! - [`job`]: one job's data, state and lifecycle (gang, train, re-join).
 //! - [`trainer`]: the data-parallel burn training loop.
-//! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
-//! - [`collective`]: ring all-reduce and broadcast between agents.
-//! - [`model`], [`tensorize`], [`params`]: burn models, Arrow → tensors, weights ↔ buffers/Arrow.
-//! - [`optim`]: the optimizers on flat weight buffers, and their state.
+//! - [`tensorize`]: Arrow batches → tensors.
 //! - [`checkpoint`]: checkpoints per job and attempt.
-//! - [`rendezvous`]: the barrier rendezvous service (server, client, embedded mode).
+//! - [`optim`]: the optimizers on flat weight buffers, and their state.
+//! - [`params`]: weights and gradients ↔ flat buffers and Arrow.
+//! - [`model`]: the burn models.
+//! - [`collective`]: ring all-reduce and broadcast between agents.
+//! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
+//! - [`cache`]: shard cache with memory budget and disk spill.
+//! - [`error`]: [`AgentError`] and its one mapping to `tonic::Status`.
+//! - [`rendezvous`]: the barrier rendezvous service (server, embedded mode);
+//!   its client is `kindling_schemas::rendezvous::RendezvousClient`.
+//!
+//! Layers, lowest first: `cli`, `health`, `rendezvous`, `error`, `cache`,
+//! `device`, `collective`, `model`, `params`, `optim`, `checkpoint`,
+//! `tensorize`, `trainer`, `job`, `ingest`, `registry`, `predict`, `flight`,
+//! `server`. A module uses only modules listed before it
+//! (`tests/lib_layers.rs` checks it).
 
 pub mod cache;
 pub mod checkpoint;

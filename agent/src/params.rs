@@ -1,6 +1,6 @@
 //! Moving a model's parameters and gradients in and out of flat buffers:
 //! gradients into one `f32` buffer for the all-reduce; weights into one
-//! buffer for the optimizer ([`crate::optim`]) and back into the model; and
+//! buffer for the optimizer (the `optim` module) and back into the model; and
 //! weights into an Arrow table (name, shape, values) that any language can
 //! read, and back.
 
@@ -276,4 +276,70 @@ pub fn from_record_bytes(model: Net, bytes: Vec<u8>) -> Result<Net, AgentError> 
     let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
         .map_err(AgentError::Record)?;
     model.try_load_record(record).map_err(AgentError::Record)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use burn::tensor::Device;
+    use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+
+    use super::flat_weights;
+    use crate::model::Net;
+
+    /// Another thread building models the whole time (as a second job's
+    /// agent, or a model built to load weights into) must not change what a
+    /// seed gives: the RNG they draw from is process-wide.
+    #[test]
+    fn a_seed_gives_the_same_weights_while_other_models_are_built() {
+        let spec = JobSpec::builder()
+            .task(Task::Classification { num_classes: 3 })
+            .model(ModelSpec::Mlp { hidden: vec![16] })
+            .optimizer(OptimizerSpec::adam(0.01))
+            .features(["x"])
+            .label("y")
+            .build()
+            .expect("spec");
+        let expected = flat_weights(&Net::seeded(&spec, 8, 42));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (first_built, first_model) = std::sync::mpsc::channel();
+        let noise = {
+            let (spec, stop) = (spec.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let device = Device::flex();
+                let mut built = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(flat_weights(&Net::new(&spec, 8, &device)));
+                    built += 1;
+                    if built == 1 {
+                        let _ = first_built.send(());
+                    }
+                }
+                built
+            })
+        };
+        // On a busy machine the other thread may not run at all during the
+        // seeded builds below unless they wait for it to get going.
+        let _ = first_model.recv();
+        let mut differing = 0;
+        for _ in 0..200 {
+            if flat_weights(&Net::seeded(&spec, 8, 42)) != expected {
+                differing += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let built = noise.join().expect("noise thread");
+        assert!(built > 0, "the other thread built no model");
+        assert_eq!(
+            differing, 0,
+            "of 200 seeded builds while {built} others were built"
+        );
+        assert_ne!(
+            flat_weights(&Net::seeded(&spec, 8, 43)),
+            expected,
+            "another seed gives other weights"
+        );
+    }
 }

@@ -16,6 +16,14 @@ use super::{
 };
 
 pub(super) type GatherResult = Arc<Vec<Bytes>>;
+
+/// One collective of one attempt, as the members' calls name it.
+#[derive(Clone, Copy)]
+struct GatherKey<'a> {
+    job_id: &'a str,
+    attempt: u32,
+    seq: u64,
+}
 type GatherWaiter = oneshot::Sender<Result<GatherResult>>;
 
 pub(super) struct Collective {
@@ -38,21 +46,19 @@ impl RendezvousState {
         seq: u64,
         payload: Bytes,
     ) -> Result<Arc<Vec<Bytes>>> {
-        let (rx, deadline) = self.gather_start(job_id, attempt, rank, seq, payload)?;
-        self.await_outcome(rx, deadline, |s| {
-            s.expire_gather(job_id, attempt, seq, Instant::now())
-        })
-        .await
+        let key = GatherKey { job_id, attempt, seq };
+        let (rx, deadline) = self.gather_start(key, rank, payload)?;
+        self.await_outcome(rx, deadline, |s| s.expire_gather(key, Instant::now()))
+            .await
     }
 
     fn gather_start(
         &self,
-        job_id: &str,
-        attempt: u32,
+        key: GatherKey<'_>,
         rank: u32,
-        seq: u64,
         payload: Bytes,
     ) -> Result<(oneshot::Receiver<Result<GatherResult>>, Instant)> {
+        let GatherKey { job_id, attempt, seq } = key;
         require("job_id", job_id)?;
         require_attempt(attempt)?;
         if payload.len() > self.config.max_payload_bytes {
@@ -128,7 +134,8 @@ impl RendezvousState {
         Ok((rx, deadline))
     }
 
-    fn expire_gather(&self, job_id: &str, attempt: u32, seq: u64, now: Instant) -> Option<Instant> {
+    fn expire_gather(&self, key: GatherKey<'_>, now: Instant) -> Option<Instant> {
+        let GatherKey { job_id, attempt, seq } = key;
         let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let st = &mut *guard;
         let job = st.jobs.get_mut(job_id)?;
