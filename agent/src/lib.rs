@@ -21,11 +21,9 @@
 //! - [`rendezvous`]: the barrier rendezvous service (server, embedded mode);
 //!   its client is `kindling_schemas::rendezvous::RendezvousClient`.
 //!
-//! Layers, lowest first: `cli`, `health`, `rendezvous`, `error`, `cache`,
-//! `device`, `collective`, `model`, `params`, `optim`, `checkpoint`,
-//! `tensorize`, `trainer`, `job`, `ingest`, `registry`, `predict`, `flight`,
-//! `server`. A module uses only modules listed before it
-//! (`tests/lib_layers.rs` checks it).
+//! The modules form layers, listed lowest first in the README's layout
+//! table: a module uses only modules listed before it
+//! (`tests/tests/house_rules.rs` checks every `crate::` path against it).
 
 pub mod cache;
 pub mod checkpoint;
