@@ -112,6 +112,17 @@ pub enum AgentError {
     /// The job is not known to this agent.
     #[error("unknown job `{0}` on this agent: start it with the `start_job` action first")]
     UnknownJob(String),
+    /// `start_job` named a job the rendezvous does not know.
+    #[error(
+        "job `{job_id}` does not exist at the rendezvous {rendezvous}: create it there first \
+         (CreateJob), then start it on its agents"
+    )]
+    NotAtRendezvous {
+        /// The job.
+        job_id: String,
+        /// The rendezvous asked.
+        rendezvous: String,
+    },
     /// The job has no checkpoint on this agent.
     #[error("job `{0}` has no checkpoint on this agent yet")]
     NoCheckpoint(String),
@@ -350,7 +361,9 @@ impl From<AgentError> for Status {
             | AgentError::RankOutsideWorld { .. }
             | AgentError::BroadcastWithoutPayload
             | AgentError::Token(_) => Status::invalid_argument(msg),
-            AgentError::UnknownJob(_) | AgentError::NoCheckpoint(_) => Status::not_found(msg),
+            AgentError::UnknownJob(_) | AgentError::NotAtRendezvous { .. } | AgentError::NoCheckpoint(_) => {
+                Status::not_found(msg)
+            }
             AgentError::WrongState { .. }
             | AgentError::UnknownLayout
             | AgentError::NoData

@@ -232,7 +232,7 @@ impl FlightService for AgentFlightService {
         let action = Action::parse(&a.r#type, &a.body).map_err(AgentError::from)?;
         match action {
             Action::StartJob(start) => {
-                self.jobs.start(start.clone())?;
+                self.jobs.start(start.clone()).await?;
                 ok_json(&StartJobResponse {
                     job_id: start.job_id,
                     agent_id: self.jobs.agent_id().to_owned(),

@@ -47,26 +47,31 @@ impl JobRegistry {
     }
 
     /// Starts a job (idempotent for the same spec while it runs; a finished
-    /// job with the same id is replaced).
-    pub fn start(&self, start: StartJob) -> Result<Arc<Job>, AgentError> {
-        let mut jobs = self.lock();
-        if let Some(existing) = jobs.get(&start.job_id) {
-            let state = existing.lock().state;
-            if !state.is_terminal() {
-                if existing.spec == start.spec && existing.rendezvous == start.rendezvous {
-                    return Ok(existing.clone());
-                }
-                return Err(AgentError::WrongState {
-                    job_id: start.job_id,
-                    state: format!("{state:?}").to_lowercase(),
-                    reason: "it is running with a different spec or rendezvous; cancel it first".into(),
-                });
-            }
+    /// job with the same id is replaced). A job the rendezvous does not know
+    /// is refused at once (NOT_FOUND), before anything runs here.
+    pub async fn start(&self, start: StartJob) -> Result<Arc<Job>, AgentError> {
+        if let Some(running) = self.running(&start)? {
+            return Ok(running);
         }
         // A job asking for a GPU this agent lacks is refused here, before it gangs.
         let device = crate::device::label(&start.spec)?;
         let rendezvous = RendezvousClient::connect_lazy(&start.rendezvous, self.env.token.as_ref())
             .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
+        match rendezvous.status(&start.job_id).await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                return Err(AgentError::NotAtRendezvous {
+                    job_id: start.job_id,
+                    rendezvous: start.rendezvous,
+                });
+            }
+            Err(e) => return Err(AgentError::rendezvous(&start.rendezvous, e)),
+        }
+        let mut jobs = self.lock();
+        // Another start of the same job may have won while we asked.
+        if let Some(running) = Self::running_in(&jobs, &start)? {
+            return Ok(running);
+        }
         let job = Job::new(
             start.job_id.clone(),
             start.spec,
@@ -78,6 +83,33 @@ impl JobRegistry {
         jobs.insert(start.job_id, job.clone());
         self.tracker.spawn(job.clone().run(rendezvous));
         Ok(job)
+    }
+
+    /// The job `start` names if it runs already with the same spec and
+    /// rendezvous; an error if it runs with others.
+    fn running(&self, start: &StartJob) -> Result<Option<Arc<Job>>, AgentError> {
+        Self::running_in(&self.lock(), start)
+    }
+
+    fn running_in(
+        jobs: &HashMap<String, Arc<Job>>,
+        start: &StartJob,
+    ) -> Result<Option<Arc<Job>>, AgentError> {
+        let Some(existing) = jobs.get(&start.job_id) else {
+            return Ok(None);
+        };
+        let state = existing.lock().state;
+        if state.is_terminal() {
+            return Ok(None);
+        }
+        if existing.spec == start.spec && existing.rendezvous == start.rendezvous {
+            return Ok(Some(existing.clone()));
+        }
+        Err(AgentError::WrongState {
+            job_id: start.job_id.clone(),
+            state: format!("{state:?}").to_lowercase(),
+            reason: "it is running with a different spec or rendezvous; cancel it first".into(),
+        })
     }
 
     /// A job by id.

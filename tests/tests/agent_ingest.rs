@@ -172,5 +172,19 @@ async fn calls_without_the_token_or_for_unknown_jobs_are_refused() {
         .await
         .expect_err("unknown job put");
     assert_eq!(err.code(), Some(tonic::Code::NotFound));
+    // A job never created at the rendezvous is refused when it is started,
+    // naming the job and the rendezvous, and nothing of it stays here.
+    let err = c
+        .start_job("never-created", &spec(1), &cluster.rendezvous_url())
+        .await
+        .expect_err("start of a job the rendezvous does not know");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("never-created") && text.contains(&cluster.rendezvous_url()),
+        "{text}"
+    );
+    let err = c.job_status("never-created").await.expect_err("no job kept");
+    assert_eq!(err.code(), Some(tonic::Code::NotFound));
     cluster.shutdown().await;
 }
