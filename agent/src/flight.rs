@@ -120,7 +120,7 @@ impl FlightService for AgentFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let path = DataPath::from_descriptor(request.get_ref()).map_err(AgentError::from)?;
-        let model = self.model_for(&path)?;
+        let model = self.model_for(&path).await?;
         Ok(Response::new(model_info(&path, &model)?))
     }
 
@@ -147,7 +147,7 @@ impl FlightService for AgentFlightService {
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let path = DataPath::from_ticket(request.get_ref()).map_err(AgentError::from)?;
-        let model = self.model_for(&path)?;
+        let model = self.model_for(&path).await?;
         let table = params::to_arrow(&model)?;
         let stream = FlightDataEncoderBuilder::new()
             .build(futures::stream::once(async move { Ok(table) }))
@@ -207,9 +207,11 @@ impl FlightService for AgentFlightService {
             }
             .into());
         };
-        let model = self.model_for(&DataPath::Model {
-            job_id: job_id.clone(),
-        })?;
+        let model = self
+            .model_for(&DataPath::Model {
+                job_id: job_id.clone(),
+            })
+            .await?;
         let spec = self.jobs.get(job_id)?.spec.clone();
         // Arrow C++ (pyarrow) and Java clients open DoExchange with a message that
         // carries only the descriptor; it has no IPC header for the decoder.
@@ -277,7 +279,9 @@ impl FlightService for AgentFlightService {
 }
 
 impl AgentFlightService {
-    fn model_for(&self, path: &DataPath) -> Result<Arc<Net>, AgentError> {
+    /// The model `path` names: the trained one (in memory), or the latest
+    /// checkpoint's, read and decoded on the blocking pool.
+    async fn model_for(&self, path: &DataPath) -> Result<Arc<Net>, AgentError> {
         let job = self.jobs.get(path.job_id())?;
         match path {
             DataPath::Model { .. } => job.model.lock().ok().and_then(|m| m.clone()).ok_or_else(|| {
@@ -288,22 +292,29 @@ impl AgentFlightService {
                 )
             }),
             DataPath::Checkpoint { .. } => {
-                let store = crate::checkpoint::CheckpointStore::new(
-                    self.jobs.checkpoint_dir(),
-                    &job.job_id,
-                    job.spec.checkpoint.keep_last,
-                );
-                let ckpt = store
-                    .load_latest()?
-                    .ok_or_else(|| AgentError::NoCheckpoint(job.job_id.clone()))?;
-                let layout = job.lock().layout.clone().ok_or(AgentError::UnknownLayout)?;
-                let device = trainer::device_for(&job.spec)?;
-                let net = Net::new(&job.spec, layout.input_dim, &device);
-                Ok(Arc::new(params::from_record_bytes(net, ckpt.weights)?))
+                let dir = self.jobs.checkpoint_dir().to_owned();
+                tokio::task::spawn_blocking(move || checkpoint_model(&dir, &job))
+                    .await
+                    .map_err(|source| AgentError::Panicked {
+                        task: "loading a checkpoint",
+                        source,
+                    })?
             }
             other => Err(AgentError::NotAModel(other.segments())),
         }
     }
+}
+
+/// The model of `job`'s latest checkpoint under `dir` (file I/O and decoding).
+fn checkpoint_model(dir: &std::path::Path, job: &crate::job::Job) -> Result<Arc<Net>, AgentError> {
+    let store = crate::checkpoint::CheckpointStore::new(dir, &job.job_id, job.spec.checkpoint.keep_last);
+    let ckpt = store
+        .load_latest()?
+        .ok_or_else(|| AgentError::NoCheckpoint(job.job_id.clone()))?;
+    let layout = job.lock().layout.clone().ok_or(AgentError::UnknownLayout)?;
+    let device = trainer::device_for(&job.spec)?;
+    let net = Net::new(&job.spec, layout.input_dim, &device);
+    Ok(Arc::new(params::from_record_bytes(net, ckpt.weights)?))
 }
 
 fn model_info(path: &DataPath, model: &Net) -> Result<FlightInfo, AgentError> {

@@ -108,6 +108,23 @@ async fn two_agents_learn_a_separating_rule() {
     let table = c.fetch_model("rule").await.expect("model table");
     assert_eq!(table.schema().field(0).name(), "name");
     assert!(table.num_rows() > 0);
+    // The latest checkpoint (written after the last epoch) holds the trained weights.
+    let ticket = DataPath::Checkpoint {
+        job_id: "rule".into(),
+    }
+    .ticket();
+    let stream = c
+        .flight()
+        .do_get(ticket)
+        .await
+        .expect("checkpoint do_get")
+        .into_inner();
+    let checkpoint = kindling_fixtures::model_weights(stream).await;
+    assert_eq!(
+        checkpoint,
+        weights(&c, "rule").await,
+        "checkpoint = trained model"
+    );
     cluster.shutdown().await;
 }
 
