@@ -32,7 +32,8 @@ use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
-use kindling_agent::model::{Net, mean_loss};
+use kindling_agent::builtin::{MlpModel, MlpModelConfig};
+use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::{params, tensorize, trainer};
 use kindling_schemas::schema::{self, StreamKind};
@@ -112,10 +113,15 @@ fn main() -> anyhow::Result<()> {
     let rounds = arg("--rounds", 4).max(1);
     let per_round = steps.div_ceil(rounds);
     let steps = per_round * rounds;
-    let mut k_model = Net::new(&spec, IN, &device);
-    let mut k_weights = params::flat_weights(&k_model);
+    // Kindling's path: the model behind the trait, as the trainer runs it.
+    let mut k_model = ModelRegistry::builtin().build(&spec, &layout, &device)?;
+    let mut k_weights = k_model.flat_weights();
     let mut k_optim = FlatOptimizer::new(&spec.optimizer, k_weights.len());
-    let mut b_model = Net::new(&spec, IN, &device);
+    let mlp = |device: &Device| {
+        let config = MlpModelConfig::new(vec![256, 128]);
+        MlpModel::init(&config, &Inputs::new(&layout), device)
+    };
+    let mut b_model = mlp(&device)?;
     // burn's own Adam, as the trainer configured it before it stepped flat buffers.
     let mut b_optim = AdamConfig::new().init();
     let tensors: Vec<_> = data
@@ -141,9 +147,9 @@ fn main() -> anyhow::Result<()> {
                     k_model = k_pool.install(|| {
                         let mut m = k_model;
                         for i in 0..n {
-                            let buf =
-                                trainer::local_gradients(&m, &data[i % data.len()], &layout, &spec, &device)
-                                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                            let buf = m
+                                .gradients(&Batch::new(&data[i % data.len()], &layout, &spec, &device))
+                                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
                             m = trainer::apply_summed_gradients(m, &mut k_optim, &mut k_weights, buf).0;
                         }
                         anyhow::Ok(m)
@@ -158,7 +164,7 @@ fn main() -> anyhow::Result<()> {
                         let mut m = b_model;
                         for i in 0..n {
                             let (x, y) = tensors[i % tensors.len()].clone();
-                            let loss = mean_loss(spec.task, m.forward(x), y, &device);
+                            let loss = task_loss(spec.task, m.forward_features(x), y, &device);
                             let grads = GradientsParams::from_grads(loss.backward(), &m);
                             m = b_optim.step(lr, m, grads);
                         }
@@ -191,7 +197,7 @@ fn main() -> anyhow::Result<()> {
 
     // 3. Where a kindling step goes.
     let mut phases: [Vec<Duration>; 6] = Default::default();
-    let model = Net::new(&spec, IN, &device);
+    let model = mlp(&device)?;
     let mut weights = params::flat_weights(&model);
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
     let model = k_pool.install(|| {
@@ -202,7 +208,7 @@ fn main() -> anyhow::Result<()> {
             let x = tensorize::features(b, &layout, &device)?;
             let y = tensorize::targets(b, "y", spec.task, &device)?;
             let t1 = Instant::now();
-            let loss = mean_loss(spec.task, model.forward(x), y, &device);
+            let loss = task_loss(spec.task, model.forward_features(x), y, &device);
             let loss_value = loss.clone().into_scalar::<f32>();
             let t2 = Instant::now();
             let grads = GradientsParams::from_grads(loss.backward(), &model);

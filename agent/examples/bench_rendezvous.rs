@@ -76,6 +76,7 @@ fn agent(i: usize) -> AgentInfo {
         node_name: format!("node-{}", i / 8),
         capacity: 1,
         has_gpu: false,
+        models: vec!["linear".into(), "mlp".into()],
         agent_id: id,
     }
 }

@@ -90,6 +90,36 @@ pub enum AgentError {
     /// A batch lacks a column the job needs.
     #[error("invalid input: column `{0}` is missing from the batch")]
     MissingColumn(String),
+    /// The job names a model this agent has not registered.
+    #[error("invalid input: model `{name}` is not registered on this agent; it has: {available}")]
+    UnregisteredModel {
+        /// The model the job names.
+        name: String,
+        /// The registered names, comma-separated.
+        available: String,
+    },
+    /// The model's config failed to parse or the model's own validation.
+    #[error("invalid input: model `{model}`: config `{field}`: {reason}")]
+    ModelConfig {
+        /// The model.
+        model: String,
+        /// The config field (`<json>` when the JSON itself does not parse).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The model reads a column as a kind of input the job does not give it.
+    #[error(
+        "invalid input: the model reads column `{column}` as {wanted}, but the job's input has it as {found}"
+    )]
+    InputKind {
+        /// Column.
+        column: String,
+        /// What the model asked for (`float`, `categorical ids`, `an id sequence`).
+        wanted: &'static str,
+        /// What the job's input has (or `no such feature column`).
+        found: String,
+    },
     /// A model table (weights as Arrow) that does not fit the model.
     #[error("invalid input: model table: {0}")]
     ModelTable(String),
@@ -358,6 +388,9 @@ impl From<AgentError> for Status {
             | AgentError::ProducerGone
             | AgentError::MissingColumn(_)
             | AgentError::ModelTable(_)
+            | AgentError::UnregisteredModel { .. }
+            | AgentError::ModelConfig { .. }
+            | AgentError::InputKind { .. }
             | AgentError::RankOutsideWorld { .. }
             | AgentError::BroadcastWithoutPayload
             | AgentError::Token(_) => Status::invalid_argument(msg),

@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::AgentError;
 use crate::ingest::{self, PutStream};
-use crate::model::Net;
+use crate::model::{AnyModel, ModelRegistry};
 use crate::registry::JobRegistry;
 use crate::{params, predict, trainer};
 
@@ -108,7 +108,7 @@ impl FlightService for AgentFlightService {
                     &DataPath::Model {
                         job_id: job.job_id.clone(),
                     },
-                    &model,
+                    model.as_ref(),
                 )?));
             }
         }
@@ -121,7 +121,7 @@ impl FlightService for AgentFlightService {
     ) -> Result<Response<FlightInfo>, Status> {
         let path = DataPath::from_descriptor(request.get_ref()).map_err(AgentError::from)?;
         let model = self.model_for(&path).await?;
-        Ok(Response::new(model_info(&path, &model)?))
+        Ok(Response::new(model_info(&path, model.as_ref())?))
     }
 
     async fn poll_flight_info(
@@ -148,7 +148,7 @@ impl FlightService for AgentFlightService {
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let path = DataPath::from_ticket(request.get_ref()).map_err(AgentError::from)?;
         let model = self.model_for(&path).await?;
-        let table = params::to_arrow(&model)?;
+        let table = model.to_arrow()?;
         let stream = FlightDataEncoderBuilder::new()
             .build(futures::stream::once(async move { Ok(table) }))
             .map_err(flight_status);
@@ -281,7 +281,7 @@ impl FlightService for AgentFlightService {
 impl AgentFlightService {
     /// The model `path` names: the trained one (in memory), or the latest
     /// checkpoint's, read and decoded on the blocking pool.
-    async fn model_for(&self, path: &DataPath) -> Result<Arc<Net>, AgentError> {
+    async fn model_for(&self, path: &DataPath) -> Result<Arc<dyn AnyModel>, AgentError> {
         let job = self.jobs.get(path.job_id())?;
         match path {
             DataPath::Model { .. } => job.model.lock().ok().and_then(|m| m.clone()).ok_or_else(|| {
@@ -293,7 +293,8 @@ impl AgentFlightService {
             }),
             DataPath::Checkpoint { .. } => {
                 let dir = self.jobs.checkpoint_dir().to_owned();
-                tokio::task::spawn_blocking(move || checkpoint_model(&dir, &job))
+                let models = self.jobs.models().clone();
+                tokio::task::spawn_blocking(move || checkpoint_model(&dir, &models, &job))
                     .await
                     .map_err(|source| AgentError::Panicked {
                         task: "loading a checkpoint",
@@ -306,19 +307,23 @@ impl AgentFlightService {
 }
 
 /// The model of `job`'s latest checkpoint under `dir` (file I/O and decoding).
-fn checkpoint_model(dir: &std::path::Path, job: &crate::job::Job) -> Result<Arc<Net>, AgentError> {
+fn checkpoint_model(
+    dir: &std::path::Path,
+    models: &ModelRegistry,
+    job: &crate::job::Job,
+) -> Result<Arc<dyn AnyModel>, AgentError> {
     let store = crate::checkpoint::CheckpointStore::new(dir, &job.job_id, job.spec.checkpoint.keep_last);
     let ckpt = store
         .load_latest()?
         .ok_or_else(|| AgentError::NoCheckpoint(job.job_id.clone()))?;
     let layout = job.lock().layout.clone().ok_or(AgentError::UnknownLayout)?;
     let device = trainer::device_for(&job.spec)?;
-    let net = Net::new(&job.spec, layout.input_dim, &device);
-    Ok(Arc::new(params::from_record_bytes(net, ckpt.weights)?))
+    let model = models.build(&job.spec, &layout, &device)?;
+    Ok(Arc::from(model.from_record_bytes(ckpt.weights)?))
 }
 
-fn model_info(path: &DataPath, model: &Net) -> Result<FlightInfo, AgentError> {
-    let table = params::to_arrow(model)?;
+fn model_info(path: &DataPath, model: &dyn AnyModel) -> Result<FlightInfo, AgentError> {
+    let table = model.to_arrow()?;
     let info = FlightInfo::new()
         .try_with_schema(&params::model_schema())
         .map_err(AgentError::arrow)?

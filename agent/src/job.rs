@@ -20,7 +20,7 @@ use crate::cache::{MemoryBudget, ShardCache};
 use crate::checkpoint::CheckpointStore;
 use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
-use crate::model::Net;
+use crate::model::{AnyModel, ModelRegistry};
 use crate::trainer::{self, Progress, TrainContext};
 
 /// Agent-wide settings a job needs.
@@ -42,6 +42,8 @@ pub struct JobEnv {
     pub collective_timeout: Duration,
     /// The threads trainers compute on.
     pub train_pool: Arc<rayon::ThreadPool>,
+    /// The models jobs can name.
+    pub models: ModelRegistry,
 }
 
 /// A producer's committed position in one split.
@@ -190,7 +192,7 @@ pub struct Job {
     /// Cancels the whole job.
     pub cancel: CancellationToken,
     /// The trained model, once the job succeeded.
-    pub model: Mutex<Option<Arc<Net>>>,
+    pub model: Mutex<Option<Arc<dyn AnyModel>>>,
     /// Where the job trains, from [`crate::device::label`].
     pub device: String,
     data_changed: watch::Sender<u64>,
@@ -380,7 +382,7 @@ impl Job {
             attempt_cancel.cancel();
             match result {
                 Ok(model) => {
-                    *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(model));
+                    *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(model));
                     if let Err(e) = gang.complete().await {
                         tracing::warn!(job = %self.job_id, error = %rv_error(e), "could not report completion");
                     }
@@ -404,7 +406,11 @@ impl Job {
 
     /// One attempt: starts training as soon as the data's layout is known;
     /// the first epoch trains the train split as it arrives.
-    async fn run_attempt(self: Arc<Self>, gang: &Gang, cancel: CancellationToken) -> Result<Net, AgentError> {
+    async fn run_attempt(
+        self: Arc<Self>,
+        gang: &Gang,
+        cancel: CancellationToken,
+    ) -> Result<Box<dyn AnyModel>, AgentError> {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
@@ -434,6 +440,7 @@ impl Job {
             job_id: self.job_id.clone(),
             attempt: gang.attempt(),
             spec: self.spec.clone(),
+            models: self.env.models.clone(),
             layout,
             data,
             ring,

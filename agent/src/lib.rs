@@ -1,5 +1,7 @@
 //! The Kindling agent and the barrier rendezvous service.
 //!
+//! - [`launch`]: the agent process ([`run`]: command line, signals, probes),
+//!   for the `kindling-agent` binary and agents built from user crates.
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
 //! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
 //! - [`cli`]: command-line pieces both binaries share (the token flags).
@@ -13,7 +15,10 @@
 //! - [`checkpoint`]: checkpoints per job and attempt.
 //! - [`optim`]: the optimizers on flat weight buffers, and their state.
 //! - [`params`]: weights and gradients ↔ flat buffers and Arrow.
-//! - [`model`]: the burn models.
+//! - [`model`]: the [`KindlingModel`](model::KindlingModel) trait every trained
+//!   model implements, the [`Batch`](model::Batch) it reads, and the
+//!   [`ModelRegistry`](model::ModelRegistry) of names → models.
+//! - [`builtin`]: the built-in networks (linear, MLP, CNN) as trait implementors.
 //! - [`collective`]: ring all-reduce and broadcast between agents.
 //! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
 //! - [`cache`]: shard cache with memory budget and disk spill.
@@ -25,6 +30,7 @@
 //! table: a module uses only modules listed before it
 //! (`tests/tests/house_rules.rs` checks every `crate::` path against it).
 
+pub mod builtin;
 pub mod cache;
 pub mod checkpoint;
 pub mod cli;
@@ -35,6 +41,7 @@ pub mod flight;
 pub mod health;
 pub mod ingest;
 pub mod job;
+pub mod launch;
 pub mod model;
 pub mod optim;
 pub mod params;
@@ -46,4 +53,6 @@ pub mod tensorize;
 pub mod trainer;
 
 pub use error::AgentError;
+pub use launch::run;
+pub use model::{KindlingModel, ModelRegistry};
 pub use server::{AgentConfig, AgentHandle, start};

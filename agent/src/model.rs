@@ -1,151 +1,274 @@
-//! The burn models a job spec can name: linear/logistic regression, MLP, small CNN.
+//! Your own burn model in Kindling: the [`KindlingModel`] trait, the
+//! [`Batch`] a model reads its inputs from, and the [`ModelRegistry`] that
+//! maps the names job specs use to model types.
+//!
+//! Everything around a model — feeding, flat gradients and the ring
+//! all-reduce, the optimizers, checkpoints and resume, rank 0's broadcast,
+//! `DoExchange` prediction, the model as an Arrow table — works on any
+//! implementor, through the object-safe [`AnyModel`] every registered model
+//! is erased to. The built-in networks (`crate::builtin`) are implementors
+//! like any other.
+//!
+//! ```ignore
+//! #[derive(Config, Debug)]
+//! pub struct TabularConfig { #[config(default = 8)] pub embedding: usize }
+//!
+//! #[derive(Module, Debug)]
+//! pub struct Tabular { city: Embedding, head: Linear }
+//!
+//! impl KindlingModel for Tabular {
+//!     type Config = TabularConfig;
+//!     fn init(config: &TabularConfig, inputs: &Inputs<'_>, device: &Device) -> Result<Self, AgentError> {
+//!         let cities = inputs.vocabulary("city")?;
+//!         Ok(Tabular {
+//!             city: EmbeddingConfig::new(cities, config.embedding).init(device),
+//!             head: LinearConfig::new(config.embedding + inputs.float_width(), inputs.outputs()).init(device),
+//!         })
+//!     }
+//!     fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
+//!         let city = self.city.forward(batch.ids("city")?.unsqueeze_dim(1)).squeeze_dim(1);
+//!         Ok(self.head.forward(Tensor::cat(vec![city, batch.features()?], 1)))
+//!     }
+//! }
+//!
+//! kindling_agent::run(ModelRegistry::builtin().with::<Tabular>("tabular"))
+//! ```
 
-use std::sync::{Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use arrow::array::{ArrayRef, Float32Array, Int64Array, ListArray, RecordBatch};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, FieldRef};
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::loss::{CrossEntropyLossConfig, MseLoss, Reduction};
-use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
-use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::optim::GradientsParams;
+use burn::tensor::activation::softmax;
 use burn::tensor::{Device, Int, Tensor};
-use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
+use kindling_schemas::schema::{FeatureKind, FeatureLayout};
+use kindling_schemas::spec::{JobSpec, Task, valid_model_name};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-/// One network for every model kind: optional conv blocks, then dense layers
-/// with ReLU between them.
-#[derive(Module, Debug)]
-pub struct Net {
-    convs: Vec<Conv2d>,
-    pool: Option<MaxPool2d>,
-    dense: Vec<Linear>,
-    activation: Relu,
-    /// `[channels, height, width]` of the image input, for CNNs.
-    #[module(skip)]
-    image: Option<[usize; 3]>,
+use crate::error::AgentError;
+use crate::params;
+pub use crate::tensorize::{Sequence, Targets};
+
+/// A model's config field failed the model's own validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The field, e.g. `embedding` or `towers[1]`.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
 }
 
-/// burn's CPU backend draws every random tensor from one process-wide RNG.
-/// Every model construction holds this lock, so a seeded construction
-/// ([`Net::seeded`]) cannot have another one (a model built to load weights
-/// into, another job's init) draw from the RNG between seeding and building.
-static INIT: Mutex<()> = Mutex::new(());
-
-fn init_lock() -> MutexGuard<'static, ()> {
-    INIT.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Net {
-    /// Builds the model `spec` names for inputs of width `input_dim`, with
-    /// initial weights from the RNG's current state (use [`Net::seeded`] for
-    /// reproducible weights; data-parallel ranks receive rank 0's anyway).
-    pub fn new(spec: &JobSpec, input_dim: usize, device: &Device) -> Self {
-        let _guard = init_lock();
-        Self::build(spec, input_dim, device)
-    }
-
-    /// burn initialises parameters lazily, on first use; draw them all now,
-    /// while the caller holds the init lock.
-    fn materialized(self) -> Self {
-        struct Draw;
-        impl ModuleVisitor for Draw {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let _ = param.val();
-            }
+impl ConfigError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            reason: reason.into(),
         }
-        self.visit(&mut Draw);
-        self
-    }
-
-    /// The model with the initial weights `seed` gives, on the CPU with
-    /// autodiff: the same weights for the same seed whatever else the process
-    /// is doing (move them to another device with the record bytes).
-    pub fn seeded(spec: &JobSpec, input_dim: usize, seed: u64) -> Self {
-        let _guard = init_lock();
-        let cpu = Device::flex();
-        cpu.seed(seed);
-        Self::build(spec, input_dim, &cpu.autodiff())
-    }
-
-    fn build(spec: &JobSpec, input_dim: usize, device: &Device) -> Self {
-        let out = spec.output_dim();
-        let mut widths = vec![input_dim];
-        let mut convs = Vec::new();
-        let mut pool = None;
-        let mut image = None;
-        match &spec.model {
-            ModelSpec::Linear => {}
-            ModelSpec::Mlp { hidden } => widths.extend(hidden),
-            ModelSpec::Cnn {
-                channels,
-                height,
-                width,
-                conv,
-                dense,
-            } => {
-                let mut c = *channels;
-                let (mut h, mut w) = (*height, *width);
-                for &next in conv {
-                    convs.push(
-                        Conv2dConfig::new([c, next], [3, 3])
-                            .with_padding(PaddingConfig2d::Same)
-                            .init(device),
-                    );
-                    c = next;
-                    h /= 2;
-                    w /= 2;
-                }
-                pool = Some(MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init());
-                image = Some([*channels, *height, *width]);
-                widths = vec![c * h * w, *dense];
-            }
-        }
-        widths.push(out);
-        let dense = widths
-            .windows(2)
-            .map(|w| LinearConfig::new(w[0], w[1]).init(device))
-            .collect();
-        Net {
-            convs,
-            pool,
-            dense,
-            activation: Relu::new(),
-            image,
-        }
-        .materialized()
-    }
-
-    /// Raw outputs: class logits `[n, classes]` or values `[n, 1]`.
-    pub fn forward(&self, input: Tensor<2>) -> Tensor<2> {
-        let mut x = input;
-        if let (Some([c, h, w]), Some(pool)) = (self.image, &self.pool) {
-            let n = x.dims()[0];
-            let mut img: Tensor<4> = x.reshape([n, c, h, w]);
-            for conv in &self.convs {
-                img = pool.forward(self.activation.forward(conv.forward(img)));
-            }
-            x = img.flatten(1, 3);
-        }
-        let last = self.dense.len().saturating_sub(1);
-        for (i, layer) in self.dense.iter().enumerate() {
-            x = layer.forward(x);
-            if i < last {
-                x = self.activation.forward(x);
-            }
-        }
-        x
     }
 }
 
-/// Labels of one batch, in the form the loss wants.
-#[derive(Debug, Clone)]
-pub enum Targets {
-    /// Class indices `[n]`.
-    Classes(Tensor<1, Int>),
-    /// Regression targets `[n, 1]`.
-    Values(Tensor<2>),
+/// A burn model Kindling can train, checkpoint and serve.
+///
+/// Implement it for your `#[derive(Module)]` type and register the type in a
+/// [`ModelRegistry`] under a name; a job spec names it with
+/// `ModelSpec::Custom { name, config }`, where `config` is the JSON of
+/// [`Config`](KindlingModel::Config) (derive burn's `Config` for it).
+pub trait KindlingModel: Module + Sync + 'static {
+    /// The model's hyper-parameters, carried in the job spec as JSON, checked
+    /// by [`validate`](KindlingModel::validate) before any row moves, and
+    /// saved with every checkpoint (in the spec).
+    type Config: Serialize + DeserializeOwned + Clone + fmt::Debug + Send + Sync + 'static;
+
+    /// Checks `config` against the job before anything starts: the error
+    /// names the field. Inputs are only known once the data's schema is, so
+    /// [`init`](KindlingModel::init) checks those (the default accepts all).
+    fn validate(config: &Self::Config, spec: &JobSpec) -> Result<(), ConfigError> {
+        let _ = (config, spec);
+        Ok(())
+    }
+
+    /// A model with fresh weights for the job's `inputs` on `device`.
+    fn init(config: &Self::Config, inputs: &Inputs<'_>, device: &Device) -> Result<Self, AgentError>;
+
+    /// The model's raw outputs for a batch: class logits `[n, classes]` or
+    /// values `[n, targets]`.
+    fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError>;
+
+    /// The mean loss of `output` over the batch. The default is the task's:
+    /// softmax cross-entropy for classes, mean squared error for values.
+    fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError> {
+        Ok(task_loss(batch.task(), output, batch.targets()?, batch.device()))
+    }
+
+    /// Prediction columns for `output` (appended to the input's columns).
+    /// The default: `prediction` (class id, value, or a list of values) and,
+    /// for classification, `probabilities`.
+    fn predictions(&self, output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, ArrayRef)>, AgentError> {
+        task_predictions(output, task)
+    }
 }
 
-/// Mean loss of `output` against `targets` for the spec's task.
-pub fn mean_loss(task: Task, output: Tensor<2>, targets: Targets, device: &Device) -> Tensor<1> {
+/// What a model is built for: the job's feature columns (their kind and
+/// width) and the width of its output.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    layout: &'a FeatureLayout,
+}
+
+impl<'a> Inputs<'a> {
+    /// The inputs of `layout`.
+    pub fn new(layout: &'a FeatureLayout) -> Self {
+        Inputs { layout }
+    }
+
+    /// The layout (every feature column, in spec order).
+    pub fn layout(&self) -> &'a FeatureLayout {
+        self.layout
+    }
+
+    /// Width of the float input: the float columns concatenated, as
+    /// [`Batch::features`] gives them.
+    pub fn float_width(&self) -> usize {
+        self.layout.input_dim
+    }
+
+    /// Width of the output: classes, or regression targets.
+    pub fn outputs(&self) -> usize {
+        self.layout.outputs
+    }
+
+    fn kind(&self, column: &str) -> Result<&'a FeatureKind, AgentError> {
+        self.layout
+            .column(column)
+            .map(|c| &c.kind)
+            .ok_or_else(|| not_a_feature(column))
+    }
+
+    /// Width of float column `column` (1 for a scalar).
+    pub fn float(&self, column: &str) -> Result<usize, AgentError> {
+        match self.kind(column)? {
+            k @ (FeatureKind::Scalar(_) | FeatureKind::Vector { .. }) => Ok(k.float_width()),
+            other => Err(wrong_kind(column, "float", other)),
+        }
+    }
+
+    /// Vocabulary of categorical column `column`.
+    pub fn vocabulary(&self, column: &str) -> Result<usize, AgentError> {
+        match self.kind(column)? {
+            FeatureKind::Categorical { vocabulary } => Ok(*vocabulary),
+            other => Err(wrong_kind(column, "categorical ids", other)),
+        }
+    }
+
+    /// `(vocabulary, max_len)` of sequence column `column`.
+    pub fn sequence(&self, column: &str) -> Result<(usize, usize), AgentError> {
+        match self.kind(column)? {
+            FeatureKind::Sequence { vocabulary, max_len } => Ok((*vocabulary, *max_len)),
+            other => Err(wrong_kind(column, "an id sequence", other)),
+        }
+    }
+}
+
+fn not_a_feature(column: &str) -> AgentError {
+    AgentError::InputKind {
+        column: column.to_owned(),
+        wanted: "an input",
+        found: "no such feature column".into(),
+    }
+}
+
+fn wrong_kind(column: &str, wanted: &'static str, found: &FeatureKind) -> AgentError {
+    AgentError::InputKind {
+        column: column.to_owned(),
+        wanted,
+        found: crate::tensorize::describe(found),
+    }
+}
+
+/// One batch of rows, read column by column into the tensors a model asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    records: &'a RecordBatch,
+    layout: &'a FeatureLayout,
+    spec: &'a JobSpec,
+    device: &'a Device,
+}
+
+impl<'a> Batch<'a> {
+    /// `records` (validated against `layout`) for `spec`'s model on `device`.
+    pub fn new(
+        records: &'a RecordBatch,
+        layout: &'a FeatureLayout,
+        spec: &'a JobSpec,
+        device: &'a Device,
+    ) -> Self {
+        Batch {
+            records,
+            layout,
+            spec,
+            device,
+        }
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.records.num_rows()
+    }
+
+    /// The device tensors are made on.
+    pub fn device(&self) -> &'a Device {
+        self.device
+    }
+
+    /// The job's task.
+    pub fn task(&self) -> Task {
+        self.spec.task
+    }
+
+    /// The Arrow rows themselves.
+    pub fn records(&self) -> &'a RecordBatch {
+        self.records
+    }
+
+    /// Every float column concatenated in spec order `[n, float_width]`.
+    pub fn features(&self) -> Result<Tensor<2>, AgentError> {
+        crate::tensorize::features(self.records, self.layout, self.device)
+    }
+
+    /// One float column `[n, width]`.
+    pub fn float(&self, column: &str) -> Result<Tensor<2>, AgentError> {
+        let feature = self.layout.column(column).ok_or_else(|| not_a_feature(column))?;
+        crate::tensorize::float_column(self.records, feature, self.device)
+    }
+
+    /// A categorical column's ids `[n]`.
+    pub fn ids(&self, column: &str) -> Result<Tensor<1, Int>, AgentError> {
+        Inputs::new(self.layout).vocabulary(column)?;
+        crate::tensorize::ids(self.records, column, self.device)
+    }
+
+    /// A sequence column, padded to its `max_len`, with mask and lengths.
+    pub fn sequence(&self, column: &str) -> Result<Sequence, AgentError> {
+        let (_, max_len) = Inputs::new(self.layout).sequence(column)?;
+        crate::tensorize::sequence(self.records, column, max_len, self.device)
+    }
+
+    /// The labels (training and eval batches only).
+    pub fn targets(&self) -> Result<Targets, AgentError> {
+        crate::tensorize::targets(self.records, &self.spec.label, self.spec.task, self.device)
+    }
+}
+
+/// Mean loss of `output` against `targets` for `task`.
+pub fn task_loss(task: Task, output: Tensor<2>, targets: Targets, device: &Device) -> Tensor<1> {
     match (task, targets) {
         (Task::Classification { .. }, Targets::Classes(t)) => {
             CrossEntropyLossConfig::new().init(device).forward(output, t)
@@ -155,5 +278,359 @@ pub fn mean_loss(task: Task, output: Tensor<2>, targets: Targets, device: &Devic
             let values: Tensor<2> = t.float().unsqueeze_dim(1);
             MseLoss::new().forward(output, values, Reduction::Mean)
         }
+    }
+}
+
+/// The task's prediction columns for `output`: `prediction` (class id, value,
+/// or a list of values for several targets) and, for classification,
+/// `probabilities` (a list, as Spark has no fixed-size lists).
+pub fn task_predictions(output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, ArrayRef)>, AgentError> {
+    let [n, width] = output.dims();
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let list = |values: Vec<f32>| {
+        let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(width, n));
+        Arc::new(ListArray::new(
+            item.clone(),
+            offsets,
+            Arc::new(Float32Array::from(values)),
+            None,
+        )) as ArrayRef
+    };
+    let floats = |t: Tensor<2>| -> Result<Vec<f32>, AgentError> {
+        let d = t.into_data().convert::<f32>();
+        Ok(d.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec())
+    };
+    Ok(match task {
+        Task::Classification { .. } => {
+            let probs = softmax(output, 1);
+            let classes = probs.clone().argmax(1).into_data().convert::<i64>();
+            let classes = classes
+                .as_slice::<i64>()
+                .map_err(AgentError::TensorData)?
+                .to_vec();
+            vec![
+                (
+                    Arc::new(Field::new("prediction", DataType::Int64, false)),
+                    Arc::new(Int64Array::from(classes)) as ArrayRef,
+                ),
+                (
+                    Arc::new(Field::new("probabilities", DataType::List(item.clone()), false)),
+                    list(floats(probs)?),
+                ),
+            ]
+        }
+        Task::Regression if width == 1 => vec![(
+            Arc::new(Field::new("prediction", DataType::Float32, false)),
+            Arc::new(Float32Array::from(floats(output)?)) as ArrayRef,
+        )],
+        Task::Regression => vec![(
+            Arc::new(Field::new("prediction", DataType::List(item.clone()), false)),
+            list(floats(output)?),
+        )],
+    })
+}
+
+/// Why a training step's gradients could not be computed.
+#[derive(Debug)]
+pub enum StepError {
+    /// The batch could not become tensors (or the model refused it).
+    Agent(AgentError),
+    /// The loss became this non-finite value.
+    NonFinite(f64),
+}
+
+impl From<AgentError> for StepError {
+    fn from(e: AgentError) -> Self {
+        StepError::Agent(e)
+    }
+}
+
+impl StepError {
+    /// The agent error for this failure at `epoch`, `step`.
+    pub fn at(self, epoch: u32, step: u64) -> AgentError {
+        match self {
+            StepError::Agent(e) => e,
+            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
+        }
+    }
+}
+
+/// A registered model with its type erased: what the trainer, the
+/// checkpoints and prediction work with. Every method is the generic code
+/// of `params`/the trainer instantiated for the model's type.
+pub trait AnyModel: Send + Sync + fmt::Debug {
+    /// Number of trainable values.
+    fn num_params(&self) -> usize;
+    /// [`KindlingModel::forward`].
+    fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError>;
+    /// [`KindlingModel::loss`].
+    fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError>;
+    /// [`KindlingModel::predictions`].
+    fn predictions(&self, output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, ArrayRef)>, AgentError>;
+    /// Forward and backward of one batch: the flat buffer of gradient *sums*
+    /// over its rows (module visit order), then `[rows, loss sum]`.
+    fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError>;
+    /// Zero gradients laid out like [`gradients`](AnyModel::gradients)' (no trailer).
+    fn zero_grads(&self) -> Vec<f32>;
+    /// The weights in one buffer, laid out like the gradients.
+    fn flat_weights(&self) -> Vec<f32>;
+    /// The model with `values` (laid out like [`flat_weights`](AnyModel::flat_weights)) as weights.
+    fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel>;
+    /// The weights as an Arrow table (`name`, `shape`, `values`).
+    fn to_arrow(&self) -> Result<RecordBatch, AgentError>;
+    /// The model with the weights of a table from [`to_arrow`](AnyModel::to_arrow).
+    fn from_arrow(self: Box<Self>, table: &RecordBatch) -> Result<Box<dyn AnyModel>, AgentError>;
+    /// burn record bytes (broadcast, checkpoints).
+    fn to_record_bytes(&self) -> Result<Vec<u8>, AgentError>;
+    /// The model with the weights of record bytes.
+    fn from_record_bytes(self: Box<Self>, bytes: Vec<u8>) -> Result<Box<dyn AnyModel>, AgentError>;
+    /// The model for inference (no gradient tracking).
+    fn valid(&self) -> Box<dyn AnyModel>;
+}
+
+#[derive(Debug, Clone)]
+struct Erased<M>(M);
+
+impl<M: KindlingModel> AnyModel for Erased<M> {
+    fn num_params(&self) -> usize {
+        self.0.num_params()
+    }
+
+    fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
+        self.0.forward(batch)
+    }
+
+    fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError> {
+        self.0.loss(output, batch)
+    }
+
+    fn predictions(&self, output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, ArrayRef)>, AgentError> {
+        self.0.predictions(output, task)
+    }
+
+    fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError> {
+        let n = batch.rows();
+        let output = self.0.forward(batch)?;
+        let loss = self.0.loss(output, batch)?;
+        let loss_value = loss.clone().into_scalar::<f32>() as f64;
+        if !loss_value.is_finite() {
+            return Err(StepError::NonFinite(loss_value));
+        }
+        let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
+        let grads = GradientsParams::from_grads(sum_loss.backward(), &self.0);
+        let mut buf = params::flatten_grads(&self.0, &grads);
+        buf.push(n as f32);
+        buf.push((loss_value * n as f64) as f32);
+        Ok(buf)
+    }
+
+    fn zero_grads(&self) -> Vec<f32> {
+        params::zero_grads(&self.0)
+    }
+
+    fn flat_weights(&self) -> Vec<f32> {
+        params::flat_weights(&self.0)
+    }
+
+    fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel> {
+        Box::new(Erased(params::load_flat(self.0, values)))
+    }
+
+    fn to_arrow(&self) -> Result<RecordBatch, AgentError> {
+        params::to_arrow(&self.0)
+    }
+
+    fn from_arrow(self: Box<Self>, table: &RecordBatch) -> Result<Box<dyn AnyModel>, AgentError> {
+        Ok(Box::new(Erased(params::from_arrow(self.0, table)?)))
+    }
+
+    fn to_record_bytes(&self) -> Result<Vec<u8>, AgentError> {
+        params::to_record_bytes(&self.0)
+    }
+
+    fn from_record_bytes(self: Box<Self>, bytes: Vec<u8>) -> Result<Box<dyn AnyModel>, AgentError> {
+        Ok(Box::new(Erased(params::from_record_bytes(self.0, bytes)?)))
+    }
+
+    fn valid(&self) -> Box<dyn AnyModel> {
+        Box::new(Erased(self.0.valid()))
+    }
+}
+
+/// burn's CPU backend draws every random tensor from one process-wide RNG.
+/// Every model construction holds this lock, so a seeded construction
+/// ([`ModelRegistry::build_seeded`]) cannot have another one (a model built
+/// to load weights into, another job's init) draw from the RNG between
+/// seeding and building.
+static INIT: Mutex<()> = Mutex::new(());
+
+fn init_lock() -> MutexGuard<'static, ()> {
+    INIT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// burn initialises parameters lazily, on first use; draw them all now,
+/// while the caller holds the init lock.
+fn materialized<M: Module>(model: M) -> M {
+    struct Draw;
+    impl ModuleVisitor for Draw {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let _ = param.val();
+        }
+    }
+    model.visit(&mut Draw);
+    model
+}
+
+/// A registered model type, behind its name.
+trait Factory: Send + Sync {
+    fn check(&self, name: &str, config: &serde_json::Value, spec: &JobSpec) -> Result<(), AgentError>;
+    fn build(
+        &self,
+        name: &str,
+        config: &serde_json::Value,
+        inputs: &Inputs<'_>,
+        device: &Device,
+    ) -> Result<Box<dyn AnyModel>, AgentError>;
+}
+
+struct Typed<M>(PhantomData<fn() -> M>);
+
+impl<M: KindlingModel> Typed<M> {
+    fn config(name: &str, config: &serde_json::Value) -> Result<M::Config, AgentError> {
+        serde_json::from_value(config.clone()).map_err(|e| AgentError::ModelConfig {
+            model: name.to_owned(),
+            field: "<json>".into(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+impl<M: KindlingModel> Factory for Typed<M> {
+    fn check(&self, name: &str, config: &serde_json::Value, spec: &JobSpec) -> Result<(), AgentError> {
+        let config = Self::config(name, config)?;
+        M::validate(&config, spec).map_err(|e| AgentError::ModelConfig {
+            model: name.to_owned(),
+            field: e.field,
+            reason: e.reason,
+        })
+    }
+
+    fn build(
+        &self,
+        name: &str,
+        config: &serde_json::Value,
+        inputs: &Inputs<'_>,
+        device: &Device,
+    ) -> Result<Box<dyn AnyModel>, AgentError> {
+        let config = Self::config(name, config)?;
+        Ok(Box::new(Erased(materialized(M::init(&config, inputs, device)?))))
+    }
+}
+
+/// The models an agent (or a local-mode client) can train, by name.
+///
+/// ```
+/// use kindling_agent::model::ModelRegistry;
+/// let models = ModelRegistry::builtin();
+/// assert_eq!(models.names(), ["cnn", "linear", "mlp"]);
+/// ```
+#[derive(Clone, Default)]
+pub struct ModelRegistry {
+    models: BTreeMap<String, Arc<dyn Factory>>,
+}
+
+impl fmt::Debug for ModelRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.models.keys()).finish()
+    }
+}
+
+impl ModelRegistry {
+    /// No models at all (see [`ModelRegistry::builtin`]).
+    pub fn empty() -> Self {
+        ModelRegistry::default()
+    }
+
+    /// Registers `M` under `name` (replacing what had that name).
+    ///
+    /// # Panics
+    /// If `name` is not a valid model name (`a-z0-9-_.`, starting with a
+    /// letter, at most 64 characters): a registry is built in code, so this
+    /// is a programming error.
+    pub fn with<M: KindlingModel>(mut self, name: &str) -> Self {
+        assert!(
+            valid_model_name(name),
+            "`{name}` is not a model name: a-z, 0-9, `-`, `_`, `.`, starting with a letter, at most 64"
+        );
+        self.models
+            .insert(name.to_owned(), Arc::new(Typed::<M>(PhantomData)));
+        self
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.models.keys().cloned().collect()
+    }
+
+    /// Whether `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.models.contains_key(name)
+    }
+
+    fn factory(&self, spec: &JobSpec) -> Result<&dyn Factory, AgentError> {
+        let name = spec.model.name();
+        self.models
+            .get(name)
+            .map(|f| f.as_ref())
+            .ok_or_else(|| AgentError::UnregisteredModel {
+                name: name.to_owned(),
+                available: self.names().join(", "),
+            })
+    }
+
+    /// Checks that `spec`'s model is registered and its config parses and
+    /// passes the model's own validation (before any row moves).
+    pub fn check(&self, spec: &JobSpec) -> Result<(), AgentError> {
+        self.factory(spec)?
+            .check(spec.model.name(), &spec.model.config(), spec)
+    }
+
+    /// `spec`'s model for `layout` on `device`, with weights from the RNG's
+    /// current state (to load weights into, or when any start will do).
+    pub fn build(
+        &self,
+        spec: &JobSpec,
+        layout: &FeatureLayout,
+        device: &Device,
+    ) -> Result<Box<dyn AnyModel>, AgentError> {
+        let factory = self.factory(spec)?;
+        let _guard = init_lock();
+        factory.build(
+            spec.model.name(),
+            &spec.model.config(),
+            &Inputs::new(layout),
+            device,
+        )
+    }
+
+    /// `spec`'s model with the initial weights `seed` gives, on the CPU with
+    /// autodiff: the same weights for the same seed whatever else the process
+    /// is doing (move them to another device with the record bytes).
+    pub fn build_seeded(
+        &self,
+        spec: &JobSpec,
+        layout: &FeatureLayout,
+        seed: u64,
+    ) -> Result<Box<dyn AnyModel>, AgentError> {
+        let factory = self.factory(spec)?;
+        let _guard = init_lock();
+        let cpu = Device::flex();
+        cpu.seed(seed);
+        factory.build(
+            spec.model.name(),
+            &spec.model.config(),
+            &Inputs::new(layout),
+            &cpu.autodiff(),
+        )
     }
 }

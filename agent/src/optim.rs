@@ -243,13 +243,19 @@ mod tests {
     /// keeps the same weights.
     #[test]
     fn steps_like_burns_adam_and_sgd_on_a_real_model() {
+        use burn::nn::loss::CrossEntropyLossConfig;
+        use burn::nn::{Linear, LinearConfig, Relu};
         use burn::optim::momentum::MomentumConfig;
         use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
         use burn::tensor::{Device, Int, Tensor, TensorData};
         use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 
-        use crate::model::{Net, Targets, mean_loss};
         use crate::params;
+
+        /// A 4 → 8 → 3 MLP as a plain list of layers.
+        fn forward(model: &[Linear], x: Tensor<2>) -> Tensor<2> {
+            model[1].forward(Relu::new().forward(model[0].forward(x)))
+        }
 
         for (spec_opt, mut burn_opt) in [
             (OptimizerSpec::adam(0.01), AdamConfig::new().init()),
@@ -277,7 +283,10 @@ mod tests {
                 .build()
                 .expect("spec");
             let device = Device::flex().autodiff();
-            let mut ours = Net::new(&spec, 4, &device);
+            let mut ours = vec![
+                LinearConfig::new(4, 8).init(&device),
+                LinearConfig::new(8, 3).init(&device),
+            ];
             let mut theirs = ours.clone();
             let mut weights = params::flat_weights(&ours);
             let mut flat = FlatOptimizer::new(&spec.optimizer, weights.len());
@@ -287,10 +296,12 @@ mod tests {
                     .map(|i| ((i * 7 + step * 3) % 11) as f32 / 5.0 - 1.0)
                     .collect();
                 let y: Vec<i64> = (0..16).map(|i| (i + step) as i64 % 3).collect();
-                let batch = |model: &Net| {
+                let batch = |model: &Vec<Linear>| {
                     let x = Tensor::<2>::from_data(TensorData::new(x.clone(), [16, 4]), &device);
                     let y = Tensor::<1, Int>::from_data(TensorData::new(y.clone(), [16]), &device);
-                    let loss = mean_loss(spec.task, model.forward(x), Targets::Classes(y), &device);
+                    let loss = CrossEntropyLossConfig::new()
+                        .init(&device)
+                        .forward(forward(model, x), y);
                     GradientsParams::from_grads(loss.backward(), model)
                 };
                 let grads = batch(&ours);

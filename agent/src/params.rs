@@ -14,7 +14,6 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::error::AgentError;
-use crate::model::Net;
 
 struct Flatten<'a> {
     grads: &'a GradientsParams,
@@ -42,7 +41,7 @@ fn append_values<const D: usize>(out: &mut Vec<f32>, tensor: Option<Tensor<D>>, 
 
 /// Flattens `grads` of `model` into one buffer in module visit order (the
 /// layout of [`flat_weights`]).
-pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> Vec<f32> {
+pub fn flatten_grads<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f32> {
     let mut v = Flatten {
         grads,
         // Room for the trainer's trailing values too ([rows, loss, flags]):
@@ -54,7 +53,7 @@ pub fn flatten_grads(model: &Net, grads: &GradientsParams) -> Vec<f32> {
 }
 
 /// Zero gradients laid out like `model`'s (for a rank with no rows in a step).
-pub fn zero_grads(model: &Net) -> Vec<f32> {
+pub fn zero_grads<M: Module>(model: &M) -> Vec<f32> {
     flatten_grads(model, &GradientsParams::new())
 }
 
@@ -71,7 +70,7 @@ impl ModuleVisitor for FlatWeights {
 
 /// The model's weights in one buffer, laid out like [`flatten_grads`]'s
 /// gradients (module visit order, row-major).
-pub fn flat_weights(model: &Net) -> Vec<f32> {
+pub fn flat_weights<M: Module>(model: &M) -> Vec<f32> {
     let mut v = FlatWeights {
         out: Vec::with_capacity(model.num_params()),
     };
@@ -103,7 +102,7 @@ impl ModuleMapper for LoadFlat<'_> {
 ///
 /// # Panics
 /// If `values` is shorter than the model's parameters.
-pub fn load_flat(model: Net, values: &[f32]) -> Net {
+pub fn load_flat<M: Module>(model: M, values: &[f32]) -> M {
     model.map(&mut LoadFlat { values, offset: 0 })
 }
 
@@ -153,7 +152,7 @@ pub fn model_schema() -> Arc<Schema> {
 
 /// The model's weights as an Arrow table: one row per parameter tensor
 /// (`name`, `shape`, row-major `values`).
-pub fn to_arrow(model: &Net) -> Result<RecordBatch, AgentError> {
+pub fn to_arrow<M: Module>(model: &M) -> Result<RecordBatch, AgentError> {
     let mut c = Collect::default();
     model.visit(&mut c);
     let names = StringArray::from(c.names);
@@ -204,7 +203,7 @@ impl ModuleMapper for Replace {
 
 /// Loads weights from a table made by [`to_arrow`] into `model` (same
 /// architecture), checking names, count and shapes.
-pub fn from_arrow(model: Net, table: &RecordBatch) -> Result<Net, AgentError> {
+pub fn from_arrow<M: Module>(model: M, table: &RecordBatch) -> Result<M, AgentError> {
     let bad = AgentError::ModelTable;
     if table.schema().fields() != model_schema().fields() {
         return Err(bad(format!(
@@ -262,7 +261,7 @@ pub fn from_arrow(model: Net, table: &RecordBatch) -> Result<Net, AgentError> {
 }
 
 /// Encodes the model as burn record bytes (for broadcast and checkpoints).
-pub fn to_record_bytes(model: &Net) -> Result<Vec<u8>, AgentError> {
+pub fn to_record_bytes<M: Module>(model: &M) -> Result<Vec<u8>, AgentError> {
     let bytes = model
         .clone()
         .into_record()
@@ -272,74 +271,8 @@ pub fn to_record_bytes(model: &Net) -> Result<Vec<u8>, AgentError> {
 }
 
 /// Loads burn record bytes made by [`to_record_bytes`] into `model`.
-pub fn from_record_bytes(model: Net, bytes: Vec<u8>) -> Result<Net, AgentError> {
+pub fn from_record_bytes<M: Module>(model: M, bytes: Vec<u8>) -> Result<M, AgentError> {
     let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
         .map_err(AgentError::Record)?;
     model.try_load_record(record).map_err(AgentError::Record)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use burn::tensor::Device;
-    use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
-
-    use super::flat_weights;
-    use crate::model::Net;
-
-    /// Another thread building models the whole time (as a second job's
-    /// agent, or a model built to load weights into) must not change what a
-    /// seed gives: the RNG they draw from is process-wide.
-    #[test]
-    fn a_seed_gives_the_same_weights_while_other_models_are_built() {
-        let spec = JobSpec::builder()
-            .task(Task::Classification { num_classes: 3 })
-            .model(ModelSpec::Mlp { hidden: vec![16] })
-            .optimizer(OptimizerSpec::adam(0.01))
-            .features(["x"])
-            .label("y")
-            .build()
-            .expect("spec");
-        let expected = flat_weights(&Net::seeded(&spec, 8, 42));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (first_built, first_model) = std::sync::mpsc::channel();
-        let noise = {
-            let (spec, stop) = (spec.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let device = Device::flex();
-                let mut built = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(flat_weights(&Net::new(&spec, 8, &device)));
-                    built += 1;
-                    if built == 1 {
-                        let _ = first_built.send(());
-                    }
-                }
-                built
-            })
-        };
-        // On a busy machine the other thread may not run at all during the
-        // seeded builds below unless they wait for it to get going.
-        let _ = first_model.recv();
-        let mut differing = 0;
-        for _ in 0..200 {
-            if flat_weights(&Net::seeded(&spec, 8, 42)) != expected {
-                differing += 1;
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        let built = noise.join().expect("noise thread");
-        assert!(built > 0, "the other thread built no model");
-        assert_eq!(
-            differing, 0,
-            "of 200 seeded builds while {built} others were built"
-        );
-        assert_ne!(
-            flat_weights(&Net::seeded(&spec, 8, 43)),
-            expected,
-            "another seed gives other weights"
-        );
-    }
 }

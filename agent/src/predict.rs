@@ -3,25 +3,23 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float32Array, Int64Array, ListArray, RecordBatch};
-use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Field, Schema};
 use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
 use arrow_flight::error::FlightError;
-use burn::tensor::activation::softmax;
 use futures::{Stream, StreamExt};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
-use kindling_schemas::spec::{JobSpec, Task};
+use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::model::Net;
-use crate::{tensorize, trainer};
+use crate::model::{AnyModel, Batch};
+use crate::trainer;
 
 /// Predictions for one stream of feature batches: the first schema sets the
 /// layout, each batch then gets [`predict_batch`]'s columns.
 #[derive(Debug)]
 struct Predictor {
-    model: Arc<Net>,
+    model: Arc<dyn AnyModel>,
     spec: Arc<JobSpec>,
     layout: Option<Arc<FeatureLayout>>,
 }
@@ -38,7 +36,7 @@ impl Predictor {
         let layout = self.layout.clone().ok_or(AgentError::BatchBeforeSchema)?;
         let model = self.model.clone();
         let spec = self.spec.clone();
-        tokio::task::spawn_blocking(move || predict_batch(&model, &spec, &layout, &batch))
+        tokio::task::spawn_blocking(move || predict_batch(model.as_ref(), &spec, &layout, &batch))
             .await
             .map_err(|source| AgentError::Panicked {
                 task: "prediction",
@@ -51,7 +49,7 @@ impl Predictor {
 /// Errors travel as [`FlightError`]s wrapping an [`AgentError`].
 pub fn predict_stream<S>(
     decoded: S,
-    model: Arc<Net>,
+    model: Arc<dyn AnyModel>,
     spec: JobSpec,
 ) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static
 where
@@ -82,10 +80,11 @@ where
     })
 }
 
-/// Appends prediction columns to `batch`: `prediction` (class or value) and,
-/// for classification, `probabilities` (`List<Float32>`, one per class).
+/// Appends the model's prediction columns to `batch`: by default
+/// `prediction` (class or value) and, for classification, `probabilities`
+/// (`List<Float32>`, one per class).
 pub fn predict_batch(
-    model: &Net,
+    model: &dyn AnyModel,
     spec: &JobSpec,
     layout: &FeatureLayout,
     batch: &RecordBatch,
@@ -105,36 +104,12 @@ pub fn predict_batch(
     };
     schema::validate_batch(&features_only, &label_free)?;
     let device = trainer::device_for(spec)?;
-    let out = model.forward(tensorize::features(&features_only, layout, &device)?);
-    let n = batch.num_rows();
+    let output = model.forward(&Batch::new(&features_only, layout, spec, &device))?;
     let mut fields: Vec<Arc<Field>> = batch.schema().fields().iter().cloned().collect();
     let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-    match spec.task {
-        Task::Classification { num_classes } => {
-            let probs = softmax(out, 1);
-            let classes = probs.clone().argmax(1).into_data().convert::<i64>();
-            let classes = classes
-                .as_slice::<i64>()
-                .map_err(AgentError::TensorData)?
-                .to_vec();
-            let p = probs.into_data().convert::<f32>();
-            let p = p.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec();
-            // A variable-size list: Spark has no FixedSizeList type, and predictions
-            // often go straight back into Spark.
-            let item = Arc::new(Field::new("item", DataType::Float32, false));
-            let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(num_classes, n));
-            let list = ListArray::new(item.clone(), offsets, Arc::new(Float32Array::from(p)), None);
-            fields.push(Arc::new(Field::new("prediction", DataType::Int64, false)));
-            fields.push(Arc::new(Field::new("probabilities", DataType::List(item), false)));
-            columns.push(Arc::new(Int64Array::from(classes)));
-            columns.push(Arc::new(list));
-        }
-        Task::Regression => {
-            let v = out.reshape([n]).into_data().convert::<f32>();
-            let v = v.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec();
-            fields.push(Arc::new(Field::new("prediction", DataType::Float32, false)));
-            columns.push(Arc::new(Float32Array::from(v)));
-        }
+    for (field, column) in model.predictions(output, spec.task)? {
+        fields.push(field);
+        columns.push(column);
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(AgentError::arrow)
 }

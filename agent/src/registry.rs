@@ -46,6 +46,11 @@ impl JobRegistry {
         &self.env.checkpoint_dir
     }
 
+    /// The models jobs on this agent can name.
+    pub fn models(&self) -> &crate::model::ModelRegistry {
+        &self.env.models
+    }
+
     /// Starts a job (idempotent for the same spec while it runs; a finished
     /// job with the same id is replaced). A job the rendezvous does not know
     /// is refused at once (NOT_FOUND), before anything runs here.
@@ -55,6 +60,8 @@ impl JobRegistry {
         }
         // A job asking for a GPU this agent lacks is refused here, before it gangs.
         let device = crate::device::label(&start.spec)?;
+        // So is a model this agent does not have, or a config it refuses.
+        self.env.models.check(&start.spec)?;
         let rendezvous = RendezvousClient::connect_lazy(&start.rendezvous, self.env.token.as_ref())
             .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
         match rendezvous.status(&start.job_id).await {

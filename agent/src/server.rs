@@ -21,6 +21,7 @@ use crate::collective::{self, Inbox};
 use crate::error::AgentError;
 use crate::flight::AgentFlightService;
 use crate::job::JobEnv;
+use crate::model::ModelRegistry;
 use crate::registry::JobRegistry;
 
 /// Largest Flight message an agent accepts (one record batch).
@@ -54,6 +55,8 @@ pub struct AgentConfig {
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
+    /// The models jobs can name (advertised to the rendezvous).
+    pub models: ModelRegistry,
 }
 
 impl AgentConfig {
@@ -78,6 +81,7 @@ impl AgentConfig {
             collective_timeout: Duration::from_secs(60),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             train_threads: 0,
+            models: ModelRegistry::builtin(),
         }
     }
 }
@@ -293,6 +297,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         inbox: inbox.clone(),
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
+        models: config.models.clone(),
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
@@ -329,6 +334,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             node_name: config.node_name.clone(),
             capacity: config.capacity,
             has_gpu,
+            models: config.models.names(),
         };
         let registered = match RendezvousClient::connect_lazy(rv, config.token.as_ref()) {
             Ok(client) => client.register(info).await.map(|lease| (client, lease)),

@@ -3,12 +3,31 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float32Type, Int64Type};
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use kindling_schemas::schema::{FeatureKind, FeatureLayout};
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
 use kindling_schemas::spec::Task;
 
 use crate::error::AgentError;
-use crate::model::Targets;
+
+/// Labels of one batch, in the form the loss wants.
+#[derive(Debug, Clone)]
+pub enum Targets {
+    /// Class indices `[n]`.
+    Classes(Tensor<1, Int>),
+    /// Regression targets `[n, targets]`.
+    Values(Tensor<2>),
+}
+
+/// A batch's id sequences, padded to the column's `max_len` with id 0.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    /// Ids `[n, max_len]`; positions past a row's length hold 0.
+    pub ids: Tensor<2, Int>,
+    /// `[n, max_len]`: true where a position holds an id of the row.
+    pub mask: Tensor<2, Bool>,
+    /// Each row's length `[n]`.
+    pub lengths: Tensor<1, Int>,
+}
 
 /// Writes the feature columns of `batch` into a row-major `[rows, input_dim]` buffer.
 ///
@@ -38,6 +57,7 @@ pub fn features_row_major(batch: &RecordBatch, layout: &FeatureLayout) -> Result
                     out[row * d + f.offset] = *v;
                 }
             }
+            FeatureKind::Categorical { .. } | FeatureKind::Sequence { .. } => {}
             FeatureKind::Vector { len } => {
                 let list = col.as_fixed_size_list();
                 let values = list.values().as_primitive::<Float32Type>().values();
@@ -65,10 +85,116 @@ pub fn features(
     ))
 }
 
+/// One float column `[rows, width]` (a scalar column has width 1).
+pub fn float_column(
+    batch: &RecordBatch,
+    feature: &FeatureColumn,
+    device: &Device,
+) -> Result<Tensor<2>, AgentError> {
+    let col = column(batch, &feature.name)?;
+    let n = batch.num_rows();
+    let (values, width) = match feature.kind {
+        FeatureKind::Scalar(_) => {
+            let as_f32 = cast(col, &DataType::Float32).map_err(AgentError::arrow)?;
+            (as_f32.as_primitive::<Float32Type>().values().to_vec(), 1)
+        }
+        FeatureKind::Vector { len } => {
+            let list = col.as_fixed_size_list();
+            let base = list.value_offset_at(0);
+            let values = list.values().as_primitive::<Float32Type>().values();
+            (values[base..base + n * len].to_vec(), len)
+        }
+        FeatureKind::Categorical { .. } | FeatureKind::Sequence { .. } => {
+            return Err(AgentError::InputKind {
+                column: feature.name.clone(),
+                wanted: "float",
+                found: describe(&feature.kind),
+            });
+        }
+    };
+    Ok(Tensor::from_data(TensorData::new(values, [n, width]), device))
+}
+
+/// How a column's kind reads in an error.
+pub fn describe(kind: &FeatureKind) -> String {
+    match kind {
+        FeatureKind::Scalar(t) => format!("a float input ({t})"),
+        FeatureKind::Vector { len } => format!("a float input of {len} values"),
+        FeatureKind::Categorical { vocabulary } => format!("categorical ids (vocabulary {vocabulary})"),
+        FeatureKind::Sequence { vocabulary, max_len } => {
+            format!("an id sequence (vocabulary {vocabulary}, max_len {max_len})")
+        }
+    }
+}
+
+/// A categorical column's ids `[rows]`.
+pub fn ids(batch: &RecordBatch, name: &str, device: &Device) -> Result<Tensor<1, Int>, AgentError> {
+    let col = column(batch, name)?;
+    let as_i64 = cast(col, &DataType::Int64).map_err(AgentError::arrow)?;
+    let v = as_i64.as_primitive::<Int64Type>().values().to_vec();
+    let n = v.len();
+    Ok(Tensor::from_data(TensorData::new(v, [n]), device))
+}
+
+/// A sequence column, padded to `max_len` (validation has refused longer lists).
+pub fn sequence(
+    batch: &RecordBatch,
+    name: &str,
+    max_len: usize,
+    device: &Device,
+) -> Result<Sequence, AgentError> {
+    let col = column(batch, name)?;
+    let n = batch.num_rows();
+    let (values, offsets): (arrow::array::ArrayRef, Vec<usize>) = match col.data_type() {
+        DataType::LargeList(_) => {
+            let l = col.as_list::<i64>();
+            (
+                l.values().clone(),
+                l.offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+        _ => {
+            let l = col.as_list::<i32>();
+            (
+                l.values().clone(),
+                l.offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+    };
+    let as_i64 = cast(&values, &DataType::Int64).map_err(AgentError::arrow)?;
+    let flat = as_i64.as_primitive::<Int64Type>().values();
+    let mut ids = vec![0i64; n * max_len];
+    let mut mask = vec![false; n * max_len];
+    let mut lengths = Vec::with_capacity(n);
+    for row in 0..n {
+        let (start, end) = (offsets[row], offsets[row + 1]);
+        let len = (end - start).min(max_len);
+        ids[row * max_len..row * max_len + len].copy_from_slice(&flat[start..start + len]);
+        mask[row * max_len..row * max_len + len].fill(true);
+        lengths.push(len as i64);
+    }
+    Ok(Sequence {
+        ids: Tensor::from_data(TensorData::new(ids, [n, max_len]), device),
+        mask: Tensor::from_data(TensorData::new(mask, [n, max_len]), device),
+        lengths: Tensor::from_data(TensorData::new(lengths, [n]), device),
+    })
+}
+
 /// The label tensor of a batch.
 pub fn targets(batch: &RecordBatch, label: &str, task: Task, device: &Device) -> Result<Targets, AgentError> {
     let col = column(batch, label)?;
     let n = batch.num_rows();
+    if let DataType::FixedSizeList(_, k) = col.data_type() {
+        let k = *k as usize;
+        let list = col.as_fixed_size_list();
+        let base = list.value_offset_at(0);
+        let values = list.values().as_primitive::<Float32Type>().values();
+        let v = values[base..base + n * k].to_vec();
+        return Ok(Targets::Values(Tensor::from_data(
+            TensorData::new(v, [n, k]),
+            device,
+        )));
+    }
     Ok(match task {
         Task::Classification { .. } => {
             let as_i64 = cast(col, &DataType::Int64).map_err(AgentError::arrow)?;

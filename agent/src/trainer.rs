@@ -25,9 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
-use burn::module::Module;
-use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::Device;
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::{JobSpec, Task};
@@ -39,9 +37,9 @@ use crate::cache::CachedBatch;
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
-use crate::model::{Net, mean_loss};
+use crate::model::{AnyModel, Batch, ModelRegistry};
 use crate::optim::FlatOptimizer;
-use crate::{params, tensorize};
+use crate::tensorize;
 
 /// Live numbers of a running training, shared with the status endpoint.
 #[derive(Debug, Clone, Default)]
@@ -73,6 +71,8 @@ pub struct TrainContext {
     pub attempt: u32,
     /// What to train.
     pub spec: JobSpec,
+    /// The models the spec can name.
+    pub models: ModelRegistry,
     /// How batches map to the model input.
     pub layout: FeatureLayout,
     /// This rank's shards, train split possibly still arriving.
@@ -112,7 +112,7 @@ pub trait ShardSource: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct TrainOutcome {
     /// The trained model (inference mode, plain device).
-    pub model: Net,
+    pub model: Box<dyn AnyModel>,
     /// Metrics per epoch.
     pub history: Vec<EpochMetrics>,
 }
@@ -134,10 +134,10 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let mut model = {
         // Initial weights always come from the CPU's seeded RNG, so a seed gives
         // the same weights on every device (the GPU's RNG draws differently).
-        let init = Net::seeded(&spec, ctx.layout.input_dim, spec.seed);
+        let init = ctx.models.build_seeded(&spec, &ctx.layout, spec.seed)?;
         if spec.use_gpu {
-            let on_device = Net::new(&spec, ctx.layout.input_dim, &device);
-            params::from_record_bytes(on_device, params::to_record_bytes(&init)?)?
+            let on_device = ctx.models.build(&spec, &ctx.layout, &device)?;
+            on_device.from_record_bytes(init.to_record_bytes()?)?
         } else {
             init
         }
@@ -167,7 +167,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         };
         let bytes = rt.block_on(ctx.ring.broadcast(root as u32, payload))?;
         let ckpt = checkpoint::unpack(&bytes)?;
-        model = params::from_record_bytes(model, ckpt.weights)?;
+        model = model.from_record_bytes(ckpt.weights)?;
         optim.load_bytes(&ckpt.optimizer)?;
         start_epoch = ckpt.meta.epoch;
         history = ckpt.meta.history;
@@ -177,15 +177,15 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         p.history = history.clone();
         p.rows_trained_per_epoch = rows_per_epoch.clone();
     } else {
-        let payload = (rank == 0).then(|| params::to_record_bytes(&model)).transpose()?;
+        let payload = (rank == 0).then(|| model.to_record_bytes()).transpose()?;
         let bytes = rt.block_on(ctx.ring.broadcast(0, payload))?;
         if rank != 0 {
-            model = params::from_record_bytes(model, bytes)?;
+            model = model.from_record_bytes(bytes)?;
         }
     }
 
     // The master copy of the weights the optimizer steps (the model's, flat).
-    let mut weights = params::flat_weights(&model);
+    let mut weights = model.flat_weights();
     for epoch in start_epoch + 1..=spec.epochs {
         let started = Instant::now();
         let (train, ended) = ctx.data.train_since(0);
@@ -251,7 +251,8 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             if pending.is_none() {
                 match cursor.pull(LIVE_WAIT)? {
                     Pull::Ready(batch) => {
-                        let buf = local_gradients(&model, &batch, &ctx.layout, &spec, &device)
+                        let buf = model
+                            .gradients(&Batch::new(&batch, &ctx.layout, &spec, &device))
                             .map_err(|e| e.at(epoch, step))?;
                         pending = Some((buf, batch.num_rows() as u64));
                     }
@@ -264,7 +265,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             let (mut buf, rows) = match local {
                 Some(local) => local,
                 None => {
-                    let mut buf = params::zero_grads(&model);
+                    let mut buf = model.zero_grads();
                     buf.extend([0.0, 0.0]);
                     (buf, 0)
                 }
@@ -298,7 +299,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         if live {
             lock(&ctx.progress).steps_per_epoch = step;
         }
-        let (eval_loss, eval_accuracy) = evaluate(&mut ctx, &model.valid(), rank, world)?;
+        let (eval_loss, eval_accuracy) = evaluate(&mut ctx, model.valid().as_ref(), rank, world)?;
         let metrics = EpochMetrics {
             epoch,
             train_loss: if rows_total > 0.0 {
@@ -328,7 +329,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
                     rows_trained_per_epoch: rows_per_epoch.clone(),
                     history: history.clone(),
                 },
-                weights: params::to_record_bytes(&model)?,
+                weights: model.to_record_bytes()?,
                 optimizer: optim.to_bytes(),
             };
             ctx.checkpoints.save(&spec, &ckpt)?;
@@ -340,79 +341,29 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     })
 }
 
-/// Forward and backward of one batch on this rank: the flat buffer of
-/// gradient *sums* over the batch's rows (module visit order), followed by
-/// `[rows, loss sum]`, ready for the all-reduce.
-pub fn local_gradients(
-    model: &Net,
-    batch: &RecordBatch,
-    layout: &FeatureLayout,
-    spec: &JobSpec,
-    device: &Device,
-) -> Result<Vec<f32>, StepError> {
-    let n = batch.num_rows();
-    let x = tensorize::features(batch, layout, device)?;
-    let y = tensorize::targets(batch, &spec.label, spec.task, device)?;
-    let loss = mean_loss(spec.task, model.forward(x), y, device);
-    let loss_value = loss.clone().into_scalar::<f32>() as f64;
-    if !loss_value.is_finite() {
-        return Err(StepError::NonFinite(loss_value));
-    }
-    let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
-    let grads = GradientsParams::from_grads(sum_loss.backward(), model);
-    let mut buf = params::flatten_grads(model, &grads);
-    buf.push(n as f32);
-    buf.push((loss_value * n as f64) as f32);
-    Ok(buf)
-}
-
-/// Why [`local_gradients`] failed.
-#[derive(Debug)]
-pub enum StepError {
-    /// The batch could not become tensors.
-    Agent(AgentError),
-    /// The loss became this non-finite value.
-    NonFinite(f64),
-}
-
-impl From<AgentError> for StepError {
-    fn from(e: AgentError) -> Self {
-        StepError::Agent(e)
-    }
-}
-
-impl StepError {
-    fn at(self, epoch: u32, step: u64) -> AgentError {
-        match self {
-            StepError::Agent(e) => e,
-            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
-        }
-    }
-}
-
-/// The optimizer step on an all-reduced buffer from [`local_gradients`]:
+/// The optimizer step on an all-reduced buffer from [`AnyModel::gradients`]:
 /// averages the gradient sums over the total rows, steps the flat `weights`
 /// and writes them into the model. Returns the model, the total rows and the
 /// summed loss (no step when no rank had rows).
 pub fn apply_summed_gradients(
-    model: Net,
+    model: Box<dyn AnyModel>,
     optim: &mut FlatOptimizer,
     weights: &mut [f32],
     mut buf: Vec<f32>,
-) -> (Net, f64, f64) {
+) -> (Box<dyn AnyModel>, f64, f64) {
     let step_loss = buf.pop().unwrap_or(0.0) as f64;
     let n_total = buf.pop().unwrap_or(0.0) as f64;
     if n_total <= 0.0 {
         return (model, n_total, step_loss);
     }
     optim.step(weights, &buf, (1.0 / n_total) as f32);
-    (params::load_flat(model, weights), n_total, step_loss)
+    (model.load_flat(weights), n_total, step_loss)
 }
 
 /// Loss and accuracy over every rank's eval shard (identical on all ranks).
 fn evaluate(
     ctx: &mut TrainContext,
-    model: &Net,
+    model: &dyn AnyModel,
     rank: usize,
     world: usize,
 ) -> Result<(Option<f64>, Option<f64>), AgentError> {
@@ -424,9 +375,9 @@ fn evaluate(
         if n == 0 {
             continue;
         }
-        let out = model.forward(tensorize::features(&batch, &ctx.layout, &device)?);
-        let y = tensorize::targets(&batch, &ctx.spec.label, ctx.spec.task, &device)?;
-        let loss = mean_loss(ctx.spec.task, out.clone(), y, &device).into_scalar::<f32>() as f64;
+        let input = Batch::new(&batch, &ctx.layout, &ctx.spec, &device);
+        let out = model.forward(&input)?;
+        let loss = model.loss(out.clone(), &input)?.into_scalar::<f32>() as f64;
         sums[0] += loss * n as f64;
         sums[2] += n as f64;
         if let Task::Classification { .. } = ctx.spec.task {

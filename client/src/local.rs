@@ -28,6 +28,8 @@ pub struct LocalClusterConfig {
     /// machine's cores among the agents started together, at least one each,
     /// so local agents do not compete for the same cores.
     pub train_threads: usize,
+    /// The models the agents can train (the built-ins by default).
+    pub models: kindling_agent::model::ModelRegistry,
 }
 
 impl LocalClusterConfig {
@@ -46,6 +48,7 @@ impl LocalClusterConfig {
             gang_timeout: Duration::from_secs(60),
             collective_timeout: Duration::from_secs(60),
             train_threads: 0,
+            models: kindling_agent::model::ModelRegistry::builtin(),
         }
     }
 }
@@ -120,6 +123,7 @@ impl LocalCluster {
         c.memory_budget = self.config.memory_budget;
         c.collective_timeout = self.config.collective_timeout;
         c.train_threads = self.config.train_threads;
+        c.models = self.config.models.clone();
         let handle = kindling_agent::start(c).await?;
         let mut agents = self.agents_lock();
         agents.push(Some(handle));

@@ -1,10 +1,15 @@
 //! Arrow schema conventions and their validation against a [`JobSpec`].
 //!
-//! - A feature column is a numeric scalar (any integer or float type) or a
-//!   `FixedSizeList<Float32>` (an embedding or an image); the model input is
-//!   the features concatenated in spec order.
-//! - The label is an integer type for classification, and a numeric type for
-//!   regression.
+//! - A feature column is a float input unless the spec declares it
+//!   otherwise: a numeric scalar (any integer or float type) or a
+//!   `FixedSizeList<Float32>` (an embedding or an image); the float inputs
+//!   concatenated in spec order are the built-in networks' input.
+//! - A column the spec declares categorical ([`InputType::Categorical`]) is
+//!   `Int32`/`Int64` ids inside its vocabulary; one declared a sequence
+//!   ([`InputType::Sequence`]) is `List<Int32|Int64>` of such ids, none longer
+//!   than its `max_len`.
+//! - The label is an integer type for classification, and a numeric type (or
+//!   a `FixedSizeList<Float32>` of the spec's `targets` values) for regression.
 //! - A training stream carries exactly the feature and label columns (a
 //!   prediction stream may omit the label); any other column is refused.
 //! - Nulls, NaN and infinities in any used column are refused per batch by
@@ -14,7 +19,7 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
 
-use crate::spec::{JobSpec, ModelSpec, Task};
+use crate::spec::{InputType, JobSpec, ModelSpec, Task};
 
 /// How one feature column maps into the model input.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +31,29 @@ pub enum FeatureKind {
         /// List length.
         len: usize,
     },
+    /// One id per row in `0..vocabulary` (declared in the spec).
+    Categorical {
+        /// Number of distinct ids.
+        vocabulary: usize,
+    },
+    /// A list of ids in `0..vocabulary` per row, at most `max_len` long.
+    Sequence {
+        /// Number of distinct ids.
+        vocabulary: usize,
+        /// Longest list.
+        max_len: usize,
+    },
+}
+
+impl FeatureKind {
+    /// Values this column adds to the float input (0 for ids).
+    pub fn float_width(&self) -> usize {
+        match self {
+            FeatureKind::Scalar(_) => 1,
+            FeatureKind::Vector { len } => *len,
+            FeatureKind::Categorical { .. } | FeatureKind::Sequence { .. } => 0,
+        }
+    }
 }
 
 /// A feature column and its place in the input vector.
@@ -35,7 +63,7 @@ pub struct FeatureColumn {
     pub name: String,
     /// Scalar or vector.
     pub kind: FeatureKind,
-    /// Offset of its first value in the input vector.
+    /// Offset of its first value in the float input (for float columns).
     pub offset: usize,
 }
 
@@ -44,10 +72,38 @@ pub struct FeatureColumn {
 pub struct FeatureLayout {
     /// Feature columns in spec order.
     pub features: Vec<FeatureColumn>,
-    /// Width of the model input.
+    /// Width of the float input (the float columns concatenated).
     pub input_dim: usize,
     /// The label's type, when the stream carries the label.
     pub label: Option<DataType>,
+    /// Width of the model's output: classes, or regression targets.
+    pub outputs: usize,
+}
+
+impl FeatureLayout {
+    /// The feature column `name`.
+    pub fn column(&self, name: &str) -> Option<&FeatureColumn> {
+        self.features.iter().find(|f| f.name == name)
+    }
+
+    /// The input as a model sees it, without Arrow types: comparable and
+    /// storable with a trained model.
+    pub fn signature(&self) -> Vec<(String, String)> {
+        self.features
+            .iter()
+            .map(|f| {
+                let kind = match &f.kind {
+                    FeatureKind::Scalar(_) => "float".to_owned(),
+                    FeatureKind::Vector { len } => format!("float[{len}]"),
+                    FeatureKind::Categorical { vocabulary } => format!("categorical({vocabulary})"),
+                    FeatureKind::Sequence { vocabulary, max_len } => {
+                        format!("sequence({vocabulary}, max_len {max_len})")
+                    }
+                };
+                (f.name.clone(), kind)
+            })
+            .collect()
+    }
 }
 
 /// A schema or batch that does not fit the job spec. Every variant names the column.
@@ -103,6 +159,32 @@ pub enum SchemaError {
         /// Row within the batch.
         row: usize,
     },
+    /// An id outside a categorical or sequence column's vocabulary.
+    #[error("column `{column}` has id {value} at row {row}, outside its declared vocabulary 0..{vocabulary}")]
+    IdOutOfRange {
+        /// Column.
+        column: String,
+        /// Offending id.
+        value: i64,
+        /// Row within the batch.
+        row: usize,
+        /// Declared vocabulary.
+        vocabulary: usize,
+    },
+    /// A sequence longer than its declared `max_len`.
+    #[error(
+        "column `{column}` has a list of {len} ids at row {row}, longer than its declared max_len {max_len}"
+    )]
+    SequenceTooLong {
+        /// Column.
+        column: String,
+        /// The list's length.
+        len: usize,
+        /// Row within the batch.
+        row: usize,
+        /// Declared maximum.
+        max_len: usize,
+    },
     /// A class label outside `0..num_classes`.
     #[error("label column `{column}` has class {value} at row {row}, outside 0..{num_classes}")]
     LabelOutOfRange {
@@ -119,6 +201,8 @@ pub enum SchemaError {
 
 const NUMERIC: &str =
     "a numeric scalar (Int8..Int64, UInt8..UInt64, Float16/32/64) or FixedSizeList<Float32>";
+const CATEGORICAL: &str = "Int32 or Int64 ids (the spec declares it categorical)";
+const SEQUENCE: &str = "List<Int32> or List<Int64> of ids (the spec declares it a sequence)";
 
 fn is_numeric(t: &DataType) -> bool {
     t.is_integer() || t.is_floating()
@@ -165,23 +249,38 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
                 column: name.clone(),
                 role: "feature",
             })?;
-        let kind = match field.data_type() {
-            t if is_numeric(t) => FeatureKind::Scalar(t.clone()),
-            DataType::FixedSizeList(inner, len) if *inner.data_type() == DataType::Float32 && *len > 0 => {
+        let wrong = |expected| SchemaError::WrongType {
+            column: name.clone(),
+            found: field.data_type().clone(),
+            expected,
+        };
+        let kind = match (spec.inputs.get(name), field.data_type()) {
+            (Some(InputType::Categorical { vocabulary }), t) => match t {
+                DataType::Int32 | DataType::Int64 => FeatureKind::Categorical {
+                    vocabulary: *vocabulary,
+                },
+                _ => return Err(wrong(CATEGORICAL)),
+            },
+            (Some(InputType::Sequence { vocabulary, max_len }), t) => match t {
+                DataType::List(item) | DataType::LargeList(item)
+                    if matches!(item.data_type(), DataType::Int32 | DataType::Int64) =>
+                {
+                    FeatureKind::Sequence {
+                        vocabulary: *vocabulary,
+                        max_len: *max_len,
+                    }
+                }
+                _ => return Err(wrong(SEQUENCE)),
+            },
+            (None, t) if is_numeric(t) => FeatureKind::Scalar(t.clone()),
+            (None, DataType::FixedSizeList(inner, len))
+                if *inner.data_type() == DataType::Float32 && *len > 0 =>
+            {
                 FeatureKind::Vector { len: *len as usize }
             }
-            other => {
-                return Err(SchemaError::WrongType {
-                    column: name.clone(),
-                    found: other.clone(),
-                    expected: NUMERIC,
-                });
-            }
+            (None, _) => return Err(wrong(NUMERIC)),
         };
-        let width = match kind {
-            FeatureKind::Scalar(_) => 1,
-            FeatureKind::Vector { len } => len,
-        };
+        let width = kind.float_width();
         features.push(FeatureColumn {
             name: name.clone(),
             kind,
@@ -207,9 +306,12 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
     let label = match schema.field_with_name(&spec.label) {
         Ok(field) => {
             let t = field.data_type();
-            let ok = match spec.task {
-                Task::Classification { .. } => t.is_integer(),
-                Task::Regression => is_numeric(t),
+            let ok = match (spec.task, t) {
+                (Task::Classification { .. }, t) => t.is_integer(),
+                (Task::Regression, DataType::FixedSizeList(inner, len)) => {
+                    *inner.data_type() == DataType::Float32 && *len as usize == spec.targets
+                }
+                (Task::Regression, t) => spec.targets == 1 && is_numeric(t),
             };
             if !ok {
                 return Err(SchemaError::WrongType {
@@ -217,7 +319,8 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
                     found: t.clone(),
                     expected: match spec.task {
                         Task::Classification { .. } => "an integer class label",
-                        Task::Regression => "a numeric label",
+                        Task::Regression if spec.targets == 1 => "a numeric label",
+                        Task::Regression => "a FixedSizeList<Float32> label of the spec's `targets` values",
                     },
                 });
             }
@@ -235,6 +338,7 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
         features,
         input_dim: offset,
         label,
+        outputs: spec.output_dim(),
     })
 }
 
@@ -274,6 +378,10 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
                 column: name.clone(),
                 count: column.null_count(),
             });
+        }
+        if let Some(declared) = spec.inputs.get(name) {
+            check_ids(name, column.as_ref(), declared)?;
+            continue;
         }
         let values: &dyn Array = match column.data_type() {
             DataType::FixedSizeList(..) => {
@@ -342,6 +450,78 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Checks a categorical or sequence column: no null ids, every id inside
+/// the vocabulary, no list longer than `max_len`.
+fn check_ids(name: &str, column: &dyn Array, declared: &InputType) -> Result<(), SchemaError> {
+    let vocabulary = declared.vocabulary();
+    let (ids, rows_of): (arrow::array::ArrayRef, Box<dyn Fn(usize) -> usize>) = match column.data_type() {
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (values, offsets): (arrow::array::ArrayRef, Vec<usize>) = match column.data_type() {
+                DataType::List(_) => {
+                    let l = column.as_list::<i32>();
+                    (
+                        l.values().clone(),
+                        l.offsets().iter().map(|&o| o as usize).collect(),
+                    )
+                }
+                _ => {
+                    let l = column.as_list::<i64>();
+                    (
+                        l.values().clone(),
+                        l.offsets().iter().map(|&o| o as usize).collect(),
+                    )
+                }
+            };
+            if let InputType::Sequence { max_len, .. } = declared
+                && let Some((row, len)) = offsets
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .enumerate()
+                    .find(|(_, len)| len > max_len)
+            {
+                return Err(SchemaError::SequenceTooLong {
+                    column: name.to_owned(),
+                    len,
+                    row,
+                    max_len: *max_len,
+                });
+            }
+            let first = offsets.first().copied().unwrap_or(0);
+            let last = offsets.last().copied().unwrap_or(0);
+            let used = values.slice(first, last - first);
+            let row_of = move |i: usize| offsets.partition_point(|&o| o <= first + i).saturating_sub(1);
+            (used, Box::new(row_of))
+        }
+        _ => (arrow::array::make_array(column.to_data()), Box::new(|i| i)),
+    };
+    if ids.null_count() > 0 {
+        return Err(SchemaError::Nulls {
+            column: name.to_owned(),
+            count: ids.null_count(),
+        });
+    }
+    let as_i64 = arrow::compute::cast(&ids, &DataType::Int64).map_err(|_| SchemaError::WrongType {
+        column: name.to_owned(),
+        found: ids.data_type().clone(),
+        expected: CATEGORICAL,
+    })?;
+    if let Some((i, &value)) = as_i64
+        .as_primitive::<arrow::datatypes::Int64Type>()
+        .values()
+        .iter()
+        .enumerate()
+        .find(|(_, v)| **v < 0 || **v >= vocabulary as i64)
+    {
+        return Err(SchemaError::IdOutOfRange {
+            column: name.to_owned(),
+            value,
+            row: rows_of(i),
+            vocabulary,
+        });
     }
     Ok(())
 }

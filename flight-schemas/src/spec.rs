@@ -4,35 +4,16 @@
 //! [`JobSpec::builder`] or parse it with [`JobSpec::from_json`]; both name the
 //! offending field in their error.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-/// The model architecture.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ModelSpec {
-    /// One dense layer: linear regression, or logistic (softmax) regression
-    /// for a classification task.
-    Linear,
-    /// A multi-layer perceptron with ReLU between the hidden layers.
-    Mlp {
-        /// Widths of the hidden layers, e.g. `[256, 128]`.
-        hidden: Vec<usize>,
-    },
-    /// A small CNN over one `FixedSizeList<Float32>` image feature, laid out
-    /// row-major as `channels × height × width`.
-    Cnn {
-        /// Input channels (1 for grey scale).
-        channels: usize,
-        /// Image height.
-        height: usize,
-        /// Image width.
-        width: usize,
-        /// Output channels of each 3×3 conv (+ReLU +2×2 max-pool) block.
-        conv: Vec<usize>,
-        /// Hidden width of the dense layer after the convolutions.
-        dense: usize,
-    },
-}
+mod model;
+
+pub use model::{
+    InputType, MAX_CONFIG_BYTES, MAX_MODEL_NAME, MAX_SEQUENCE, MAX_VOCABULARY, MAX_WIDTH, ModelSpec,
+    valid_model_name,
+};
 
 /// What the label means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +149,19 @@ pub struct JobSpec {
     /// Visit each rank's cached batches in a new seeded order every epoch.
     #[serde(default = "default_true")]
     pub shuffle: bool,
+    /// Declared types of the feature columns that are not float: categorical
+    /// ids and id sequences, by column name. Every other feature is a float
+    /// input (a numeric scalar or a `FixedSizeList<Float32>`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, InputType>,
+    /// Values per label for regression: 1 (a numeric label) or more (a
+    /// `FixedSizeList<Float32>` label of that length, several targets).
+    #[serde(default = "one")]
+    pub targets: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_true() -> bool {
@@ -185,7 +179,7 @@ pub struct SpecError {
 }
 
 impl SpecError {
-    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         SpecError {
             field: field.into(),
             reason: reason.into(),
@@ -195,8 +189,6 @@ impl SpecError {
 
 /// Upper bounds that keep a malformed spec from exhausting an agent.
 pub const MAX_SLOTS: u32 = 4096;
-/// Largest accepted layer width.
-pub const MAX_WIDTH: usize = 1 << 16;
 
 impl JobSpec {
     /// Starts a builder with defaults: linear model, Adam(1e-3), 1 epoch,
@@ -312,74 +304,16 @@ impl JobSpec {
                 ));
             }
         }
-        match &self.model {
-            ModelSpec::Linear => {}
-            ModelSpec::Mlp { hidden } => {
-                if hidden.is_empty() {
-                    return Err(SpecError::new(
-                        "model.hidden",
-                        "an MLP needs at least one hidden layer (use `linear` for none)",
-                    ));
-                }
-                for (i, w) in hidden.iter().enumerate() {
-                    if *w == 0 || *w > MAX_WIDTH {
-                        return Err(SpecError::new(
-                            format!("model.hidden[{i}]"),
-                            format!("must be in 1..={MAX_WIDTH}"),
-                        ));
-                    }
-                }
-            }
-            ModelSpec::Cnn {
-                channels,
-                height,
-                width,
-                conv,
-                dense,
-            } => {
-                if *channels == 0 || *channels > 64 {
-                    return Err(SpecError::new("model.channels", "must be in 1..=64"));
-                }
-                let mut h = *height;
-                let mut w = *width;
-                if h == 0 || w == 0 || h > 4096 || w > 4096 {
-                    return Err(SpecError::new(
-                        "model.height",
-                        "height and width must be in 1..=4096",
-                    ));
-                }
-                if conv.is_empty() {
-                    return Err(SpecError::new(
-                        "model.conv",
-                        "a CNN needs at least one conv block",
-                    ));
-                }
-                for (i, c) in conv.iter().enumerate() {
-                    if *c == 0 || *c > 1024 {
-                        return Err(SpecError::new(format!("model.conv[{i}]"), "must be in 1..=1024"));
-                    }
-                    h /= 2;
-                    w /= 2;
-                    if h == 0 || w == 0 {
-                        return Err(SpecError::new(
-                            format!("model.conv[{i}]"),
-                            "too many pooling blocks for the image size",
-                        ));
-                    }
-                }
-                if *dense == 0 || *dense > MAX_WIDTH {
-                    return Err(SpecError::new(
-                        "model.dense",
-                        format!("must be in 1..={MAX_WIDTH}"),
-                    ));
-                }
-                if self.features.len() != 1 {
-                    return Err(SpecError::new(
-                        "features",
-                        "a CNN takes exactly one FixedSizeList<Float32> image column",
-                    ));
-                }
-            }
+        self.model.validate(&self.features)?;
+        model::validate_inputs(&self.inputs, &self.features, &self.label)?;
+        if !(1..=MAX_WIDTH).contains(&self.targets) {
+            return Err(SpecError::new("targets", format!("must be in 1..={MAX_WIDTH}")));
+        }
+        if self.targets > 1 && self.task != Task::Regression {
+            return Err(SpecError::new(
+                "targets",
+                "several targets need a regression task (a class label is one id)",
+            ));
         }
         if self.checkpoint.keep_last == 0 {
             return Err(SpecError::new("checkpoint.keep_last", "must be at least 1"));
@@ -391,7 +325,7 @@ impl JobSpec {
     pub fn output_dim(&self) -> usize {
         match self.task {
             Task::Classification { num_classes } => num_classes,
-            Task::Regression => 1,
+            Task::Regression => self.targets,
         }
     }
 }
@@ -420,6 +354,8 @@ impl Default for JobSpecBuilder {
                 label: String::new(),
                 checkpoint: CheckpointPolicy::default(),
                 shuffle: true,
+                inputs: BTreeMap::new(),
+                targets: 1,
             },
             loss_set: false,
         }
@@ -497,6 +433,28 @@ impl JobSpecBuilder {
         self.spec.shuffle = shuffle;
         self
     }
+    /// Declares feature column `column` categorical: integer ids in
+    /// `0..vocabulary` (an `Int32` or `Int64` column), for an embedding.
+    pub fn categorical(mut self, column: impl Into<String>, vocabulary: usize) -> Self {
+        self.spec
+            .inputs
+            .insert(column.into(), InputType::Categorical { vocabulary });
+        self
+    }
+    /// Declares feature column `column` a sequence of ids in `0..vocabulary`
+    /// (a `List<Int32|Int64>` column) of at most `max_len` ids per row.
+    pub fn sequence(mut self, column: impl Into<String>, vocabulary: usize, max_len: usize) -> Self {
+        self.spec
+            .inputs
+            .insert(column.into(), InputType::Sequence { vocabulary, max_len });
+        self
+    }
+    /// Regression with `targets` values per label (a `FixedSizeList<Float32>`
+    /// label of that length when more than 1).
+    pub fn targets(mut self, targets: usize) -> Self {
+        self.spec.targets = targets;
+        self
+    }
     /// Validates and returns the spec.
     pub fn build(mut self) -> Result<JobSpec, SpecError> {
         if !self.loss_set {
@@ -550,6 +508,21 @@ mod tests {
             .build()
             .expect("valid cnn");
         assert_eq!(JobSpec::from_json(&cnn.to_json()).expect("parses"), cnn);
+        let custom = base()
+            .model(ModelSpec::custom("tab-net", &serde_json::json!({"embedding": 8})).expect("custom"))
+            .categorical("a", 12)
+            .sequence("b", 100, 20)
+            .build()
+            .expect("valid custom");
+        let back = JobSpec::from_json(&custom.to_json()).expect("parses");
+        assert_eq!(back, custom);
+        assert_eq!(
+            back.inputs["b"],
+            InputType::Sequence {
+                vocabulary: 100,
+                max_len: 20
+            }
+        );
     }
 
     #[test]
@@ -585,6 +558,25 @@ mod tests {
                     dense: 4,
                 }),
                 "model.conv[2]",
+            ),
+            (base().targets(2), "targets"),
+            (base().categorical("z", 10), "inputs.z"),
+            (base().categorical("y", 10), "inputs.y"),
+            (base().categorical("a", 0), "inputs.a.vocabulary"),
+            (base().sequence("b", 10, 0), "inputs.b.max_len"),
+            (
+                base().model(ModelSpec::Custom {
+                    name: "My Net".into(),
+                    config: serde_json::json!({}),
+                }),
+                "model.name",
+            ),
+            (
+                base().model(ModelSpec::Custom {
+                    name: "net".into(),
+                    config: serde_json::json!([1, 2]),
+                }),
+                "model.config",
             ),
         ];
         for (builder, field) in cases {

@@ -137,6 +137,7 @@ impl TrainingJob {
                 config.token = Some(t.clone());
             }
             config.gang_timeout = self.gang_timeout;
+            config.models = self.models.clone();
             let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
             let result = self.run(Target::Local(&cluster), rows).await;
             cluster.shutdown().await;
@@ -288,7 +289,7 @@ impl TrainingJob {
             clients: Vec::new(),
             armed: true,
         };
-        let chosen = pick_agents(&rv, &target, n, &[]).await?;
+        let chosen = pick_agents(&rv, &target, n, &[], spec.model.name()).await?;
         let mut clients = Vec::with_capacity(n);
         let mut agent_ids: Vec<String> = chosen.iter().map(|a| a.agent_id.clone()).collect();
         for a in &chosen {
@@ -375,7 +376,14 @@ impl TrainingJob {
                 }
             }
             if !dead.is_empty() {
-                let spare = pick_agents(&rv, &target, dead.len(), &clients_urls(&clients)).await?;
+                let spare = pick_agents(
+                    &rv,
+                    &target,
+                    dead.len(),
+                    &clients_urls(&clients),
+                    spec.model.name(),
+                )
+                .await?;
                 for (&s, a) in dead.iter().zip(&spare) {
                     let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
                     c.start_job(&job_id, spec, &target.rendezvous()).await?;
@@ -424,9 +432,11 @@ impl TrainingJob {
         let model = TrainedModel::from_weights(
             spec.clone(),
             job_id.clone(),
-            layout.input_dim,
+            &layout,
             final_status.history.clone(),
             weights,
+            #[cfg(feature = "local")]
+            &self.models,
         )?;
         guard.armed = false;
         reporter.emit(TrainingEvent::Finished {
@@ -514,20 +524,35 @@ async fn pick_agents(
     target: &Target<'_>,
     count: usize,
     exclude: &[String],
+    model: &str,
 ) -> Result<Vec<AgentInfo>, JobError> {
     #[cfg(feature = "local")]
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let mut live: Vec<AgentInfo> = rv
+        let (mut live, lacking): (Vec<AgentInfo>, Vec<AgentInfo>) = rv
             .list_agents()
             .await?
             .into_iter()
             .filter(|a| !exclude.contains(&a.flight_address))
-            .collect();
+            .partition(|a| a.models.iter().any(|m| m == model));
         live.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
         if live.len() >= count {
             live.truncate(count);
             return Ok(live);
+        }
+        // Agents without the model would only refuse the job: say what they have.
+        if !lacking.is_empty() && live.len() + lacking.len() >= count {
+            let mut others: Vec<String> = lacking
+                .iter()
+                .map(|a| format!("{} has {}", a.agent_id, a.models.join(", ")))
+                .collect();
+            others.sort();
+            return Err(JobError::ModelUnavailable {
+                model: model.to_owned(),
+                needed: count as u32,
+                with_model: live.len(),
+                others: others.join("; "),
+            });
         }
         #[cfg(feature = "local")]
         if let Target::Local(cluster) = target {

@@ -60,6 +60,21 @@ pub enum JobError {
         #[source]
         source: crate::spark::Error,
     },
+    /// Too few live agents have the job's model registered (the others
+    /// would refuse the job): nothing was started or fed.
+    #[error(
+        "model `{model}` is registered on {with_model} live agent(s), the job needs {needed}; the others          lack it ({others}): run agents built with it (kindling_agent::run with your registry)"
+    )]
+    ModelUnavailable {
+        /// The model the job names.
+        model: String,
+        /// Slots asked for.
+        needed: u32,
+        /// Live agents that have it.
+        with_model: usize,
+        /// What each agent without it has.
+        others: String,
+    },
     /// Fewer live agents than slots.
     #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
     NotEnoughAgents {
@@ -101,6 +116,22 @@ pub enum JobError {
         features: usize,
         /// Width the model takes.
         model: usize,
+    },
+    /// The features to predict are not the kinds of input the model was trained on.
+    #[error("the features to predict are {features}, the model was trained on {model}")]
+    InputMismatch {
+        /// The inputs given.
+        features: String,
+        /// The inputs the model was trained on.
+        model: String,
+    },
+    /// The model to predict with is not registered in this process.
+    #[error(
+        "model `{model}` is not registered in this process: pass a registry with it          (TrainingJobBuilder::models, TrainedModel::load_with) to predict here"
+    )]
+    ModelNotLinked {
+        /// The model.
+        model: String,
     },
     /// A prediction thread panicked or was cancelled.
     #[error("prediction thread failed: {0}")]
@@ -195,6 +226,8 @@ pub struct TrainingJob {
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
+    #[cfg(feature = "local")]
+    models: kindling_agent::model::ModelRegistry,
 }
 
 /// How the DataFrame's rows reach the agents.
@@ -260,6 +293,8 @@ pub struct TrainingJobBuilder {
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
+    #[cfg(feature = "local")]
+    models: kindling_agent::model::ModelRegistry,
 }
 
 impl Default for TrainingJobBuilder {
@@ -281,6 +316,8 @@ impl Default for TrainingJobBuilder {
             progress: ProgressMode::Auto,
             events: None,
             feed: Feed::DriverRelay,
+            #[cfg(feature = "local")]
+            models: kindling_agent::model::ModelRegistry::builtin(),
         }
     }
 }
@@ -317,6 +354,32 @@ impl TrainingJobBuilder {
         checkpoint: CheckpointPolicy,
         /// Shuffle batch order every epoch.
         shuffle: bool,
+        /// Regression targets per label (a `FixedSizeList<Float32>` label when more than 1).
+        targets: usize,
+    }
+
+    /// Declares feature `column` categorical: `Int32`/`Int64` ids in
+    /// `0..vocabulary` (map strings to ids in the ETL), for an embedding.
+    pub fn categorical(mut self, column: impl Into<String>, vocabulary: usize) -> Self {
+        self.spec = self.spec.categorical(column, vocabulary);
+        self
+    }
+
+    /// Declares feature `column` a sequence: `List<Int32|Int64>` of ids in
+    /// `0..vocabulary`, at most `max_len` per row.
+    pub fn sequence(mut self, column: impl Into<String>, vocabulary: usize, max_len: usize) -> Self {
+        self.spec = self.spec.sequence(column, vocabulary, max_len);
+        self
+    }
+
+    /// The models this process can train in local mode and predict with
+    /// (default: the built-ins). Register your own model here to train it
+    /// in-process with no agent binary:
+    /// `.models(ModelRegistry::builtin().with::<MyNet>("my-net"))`.
+    #[cfg(feature = "local")]
+    pub fn models(mut self, models: kindling_agent::model::ModelRegistry) -> Self {
+        self.models = models;
+        self
     }
 
     /// Feature columns, concatenated in this order.
@@ -473,6 +536,12 @@ impl TrainingJobBuilder {
                 .map_err(|(setting, reason)| JobError::Setting { setting, reason })?;
         }
         let local_mode = self.local_mode.unwrap_or(self.rendezvous.is_none());
+        // The model's config is checked here when this process has the model
+        // (always in local mode); cluster agents check it when the job starts.
+        #[cfg(feature = "local")]
+        if local_mode || self.models.contains(spec.model.name()) {
+            self.models.check(&spec)?;
+        }
         if local_mode && cfg!(not(feature = "local")) {
             return Err(setting(
                 "local_mode",
@@ -505,6 +574,8 @@ impl TrainingJobBuilder {
             progress: self.progress,
             events: self.events,
             feed: self.feed,
+            #[cfg(feature = "local")]
+            models: self.models,
         })
     }
 }

@@ -14,12 +14,13 @@ use arrow::datatypes::SchemaRef;
 #[cfg(feature = "local")]
 use futures::{Stream, StreamExt};
 #[cfg(feature = "local")]
-use kindling_agent::model::Net;
+use kindling_agent::model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
-use kindling_agent::{params, predict, trainer};
+use kindling_agent::{predict, trainer};
 use kindling_schemas::action::EpochMetrics;
 #[cfg(feature = "local")]
 use kindling_schemas::schema::{self, StreamKind};
+use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
 use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
@@ -38,34 +39,134 @@ struct ModelMeta {
     job_id: String,
     input_dim: usize,
     history: Vec<EpochMetrics>,
+    /// The feature columns the model was trained on.
+    #[serde(default)]
+    inputs: Vec<SavedInput>,
+}
+
+/// A feature column as the model saw it (no Arrow types: a float column of
+/// any numeric type is the same input).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum SavedInput {
+    Float {
+        name: String,
+        width: usize,
+    },
+    Categorical {
+        name: String,
+        vocabulary: usize,
+    },
+    Sequence {
+        name: String,
+        vocabulary: usize,
+        max_len: usize,
+    },
+}
+
+fn saved_inputs(layout: &FeatureLayout) -> Vec<SavedInput> {
+    layout
+        .features
+        .iter()
+        .map(|f| {
+            let name = f.name.clone();
+            match f.kind {
+                FeatureKind::Categorical { vocabulary } => SavedInput::Categorical { name, vocabulary },
+                FeatureKind::Sequence { vocabulary, max_len } => SavedInput::Sequence {
+                    name,
+                    vocabulary,
+                    max_len,
+                },
+                ref float => SavedInput::Float {
+                    name,
+                    width: float.float_width(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The layout a model was built for, from what was saved with it.
+#[cfg_attr(not(feature = "local"), allow(dead_code))]
+fn saved_layout(spec: &JobSpec, meta: &ModelMeta) -> FeatureLayout {
+    let mut offset = 0;
+    let features = meta
+        .inputs
+        .iter()
+        .map(|input| {
+            let (name, kind) = match input {
+                SavedInput::Float { name, width: 1 } => {
+                    (name, FeatureKind::Scalar(arrow::datatypes::DataType::Float32))
+                }
+                SavedInput::Float { name, width } => (name, FeatureKind::Vector { len: *width }),
+                SavedInput::Categorical { name, vocabulary } => (
+                    name,
+                    FeatureKind::Categorical {
+                        vocabulary: *vocabulary,
+                    },
+                ),
+                SavedInput::Sequence {
+                    name,
+                    vocabulary,
+                    max_len,
+                } => (
+                    name,
+                    FeatureKind::Sequence {
+                        vocabulary: *vocabulary,
+                        max_len: *max_len,
+                    },
+                ),
+            };
+            let column = FeatureColumn {
+                name: name.clone(),
+                offset,
+                kind,
+            };
+            offset += column.kind.float_width();
+            column
+        })
+        .collect();
+    FeatureLayout {
+        features,
+        input_dim: meta.input_dim,
+        label: None,
+        outputs: spec.output_dim(),
+    }
 }
 
 /// A trained model: its spec, metrics and weights; with the `local` feature
-/// also the burn network, to predict in this process.
+/// also the burn model, to predict in this process, when this process has
+/// the model registered (the built-ins always are; see
+/// [`TrainingJobBuilder::models`](super::TrainingJobBuilder::models)).
 #[derive(Debug, Clone)]
 pub struct TrainedModel {
     spec: JobSpec,
     meta: ModelMeta,
     weights: RecordBatch,
     #[cfg(feature = "local")]
-    net: Arc<Net>,
+    net: Option<Arc<dyn AnyModel>>,
 }
 
 impl TrainedModel {
     pub(crate) fn from_weights(
         spec: JobSpec,
         job_id: String,
-        input_dim: usize,
+        layout: &FeatureLayout,
         history: Vec<EpochMetrics>,
         weights: RecordBatch,
+        #[cfg(feature = "local")] models: &ModelRegistry,
     ) -> Result<Self, JobError> {
         let meta = ModelMeta {
             job_id,
-            input_dim,
+            input_dim: layout.input_dim,
             history,
+            inputs: saved_inputs(layout),
         };
         #[cfg(feature = "local")]
-        let net = Arc::new(params::from_arrow(empty_net(&spec, input_dim)?, &weights)?);
+        let net = match models.contains(spec.model.name()) {
+            true => Some(Arc::from(empty_net(models, &spec, layout)?.from_arrow(&weights)?)),
+            false => None,
+        };
         Ok(TrainedModel {
             spec,
             meta,
@@ -109,8 +210,10 @@ impl TrainedModel {
         let meta = serde_json::to_vec_pretty(&self.meta).map_err(|e| io("encode model.json", e.into()))?;
         std::fs::write(dir.join("model.json"), meta).map_err(|e| io("write model.json", e))?;
         #[cfg(feature = "local")]
-        std::fs::write(dir.join("model.bpk"), params::to_record_bytes(&self.net)?)
-            .map_err(|e| io("write model.bpk", e))?;
+        if let Some(net) = &self.net {
+            std::fs::write(dir.join("model.bpk"), net.to_record_bytes()?)
+                .map_err(|e| io("write model.bpk", e))?;
+        }
         let table = &self.weights;
         let file =
             std::fs::File::create(dir.join("weights.arrow")).map_err(|e| io("create weights.arrow", e))?;
@@ -123,9 +226,23 @@ impl TrainedModel {
         Ok(())
     }
 
-    /// Loads a model saved with [`save`](Self::save).
+    /// Loads a model saved with [`save`](Self::save): a built-in network, or
+    /// (without the `local` feature) any model's weights table.
     pub fn load(dir: impl AsRef<Path>) -> Result<Self, JobError> {
-        let dir = dir.as_ref();
+        #[cfg(feature = "local")]
+        return Self::load_with(dir, &ModelRegistry::builtin());
+        #[cfg(not(feature = "local"))]
+        Self::load_from(dir.as_ref())
+    }
+
+    /// Loads a model saved with [`save`](Self::save) whose model `models`
+    /// has registered (your own, or a built-in), ready to predict here.
+    #[cfg(feature = "local")]
+    pub fn load_with(dir: impl AsRef<Path>, models: &ModelRegistry) -> Result<Self, JobError> {
+        Self::load_from(dir.as_ref(), models)
+    }
+
+    fn load_from(dir: &Path, #[cfg(feature = "local")] models: &ModelRegistry) -> Result<Self, JobError> {
         let read = |name: &str| {
             std::fs::read(dir.join(name)).map_err(|e| JobError::Io {
                 context: format!("read {} in {}", name, dir.display()),
@@ -138,37 +255,43 @@ impl TrainedModel {
             source: e.into(),
         })?;
         #[cfg(feature = "local")]
-        {
+        if models.contains(spec.model.name()) {
             let bytes = read("model.bpk")?;
-            let net = params::from_record_bytes(empty_net(&spec, meta.input_dim)?, bytes)?;
-            let weights = params::to_arrow(&net)?;
-            Ok(TrainedModel {
+            let net = empty_net(models, &spec, &saved_layout(&spec, &meta))?.from_record_bytes(bytes)?;
+            let weights = net.to_arrow()?;
+            return Ok(TrainedModel {
                 spec,
                 meta,
                 weights,
-                net: Arc::new(net),
-            })
+                net: Some(Arc::from(net)),
+            });
         }
-        #[cfg(not(feature = "local"))]
-        {
-            let weights = read_weights(&dir.join("weights.arrow"))?;
-            Ok(TrainedModel { spec, meta, weights })
-        }
+        let weights = read_weights(&dir.join("weights.arrow"))?;
+        Ok(TrainedModel {
+            spec,
+            meta,
+            weights,
+            #[cfg(feature = "local")]
+            net: None,
+        })
     }
 }
 
-/// The model's network with fresh weights, on the CPU, to load weights into.
+/// The model with fresh weights, on the CPU, to load weights into.
 #[cfg(feature = "local")]
-fn empty_net(spec: &JobSpec, input_dim: usize) -> Result<Net, JobError> {
+fn empty_net(
+    models: &ModelRegistry,
+    spec: &JobSpec,
+    layout: &FeatureLayout,
+) -> Result<Box<dyn AnyModel>, JobError> {
     let device = trainer::device_for(&JobSpec {
         use_gpu: false,
         ..spec.clone()
     })?;
-    Ok(Net::new(spec, input_dim, &device))
+    Ok(models.build(spec, layout, &device)?)
 }
 
 /// The weights table of an Arrow IPC file written by [`TrainedModel::save`].
-#[cfg(not(feature = "local"))]
 fn read_weights(path: &Path) -> Result<RecordBatch, JobError> {
     let io = |e: std::io::Error| JobError::Io {
         context: format!("read {}", path.display()),
@@ -204,6 +327,13 @@ impl TrainedModel {
                 model: self.meta.input_dim,
             });
         }
+        let given = saved_inputs(&layout);
+        if !self.meta.inputs.is_empty() && given != self.meta.inputs {
+            return Err(JobError::InputMismatch {
+                features: format!("{given:?}"),
+                model: format!("{:?}", self.meta.inputs),
+            });
+        }
         Ok(layout)
     }
 
@@ -217,7 +347,10 @@ impl TrainedModel {
             use_gpu: false,
             ..self.spec.clone()
         };
-        Ok(predict::predict_batch(&self.net, &spec, layout, batch)?)
+        let net = self.net.as_ref().ok_or_else(|| JobError::ModelNotLinked {
+            model: self.spec.model.name().to_owned(),
+        })?;
+        Ok(predict::predict_batch(net.as_ref(), &spec, layout, batch)?)
     }
 
     /// Streams predictions over a DataFrame, batch by batch (on a blocking

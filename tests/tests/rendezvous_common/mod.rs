@@ -82,6 +82,7 @@ pub fn agent_info(id: &str) -> AgentInfo {
         node_name: format!("node-{id}"),
         capacity: 1,
         has_gpu: false,
+        models: Vec::new(),
     }
 }
 

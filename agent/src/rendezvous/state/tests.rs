@@ -16,6 +16,7 @@ fn agent(id: &str) -> AgentInfo {
         node_name: format!("node-{id}"),
         capacity: 1,
         has_gpu: false,
+        models: vec!["linear".into()],
     }
 }
 

@@ -1,0 +1,332 @@
+//! The agent process: its command line and `main` ([`run`]), so a crate
+//! with models of its own builds its own agent binary in one line.
+//! Flight ingest + collective on one port, probes on another; SIGTERM leaves
+//! the cluster cleanly (running attempts reported failed, then deregistered).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::TokenArgs;
+use crate::health::{HealthServer, Readiness};
+use crate::model::ModelRegistry;
+use crate::server::AgentConfig;
+
+/// Kindling training agent: receives Arrow shards over Flight and trains with
+/// its gang (ring all-reduce), ganged by the rendezvous.
+#[derive(Debug, Parser)]
+#[command(name = "kindling-agent", version, long_version = LONG_VERSION)]
+struct Cli {
+    /// Print the GPU adapter `use_gpu` jobs would train on and exit (status 1
+    /// when the agent was built without the `gpu` feature or finds no adapter).
+    #[arg(long)]
+    check_gpu: bool,
+    /// Unique agent id (default: the node name).
+    #[arg(long, env = "KINDLING_AGENT_ID")]
+    agent_id: Option<String>,
+    /// Address the Flight + collective gRPC server listens on.
+    #[arg(long, env = "KINDLING_LISTEN", default_value = "0.0.0.0:50051")]
+    listen: SocketAddr,
+    /// Host peers and clients use to reach this agent, e.g. the pod IP
+    /// (default: the listen IP, which is useless when it is 0.0.0.0).
+    #[arg(long, env = "KINDLING_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
+    /// Kubernetes node (or machine) name (default: the hostname).
+    #[arg(long, env = "KINDLING_NODE_NAME")]
+    node_name: Option<String>,
+    /// Job slots this agent offers.
+    #[arg(long, env = "KINDLING_CAPACITY", default_value_t = 1)]
+    capacity: u32,
+    /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (none: standalone agent).
+    #[arg(long, env = "KINDLING_RENDEZVOUS")]
+    rendezvous: Option<String>,
+    #[command(flatten)]
+    auth: TokenArgs,
+    /// Node-local directory for spill files and checkpoints.
+    #[arg(long, env = "KINDLING_WORK_DIR", default_value = "/var/lib/kindling")]
+    work_dir: PathBuf,
+    /// Cached batches kept in memory before spilling, e.g. `4GiB`, `512MiB`, `1000000`.
+    #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value = "1GiB", value_parser = parse_bytes)]
+    memory_budget: u64,
+    /// Threads the trainer computes on (0 = one per core). Leave cores for the
+    /// Spark executors on the node: e.g. the CPU request of the agent's pod.
+    #[arg(long, env = "KINDLING_TRAIN_THREADS", default_value_t = 0)]
+    train_threads: usize,
+    /// How long a collective step waits for a peer (ms).
+    #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
+    collective_timeout_ms: u64,
+    /// Largest incoming gRPC message, e.g. `64MiB`.
+    #[arg(long, env = "KINDLING_MAX_MESSAGE_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    max_message_bytes: u64,
+    /// Address of the `/healthz` and `/readyz` HTTP probes.
+    #[arg(long, env = "KINDLING_HEALTH_LISTEN", default_value = "0.0.0.0:8080")]
+    health_listen: SocketAddr,
+    /// Log filter (`info`, `debug`, `kindling_agent=debug,info`, …); RUST_LOG wins when set.
+    #[arg(long, env = "KINDLING_LOG", default_value = "info")]
+    log_level: String,
+}
+
+const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (GPU backend: burn-wgpu, `gpu` feature)"
+    )
+} else {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (CPU only: built without the `gpu` feature)"
+    )
+};
+
+/// `--check-gpu`: the adapter, or why there is none.
+fn check_gpu() -> anyhow::Result<()> {
+    match crate::device::gpu() {
+        Ok((_, info)) => {
+            println!("gpu: wgpu adapter {info}");
+            Ok(())
+        }
+        Err(e) => bail!("no GPU for `use_gpu` jobs: {e}"),
+    }
+}
+
+/// `4GiB`, `512MiB`, `64KiB`, `2GB`, `1000` → bytes.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size: expected e.g. 4GiB, 512MiB or a byte count"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "ki" | "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mi" | "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gi" | "gib" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "ti" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+    };
+    n.checked_mul(scale).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+impl TryFrom<&Cli> for AgentConfig {
+    type Error = anyhow::Error;
+
+    fn try_from(cli: &Cli) -> anyhow::Result<Self> {
+        let token = cli.auth.read()?;
+        let node_name = cli
+            .node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .or_else(hostname)
+            .context("no node name: set KINDLING_NODE_NAME (spec.nodeName in Kubernetes)")?;
+        let agent_id = cli
+            .agent_id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| node_name.clone());
+        if cli.capacity == 0 {
+            bail!("--capacity must be at least 1");
+        }
+        if cli.listen.ip().is_unspecified() && cli.advertise_host.is_none() && cli.rendezvous.is_some() {
+            bail!(
+                "listening on {} needs --advertise-host (KINDLING_ADVERTISE_HOST, the pod IP) \
+                 so peers can reach this agent",
+                cli.listen
+            );
+        }
+        if let Some(url) = &cli.rendezvous
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            bail!("--rendezvous must be an http:// or https:// URL, got `{url}`");
+        }
+        let max_message_bytes =
+            usize::try_from(cli.max_message_bytes).context("--max-message-bytes does not fit in memory")?;
+        Ok(AgentConfig {
+            agent_id,
+            listen: cli.listen,
+            advertise_host: cli.advertise_host.clone().filter(|h| !h.is_empty()),
+            node_name,
+            capacity: cli.capacity,
+            token,
+            rendezvous: cli.rendezvous.clone().filter(|r| !r.is_empty()),
+            work_dir: cli.work_dir.clone(),
+            memory_budget: cli.memory_budget,
+            collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
+            max_message_bytes,
+            train_threads: cli.train_threads,
+            models: ModelRegistry::builtin(),
+        })
+    }
+}
+
+/// Fires on SIGTERM (kubelet) or ctrl-c.
+fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
+    let token = CancellationToken::new();
+    #[cfg(unix)]
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let fire = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("ctrl-c"),
+            _ = term.recv() => tracing::info!("SIGTERM"),
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        fire.cancel();
+    });
+    Ok(token)
+}
+
+/// Runs an agent process with `models`: parses the command line (the
+/// `kindling-agent` flags and `KINDLING_*` variables), serves until SIGTERM,
+/// then leaves the cluster cleanly. A crate with models of its own builds its
+/// agent binary with this:
+///
+/// ```no_run
+/// use kindling_agent::model::ModelRegistry;
+/// fn main() -> anyhow::Result<()> {
+///     kindling_agent::run(ModelRegistry::builtin() /* .with::<MyNet>("my-net") */)
+/// }
+/// ```
+pub fn run(models: ModelRegistry) -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if cli.check_gpu {
+        return check_gpu();
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(cli, models))
+}
+
+async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
+        .context("invalid --log-level")?;
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let config = AgentConfig {
+        models,
+        ..AgentConfig::try_from(&cli)?
+    };
+    tracing::info!(models = ?config.models, "models this agent trains");
+    if config.token.is_none() {
+        tracing::warn!("authentication disabled (--allow-unauthenticated)");
+    }
+    let shutdown = shutdown_on_signal()?;
+
+    // Probes come up first: liveness holds while the rendezvous is unreachable.
+    let ready = Readiness::new();
+    let health_listener = tokio::net::TcpListener::bind(cli.health_listen)
+        .await
+        .with_context(|| format!("binding the health listener {}", cli.health_listen))?;
+    let health = HealthServer::start(health_listener, ready.clone(), CancellationToken::new())
+        .context("starting the health server")?;
+    tracing::info!(addr = %health.addr(), "health probes listening");
+
+    // Registration is retried: in a fresh cluster agents often start before the rendezvous.
+    let mut backoff = Duration::from_millis(250);
+    let agent = loop {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => {
+                health.shutdown().await;
+                return Ok(());
+            }
+            r = crate::server::start(config.clone()) => r,
+        };
+        match attempt {
+            Ok(agent) => break agent,
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "not registered with the rendezvous yet");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        health.shutdown().await;
+                        return Ok(());
+                    }
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e).context("starting the agent"),
+        }
+    };
+    ready.set(true);
+    tracing::info!(agent = %agent.agent_id(), url = %agent.url(), "agent ready");
+
+    shutdown.cancelled().await;
+    ready.set(false);
+    tracing::info!("leaving: failing running attempts at the rendezvous, deregistering");
+    let departure = agent
+        .leave_and_shutdown("the agent process is shutting down")
+        .await;
+    tracing::info!(
+        reported = ?departure.reported,
+        unreported = ?departure.unreported,
+        deregistered = departure.deregistered,
+        "agent stopped"
+    );
+    health.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("4XB").is_err());
+    }
+
+    #[test]
+    fn refuses_to_start_without_a_token() {
+        let cli = Cli::parse_from(["kindling-agent", "--node-name", "n1", "--listen", "127.0.0.1:0"]);
+        let err = AgentConfig::try_from(&cli).expect_err("no token");
+        assert!(err.to_string().contains("no token"), "{err}");
+        let cli = Cli::parse_from([
+            "kindling-agent",
+            "--node-name",
+            "n1",
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-unauthenticated",
+        ]);
+        let config = AgentConfig::try_from(&cli).expect("config");
+        assert_eq!(config.agent_id, "n1", "the agent id defaults to the node name");
+    }
+
+    #[test]
+    fn an_unspecified_listen_address_needs_an_advertised_host() {
+        let cli = Cli::parse_from([
+            "kindling-agent",
+            "--node-name=n1",
+            "--token=t",
+            "--rendezvous=http://rv:7070",
+        ]);
+        let err = AgentConfig::try_from(&cli).expect_err("0.0.0.0 without advertise host");
+        assert!(err.to_string().contains("--advertise-host"), "{err}");
+    }
+}
