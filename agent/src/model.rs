@@ -634,3 +634,6 @@ impl ModelRegistry {
         )
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -71,6 +71,9 @@ impl ActionKind {
 }
 
 /// A parsed action.
+// One is parsed per call and lives for that call: the job spec inline in
+// `StartJob` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// `start_job`.

@@ -1,0 +1,251 @@
+use std::sync::Arc;
+
+use arrow::array::{Int64Array, ListArray, RecordBatch};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::tensor::{Device, Tensor};
+use kindling_schemas::schema::{FeatureLayout, StreamKind, validate};
+use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+
+use super::*;
+use crate::optim::FlatOptimizer;
+
+/// A class from a categorical id and a bag of token ids: an embedding each,
+/// the tokens mean-pooled over their mask, then one dense layer.
+#[derive(Module, Debug)]
+struct Bag {
+    city: Embedding,
+    tokens: Embedding,
+    head: Linear,
+}
+
+#[derive(Config, Debug)]
+struct BagConfig {
+    #[config(default = 4)]
+    dim: usize,
+}
+
+impl KindlingModel for Bag {
+    type Config = BagConfig;
+
+    fn validate(config: &BagConfig, _: &JobSpec) -> Result<(), ConfigError> {
+        match config.dim {
+            0 => Err(ConfigError::new("dim", "must be at least 1")),
+            _ => Ok(()),
+        }
+    }
+
+    fn init(config: &BagConfig, inputs: &Inputs<'_>, device: &Device) -> Result<Self, AgentError> {
+        let (vocabulary, _) = inputs.sequence("tokens")?;
+        Ok(Bag {
+            city: EmbeddingConfig::new(inputs.vocabulary("city")?, config.dim).init(device),
+            tokens: EmbeddingConfig::new(vocabulary, config.dim).init(device),
+            head: LinearConfig::new(2 * config.dim, inputs.outputs()).init(device),
+        })
+    }
+
+    fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
+        let city: Tensor<2> = self
+            .city
+            .forward(batch.ids("city")?.unsqueeze_dim(1))
+            .squeeze_dim(1);
+        let seq = batch.sequence("tokens")?;
+        let mask = seq.mask.float().unsqueeze_dim::<3>(2);
+        let summed = (self.tokens.forward(seq.ids) * mask)
+            .sum_dim(1)
+            .squeeze_dim::<2>(1);
+        let counts = seq.lengths.float().clamp_min(1.0).unsqueeze_dim(1);
+        Ok(self.head.forward(Tensor::cat(vec![city, summed / counts], 1)))
+    }
+}
+
+fn spec(dim: usize) -> JobSpec {
+    JobSpec::builder()
+        .task(Task::Classification { num_classes: 2 })
+        .model(ModelSpec::custom("bag", &BagConfig::new().with_dim(dim)).expect("config"))
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["city", "tokens"])
+        .categorical("city", 3)
+        .sequence("tokens", 6, 4)
+        .label("y")
+        .build()
+        .expect("spec")
+}
+
+/// 60 rows: the class is 1 when token 5 is in the row's bag (city is noise).
+fn rows() -> RecordBatch {
+    let n = 60i64;
+    let tokens: Vec<Vec<i64>> = (0..n)
+        .map(|i| {
+            (0..(i % 4 + 1))
+                .map(|k| if k == 0 && i % 2 == 1 { 5 } else { (i + k) % 5 })
+                .collect()
+        })
+        .collect();
+    let y: Vec<i64> = tokens.iter().map(|t| i64::from(t.contains(&5))).collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("city", DataType::Int64, false),
+        Field::new(
+            "tokens",
+            DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+            false,
+        ),
+        Field::new("y", DataType::Int64, false),
+    ]));
+    let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(
+        tokens.into_iter().map(|t| Some(t.into_iter().map(Some))),
+    );
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 3))),
+            Arc::new(lists),
+            Arc::new(Int64Array::from(y)),
+        ],
+    )
+    .expect("batch")
+}
+
+fn layout(spec: &JobSpec) -> FeatureLayout {
+    validate(&rows().schema(), spec, StreamKind::Train).expect("layout")
+}
+
+#[test]
+fn sequences_are_padded_to_max_len_with_a_mask_and_lengths() {
+    let spec = spec(4);
+    let (records, layout, device) = (rows().slice(0, 3), layout(&spec), Device::flex());
+    let seq = Batch::new(&records, &layout, &spec, &device)
+        .sequence("tokens")
+        .expect("sequence");
+    assert_eq!(seq.ids.dims(), [3, 4]);
+    let ids = seq
+        .ids
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .expect("ids");
+    assert_eq!(ids, [0, 0, 0, 0, 5, 2, 0, 0, 2, 3, 4, 0]);
+    let lengths = seq
+        .lengths
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .expect("lengths");
+    assert_eq!(lengths, [1, 2, 3]);
+    let mask = seq.mask.into_data().try_to_vec::<bool>().expect("mask");
+    assert_eq!(mask.iter().filter(|m| **m).count(), 6);
+    assert!(mask[4] && mask[5] && !mask[6]);
+}
+
+#[test]
+fn a_model_of_ones_own_trains_through_the_erased_path() {
+    let spec = spec(4);
+    let layout = layout(&spec);
+    let models = ModelRegistry::builtin().with::<Bag>("bag");
+    models.check(&spec).expect("valid config");
+    let mut model = models.build_seeded(&spec, &layout, 3).expect("build");
+    let records = rows();
+    let device = Device::flex().autodiff();
+    let mut weights = model.flat_weights();
+    assert_eq!(weights.len(), model.num_params());
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let loss_of = |m: &dyn AnyModel| {
+        let buf = m
+            .gradients(&Batch::new(&records, &layout, &spec, &device))
+            .expect("step");
+        assert_eq!(buf.len(), m.num_params() + 2, "gradients, rows, loss sum");
+        (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
+    };
+    let (first, _) = loss_of(model.as_ref());
+    for _ in 0..60 {
+        let (_, mut buf) = loss_of(model.as_ref());
+        let rows = buf[buf.len() - 2];
+        buf.truncate(buf.len() - 2);
+        optim.step(&mut weights, &buf, 1.0 / rows);
+        model = model.load_flat(&weights);
+    }
+    let (last, _) = loss_of(model.as_ref());
+    assert!(last < first * 0.2, "loss {first} → {last}");
+    // The trained weights survive the model table and the record bytes.
+    let table = model.to_arrow().expect("table");
+    let names: Vec<String> = table
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .expect("names")
+        .iter()
+        .flatten()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        names,
+        ["city.weight", "tokens.weight", "head.weight", "head.bias"]
+    );
+    let fresh = models.build(&spec, &layout, &Device::flex()).expect("build");
+    assert_eq!(
+        fresh.from_arrow(&table).expect("load").flat_weights(),
+        model.flat_weights()
+    );
+    let bytes = model.to_record_bytes().expect("bytes");
+    let fresh = models.build(&spec, &layout, &Device::flex()).expect("build");
+    assert_eq!(
+        fresh.from_record_bytes(bytes).expect("load").flat_weights(),
+        weights
+    );
+}
+
+#[test]
+fn the_registry_names_the_missing_model_the_bad_field_and_the_wrong_input() {
+    let models = ModelRegistry::builtin().with::<Bag>("bag");
+    let err = ModelRegistry::builtin()
+        .check(&spec(4))
+        .expect_err("not registered");
+    assert!(
+        err.to_string().contains("`bag` is not registered") && err.to_string().contains("cnn, linear, mlp"),
+        "{err}"
+    );
+    let err = models.check(&spec(0)).expect_err("dim 0");
+    assert!(
+        matches!(&err, AgentError::ModelConfig { model, field, .. } if model == "bag" && field == "dim"),
+        "{err}"
+    );
+    let mut bad_json = spec(4);
+    bad_json.model = ModelSpec::Custom {
+        name: "bag".into(),
+        config: serde_json::json!({"dim": "four"}),
+    };
+    let err = models.check(&bad_json).expect_err("not a number");
+    assert!(err.to_string().contains("model `bag`"), "{err}");
+    // A model asking a column for a kind the job does not declare.
+    let mut undeclared = spec(4);
+    undeclared.inputs.remove("city");
+    let schema = Schema::new(vec![
+        Field::new("city", DataType::Int64, false),
+        Field::new(
+            "tokens",
+            DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+            false,
+        ),
+        Field::new("y", DataType::Int64, false),
+    ]);
+    undeclared.inputs.remove("tokens");
+    let layout = validate(&schema, &undeclared, StreamKind::Train);
+    assert!(layout.is_err(), "an undeclared list column is not a float input");
+    let mut city_float = spec(4);
+    city_float.inputs.remove("city");
+    let layout = validate(&rows().schema(), &city_float, StreamKind::Train).expect("city as a float");
+    let err = models
+        .build(&city_float, &layout, &Device::flex())
+        .expect_err("city is not categorical");
+    assert!(
+        matches!(&err, AgentError::InputKind { column, .. } if column == "city"),
+        "{err}"
+    );
+    // The built-ins read floats only.
+    let mut mlp = spec(4);
+    mlp.model = ModelSpec::Mlp { hidden: vec![4] };
+    let err = models.check(&mlp).expect_err("categorical input to an MLP");
+    assert!(err.to_string().contains("inputs.city"), "{err}");
+}
