@@ -304,8 +304,12 @@ pub async fn status(args: StatusArgs) -> Result<()> {
     println!("{} live agents", agents.len());
     for a in agents {
         println!(
-            "  {:<24} {:<32} node {:<16} gpu {}",
-            a.agent_id, a.flight_address, a.node_name, a.has_gpu
+            "  {:<24} {:<32} node {:<16} gpu {:<5} models {}",
+            a.agent_id,
+            a.flight_address,
+            a.node_name,
+            a.has_gpu,
+            a.models.join(",")
         );
     }
     let jobs = rv.list_jobs().await?;

@@ -188,3 +188,53 @@ async fn calls_without_the_token_or_for_unknown_jobs_are_refused() {
     assert_eq!(err.code(), Some(tonic::Code::NotFound));
     cluster.shutdown().await;
 }
+
+/// A model the agent has not registered, or a config its model refuses, is
+/// refused at `start_job` (before any row), naming the model, what the agent
+/// has or the field; nothing of the job stays on the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_job_refuses_unregistered_models_and_bad_configs() {
+    let (cluster, _dir) = cluster(1).await;
+    let c = agent_client(&cluster, 0);
+    let rv =
+        kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+            .await
+            .expect("rendezvous");
+    let agents = rv.list_agents().await.expect("agents");
+    assert_eq!(
+        agents[0].models,
+        ["cnn", "linear", "mlp"],
+        "agents advertise their models"
+    );
+    let cases = [
+        (
+            ModelSpec::custom("wide-and-deep", &serde_json::json!({})).expect("custom"),
+            ["`wide-and-deep` is not registered", "cnn, linear, mlp"],
+        ),
+        (
+            ModelSpec::Custom {
+                name: "mlp".into(),
+                config: serde_json::json!({"hidden": "wide"}),
+            },
+            ["model `mlp`", "config `<json>`"],
+        ),
+    ];
+    for (i, (model, needles)) in cases.into_iter().enumerate() {
+        let job_id = format!("bad-model-{i}");
+        rv.create_job(&kindling_schemas::rendezvous::JobConfig::new(job_id.clone(), 1))
+            .await
+            .expect("create");
+        let spec = JobSpec { model, ..spec(1) };
+        let err = c
+            .start_job(&job_id, &spec, &cluster.rendezvous_url())
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+        for needle in needles {
+            assert!(err.to_string().contains(needle), "{err} should say {needle}");
+        }
+        let err = c.job_status(&job_id).await.expect_err("no job kept");
+        assert_eq!(err.code(), Some(tonic::Code::NotFound));
+    }
+    cluster.shutdown().await;
+}
