@@ -376,19 +376,20 @@ impl TrainingJob {
                 }
             }
             if !dead.is_empty() {
-                let spare = pick_agents(
-                    &rv,
-                    &target,
-                    dead.len(),
-                    &clients_urls(&clients),
-                    spec.model.name(),
-                )
-                .await?;
-                for (&s, a) in dead.iter().zip(&spare) {
-                    let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
-                    c.start_job(&job_id, spec, &target.rendezvous()).await?;
+                let lost: Vec<String> = dead.iter().map(|&s| agent_ids[s].clone()).collect();
+                let survivors: Vec<String> = clients
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, _)| !dead.contains(s))
+                    .map(|(_, c)| c.url().to_owned())
+                    .collect();
+                let replacements = self
+                    .replacements(&rv, &target, &job_id, dead.len(), survivors, &lost)
+                    .await?;
+                for (&s, (a, c)) in dead.iter().zip(replacements) {
+                    tracing::info!(shard = s, lost = %agent_ids[s], replacement = %a.agent_id, "agent replaced");
                     clients[s] = c;
-                    agent_ids[s] = a.agent_id.clone();
+                    agent_ids[s] = a.agent_id;
                 }
                 guard.clients = clients.clone();
                 let shards = Shards {
@@ -512,8 +513,67 @@ fn arrow_source_pushed() -> JobError {
     }
 }
 
-fn clients_urls(clients: &[AgentClient]) -> Vec<String> {
-    clients.iter().map(|c| c.url().to_owned()).collect()
+impl TrainingJob {
+    /// `count` agents started on the job in place of the `lost` ones: spare
+    /// live agents, else — waiting up to `replacement_wait` — agents that
+    /// register meanwhile (the lost agent restarted on its node, as a
+    /// DaemonSet does, or a new one). `survivors` (members' URLs) are never
+    /// picked. A listed agent that cannot take the job (its process is gone
+    /// but its lease has not lapsed yet) is passed over and asked again later.
+    async fn replacements(
+        &self,
+        rv: &RendezvousClient,
+        target: &Target<'_>,
+        job_id: &str,
+        count: usize,
+        survivors: Vec<String>,
+        lost: &[String],
+    ) -> Result<Vec<(AgentInfo, AgentClient)>, JobError> {
+        let deadline = Instant::now() + self.replacement_wait;
+        let token = target.token();
+        let mut found: Vec<(AgentInfo, AgentClient)> = Vec::with_capacity(count);
+        let mut unreachable: Vec<String> = Vec::new();
+        let mut announced = false;
+        while found.len() < count {
+            let mut exclude = survivors.clone();
+            exclude.extend(found.iter().map(|(a, _)| a.flight_address.clone()));
+            exclude.extend(unreachable.iter().cloned());
+            let picked = pick_agents(rv, target, count - found.len(), &exclude, self.spec.model.name()).await;
+            let candidates = match picked {
+                Ok(candidates) => candidates,
+                Err(JobError::NotEnoughAgents { live, .. }) => {
+                    if Instant::now() >= deadline {
+                        return Err(JobError::NoReplacement {
+                            lost: lost.join(", "),
+                            waited: self.replacement_wait,
+                            live,
+                            rendezvous: target.rendezvous(),
+                        });
+                    }
+                    if !announced {
+                        tracing::warn!(lost = ?lost, wait = ?self.replacement_wait, "no spare agent: waiting for a replacement");
+                        announced = true;
+                    }
+                    unreachable.clear();
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for a in candidates {
+                let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
+                match c.start_job(job_id, &self.spec, &target.rendezvous()).await {
+                    Ok(_) => found.push((a, c)),
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(agent = %a.agent_id, error = %e, "listed agent cannot take the job yet");
+                        unreachable.push(a.flight_address);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// Picks `count` live agents not in `exclude`, in a stable order. In local

@@ -24,6 +24,9 @@ pub use progress::{ProgressMode, TrainingEvent};
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
 pub use crate::feed::{ExecutorPush, PushedPartition};
 
+/// How long `fit` waits for a lost agent's replacement by default.
+pub const DEFAULT_REPLACEMENT_WAIT: Duration = Duration::from_secs(120);
+
 /// Everything that can make a training job fail.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -74,6 +77,21 @@ pub enum JobError {
         with_model: usize,
         /// What each agent without it has.
         others: String,
+    },
+    /// An agent was lost, no spare was live, and none registered within the wait.
+    #[error(
+        "lost agent(s) {lost} and no replacement registered at {rendezvous} within {waited:?} \
+         ({live} other live agent(s)); raise TrainingJobBuilder::replacement_wait or add agents"
+    )]
+    NoReplacement {
+        /// The lost agents' ids.
+        lost: String,
+        /// How long fit waited.
+        waited: Duration,
+        /// Live agents that could not take the place.
+        live: usize,
+        /// The rendezvous asked.
+        rendezvous: String,
     },
     /// Fewer live agents than slots.
     #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
@@ -223,6 +241,7 @@ pub struct TrainingJob {
     persist: bool,
     relay_slice_bytes: u64,
     gang_timeout: Duration,
+    replacement_wait: Duration,
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
@@ -290,6 +309,7 @@ pub struct TrainingJobBuilder {
     persist: bool,
     relay_slice_bytes: u64,
     gang_timeout: Duration,
+    replacement_wait: Duration,
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
@@ -313,6 +333,7 @@ impl Default for TrainingJobBuilder {
             persist: true,
             relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
             gang_timeout: Duration::from_secs(60),
+            replacement_wait: DEFAULT_REPLACEMENT_WAIT,
             progress: ProgressMode::Auto,
             events: None,
             feed: Feed::DriverRelay,
@@ -482,6 +503,16 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// How long `fit` waits for a replacement when an agent is lost and no
+    /// spare agent is live (default 2 minutes): a DaemonSet restarts the
+    /// agent's pod on its node, or a new node's agent registers. The job then
+    /// resumes from its latest checkpoint; after the wait it fails naming the
+    /// lost agents.
+    pub fn replacement_wait(mut self, wait: Duration) -> Self {
+        self.replacement_wait = wait;
+        self
+    }
+
     /// How progress is shown.
     pub fn progress(mut self, mode: ProgressMode) -> Self {
         self.progress = mode;
@@ -571,6 +602,7 @@ impl TrainingJobBuilder {
             persist: self.persist,
             relay_slice_bytes: self.relay_slice_bytes,
             gang_timeout: self.gang_timeout,
+            replacement_wait: self.replacement_wait,
             progress: self.progress,
             events: self.events,
             feed: self.feed,
