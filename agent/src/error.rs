@@ -90,6 +90,9 @@ pub enum AgentError {
     /// A batch lacks a column the job needs.
     #[error("invalid input: column `{0}` is missing from the batch")]
     MissingColumn(String),
+    /// `create_job` named no rendezvous and the agent is registered with none.
+    #[error("invalid input: create_job: this agent is registered with no rendezvous; pass `rendezvous`")]
+    NoRendezvous,
     /// The job names a model this agent has not registered.
     #[error("invalid input: model `{name}` is not registered on this agent; it has: {available}")]
     UnregisteredModel {
@@ -389,6 +392,7 @@ impl From<AgentError> for Status {
             | AgentError::MissingColumn(_)
             | AgentError::ModelTable(_)
             | AgentError::UnregisteredModel { .. }
+            | AgentError::NoRendezvous
             | AgentError::ModelConfig { .. }
             | AgentError::InputKind { .. }
             | AgentError::RankOutsideWorld { .. }

@@ -233,6 +233,7 @@ impl FlightService for AgentFlightService {
         let a = request.into_inner();
         let action = Action::parse(&a.r#type, &a.body).map_err(AgentError::from)?;
         match action {
+            Action::CreateJob(create) => ok_json(&self.jobs.create_at_rendezvous(create).await?),
             Action::StartJob(start) => {
                 self.jobs.start(start.clone()).await?;
                 ok_json(&StartJobResponse {

@@ -44,6 +44,8 @@ pub struct JobEnv {
     pub train_pool: Arc<rayon::ThreadPool>,
     /// The models jobs can name.
     pub models: ModelRegistry,
+    /// The rendezvous this agent registered with (`create_job`'s default).
+    pub rendezvous: Option<String>,
 }
 
 /// A producer's committed position in one split.

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kindling_schemas::action::StartJob;
-use kindling_schemas::rendezvous::RendezvousClient;
+use kindling_schemas::action::{CreateJob, CreateJobResponse, StartJob};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -44,6 +44,29 @@ impl JobRegistry {
     /// Root of the checkpoint directories.
     pub fn checkpoint_dir(&self) -> &Path {
         &self.env.checkpoint_dir
+    }
+
+    /// `create_job`: creates the job at the rendezvous `create` names, or
+    /// this agent's own, with this agent's credentials.
+    pub async fn create_at_rendezvous(&self, create: CreateJob) -> Result<CreateJobResponse, AgentError> {
+        let url = create
+            .rendezvous
+            .or_else(|| self.env.rendezvous.clone())
+            .ok_or(AgentError::NoRendezvous)?;
+        let rendezvous = RendezvousClient::connect_lazy(&url, self.env.token.as_ref())
+            .map_err(|e| AgentError::rendezvous(&url, e))?;
+        let mut config =
+            JobConfig::new(create.job_id.clone(), create.num_slots).with_max_attempts(create.max_attempts);
+        config.gang_timeout = create.gang_timeout_ms.map(std::time::Duration::from_millis);
+        let attempt = rendezvous
+            .create_job(&config)
+            .await
+            .map_err(|e| AgentError::rendezvous(&url, e))?;
+        Ok(CreateJobResponse {
+            job_id: create.job_id,
+            attempt,
+            rendezvous: url,
+        })
     }
 
     /// The models jobs on this agent can name.

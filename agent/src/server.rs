@@ -298,6 +298,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
         models: config.models.clone(),
+        rendezvous: config.rendezvous.clone(),
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());

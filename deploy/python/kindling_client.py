@@ -48,6 +48,14 @@ class AgentClient:
             raise KindlingError(f"action {name}: expected one result, got {len(results)}")
         return json.loads(results[0].body.to_pybytes())
 
+    def create_job(self, job_id, num_slots, max_attempts=0, rendezvous=None):
+        """Creates the job at the rendezvous (this agent's own unless named);
+        returns ``{"job_id", "attempt", "rendezvous"}``."""
+        body = {"job_id": job_id, "num_slots": num_slots, "max_attempts": max_attempts}
+        if rendezvous is not None:
+            body["rendezvous"] = rendezvous
+        return self.action("create_job", body)
+
     def start_job(self, job_id, spec, rendezvous):
         return self.action("start_job", {"job_id": job_id, "spec": spec, "rendezvous": rendezvous})
 

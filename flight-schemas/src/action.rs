@@ -2,6 +2,7 @@
 //!
 //! | action | request | response |
 //! |---|---|---|
+//! | `create_job` | [`CreateJob`] | [`CreateJobResponse`] |
 //! | `start_job` | [`StartJob`] | [`StartJobResponse`] |
 //! | `job_status` | [`JobRef`] | [`AgentJobStatus`] |
 //! | `cancel_job` | [`CancelJob`] | [`AgentJobStatus`] |
@@ -18,6 +19,8 @@ use crate::spec::JobSpec;
 /// The known action names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActionKind {
+    /// Create a job at the rendezvous (so a Flight-only client needs no gRPC stubs).
+    CreateJob,
     /// Start (or re-start) training a job on this agent.
     StartJob,
     /// The agent's view of a job.
@@ -32,7 +35,8 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every action, for `ListActions`.
-    pub const ALL: [ActionKind; 5] = [
+    pub const ALL: [ActionKind; 6] = [
+        ActionKind::CreateJob,
         ActionKind::StartJob,
         ActionKind::JobStatus,
         ActionKind::CancelJob,
@@ -43,6 +47,7 @@ impl ActionKind {
     /// The wire name.
     pub fn name(self) -> &'static str {
         match self {
+            ActionKind::CreateJob => "create_job",
             ActionKind::StartJob => "start_job",
             ActionKind::JobStatus => "job_status",
             ActionKind::CancelJob => "cancel_job",
@@ -54,6 +59,10 @@ impl ActionKind {
     /// One-line description, for `ListActions`.
     pub fn description(self) -> &'static str {
         match self {
+            ActionKind::CreateJob => {
+                "Create a job at the rendezvous: {job_id, num_slots, max_attempts?, gang_timeout_ms?, \
+                 rendezvous?}."
+            }
             ActionKind::StartJob => {
                 "Start a job: {job_id, spec, rendezvous}. The agent joins the job's gang."
             }
@@ -76,6 +85,8 @@ impl ActionKind {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
+    /// `create_job`.
+    CreateJob(CreateJob),
     /// `start_job`.
     StartJob(StartJob),
     /// `job_status`.
@@ -117,6 +128,17 @@ impl Action {
         }
         let check = |job_id: &str| crate::descriptor::check_job_id(job_id).map_err(|e| bad(e.to_string()));
         Ok(match kind {
+            ActionKind::CreateJob => {
+                let a: CreateJob = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                if !(1..=crate::spec::MAX_SLOTS).contains(&a.num_slots) {
+                    return Err(bad(format!(
+                        "num_slots: must be in 1..={}",
+                        crate::spec::MAX_SLOTS
+                    )));
+                }
+                Action::CreateJob(a)
+            }
             ActionKind::StartJob => {
                 let a: StartJob = json(body).map_err(bad)?;
                 check(&a.job_id)?;
@@ -145,6 +167,7 @@ impl Action {
     /// The action's kind.
     pub fn kind(&self) -> ActionKind {
         match self {
+            Action::CreateJob(_) => ActionKind::CreateJob,
             Action::StartJob(_) => ActionKind::StartJob,
             Action::JobStatus(_) => ActionKind::JobStatus,
             Action::CancelJob(_) => ActionKind::CancelJob,
@@ -156,6 +179,7 @@ impl Action {
     /// The JSON body.
     pub fn body(&self) -> Vec<u8> {
         let v = match self {
+            Action::CreateJob(a) => serde_json::to_vec(a),
             Action::StartJob(a) => serde_json::to_vec(a),
             Action::JobStatus(a) => serde_json::to_vec(a),
             Action::CancelJob(a) => serde_json::to_vec(a),
@@ -169,6 +193,37 @@ impl Action {
     pub fn to_flight(&self) -> arrow_flight::Action {
         arrow_flight::Action::new(self.kind().name(), self.body())
     }
+}
+
+/// `create_job`: the agent creates the job at a rendezvous for the caller
+/// (what `CreateJob` of the rendezvous' gRPC service does), so a client with
+/// only a Flight library can run a job. Idempotent for the same parameters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateJob {
+    /// The job.
+    pub job_id: String,
+    /// Agents (ranks) that train it together.
+    pub num_slots: u32,
+    /// Attempts before the job fails (0: the rendezvous' default).
+    #[serde(default)]
+    pub max_attempts: u32,
+    /// How long a gang may take to assemble, in ms (none: the default).
+    #[serde(default)]
+    pub gang_timeout_ms: Option<u64>,
+    /// The rendezvous (none: the one this agent is registered with).
+    #[serde(default)]
+    pub rendezvous: Option<String>,
+}
+
+/// The reply to `create_job`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateJobResponse {
+    /// The job.
+    pub job_id: String,
+    /// Its current attempt (1 for a new job).
+    pub attempt: u32,
+    /// The rendezvous it was created at: pass it to `start_job`.
+    pub rendezvous: String,
 }
 
 /// `start_job`: train `spec` as a member of `job_id`'s gang at `rendezvous`.

@@ -1,8 +1,8 @@
 """A pyarrow-only Kindling client, following docs/protocol.md alone.
 
 Usage: flight_client.py '<json>' with keys agents (Flight URLs), token,
-rendezvous, job_id (created at the rendezvous by the caller), rows_per_agent,
-eval_rows_per_agent. Prints one JSON object with what it observed.
+rendezvous, job_id (created here through the first agent's `create_job`),
+rows_per_agent, eval_rows_per_agent. Prints one JSON object with what it observed.
 """
 
 import json
@@ -37,11 +37,20 @@ def main():
         "epochs": 8, "batch_size": 32, "num_slots": len(agents), "seed": 7,
         "features": ["x1", "x2"], "label": "y",
     }
-    started = [a.start_job(job_id, spec, args["rendezvous"]) for a in agents]
+    created = agents[0].create_job(job_id, len(agents), max_attempts=2)
+    # create_job is idempotent for the same parameters.
+    created_again = agents[1].create_job(job_id, len(agents), max_attempts=2)
+    rendezvous = created["rendezvous"]
+    started = [a.start_job(job_id, spec, rendezvous) for a in agents]
     # start_job is idempotent for the same spec.
     again = agents[0].start_job(job_id, spec, args["rendezvous"])
 
-    out = {"agent_ids": [s["agent_id"] for s in started], "restart_agent_id": again["agent_id"]}
+    out = {
+        "agent_ids": [s["agent_id"] for s in started],
+        "restart_agent_id": again["agent_id"],
+        "created": created,
+        "created_again": created_again,
+    }
     rows, eval_rows = args["rows_per_agent"], args["eval_rows_per_agent"]
     puts = []
     for i, agent in enumerate(agents):

@@ -238,3 +238,43 @@ async fn start_job_refuses_unregistered_models_and_bad_configs() {
     }
     cluster.shutdown().await;
 }
+
+/// `create_job` creates the job at the agent's rendezvous (Flight-only
+/// clients need no gRPC stubs); an agent registered nowhere, or a bad slot
+/// count, is refused naming what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_job_goes_to_the_agents_rendezvous_or_says_what_is_missing() {
+    let (cluster, dir) = cluster(1).await;
+    let c = agent_client(&cluster, 0);
+    let created = c.create_job("made-over-flight", 1).await.expect("create");
+    assert_eq!(
+        (created.attempt, created.rendezvous.as_str()),
+        (1, cluster.rendezvous_url().as_str())
+    );
+    let rv = kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+        .await
+        .expect("rendezvous");
+    assert_eq!(rv.status("made-over-flight").await.expect("status").num_slots, 1);
+    let err = c
+        .action::<serde_json::Value>(&Action::CreateJob(kindling_schemas::action::CreateJob {
+            job_id: "zero".into(),
+            num_slots: 0,
+            max_attempts: 0,
+            gang_timeout_ms: None,
+            rendezvous: None,
+        }))
+        .await
+        .expect_err("no slots");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(err.to_string().contains("num_slots"), "{err}");
+
+    let mut config = kindling_agent::AgentConfig::local("standalone", dir.path().join("standalone"));
+    config.token = cluster.token().cloned();
+    let standalone = kindling_agent::start(config).await.expect("standalone agent");
+    let s = AgentClient::connect(standalone.url(), cluster.token()).expect("client");
+    let err = s.create_job("nowhere", 1).await.expect_err("no rendezvous");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument));
+    assert!(err.to_string().contains("pass `rendezvous`"), "{err}");
+    standalone.shutdown_and_wait().await;
+    cluster.shutdown().await;
+}

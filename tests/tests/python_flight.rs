@@ -1,11 +1,12 @@
 //! A pyarrow client drives agents through the Flight contract of docs/protocol.md:
 //! start_job, DoPut with per-batch metadata and acks, end_of_data, job_status,
-//! the model table and DoExchange predictions. Rust only starts the cluster and
-//! creates the job at the rendezvous (a gRPC call Python has no stubs for).
+//! the model table and DoExchange predictions. Rust only starts the cluster;
+//! the script creates the job through an agent's `create_job` action (no
+//! gRPC stubs: Flight alone).
 
 mod python_common;
 
-use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
+use kindling_schemas::rendezvous::{JobState, RendezvousClient};
 use kindling_tests::cluster::cluster;
 use serde_json::json;
 
@@ -15,9 +16,6 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
     let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
         .await
         .expect("rendezvous");
-    rv.create_job(&JobConfig::new("py-flight", 2).with_max_attempts(2))
-        .await
-        .expect("create job");
     let args = json!({
         "agents": cluster.agent_urls(),
         "token": cluster.token().expect("token").expose(),
@@ -27,6 +25,20 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
         "eval_rows_per_agent": 500,
     });
     let out = python_common::run_script("flight_client.py", &args).await;
+
+    // The job was created at the agents' rendezvous over Flight, idempotently.
+    let created = json!({"job_id": "py-flight", "attempt": 1, "rendezvous": cluster.rendezvous_url()});
+    assert_eq!(out["created"], created);
+    assert_eq!(out["created_again"], created);
+    let status = rv
+        .status("py-flight")
+        .await
+        .expect("the job is at the rendezvous");
+    assert_eq!((status.num_slots, status.max_attempts), (2, 2));
+    assert!(
+        !matches!(status.state, JobState::Failed | JobState::Cancelled),
+        "{status:?}"
+    );
 
     // Both agents joined, and a repeated start_job with the same spec is accepted.
     let ids = out["agent_ids"].as_array().expect("agent ids");

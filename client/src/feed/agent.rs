@@ -13,7 +13,8 @@ use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::{Stream, StreamExt, TryStreamExt};
 use kindling_schemas::action::{
-    Action, AgentJobStatus, CancelJob, EndOfData, EndOfDataResponse, JobRef, StartJob, StartJobResponse,
+    Action, AgentJobStatus, CancelJob, CreateJob, CreateJobResponse, EndOfData, EndOfDataResponse, JobRef,
+    StartJob, StartJobResponse,
 };
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::descriptor::{DataPath, Split};
@@ -128,6 +129,19 @@ impl AgentClient {
             window_bytes,
             commit_bytes,
         )
+    }
+
+    /// Creates `job_id` for `num_slots` agents at the rendezvous this agent
+    /// is registered with (the `create_job` action, for Flight-only clients).
+    pub async fn create_job(&self, job_id: &str, num_slots: u32) -> Result<CreateJobResponse, FeedError> {
+        self.action(&Action::CreateJob(CreateJob {
+            job_id: job_id.into(),
+            num_slots,
+            max_attempts: 0,
+            gang_timeout_ms: None,
+            rendezvous: None,
+        }))
+        .await
     }
 
     /// Starts `job_id` on this agent (the job exists at the rendezvous).
