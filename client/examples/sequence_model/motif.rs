@@ -147,7 +147,8 @@ impl KindlingModel for BagOfIds {
         let x = self.embedding.forward(sequence.ids); // [n, len, embedding]
         let mask: Tensor<3> = sequence.mask.float().unsqueeze_dim(2); // [n, len, 1]
         let sum: Tensor<2> = (x * mask).sum_dim(1).squeeze_dim(1); // [n, embedding]
-        let lengths: Tensor<2> = sequence.lengths.float().unsqueeze_dim(1); // [n, 1]
+        // An empty row's mean stays 0 rather than 0 / 0.
+        let lengths: Tensor<2> = sequence.lengths.float().clamp_min(1.0).unsqueeze_dim(1); // [n, 1]
         Ok(self.head.forward(sum / lengths))
     }
 }
