@@ -21,7 +21,8 @@ import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent
-OVERLAYS = ["cpu", "gpu"]
+# Each overlay and the image variant (tag suffix) its agents must run.
+OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu"}
 # Not Kubernetes objects on their own: kustomize inputs and partial patches.
 NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml"}
 
@@ -151,16 +152,16 @@ def main():
         renderer = "kubectl" if shutil.which("kubectl") else "builtin"
     with tempfile.TemporaryDirectory() as tmp:
         root = with_dummy_token(tmp)
-        for overlay in OVERLAYS:
+        for overlay, variant in OVERLAYS.items():
             render = render_kubectl if renderer == "kubectl" else render_builtin
             objs = render(root, overlay)
             for obj in objs:
                 check(obj, f"overlays/{overlay} (rendered)", args.k8s_version, errors)
             agent = containers(objs, "DaemonSet", "kindling-agent")[0]
-            if not agent["image"].endswith(f"-{overlay}"):
-                errors.append(f"overlays/{overlay}: agent image {agent['image']} is not the {overlay} variant")
+            if not agent["image"].endswith(f"-{variant}"):
+                errors.append(f"overlays/{overlay}: agent image {agent['image']} is not the {variant} variant")
             gpus = agent["resources"].get("limits", {}).get("nvidia.com/gpu")
-            if (overlay == "gpu") != (gpus is not None):
+            if (variant == "gpu") != (gpus is not None):
                 errors.append(f"overlays/{overlay}: agent nvidia.com/gpu limit is {gpus!r}")
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
     print(f"{len(files)} manifest files checked against Kubernetes {args.k8s_version}")
