@@ -66,7 +66,8 @@ pub enum JobError {
     /// Too few live agents have the job's model registered (the others
     /// would refuse the job): nothing was started or fed.
     #[error(
-        "model `{model}` is registered on {with_model} live agent(s), the job needs {needed}; the others          lack it ({others}): run agents built with it (kindling_agent::run with your registry)"
+        "model `{model}` is registered on {with_model} live agent(s), the job needs {needed}; the others \
+         lack it ({others}): run agents built with it (kindling_agent::run with your registry)"
     )]
     ModelUnavailable {
         /// The model the job names.
@@ -145,7 +146,8 @@ pub enum JobError {
     },
     /// The model to predict with is not registered in this process.
     #[error(
-        "model `{model}` is not registered in this process: pass a registry with it          (TrainingJobBuilder::models, TrainedModel::load_with) to predict here"
+        "model `{model}` is not registered in this process: pass a registry with it \
+         (TrainingJobBuilder::models, TrainedModel::load_with) to predict here"
     )]
     ModelNotLinked {
         /// The model.
