@@ -159,12 +159,23 @@ async fn a_sigkilled_agent_is_replaced_and_every_epoch_trains_every_row_once() {
     };
     // The client reports training in epoch 2 or later.
     let mut started = None;
+    let mut in_epoch_2 = false;
     while let Some(e) = rx.recv().await {
         match e {
             TrainingEvent::Started { job_id, agents } => started = Some((job_id, agents)),
-            TrainingEvent::Step { epoch, .. } if epoch >= 2 => break,
+            TrainingEvent::Step { epoch, .. } if epoch >= 2 => {
+                in_epoch_2 = true;
+                break;
+            }
             _ => {}
         }
+    }
+    if !in_epoch_2 {
+        let result = fit.await.expect("fit task").map(|m| m.history().len());
+        panic!(
+            "the job ended before epoch 2 was seen: {result:?}\n{}",
+            cluster.logs()
+        );
     }
     let (job_id, agents) = started.expect("the job started");
     assert_eq!(agents.len(), 2);

@@ -43,12 +43,17 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Polls `/readyz` (200 once registered with the rendezvous).
-    async fn wait_ready(&mut self) {
+    /// Polls `/readyz` (200 once registered with the rendezvous); the
+    /// process's logs if it exits first.
+    async fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while http_status(&self.health, "/readyz").await != Some(200) {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited ({status}) before ready:\n{}", self.name, self.logs());
+                return Err(format!(
+                    "{} exited ({status}) before ready:\n{}",
+                    self.name,
+                    self.logs()
+                ));
             }
             assert!(
                 Instant::now() < deadline,
@@ -58,6 +63,7 @@ impl Agent {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        Ok(())
     }
 
     /// SIGKILL (no goodbye to the rendezvous or the gang), and reaps it.
@@ -114,11 +120,9 @@ impl Cluster {
         let rendezvous = EmbeddedRendezvous::start(config, Some(Token::new(TOKEN)))
             .await
             .expect("rendezvous");
-        let mut agents: Vec<Agent> = (0..n)
-            .map(|i| spawn_agent(dir.path(), &rendezvous.url(), &format!("node-{i}")))
-            .collect();
-        for a in &mut agents {
-            a.wait_ready().await;
+        let mut agents = Vec::with_capacity(n);
+        for i in 0..n {
+            agents.push(ready_agent(dir.path(), &rendezvous.url(), &format!("node-{i}")).await);
         }
         Cluster {
             agents,
@@ -150,6 +154,21 @@ impl Cluster {
             .iter()
             .map(|a| format!("--- {} ---\n{}", a.name, a.logs()))
             .collect()
+    }
+}
+
+/// A ready agent process. Its ports are picked free, but another process on
+/// the machine may take one before the agent binds it: then it is started
+/// again on others.
+async fn ready_agent(dir: &Path, rendezvous: &str, node: &str) -> Agent {
+    let mut tries = 0;
+    loop {
+        let mut agent = spawn_agent(dir, rendezvous, node);
+        match agent.wait_ready().await {
+            Ok(()) => return agent,
+            Err(logs) if logs.contains("Address already in use") && tries < 3 => tries += 1,
+            Err(logs) => panic!("{logs}"),
+        }
     }
 }
 
