@@ -251,9 +251,10 @@ async fn create_job_goes_to_the_agents_rendezvous_or_says_what_is_missing() {
         (created.attempt, created.rendezvous.as_str()),
         (1, cluster.rendezvous_url().as_str())
     );
-    let rv = kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
-        .await
-        .expect("rendezvous");
+    let rv =
+        kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+            .await
+            .expect("rendezvous");
     assert_eq!(rv.status("made-over-flight").await.expect("status").num_slots, 1);
     let err = c
         .action::<serde_json::Value>(&Action::CreateJob(kindling_schemas::action::CreateJob {
