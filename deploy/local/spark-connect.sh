@@ -90,7 +90,7 @@ start() {
     --class org.apache.spark.sql.connect.service.SparkConnectServer \
     --name "kindling-connect-$PORT" \
     --master "$MASTER" \
-    --driver-memory "${KINDLING_SPARK_DRIVER_MEMORY:-3g}" \
+    --driver-memory "${KINDLING_SPARK_DRIVER_MEMORY:-4g}" \
     --conf spark.connect.grpc.binding.address=127.0.0.1 \
     --conf "spark.connect.grpc.binding.port=$PORT" \
     --conf spark.connect.grpc.maxInboundMessageSize=268435456 \

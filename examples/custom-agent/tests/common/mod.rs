@@ -3,6 +3,9 @@
 //! processes, configured with `KINDLING_*` variables and probed through
 //! `/readyz`; the data, made in Spark.
 
+// Each test file uses part of this module.
+#![allow(dead_code)]
+
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -129,6 +132,26 @@ impl Cluster {
             rendezvous,
             dir,
         }
+    }
+
+    /// Starts the agent that served `url` again on its node (same agent id
+    /// and work directory; new ports, as a restarted pod gets), once it is
+    /// ready; returns its new URL. The old process must be gone.
+    pub async fn restart(&mut self, url: &str) -> String {
+        let i = self
+            .agents
+            .iter()
+            .position(|a| a.url == url)
+            .unwrap_or_else(|| panic!("no agent at {url}"));
+        let node = self.agents[i]
+            .name
+            .strip_prefix("agent-")
+            .expect("agents are named agent-<node>")
+            .to_owned();
+        let agent = ready_agent(self.dir.path(), &self.rendezvous.url(), &node).await;
+        let new_url = agent.url.clone();
+        self.agents[i] = agent;
+        new_url
     }
 
     /// The agent serving `url`.
