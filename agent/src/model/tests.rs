@@ -249,3 +249,85 @@ fn the_registry_names_the_missing_model_the_bad_field_and_the_wrong_input() {
     let err = models.check(&mlp).expect_err("categorical input to an MLP");
     assert!(err.to_string().contains("inputs.city"), "{err}");
 }
+
+/// Several regression targets: a `FixedSizeList<Float32>` label of 2 values
+/// per row trains a built-in MLP with 2 outputs, and the predictions are a
+/// list of 2 values per row.
+#[test]
+fn several_targets_train_and_predict_as_lists() {
+    use arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array};
+    use arrow::datatypes::Float32Type;
+    let spec = JobSpec::builder()
+        .task(Task::Regression)
+        .targets(2)
+        .model(ModelSpec::Mlp { hidden: vec![8] })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["a", "b"])
+        .label("y")
+        .build()
+        .expect("spec");
+    let n = 64;
+    let a: Vec<f32> = (0..n).map(|i| (i % 8) as f32 / 4.0 - 1.0).collect();
+    let b: Vec<f32> = (0..n).map(|i| (i / 8) as f32 / 4.0 - 1.0).collect();
+    let y: Vec<f32> = a.iter().zip(&b).flat_map(|(a, b)| [a + b, a - b]).collect();
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Float32, false),
+        Field::new("b", DataType::Float32, false),
+        Field::new("y", DataType::FixedSizeList(item.clone(), 2), false),
+    ]));
+    let records = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Float32Array::from(a)),
+            Arc::new(Float32Array::from(b)),
+            Arc::new(FixedSizeListArray::new(
+                item,
+                2,
+                Arc::new(Float32Array::from(y)),
+                None,
+            )),
+        ],
+    )
+    .expect("batch");
+    let layout = validate(&records.schema(), &spec, StreamKind::Train).expect("layout");
+    assert_eq!(layout.outputs, 2);
+    let models = ModelRegistry::builtin();
+    let mut model = models.build_seeded(&spec, &layout, 1).expect("build");
+    let device = Device::flex().autodiff();
+    let mut weights = model.flat_weights();
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mean_loss = |m: &dyn AnyModel| {
+        let buf = m
+            .gradients(&Batch::new(&records, &layout, &spec, &device))
+            .expect("step");
+        (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
+    };
+    let (first, _) = mean_loss(model.as_ref());
+    for _ in 0..150 {
+        let (_, mut buf) = mean_loss(model.as_ref());
+        let rows = buf[buf.len() - 2];
+        buf.truncate(buf.len() - 2);
+        optim.step(&mut weights, &buf, 1.0 / rows);
+        model = model.load_flat(&weights);
+    }
+    let (last, _) = mean_loss(model.as_ref());
+    assert!(last < first * 0.1, "loss {first} → {last}");
+    let plain = Device::flex();
+    let output = model
+        .valid()
+        .forward(&Batch::new(&records, &layout, &spec, &plain))
+        .expect("forward");
+    let columns = model.predictions(output, spec.task).expect("predictions");
+    assert_eq!(columns.len(), 1);
+    let (field, column) = &columns[0];
+    assert_eq!(field.name(), "prediction");
+    let list = column.as_list::<i32>();
+    assert_eq!((list.len(), list.value_length(0)), (n, 2));
+    let first_row = list.value(0);
+    let first_row = first_row.as_primitive::<Float32Type>().values();
+    assert!(
+        (first_row[0] - -2.0).abs() < 0.3 && first_row[1].abs() < 0.3,
+        "{first_row:?}"
+    );
+}
