@@ -41,7 +41,8 @@ struct Cli {
     /// Job slots this agent offers.
     #[arg(long, env = "KINDLING_CAPACITY", default_value_t = 1)]
     capacity: u32,
-    /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (none: standalone agent).
+    /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (required: an
+    /// agent trains only in a gang the rendezvous forms).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
     rendezvous: Option<String>,
     #[command(flatten)]
@@ -143,17 +144,19 @@ impl TryFrom<&Cli> for AgentConfig {
         if cli.capacity == 0 {
             bail!("--capacity must be at least 1");
         }
-        if cli.listen.ip().is_unspecified() && cli.advertise_host.is_none() && cli.rendezvous.is_some() {
+        let rendezvous = cli.rendezvous.clone().filter(|r| !r.is_empty()).context(
+            "no rendezvous: set --rendezvous (KINDLING_RENDEZVOUS), e.g. http://kindling-rendezvous:7070; \
+             an agent trains only in a gang the rendezvous forms",
+        )?;
+        if cli.listen.ip().is_unspecified() && cli.advertise_host.is_none() {
             bail!(
                 "listening on {} needs --advertise-host (KINDLING_ADVERTISE_HOST, the pod IP) \
                  so peers can reach this agent",
                 cli.listen
             );
         }
-        if let Some(url) = &cli.rendezvous
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            bail!("--rendezvous must be an http:// or https:// URL, got `{url}`");
+        if !(rendezvous.starts_with("http://") || rendezvous.starts_with("https://")) {
+            bail!("--rendezvous must be an http:// or https:// URL, got `{rendezvous}`");
         }
         let max_message_bytes =
             usize::try_from(cli.max_message_bytes).context("--max-message-bytes does not fit in memory")?;
@@ -164,7 +167,7 @@ impl TryFrom<&Cli> for AgentConfig {
             node_name,
             capacity: cli.capacity,
             token,
-            rendezvous: cli.rendezvous.clone().filter(|r| !r.is_empty()),
+            rendezvous: Some(rendezvous),
             work_dir: cli.work_dir.clone(),
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
@@ -303,7 +306,14 @@ mod tests {
 
     #[test]
     fn refuses_to_start_without_a_token() {
-        let cli = Cli::parse_from(["kindling-agent", "--node-name", "n1", "--listen", "127.0.0.1:0"]);
+        let cli = Cli::parse_from([
+            "kindling-agent",
+            "--node-name",
+            "n1",
+            "--listen",
+            "127.0.0.1:0",
+            "--rendezvous=http://rv:7070",
+        ]);
         let err = AgentConfig::try_from(&cli).expect_err("no token");
         assert!(err.to_string().contains("no token"), "{err}");
         let cli = Cli::parse_from([
@@ -313,6 +323,7 @@ mod tests {
             "--listen",
             "127.0.0.1:0",
             "--allow-unauthenticated",
+            "--rendezvous=http://rv:7070",
         ]);
         let config = AgentConfig::try_from(&cli).expect("config");
         assert_eq!(config.agent_id, "n1", "the agent id defaults to the node name");
@@ -328,5 +339,29 @@ mod tests {
         ]);
         let err = AgentConfig::try_from(&cli).expect_err("0.0.0.0 without advertise host");
         assert!(err.to_string().contains("--advertise-host"), "{err}");
+    }
+
+    #[test]
+    fn an_agent_needs_a_rendezvous() {
+        let cli = Cli::parse_from([
+            "kindling-agent",
+            "--node-name=n1",
+            "--listen=127.0.0.1:0",
+            "--token=t",
+        ]);
+        let err = AgentConfig::try_from(&cli).expect_err("no rendezvous");
+        assert!(
+            err.to_string().contains("no rendezvous: set --rendezvous"),
+            "{err}"
+        );
+        let cli = Cli::parse_from([
+            "kindling-agent",
+            "--node-name=n1",
+            "--listen=127.0.0.1:0",
+            "--token=t",
+            "--rendezvous=rv:7070",
+        ]);
+        let err = AgentConfig::try_from(&cli).expect_err("not a URL");
+        assert!(err.to_string().contains("http://"), "{err}");
     }
 }
