@@ -109,6 +109,18 @@ def main():
     probs = pred["probabilities"].to_pylist()
     out["probabilities_len"] = sorted({len(p) for p in probs})
     out["probabilities_sum_ok"] = all(abs(sum(p) - 1.0) < 1e-4 for p in probs)
+    # The model table as docs/protocol.md lays it out: a dense layer's weight
+    # is [in, out] row-major and computes x @ W + b; softmax gives the
+    # probabilities DoExchange returned.
+    params = {
+        n: np.asarray(v, dtype=np.float64).reshape(s)
+        for n, s, v in zip(*[model[c].to_pylist() for c in ("name", "shape", "values")])
+    }
+    x = np.stack([test["x1"].to_numpy(), test["x2"].to_numpy().astype(np.float64)], axis=1)
+    logits = x @ params["dense.0.weight"] + params["dense.0.bias"]
+    mine = np.exp(logits - logits.max(axis=1, keepdims=True))
+    mine /= mine.sum(axis=1, keepdims=True)
+    out["table_vs_exchange_max_diff"] = float(np.abs(mine - np.asarray(probs)).max())
     for a in agents:
         a.close()
     print(json.dumps(out))

@@ -124,6 +124,14 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
         json!("list<item: float not null>")
     );
     assert_eq!(out["predict_ids_in_order"], json!(true));
+    // The documented layout of the model table reproduces DoExchange.
+    let diff = out["table_vs_exchange_max_diff"]
+        .as_f64()
+        .expect("table vs exchange");
+    assert!(
+        diff < 1e-5,
+        "x @ W + b from the model table vs DoExchange: {diff}"
+    );
     assert_eq!(out["probabilities_len"], json!([2]));
     assert_eq!(out["probabilities_sum_ok"], json!(true));
     let predict_accuracy = out["predict_accuracy"].as_f64().expect("predict accuracy");
