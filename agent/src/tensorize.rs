@@ -145,22 +145,7 @@ pub fn sequence(
 ) -> Result<Sequence, AgentError> {
     let col = column(batch, name)?;
     let n = batch.num_rows();
-    let (values, offsets): (arrow::array::ArrayRef, Vec<usize>) = match col.data_type() {
-        DataType::LargeList(_) => {
-            let l = col.as_list::<i64>();
-            (
-                l.values().clone(),
-                l.offsets().iter().map(|&o| o as usize).collect(),
-            )
-        }
-        _ => {
-            let l = col.as_list::<i32>();
-            (
-                l.values().clone(),
-                l.offsets().iter().map(|&o| o as usize).collect(),
-            )
-        }
-    };
+    let (values, offsets) = kindling_schemas::schema::list_parts(col);
     let as_i64 = cast(&values, &DataType::Int64).map_err(AgentError::arrow)?;
     let flat = as_i64.as_primitive::<Int64Type>().values();
     let mut ids = vec![0i64; n * max_len];

@@ -454,28 +454,37 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
     Ok(())
 }
 
+/// A `List` or `LargeList` column's child values and its `rows + 1`
+/// offsets into them (absolute: a sliced column's first offset need not be 0).
+///
+/// # Panics
+/// If `column` is neither list type (check the type first).
+pub fn list_parts(column: &dyn Array) -> (arrow::array::ArrayRef, Vec<usize>) {
+    match column.data_type() {
+        DataType::LargeList(_) => {
+            let l = column.as_list::<i64>();
+            (
+                l.values().clone(),
+                l.offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+        _ => {
+            let l = column.as_list::<i32>();
+            (
+                l.values().clone(),
+                l.offsets().iter().map(|&o| o as usize).collect(),
+            )
+        }
+    }
+}
+
 /// Checks a categorical or sequence column: no null ids, every id inside
 /// the vocabulary, no list longer than `max_len`.
 fn check_ids(name: &str, column: &dyn Array, declared: &InputType) -> Result<(), SchemaError> {
     let vocabulary = declared.vocabulary();
     let (ids, rows_of): (arrow::array::ArrayRef, Box<dyn Fn(usize) -> usize>) = match column.data_type() {
         DataType::List(_) | DataType::LargeList(_) => {
-            let (values, offsets): (arrow::array::ArrayRef, Vec<usize>) = match column.data_type() {
-                DataType::List(_) => {
-                    let l = column.as_list::<i32>();
-                    (
-                        l.values().clone(),
-                        l.offsets().iter().map(|&o| o as usize).collect(),
-                    )
-                }
-                _ => {
-                    let l = column.as_list::<i64>();
-                    (
-                        l.values().clone(),
-                        l.offsets().iter().map(|&o| o as usize).collect(),
-                    )
-                }
-            };
+            let (values, offsets) = list_parts(column);
             if let InputType::Sequence { max_len, .. } = declared
                 && let Some((row, len)) = offsets
                     .windows(2)

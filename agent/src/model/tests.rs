@@ -112,6 +112,53 @@ fn layout(spec: &JobSpec) -> FeatureLayout {
     validate(&rows().schema(), spec, StreamKind::Train).expect("layout")
 }
 
+/// A model after [`train`], with its flat weights and its mean loss on
+/// `records` before the first step and after the last.
+struct Trained {
+    model: Box<dyn AnyModel>,
+    weights: Vec<f32>,
+    first: f32,
+    last: f32,
+}
+
+/// `steps` full-batch steps on `records` through the erased path, as the
+/// trainer takes them on one rank: gradient sums, the flat optimizer step
+/// over the rows, the weights written back.
+fn train(
+    mut model: Box<dyn AnyModel>,
+    records: &RecordBatch,
+    layout: &FeatureLayout,
+    spec: &JobSpec,
+    steps: usize,
+) -> Trained {
+    let device = Device::flex().autodiff();
+    let mut weights = model.flat_weights();
+    assert_eq!(weights.len(), model.num_params());
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let loss_of = |m: &dyn AnyModel| {
+        let buf = m
+            .gradients(&Batch::new(records, layout, spec, &device))
+            .expect("step");
+        assert_eq!(buf.len(), m.num_params() + 2, "gradients, rows, loss sum");
+        (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
+    };
+    let (first, _) = loss_of(model.as_ref());
+    for _ in 0..steps {
+        let (_, mut buf) = loss_of(model.as_ref());
+        let rows = buf[buf.len() - 2];
+        buf.truncate(buf.len() - 2);
+        optim.step(&mut weights, &buf, 1.0 / rows);
+        model = model.load_flat(&weights);
+    }
+    let (last, _) = loss_of(model.as_ref());
+    Trained {
+        model,
+        weights,
+        first,
+        last,
+    }
+}
+
 #[test]
 fn sequences_are_padded_to_max_len_with_a_mask_and_lengths() {
     let spec = spec(4);
@@ -145,28 +192,14 @@ fn a_model_of_ones_own_trains_through_the_erased_path() {
     let layout = layout(&spec);
     let models = ModelRegistry::builtin().with::<Bag>("bag");
     models.check(&spec).expect("valid config");
-    let mut model = models.build_seeded(&spec, &layout, 3).expect("build");
+    let model = models.build_seeded(&spec, &layout, 3).expect("build");
     let records = rows();
-    let device = Device::flex().autodiff();
-    let mut weights = model.flat_weights();
-    assert_eq!(weights.len(), model.num_params());
-    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
-    let loss_of = |m: &dyn AnyModel| {
-        let buf = m
-            .gradients(&Batch::new(&records, &layout, &spec, &device))
-            .expect("step");
-        assert_eq!(buf.len(), m.num_params() + 2, "gradients, rows, loss sum");
-        (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
-    };
-    let (first, _) = loss_of(model.as_ref());
-    for _ in 0..60 {
-        let (_, mut buf) = loss_of(model.as_ref());
-        let rows = buf[buf.len() - 2];
-        buf.truncate(buf.len() - 2);
-        optim.step(&mut weights, &buf, 1.0 / rows);
-        model = model.load_flat(&weights);
-    }
-    let (last, _) = loss_of(model.as_ref());
+    let Trained {
+        model,
+        weights,
+        first,
+        last,
+    } = train(model, &records, &layout, &spec, 60);
     assert!(last < first * 0.2, "loss {first} → {last}");
     // The trained weights survive the model table and the record bytes.
     let table = model.to_arrow().expect("table");
@@ -293,25 +326,10 @@ fn several_targets_train_and_predict_as_lists() {
     let layout = validate(&records.schema(), &spec, StreamKind::Train).expect("layout");
     assert_eq!(layout.outputs, 2);
     let models = ModelRegistry::builtin();
-    let mut model = models.build_seeded(&spec, &layout, 1).expect("build");
-    let device = Device::flex().autodiff();
-    let mut weights = model.flat_weights();
-    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
-    let mean_loss = |m: &dyn AnyModel| {
-        let buf = m
-            .gradients(&Batch::new(&records, &layout, &spec, &device))
-            .expect("step");
-        (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
-    };
-    let (first, _) = mean_loss(model.as_ref());
-    for _ in 0..150 {
-        let (_, mut buf) = mean_loss(model.as_ref());
-        let rows = buf[buf.len() - 2];
-        buf.truncate(buf.len() - 2);
-        optim.step(&mut weights, &buf, 1.0 / rows);
-        model = model.load_flat(&weights);
-    }
-    let (last, _) = mean_loss(model.as_ref());
+    let model = models.build_seeded(&spec, &layout, 1).expect("build");
+    let Trained {
+        model, first, last, ..
+    } = train(model, &records, &layout, &spec, 150);
     assert!(last < first * 0.1, "loss {first} → {last}");
     let plain = Device::flex();
     let output = model
