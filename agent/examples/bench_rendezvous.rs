@@ -1,6 +1,12 @@
 //! Rendezvous benchmark: gang formation of many in-process clients against one
-//! embedded server, and barrier latency at a given world size, with in-run
-//! baselines (a no-op unary RPC, and `tokio::sync::Barrier` without gRPC).
+//! server, and barrier latency at a given world size, with in-run baselines (a
+//! no-op unary RPC, and `tokio::sync::Barrier` without gRPC) — once with the
+//! state in memory and once with a state dir (every change written before it
+//! is acknowledged), so the cost of durability is measured in the same run.
+//! Then restarts: a durable rendezvous serving a formed gang is aborted (its
+//! connections drop, as on a crash) and served again on the same address
+//! after `--outage-ms`, `--restarts` times; measured from the new server's
+//! start to every member's barrier, called during the outage, released.
 //!
 //! ```text
 //! CARGO_TARGET_DIR=$HOME/.cache/kindling/target \
@@ -11,11 +17,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::path::Path;
+
 use clap::Parser;
 use kindling_agent::rendezvous::{
-    AgentInfo, EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig, ServerConfig,
+    AgentInfo, JobConfig, RendezvousClient, RendezvousConfig, ServerConfig, serve,
 };
 use kindling_schemas::auth::Token;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -37,6 +46,43 @@ struct Args {
     /// Payload of the all-gather rounds (bytes).
     #[arg(long, default_value_t = 1024)]
     gather_bytes: usize,
+    /// Restarts to time.
+    #[arg(long, default_value_t = 12)]
+    restarts: usize,
+    /// Members of the gang whose rendezvous restarts.
+    #[arg(long, default_value_t = 8)]
+    restart_members: usize,
+    /// How long the rendezvous is down each time (ms).
+    #[arg(long, default_value_t = 500)]
+    outage_ms: u64,
+}
+
+/// A rendezvous served on `listener` until the returned token is cancelled
+/// (graceful) or the task aborted (a crash).
+fn start_server(
+    listener: tokio::net::TcpListener,
+    token: &Token,
+    state_dir: Option<&Path>,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let config = RendezvousConfig::default()
+        .with_lease(Duration::from_secs(60))
+        .with_gang_timeout(Duration::from_secs(60))
+        .with_barrier_timeout(Duration::from_secs(60));
+    let config = ServerConfig {
+        state_dir: state_dir.map(Path::to_owned),
+        ..ServerConfig::new(config, Some(token.clone()))
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(serve(listener, config, stop.clone()));
+    let handle = tokio::spawn(async move {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("rendezvous: {e}"),
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => eprintln!("rendezvous task: {e}"),
+        }
+    });
+    (stop, handle)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -154,20 +200,108 @@ async fn collective_rounds(
     (release, round_time)
 }
 
+type BoxError = Box<dyn std::error::Error>;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
+    let mut rows = Vec::new();
+    suite(&args, None, "", &mut rows).await?;
+    let dir = tempfile::tempdir()?;
+    suite(&args, Some(dir.path()), " [state dir]", &mut rows).await?;
+    restarts(&args, &mut rows).await?;
+    println!(
+        "\n| measurement | members | samples | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|"
+    );
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            r.what,
+            r.n,
+            r.samples.len(),
+            ms(pct(&r.samples, 0.5)),
+            ms(pct(&r.samples, 0.99)),
+            ms(r.samples.last().copied().unwrap_or_default()),
+        );
+    }
+    Ok(())
+}
+
+/// Restart to resumed: a formed gang's members call a barrier while the
+/// rendezvous is down; timed from the new server's start to all released.
+async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let token = Token::new("bench");
-    let config = RendezvousConfig::default()
-        .with_lease(Duration::from_secs(60))
-        .with_gang_timeout(Duration::from_secs(60))
-        .with_barrier_timeout(Duration::from_secs(60));
-    let server = EmbeddedRendezvous::start_with(ServerConfig::new(config, Some(token.clone()))).await?;
+    let dir = tempfile::tempdir()?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (_, mut server) = start_server(listener, &token, Some(dir.path()));
+    let client = RendezvousClient::connect(format!("http://{addr}"), Some(&token)).await?;
+    let n = args.restart_members;
+    let mut leases = Vec::new();
+    for i in 0..n {
+        leases.push(client.register(agent(i)).await?);
+    }
+    client.create_job(&JobConfig::new("restarts", n as u32)).await?;
+    let joins = (0..n).map(|i| {
+        let c = client.clone();
+        async move { c.join("restarts", 1, &agent(i).agent_id).await }
+    });
+    let gangs: Vec<_> = futures::future::try_join_all(joins).await?;
+    let gangs: Vec<Arc<_>> = gangs.into_iter().map(Arc::new).collect();
+    let mut resumed = Vec::new();
+    for _ in 0..args.restarts {
+        server.abort();
+        let _ = (&mut server).await;
+        let barriers: Vec<_> = gangs
+            .iter()
+            .map(|g| {
+                let g = g.clone();
+                tokio::spawn(async move { g.barrier().await.map(|()| Instant::now()) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(args.outage_ms)).await;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let started = Instant::now();
+        server = start_server(listener, &token, Some(dir.path())).1;
+        let mut last = started;
+        for b in barriers {
+            last = last.max(b.await??);
+        }
+        resumed.push(last - started);
+    }
+    let status = client.status("restarts").await?;
+    assert_eq!(status.attempt, 1, "the restarts cost no attempt: {status:?}");
+    rows.push(Row::new(
+        format!(
+            "restart ({} ms down) → every member's barrier released [state dir]",
+            args.outage_ms
+        ),
+        n,
+        resumed,
+    ));
+    for l in leases {
+        l.stop().await;
+    }
+    server.abort();
+    Ok(())
+}
+
+/// Gang formation and collectives against a fresh server, its state in
+/// memory (`state_dir` `None`) or in `state_dir`; rows labelled with `label`.
+async fn suite(
+    args: &Args,
+    state_dir: Option<&Path>,
+    label: &str,
+    rows: &mut Vec<Row>,
+) -> Result<(), BoxError> {
+    let token = Token::new("bench");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop, server) = start_server(listener, &token, state_dir);
     let mut clients = Vec::new();
     for _ in 0..args.channels.max(1) {
-        clients.push(RendezvousClient::connect(server.url(), Some(&token)).await?);
+        clients.push(RendezvousClient::connect(url.clone(), Some(&token)).await?);
     }
-    let mut rows = Vec::new();
 
     // Baseline 1: a no-op unary RPC round trip.
     let probe = &clients[0];
@@ -178,7 +312,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         probe.heartbeat(&agent(usize::MAX / 2).agent_id).await?;
         rtt.push(t.elapsed());
     }
-    rows.push(Row::new("baseline: unary RPC round trip", 1, rtt));
+    rows.push(Row::new(
+        format!("{}{label}", "baseline: unary RPC round trip"),
+        1,
+        rtt,
+    ));
 
     // Registration of every agent (leases kept alive in the background).
     let n = args.gang_members.max(args.barrier_members);
@@ -188,7 +326,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
     rows.push(Row::new(
-        "register agents (all, concurrent)",
+        format!("{}{label}", "register agents (all, concurrent)"),
         n,
         vec![t.elapsed()],
     ));
@@ -223,7 +361,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         clients[0].complete(&job, 1).await?;
     }
     rows.push(Row::new(
-        "gang formation (first join → all released)",
+        format!("{}{label}", "gang formation (first join → all released)"),
         args.gang_members,
         gang_times,
     ));
@@ -236,12 +374,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (release, round) =
         collective_rounds(&clients, "barrier", members, args.rounds, 0, Calls::Stream).await;
     rows.push(Row::new(
-        "barrier: last entry → all released",
+        format!("{}{label}", "barrier: last entry → all released"),
         args.barrier_members,
         release,
     ));
     rows.push(Row::new(
-        "barrier: first entry → all released",
+        format!("{}{label}", "barrier: first entry → all released"),
         args.barrier_members,
         round,
     ));
@@ -251,7 +389,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (release, _) =
         collective_rounds(&clients, "barrier-unary", members, args.rounds, 0, Calls::Unary).await;
     rows.push(Row::new(
-        "baseline: barrier as unary RPCs, last entry → all released",
+        format!(
+            "{}{label}",
+            "baseline: barrier as unary RPCs, last entry → all released"
+        ),
         args.barrier_members,
         release,
     ));
@@ -268,7 +409,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await;
     rows.push(Row::new(
-        format!("all-gather {} B: last entry → all released", args.gather_bytes),
+        format!(
+            "all-gather {} B: last entry → all released{label}",
+            args.gather_bytes
+        ),
         args.barrier_members,
         release,
     ));
@@ -306,28 +450,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     rows.push(Row::new(
-        "baseline: tokio Barrier, last entry → all released",
+        format!("{}{label}", "baseline: tokio Barrier, last entry → all released"),
         args.barrier_members,
         local,
     ));
 
-    println!(
-        "\n| measurement | members | samples | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|"
-    );
-    for r in &rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {} |",
-            r.what,
-            r.n,
-            r.samples.len(),
-            ms(pct(&r.samples, 0.5)),
-            ms(pct(&r.samples, 0.99)),
-            ms(r.samples.last().copied().unwrap_or_default()),
-        );
-    }
     for l in leases {
         l.stop().await;
     }
-    server.shutdown_and_wait().await?;
+    stop.cancel();
+    server.await?;
     Ok(())
 }

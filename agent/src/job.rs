@@ -40,6 +40,8 @@ pub struct JobEnv {
     pub token: Option<Token>,
     /// How long a ring operation waits for a peer.
     pub collective_timeout: Duration,
+    /// How long rendezvous calls retry an unreachable rendezvous.
+    pub rendezvous_outage: Duration,
     /// The threads trainers compute on.
     pub train_pool: Arc<rayon::ThreadPool>,
     /// The models jobs can name.

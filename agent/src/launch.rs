@@ -60,6 +60,10 @@ struct Cli {
     /// How long a collective step waits for a peer (ms).
     #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
     collective_timeout_ms: u64,
+    /// How long calls to the rendezvous ride out its outage (a restart) —
+    /// retrying with jittered backoff — before a job gives up on it (s).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_OUTAGE_SECS", default_value_t = 60)]
+    rendezvous_outage_secs: u64,
     /// Largest incoming gRPC message, e.g. `64MiB`.
     #[arg(long, env = "KINDLING_MAX_MESSAGE_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
     max_message_bytes: u64,
@@ -171,6 +175,7 @@ impl TryFrom<&Cli> for AgentConfig {
             work_dir: cli.work_dir.clone(),
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
+            rendezvous_outage: Duration::from_secs(cli.rendezvous_outage_secs),
             max_message_bytes,
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),
@@ -225,7 +230,11 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
         .context("invalid --log-level")?;
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Logs go to stderr; stdout stays free.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let config = AgentConfig {
         models,
         ..AgentConfig::try_from(&cli)?

@@ -50,6 +50,9 @@ pub struct AgentConfig {
     pub memory_budget: u64,
     /// How long a collective step waits for a peer.
     pub collective_timeout: Duration,
+    /// How long rendezvous calls ride out an unreachable rendezvous (a
+    /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
+    pub rendezvous_outage: Duration,
     /// Largest incoming message.
     pub max_message_bytes: usize,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
@@ -79,6 +82,7 @@ impl AgentConfig {
             work_dir: work_dir.into(),
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
+            rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             train_threads: 0,
             models: ModelRegistry::builtin(),
@@ -297,6 +301,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         inbox: inbox.clone(),
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
+        rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),
     };
@@ -338,7 +343,10 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             models: config.models.names(),
         };
         let registered = match RendezvousClient::connect_lazy(rv, config.token.as_ref()) {
-            Ok(client) => client.register(info).await.map(|lease| (client, lease)),
+            Ok(client) => {
+                let client = client.with_outage_bound(config.rendezvous_outage);
+                client.register(info).await.map(|lease| (client, lease))
+            }
             Err(e) => Err(e),
         };
         let (client, lease) = match registered {

@@ -188,6 +188,10 @@ impl Cluster {
             ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.clone()),
             ("KINDLING_TOKEN_FILE".to_owned(), token_file.display().to_string()),
             ("KINDLING_RENDEZVOUS_LEASE_MS".to_owned(), "600".to_owned()),
+            (
+                "KINDLING_RENDEZVOUS_STATE_DIR".to_owned(),
+                dir.join("rendezvous-state").display().to_string(),
+            ),
         ]);
         assert_eq!(
             env.keys().cloned().collect::<BTreeSet<_>>(),
@@ -474,6 +478,86 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
 
     let mut rendezvous = cluster.rendezvous.take().expect("rendezvous");
     for p in [&mut a, &mut c, &mut rendezvous] {
+        p.sigterm();
+        let exit = p.wait_exit().await;
+        assert!(exit.success(), "{} exits 0 on SIGTERM, got {exit}", p.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_rendezvous_restarted_on_its_address_loses_no_job_and_no_attempt() {
+    let mut cluster = Cluster::start().await;
+    let (mut a, url_a) = cluster.agent("node-a").await;
+    let (mut b, url_b) = cluster.agent("node-b").await;
+    let rv = cluster.rendezvous_client().await;
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(2)
+        .batch_size(8)
+        .epochs(12)
+        .seed(7)
+        .build()
+        .expect("spec");
+    rv.create_job(&JobConfig::new("outage", 2).with_max_attempts(3))
+        .await
+        .expect("create job");
+    let shards = [rule_batch(3000, 5), rule_batch(3000, 6)];
+    for (url, shard) in [(&url_a, &shards[0]), (&url_b, &shards[1])] {
+        start_on(url, "outage", &spec, &cluster.rendezvous_url).await;
+        assert_eq!(put(url, "outage", shard).await, 3000);
+        end_of_data(url, "outage", 3000).await;
+    }
+    let before = wait_until(&url_a, "outage", |s| s.epoch >= 1 && s.step > 0).await;
+    assert_eq!(before.attempt, 1);
+
+    // SIGKILL mid-epoch: no shutdown, nothing flushed beyond what was acknowledged.
+    let mut dead = cluster.rendezvous.take().expect("rendezvous");
+    dead.child.kill().expect("SIGKILL the rendezvous");
+    let exit = dead.wait_exit().await;
+    assert!(!exit.success(), "killed, not exited: {exit}");
+    // The gang trains on without it (the ring is agent to agent): a whole
+    // epoch passes while the rendezvous is gone.
+    let during = wait_until(&url_a, "outage", |s| {
+        s.epoch > before.epoch || s.state.is_terminal()
+    })
+    .await;
+    assert_eq!(during.state, AgentJobState::Training, "{during:#?}");
+    assert_eq!(status(&url_b, "outage").await.state, AgentJobState::Training);
+
+    // Restarted on the same address with the same state dir.
+    cluster.start_rendezvous().await;
+    let logs = cluster.rendezvous.as_ref().expect("rendezvous").logs();
+    assert!(
+        logs.contains("state restored"),
+        "rendezvous log after the restart:\n{logs}"
+    );
+    let sa = wait_until(&url_a, "outage", |s| s.state.is_terminal()).await;
+    let sb = wait_until(&url_b, "outage", |s| s.state.is_terminal()).await;
+    for s in [&sa, &sb] {
+        assert_eq!(s.state, AgentJobState::Succeeded, "{s:#?}");
+        assert_eq!(s.attempt, 1, "the restart cost no attempt: {s:#?}");
+        assert_eq!(
+            s.rows_trained_per_epoch,
+            vec![6000; 12],
+            "every row once per epoch"
+        );
+    }
+    let rv = cluster.rendezvous_client().await;
+    let job = rv.status("outage").await.expect("status after the restart");
+    assert_eq!(
+        job.state,
+        kindling_agent::rendezvous::JobState::Succeeded,
+        "{job:#?}"
+    );
+    assert_eq!(job.attempt, 1, "{job:#?}");
+    assert!(job.failures.is_empty(), "{job:#?}");
+
+    let mut rendezvous = cluster.rendezvous.take().expect("rendezvous");
+    for p in [&mut a, &mut b, &mut rendezvous] {
         p.sigterm();
         let exit = p.wait_exit().await;
         assert!(exit.success(), "{} exits 0 on SIGTERM, got {exit}", p.name);

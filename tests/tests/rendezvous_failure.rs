@@ -1,12 +1,18 @@
 //! Whole-group retry over real gRPC: a killed member fails the attempt and
 //! everyone learns it at once, stale attempts are fenced, attempts are
-//! bounded with the first cause kept, cancel wakes blocked calls.
+//! bounded with the first cause kept, cancel wakes blocked calls; calls
+//! ride out a restart of a rendezvous that keeps its state.
 #![allow(clippy::unwrap_used)]
 
 mod rendezvous_common;
 
-use kindling_agent::rendezvous::{JobConfig, JobState};
-use rendezvous_common::{Fixture, GUARD, agent_info, join_all, watch_until};
+use std::time::Duration;
+
+use kindling_agent::rendezvous::{ClientError, JobConfig, JobState, RendezvousClient, ServerConfig, serve};
+use kindling_schemas::auth::Token;
+use rendezvous_common::{Fixture, GUARD, TOKEN, agent_info, join_all, test_config, watch_until};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,4 +183,60 @@ async fn cancel_wakes_blocked_joins_and_all_gathers() {
     let err = fx.client.join("cx-gang", 1, "cx-000").await.unwrap_err();
     assert_eq!(err.code(), Some(Code::Cancelled), "{err}");
     fx.shutdown().await;
+}
+
+/// A rendezvous with a state dir on `listener`, and what stops it.
+fn serve_durable(
+    listener: TcpListener,
+    dir: &std::path::Path,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let config = ServerConfig {
+        state_dir: Some(dir.to_owned()),
+        ..ServerConfig::new(test_config(), Some(Token::new(TOKEN)))
+    };
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(serve(listener, config, stop.clone()));
+    (stop, tokio::spawn(async move { task.await.unwrap().unwrap() }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_ride_out_a_restart_and_fail_naming_the_bound_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, server) = serve_durable(listener, dir.path());
+    let url = format!("http://{addr}");
+    let client = RendezvousClient::connect_lazy(&url, Some(&Token::new(TOKEN))).unwrap();
+    client.register(agent_info("a0")).await.unwrap().stop().await;
+    assert_eq!(client.create_job(&JobConfig::new("j", 1)).await.unwrap(), 1);
+    stop.cancel();
+    server.await.unwrap();
+
+    // Nothing listens: past a short bound, a precise error naming it.
+    let impatient = client.clone().with_outage_bound(Duration::from_millis(300));
+    let err = impatient.status("j").await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Unreachable { op: "status", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("300ms"), "{err}");
+
+    // Within the (default) bound a call keeps trying while the rendezvous
+    // is down, and is answered once it is back on its address.
+    let status = client.status("j");
+    tokio::pin!(status);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut status)
+            .await
+            .is_err(),
+        "no answer while nothing listens"
+    );
+    let (stop, server) = serve_durable(TcpListener::bind(addr).await.unwrap(), dir.path());
+    let status = tokio::time::timeout(GUARD, status).await.unwrap().unwrap();
+    // The restarted rendezvous read its state back.
+    assert_eq!((status.state, status.attempt), (JobState::Ganging, 1));
+    let agents = client.list_agents().await.unwrap();
+    assert_eq!(agents[0].agent_id, "a0");
+    stop.cancel();
+    server.await.unwrap();
 }

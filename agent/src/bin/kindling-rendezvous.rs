@@ -42,6 +42,12 @@ struct Cli {
     /// Attempts of jobs created with max_attempts = 0.
     #[arg(long, env = "KINDLING_RENDEZVOUS_DEFAULT_MAX_ATTEMPTS", default_value_t = 3)]
     default_max_attempts: u32,
+    /// Directory of the state file: jobs, attempts, failures, formed gangs and
+    /// registrations survive a crash or restart (write-before-acknowledge;
+    /// docs/rendezvous.md, "Restarts"). Unset: in memory only, and a restart
+    /// loses every job.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_STATE_DIR")]
+    state_dir: Option<std::path::PathBuf>,
     /// Address of the `/healthz` and `/readyz` HTTP probes (ready once serving).
     #[arg(
         long,
@@ -66,7 +72,10 @@ impl TryFrom<&Cli> for ServerConfig {
             ..RendezvousConfig::default()
         };
         rendezvous.validate().context("invalid rendezvous settings")?;
-        Ok(ServerConfig::new(rendezvous, token))
+        Ok(ServerConfig {
+            state_dir: cli.state_dir.clone(),
+            ..ServerConfig::new(rendezvous, token)
+        })
     }
 }
 
@@ -92,9 +101,15 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        // Logs go to stderr, like the agent's; stdout stays free.
+        .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let config = ServerConfig::try_from(&cli)?;
+    match &config.state_dir {
+        Some(dir) => tracing::info!(dir = %dir.display(), "state kept across restarts"),
+        None => tracing::warn!("no --state-dir: the state is in memory only, a restart loses every job"),
+    }
     if config.token.is_none() {
         tracing::warn!("authentication disabled (--allow-unauthenticated)");
     }

@@ -95,6 +95,14 @@ pub enum RendezvousError {
     #[error("the rendezvous server is shutting down")]
     ShuttingDown,
 
+    /// The state file could not be written (the change was not acknowledged)
+    /// or read at start-up.
+    #[error("rendezvous state file `{}`: {detail}", .path.display())]
+    Storage {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+
     /// Binding or serving the gRPC endpoint failed.
     #[error("rendezvous transport error: {context}")]
     Transport {
@@ -120,6 +128,7 @@ impl RendezvousError {
             | RendezvousError::AttemptFailed { next_attempt, .. } => next_attempt.is_some(),
             RendezvousError::StaleAttempt { .. }
             | RendezvousError::ShuttingDown
+            | RendezvousError::Storage { .. }
             | RendezvousError::Transport { .. } => true,
             _ => false,
         }

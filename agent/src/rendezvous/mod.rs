@@ -9,6 +9,7 @@
 //!
 //! - [`types`]: the server's own settings ([`RendezvousConfig`]) and [`ReapReport`].
 //! - [`state`]: the pure state machine of agents, jobs and attempts (no gRPC).
+//! - [`store`]: the state file that lets a restarted rendezvous lose nothing.
 //! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`].
 //! - [`embedded`]: the same server in-process on `127.0.0.1:0` ([`EmbeddedRendezvous`]).
 //! - [`error`]: [`RendezvousError`] (server side); [`ClientError`] is re-exported.
@@ -18,6 +19,7 @@ pub mod embedded;
 pub mod error;
 pub mod server;
 pub mod state;
+pub mod store;
 pub mod types;
 
 pub use kindling_schemas::rendezvous::client;

@@ -34,7 +34,7 @@ impl From<RendezvousError> for Status {
             E::JobCancelled { .. } => Status::cancelled(message),
             E::GangTimeout { .. } | E::BarrierTimeout { .. } => Status::deadline_exceeded(message),
             E::AttemptFailed { .. } | E::Superseded => Status::aborted(message),
-            E::ShuttingDown | E::Transport { .. } => Status::unavailable(message),
+            E::ShuttingDown | E::Storage { .. } | E::Transport { .. } => Status::unavailable(message),
         };
         if let Some(attempt) = err.current_attempt()
             && let Ok(value) = attempt.to_string().parse()
@@ -54,6 +54,9 @@ pub struct ServerConfig {
     /// HTTP/2 concurrent streams per connection: every blocked join/all-gather
     /// holds one, so this bounds the members one client connection can carry.
     pub max_concurrent_streams: u32,
+    /// Where the state is kept across restarts; `None`: in memory only, a
+    /// restart loses every job (see [`RendezvousState::open`]).
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -63,6 +66,7 @@ impl ServerConfig {
             rendezvous,
             token,
             max_concurrent_streams: 16_384,
+            state_dir: None,
         }
     }
 }
@@ -75,7 +79,7 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: CancellationToken,
 ) -> Result<(), RendezvousError> {
-    let state = RendezvousState::new(config.rendezvous.clone())?;
+    let state = RendezvousState::open(config.rendezvous.clone(), config.state_dir.as_deref())?;
     let tasks = TaskTracker::new();
     tasks.spawn(run_reaper(state.clone(), shutdown.clone()));
 

@@ -14,6 +14,7 @@
 //! types come from `kindling_schemas::rendezvous` and [`super::types`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -22,9 +23,11 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::error::RendezvousError;
+use super::store::StateStore;
 use super::types::{ReapReport, RendezvousConfig};
 
 mod agents;
+mod durable;
 mod gang;
 mod gather;
 
@@ -51,6 +54,9 @@ struct Gang {
     members: Option<Arc<[AgentInfo]>>,
     collective: Option<Collective>,
     last_gather: Option<(u64, GatherResult)>,
+    /// Restored from the state file: the members' collective sequence is not
+    /// known, so the next collective may carry any sequence number.
+    resumed: bool,
 }
 
 impl Gang {
@@ -79,6 +85,8 @@ struct Job {
     created: SystemTime,
     updated: SystemTime,
     finished_at: Option<Instant>,
+    /// Wall-clock time of `finished_at`, for the state file.
+    ended: Option<SystemTime>,
     gang: Gang,
     events: watch::Sender<JobStatus>,
 }
@@ -114,6 +122,7 @@ impl Job {
     fn finish(&mut self, state: JobState) {
         self.state = state;
         self.finished_at = Some(Instant::now());
+        self.ended = Some(SystemTime::now());
     }
 
     /// Refuses calls on a finished job.
@@ -161,6 +170,8 @@ struct State {
     agents: HashMap<String, Agent>,
     jobs: HashMap<String, Job>,
     closed: bool,
+    /// The state file, when the state is durable.
+    store: Option<StateStore>,
 }
 
 /// The job `job_id`, or [`RendezvousError::JobNotFound`].
@@ -258,12 +269,24 @@ impl std::fmt::Debug for RendezvousState {
 }
 
 impl RendezvousState {
-    /// An empty state.
+    /// An empty state, in memory only: a restart loses every job.
     pub fn new(config: RendezvousConfig) -> Result<Self> {
+        Self::open(config, None)
+    }
+
+    /// A durable state kept in `state_dir` (or in memory only when `None`):
+    /// what the directory holds is read back, and every change is written
+    /// there before it is acknowledged (see [`super::store`]). Agents read
+    /// back get a fresh lease, so a restart within one lease costs no attempt.
+    pub fn open(config: RendezvousConfig, state_dir: Option<&Path>) -> Result<Self> {
         config.validate()?;
+        let state = match state_dir {
+            Some(dir) => State::restore(dir, &config)?,
+            None => State::default(),
+        };
         Ok(RendezvousState {
             config: Arc::new(config),
-            state: Arc::new(Mutex::new(State::default())),
+            state: Arc::new(Mutex::new(state)),
         })
     }
 
@@ -314,7 +337,11 @@ impl RendezvousState {
                 && job.gang_timeout == gang_timeout
                 && job.barrier_timeout == barrier_timeout;
             return match (same, job.state.is_terminal()) {
-                (true, false) => Ok(job.attempt),
+                // A retry of a create whose write failed writes it now.
+                (true, false) => {
+                    let attempt = job.attempt;
+                    Self::commit(&mut st).map(|()| attempt)
+                }
                 (true, true) => Err(RendezvousError::JobExists {
                     job_id: config.job_id,
                     detail: format!("it already ended ({:?}); use a new job id", job.state),
@@ -338,12 +365,14 @@ impl RendezvousState {
             created: now,
             updated: now,
             finished_at: None,
+            ended: None,
             gang: Gang::default(),
             events: watch::Sender::new(placeholder_status()),
         };
         job.publish();
         tracing::info!(job = %job_id, slots = job.config.num_slots, "job created");
         st.jobs.insert(job_id, job);
+        Self::commit(&mut st)?;
         Ok(1)
     }
 
@@ -382,7 +411,8 @@ impl RendezvousState {
         let job = job_mut(&mut st.jobs, job_id)?;
         job.check_active()?;
         if attempt < job.attempt {
-            return Ok(Some(job.attempt));
+            let current = job.attempt;
+            return Self::commit(st).map(|()| Some(current));
         }
         job.check_attempt(attempt)?;
         let cause = if cause.is_empty() {
@@ -391,18 +421,16 @@ impl RendezvousState {
             format!("agent `{reporter}` reported: {cause}")
         };
         let job_id = job_id.to_owned();
-        Ok(fail_attempt(
-            &mut st.agents,
-            job,
-            reporter,
-            cause.clone(),
-            |next_attempt| RendezvousError::AttemptFailed {
+        let next = fail_attempt(&mut st.agents, job, reporter, cause.clone(), |next_attempt| {
+            RendezvousError::AttemptFailed {
                 job_id,
                 attempt,
                 cause,
                 next_attempt,
-            },
-        ))
+            }
+        });
+        Self::commit(st)?;
+        Ok(next)
     }
 
     /// Marks the job succeeded. Idempotent for the attempt that completed it.
@@ -412,7 +440,8 @@ impl RendezvousState {
         let mut st = self.lock()?;
         let job = job_mut(&mut st.jobs, job_id)?;
         if job.state == JobState::Succeeded && job.attempt == attempt {
-            return Ok(());
+            // A retry of a completion whose write failed writes it now.
+            return Self::commit(&mut st);
         }
         job.check_active()?;
         job.check_attempt(attempt)?;
@@ -424,7 +453,7 @@ impl RendezvousState {
         job.finish(JobState::Succeeded);
         job.publish();
         tracing::info!(job = %job_id, attempt, "job succeeded");
-        Ok(())
+        Self::commit(&mut st)
     }
 
     /// Cancels an active job and wakes every blocked call with `JobCancelled`.
@@ -435,7 +464,7 @@ impl RendezvousState {
         let st = &mut *guard;
         let job = job_mut(&mut st.jobs, job_id)?;
         if job.state == JobState::Cancelled {
-            return Ok(());
+            return Self::commit(st);
         }
         job.check_active()?;
         let reason = if reason.is_empty() {
@@ -453,7 +482,7 @@ impl RendezvousState {
         job.finish(JobState::Cancelled);
         job.publish();
         tracing::info!(job = %job_id, "job cancelled");
-        Ok(())
+        Self::commit(st)
     }
 
     /// A job's status.
@@ -535,6 +564,7 @@ impl RendezvousState {
             tracing::debug!(job = %job_id, "finished job garbage-collected");
             report.collected_jobs.push(job_id);
         }
+        Self::commit_or_log(st);
         report
     }
 

@@ -15,6 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::error::ClientError;
 use super::gang::{Gang, gather_request};
+use super::retry::{Backoff, DEFAULT_OUTAGE_BOUND};
 use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
 use crate::auth::{BearerAttach, Token};
 use crate::pb::rendezvous as pb;
@@ -69,9 +70,15 @@ impl Stream for JobWatch {
 /// gang.complete().await?;
 /// # Ok(()) }
 /// ```
+///
+/// Every call rides out a rendezvous restart: transient failures are retried
+/// with bounded, jittered backoff for up to the outage bound (see
+/// [`super::retry`]); only the heartbeat, which its lease task repeats
+/// anyway, and `deregister` are tried once.
 #[derive(Clone, Debug)]
 pub struct RendezvousClient {
     inner: Inner,
+    outage: Duration,
 }
 
 impl RendezvousClient {
@@ -99,7 +106,42 @@ impl RendezvousClient {
         let inner = GrpcClient::with_interceptor(channel, BearerAttach::new(token)?)
             // All-gather replies carry world × payload bytes; the server is trusted.
             .max_decoding_message_size(usize::MAX);
-        Ok(RendezvousClient { inner })
+        Ok(RendezvousClient {
+            inner,
+            outage: DEFAULT_OUTAGE_BOUND,
+        })
+    }
+
+    /// How long calls keep retrying a rendezvous that does not answer before
+    /// failing with [`ClientError::Unreachable`] (default
+    /// [`DEFAULT_OUTAGE_BOUND`]; zero: one try).
+    pub fn with_outage_bound(mut self, bound: Duration) -> Self {
+        self.outage = bound;
+        self
+    }
+
+    /// The outage bound.
+    pub fn outage_bound(&self) -> Duration {
+        self.outage
+    }
+
+    pub(super) fn backoff(&self) -> Backoff {
+        Backoff::new(self.outage)
+    }
+
+    /// Runs `call` until it succeeds, fails with an answer, or the
+    /// rendezvous stayed unreachable past the outage bound.
+    async fn retrying<T, F>(&self, op: &'static str, mut call: impl FnMut(Inner) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut backoff = self.backoff();
+        loop {
+            match call(self.grpc()).await {
+                Ok(reply) => return Ok(reply.into_inner()),
+                Err(source) => backoff.wait(op, ClientError::Rpc { op, source }).await?,
+            }
+        }
     }
 
     pub(super) fn grpc(&self) -> Inner {
@@ -136,11 +178,14 @@ impl RendezvousClient {
 
     async fn register_once(&self, agent: AgentInfo) -> Result<Duration> {
         let reply = self
-            .grpc()
-            .register_agent(pb::RegisterAgentRequest { agent: Some(agent) })
-            .await
-            .map_err(ClientError::rpc("register"))?
-            .into_inner();
+            .retrying("register", |mut g| {
+                let agent = agent.clone();
+                async move {
+                    g.register_agent(pb::RegisterAgentRequest { agent: Some(agent) })
+                        .await
+                }
+            })
+            .await?;
         Ok(Duration::from_millis(reply.lease_ms.max(1)))
     }
 
@@ -174,11 +219,10 @@ impl RendezvousClient {
     /// Agents with a live lease, by agent id.
     pub async fn list_agents(&self) -> Result<Vec<AgentInfo>> {
         Ok(self
-            .grpc()
-            .list_agents(pb::ListAgentsRequest {})
-            .await
-            .map_err(ClientError::rpc("list_agents"))?
-            .into_inner()
+            .retrying("list_agents", |mut g| async move {
+                g.list_agents(pb::ListAgentsRequest {}).await
+            })
+            .await?
             .agents)
     }
 
@@ -187,12 +231,13 @@ impl RendezvousClient {
     /// Creates a job; returns the attempt to join. Idempotent for an active
     /// job with identical parameters; otherwise ALREADY_EXISTS.
     pub async fn create_job(&self, job: &JobConfig) -> Result<u32> {
+        let request = pb::CreateJobRequest::from(job);
         Ok(self
-            .grpc()
-            .create_job(pb::CreateJobRequest::from(job))
-            .await
-            .map_err(ClientError::rpc("create_job"))?
-            .into_inner()
+            .retrying("create_job", |mut g| {
+                let request = request.clone();
+                async move { g.create_job(request).await }
+            })
+            .await?
             .attempt)
     }
 
@@ -200,16 +245,18 @@ impl RendezvousClient {
     /// DEADLINE_EXCEEDED ("k of n members joined") after the gang timeout,
     /// ABORTED if the attempt fails meanwhile, CANCELLED if the job is cancelled.
     pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<Gang> {
+        let request = pb::JoinRequest {
+            job_id: job_id.to_owned(),
+            attempt,
+            agent_id: agent_id.to_owned(),
+        };
+        // A retried join replaces this member's earlier one at the server.
         let reply = self
-            .grpc()
-            .join(pb::JoinRequest {
-                job_id: job_id.to_owned(),
-                attempt,
-                agent_id: agent_id.to_owned(),
+            .retrying("join", |mut g| {
+                let request = request.clone();
+                async move { g.join(request).await }
             })
-            .await
-            .map_err(ClientError::rpc("join"))?
-            .into_inner();
+            .await?;
         if reply.rank >= reply.world_size || reply.peers.len() != reply.world_size as usize {
             return Err(ClientError::Malformed {
                 op: "join",
@@ -272,12 +319,13 @@ impl RendezvousClient {
         seq: u64,
         payload: impl Into<Bytes>,
     ) -> Result<Vec<Bytes>> {
+        let request = gather_request(job_id, attempt, rank, seq, payload.into());
         let reply = self
-            .grpc()
-            .all_gather(gather_request(job_id, attempt, rank, seq, payload.into()))
-            .await
-            .map_err(ClientError::rpc("all_gather"))?
-            .into_inner();
+            .retrying("all_gather", |mut g| {
+                let request = request.clone();
+                async move { g.all_gather(request).await }
+            })
+            .await?;
         Ok(reply.payloads)
     }
 
@@ -290,81 +338,87 @@ impl RendezvousClient {
         agent_id: &str,
         cause: &str,
     ) -> Result<Option<u32>> {
+        let request = pb::ReportFailureRequest {
+            job_id: job_id.to_owned(),
+            attempt,
+            agent_id: agent_id.to_owned(),
+            cause: cause.to_owned(),
+        };
         let next = self
-            .grpc()
-            .report_failure(pb::ReportFailureRequest {
-                job_id: job_id.to_owned(),
-                attempt,
-                agent_id: agent_id.to_owned(),
-                cause: cause.to_owned(),
+            .retrying("report_failure", |mut g| {
+                let request = request.clone();
+                async move { g.report_failure(request).await }
             })
-            .await
-            .map_err(ClientError::rpc("report_failure"))?
-            .into_inner()
+            .await?
             .next_attempt;
         Ok((next > 0).then_some(next))
     }
 
     /// Marks the job succeeded (idempotent for the completing attempt).
     pub async fn complete(&self, job_id: &str, attempt: u32) -> Result<()> {
-        self.grpc()
-            .complete_job(pb::CompleteJobRequest {
-                job_id: job_id.to_owned(),
-                attempt,
-            })
-            .await
-            .map_err(ClientError::rpc("complete"))?;
+        let request = pb::CompleteJobRequest {
+            job_id: job_id.to_owned(),
+            attempt,
+        };
+        self.retrying("complete", |mut g| {
+            let request = request.clone();
+            async move { g.complete_job(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Cancels the job; every blocked call of it returns CANCELLED.
     pub async fn cancel(&self, job_id: &str, reason: &str) -> Result<()> {
-        self.grpc()
-            .cancel_job(pb::CancelJobRequest {
-                job_id: job_id.to_owned(),
-                reason: reason.to_owned(),
-            })
-            .await
-            .map_err(ClientError::rpc("cancel"))?;
+        let request = pb::CancelJobRequest {
+            job_id: job_id.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.retrying("cancel", |mut g| {
+            let request = request.clone();
+            async move { g.cancel_job(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// The job's status.
     pub async fn status(&self, job_id: &str) -> Result<JobStatus> {
+        let request = pb::JobStatusRequest {
+            job_id: job_id.to_owned(),
+        };
         let reply = self
-            .grpc()
-            .job_status(pb::JobStatusRequest {
-                job_id: job_id.to_owned(),
+            .retrying("status", |mut g| {
+                let request = request.clone();
+                async move { g.job_status(request).await }
             })
-            .await
-            .map_err(ClientError::rpc("status"))?
-            .into_inner();
+            .await?;
         status_from_pb("status", reply)
     }
 
     /// Every job the server still knows.
     pub async fn list_jobs(&self) -> Result<Vec<JobStatus>> {
-        self.grpc()
-            .list_jobs(pb::ListJobsRequest {})
-            .await
-            .map_err(ClientError::rpc("list_jobs"))?
-            .into_inner()
-            .jobs
-            .into_iter()
-            .map(|s| status_from_pb("list_jobs", s))
-            .collect()
+        self.retrying("list_jobs", |mut g| async move {
+            g.list_jobs(pb::ListJobsRequest {}).await
+        })
+        .await?
+        .jobs
+        .into_iter()
+        .map(|s| status_from_pb("list_jobs", s))
+        .collect()
     }
 
     /// Streams the job's state changes, starting with the current state.
     pub async fn watch(&self, job_id: &str) -> Result<JobWatch> {
+        let request = pb::WatchRequest {
+            job_id: job_id.to_owned(),
+        };
         let stream = self
-            .grpc()
-            .watch(pb::WatchRequest {
-                job_id: job_id.to_owned(),
+            .retrying("watch", |mut g| {
+                let request = request.clone();
+                async move { g.watch(request).await }
             })
-            .await
-            .map_err(ClientError::rpc("watch"))?
-            .into_inner();
+            .await?;
         let inner = Box::pin(stream.map(|event| {
             let event = event.map_err(ClientError::rpc("watch"))?;
             let status = event.status.ok_or_else(|| ClientError::Malformed {
@@ -471,7 +525,11 @@ async fn heartbeat_loop(
             }
             Ok(Err(e)) if e.code() == Some(tonic::Code::NotFound) => {
                 tracing::warn!(agent = %agent.agent_id, "lease lapsed on the server; registering again");
-                if let Err(e) = client.register_once(agent.clone()).await {
+                let registered = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = client.register_once(agent.clone()) => r,
+                };
+                if let Err(e) = registered {
                     tracing::warn!(agent = %agent.agent_id, error = %e, "re-registration failed");
                 }
             }

@@ -37,6 +37,16 @@ pub enum ClientError {
         source: tonic::Status,
     },
 
+    /// The rendezvous did not answer for longer than the client's outage
+    /// bound (retrying all along).
+    #[error("rendezvous {op}: unreachable for the whole outage bound of {bound:?}; last error: {source}")]
+    Unreachable {
+        op: &'static str,
+        bound: std::time::Duration,
+        #[source]
+        source: Box<ClientError>,
+    },
+
     /// The server's reply is missing a field or carries an unknown value.
     #[error("rendezvous {op} returned a malformed reply: {detail}")]
     Malformed { op: &'static str, detail: String },
@@ -61,7 +71,7 @@ impl ClientError {
     /// (see [`current_attempt`](Self::current_attempt)).
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Connect { .. } => true,
+            ClientError::Connect { .. } | ClientError::Unreachable { .. } => true,
             ClientError::Rpc { source, .. } => match source.code() {
                 tonic::Code::Unavailable => true,
                 tonic::Code::Aborted | tonic::Code::DeadlineExceeded | tonic::Code::FailedPrecondition => {
@@ -69,6 +79,21 @@ impl ClientError {
                 }
                 _ => false,
             },
+            _ => false,
+        }
+    }
+
+    /// Whether the rendezvous did not answer at all — no connection,
+    /// UNAVAILABLE (also its answer while shutting down), or a transport
+    /// failure (UNKNOWN: the server itself never answers UNKNOWN) — so the
+    /// same call may succeed once it is back. Calls retry these themselves
+    /// within the outage bound (see [`super::retry`]).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } => true,
+            ClientError::Rpc { source, .. } => {
+                matches!(source.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+            }
             _ => false,
         }
     }

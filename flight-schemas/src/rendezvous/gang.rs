@@ -129,28 +129,38 @@ impl Gang {
     /// rank order. Fails (ABORTED / DEADLINE_EXCEEDED) when the attempt fails.
     ///
     /// Calls travel on one stream kept open for the gang (opened by the
-    /// first call, re-opened after an error).
+    /// first call, re-opened after an error). A call the rendezvous dropped
+    /// (a restart) is sent again with the same sequence number within the
+    /// client's outage bound: the server answers a repeat of the collective
+    /// that just completed with its result.
     pub async fn all_gather(&self, payload: impl Into<Bytes>) -> Result<Vec<Bytes>> {
         let m = &self.membership;
         let mut guard = self.collective.lock().await;
         let (next_seq, open) = &mut *guard;
         let request = gather_request(&m.job_id, m.attempt, m.rank, *next_seq, payload.into());
         *next_seq += 1;
-        let reply = match open {
-            Some(stream) => stream.call(request).await,
-            None => match GatherStream::open(&self.client, request).await {
-                Ok(mut stream) => {
-                    let reply = stream.next_reply().await;
-                    *open = Some(stream);
-                    reply
+        let mut backoff = self.client.backoff();
+        let reply = loop {
+            let reply = match open {
+                Some(stream) => stream.call(request.clone()).await,
+                None => match GatherStream::open(&self.client, request.clone()).await {
+                    Ok(mut stream) => {
+                        let reply = stream.next_reply().await;
+                        *open = Some(stream);
+                        reply
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            match reply {
+                Ok(reply) => break reply,
+                Err(e) => {
+                    *open = None;
+                    backoff.wait("all_gather", e).await?;
                 }
-                Err(e) => Err(e),
-            },
+            }
         };
-        if reply.is_err() {
-            *open = None;
-        }
-        let payloads = reply?.payloads;
+        let payloads = reply.payloads;
         if payloads.is_empty() {
             // A barrier: the server sends no payloads when all are empty.
             return Ok(vec![Bytes::new(); m.world_size as usize]);
@@ -189,29 +199,38 @@ impl Gang {
     /// resolves once the job succeeded in this attempt: the first member to
     /// complete ends the job's watch while the others are still finishing,
     /// and they must not take that for a failure. Drop it to stop watching.
+    ///
+    /// A watch the rendezvous drops (a restart) is opened again, within the
+    /// client's outage bound: a rendezvous that comes back with the job
+    /// where it was (its state dir) costs the attempt nothing.
     pub async fn attempt_over(&self) -> Result<JobStatus> {
         let attempt = self.attempt();
-        let mut watch = self.client.watch(&self.membership.job_id).await?;
         let mut succeeded = false;
-        let broken = loop {
-            let status = match watch.next().await {
-                Some(Ok(status)) => status,
-                Some(Err(e)) => break e,
-                None => {
-                    break ClientError::Rpc {
-                        op: "watch",
-                        source: tonic::Status::unavailable("the rendezvous ended the watch"),
-                    };
+        let mut backoff = self.client.backoff();
+        loop {
+            let mut watch = self.client.watch(&self.membership.job_id).await?;
+            let broken = loop {
+                let status = match watch.next().await {
+                    Some(Ok(status)) => status,
+                    Some(Err(e)) => break e,
+                    None => {
+                        break ClientError::Rpc {
+                            op: "watch",
+                            source: tonic::Status::unavailable("the rendezvous ended the watch"),
+                        };
+                    }
+                };
+                backoff.reset();
+                succeeded = status.state == JobState::Succeeded && status.attempt == attempt;
+                if status.attempt > attempt || matches!(status.state, JobState::Failed | JobState::Cancelled)
+                {
+                    return Ok(status);
                 }
             };
-            succeeded = status.state == JobState::Succeeded && status.attempt == attempt;
-            if status.attempt > attempt || matches!(status.state, JobState::Failed | JobState::Cancelled) {
-                return Ok(status);
+            if succeeded {
+                std::future::pending::<()>().await;
             }
-        };
-        if succeeded {
-            std::future::pending::<()>().await;
+            backoff.wait("watch", broken).await?;
         }
-        Err(broken)
     }
 }

@@ -9,17 +9,20 @@
 //! - [`wire`]: the one place those values meet their `pb` messages.
 //! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`JobWatch`].
 //! - [`gang`]: [`Gang`], a member's collectives and the watch on its attempt.
+//! - [`retry`]: riding out an outage: transient errors, bounded jittered backoff.
 //! - [`error`]: [`ClientError`] and the status metadata the server attaches.
 
 pub mod client;
 pub mod error;
 pub mod gang;
+pub mod retry;
 pub mod types;
 pub mod wire;
 
 pub use client::{AgentLease, JobWatch, RendezvousClient};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
 pub use gang::Gang;
+pub use retry::DEFAULT_OUTAGE_BOUND;
 pub use types::{
     AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
     RENDEZVOUS_REPORTER,

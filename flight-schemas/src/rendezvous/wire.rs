@@ -59,12 +59,14 @@ impl TryFrom<i32> for JobState {
     }
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
+/// Milliseconds since the Unix epoch (0 before it).
+pub fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn from_unix_ms(ms: u64) -> SystemTime {
+/// The time `ms` milliseconds after the Unix epoch.
+pub fn from_unix_ms(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 

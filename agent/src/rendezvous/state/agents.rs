@@ -34,6 +34,7 @@ impl RendezvousState {
                 );
             }
         }
+        Self::commit(&mut st)?;
         Ok(lease)
     }
 
@@ -61,7 +62,7 @@ impl RendezvousState {
         }
         let cause = format!("agent `{agent_id}` deregistered");
         remove_agent(&mut st, agent_id, &cause);
-        Ok(())
+        Self::commit(&mut st)
     }
 
     /// Live agents, by agent id.

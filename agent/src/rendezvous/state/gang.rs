@@ -75,6 +75,10 @@ impl RendezvousState {
         }
         if job.gang.joined.len() == job.config.num_slots as usize {
             form_gang(&st.agents, job);
+            // On disk before this join returns, so a restart keeps the gang
+            // its members were told (if the write fails, this member gets
+            // UNAVAILABLE and its retry gets the same membership).
+            Self::commit(st)?;
         }
         Ok((rx, deadline))
     }
@@ -94,6 +98,7 @@ impl RendezvousState {
             return Some(deadline);
         }
         expire_gang_now(&mut st.agents, job);
+        Self::commit_or_log(st);
         None
     }
 }

@@ -101,7 +101,8 @@ impl RendezvousState {
                     "collective {seq} called while collective {current} is in progress"
                 )));
             }
-            None if seq != expected => {
+            // After a restart the members' next sequence number is not known.
+            None if seq != expected && !job.gang.resumed => {
                 return Err(job.wrong_state(format!(
                     "collective {seq} out of order: the next collective is {expected}"
                 )));
@@ -130,6 +131,7 @@ impl RendezvousState {
                 let _ = w.send(Ok(result.clone()));
             }
             job.gang.last_gather = Some((seq, result));
+            job.gang.resumed = false;
         }
         Ok((rx, deadline))
     }
@@ -147,6 +149,7 @@ impl RendezvousState {
             return Some(c.deadline);
         }
         expire_gather_now(&mut st.agents, job);
+        Self::commit_or_log(st);
         None
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::rendezvous::Membership;
 use tokio::time::advance;
 
@@ -267,4 +268,143 @@ async fn bad_requests_are_refused_without_state_change() {
     ));
     // Nothing above disturbed the collective sequence.
     assert_eq!(s.all_gather("j", 1, 0, 0, Bytes::new()).await.unwrap().len(), 1);
+}
+
+// ---- restarts (the state file) ----------------------------------------------
+
+fn durable(dir: &std::path::Path) -> RendezvousState {
+    RendezvousState::open(
+        RendezvousConfig::default()
+            .with_lease(Duration::from_secs(10))
+            .with_gang_timeout(Duration::from_secs(30))
+            .with_retention(Duration::from_secs(100)),
+        Some(dir),
+    )
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_keeps_jobs_attempts_failures_gangs_and_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    for id in ["a", "b", "c"] {
+        s.register_agent(agent(id)).unwrap();
+    }
+    // A running job on its second attempt, with the first one's failure.
+    s.create_job(JobConfig::new("run", 2).with_max_attempts(3))
+        .unwrap();
+    form(&s, "run", 1, &["b", "a"]).await;
+    assert_eq!(s.report_failure("run", 1, "a", "boom").unwrap(), Some(2));
+    let before = form(&s, "run", 2, &["a", "b"]).await;
+    // A job still ganging (one of two joined), a cancelled one, a done one.
+    s.create_job(JobConfig::new("gang", 2)).unwrap();
+    let waiting = {
+        let s = s.clone();
+        tokio::spawn(async move { s.join("gang", 1, "c").await })
+    };
+    tokio::task::yield_now().await;
+    s.create_job(JobConfig::new("cancelled", 1)).unwrap();
+    s.cancel_job("cancelled", "operator said so").unwrap();
+    s.create_job(JobConfig::new("done", 1)).unwrap();
+    form(&s, "done", 1, &["c"]).await;
+    s.complete_job("done", 1).unwrap();
+    let statuses = s.list_jobs().unwrap();
+
+    // A crash: nothing is closed, the process is gone.
+    drop(s);
+    waiting.abort();
+    let r = durable(dir.path());
+
+    let restored = r.list_jobs().unwrap();
+    assert_eq!(restored.len(), statuses.len());
+    for (was, now) in statuses.iter().zip(&restored) {
+        // Everything a status says, at the wire's millisecond precision;
+        // only the members of a gang still forming are gone.
+        let mut was = pb::JobStatusResponse::from(was);
+        if was.job_id == "gang" {
+            was.members.clear();
+        }
+        assert_eq!(was, pb::JobStatusResponse::from(now));
+    }
+    let run = r.job_status("run").unwrap();
+    assert_eq!((run.state, run.attempt), (JobState::Running, 2));
+    assert_eq!(run.members, vec!["a", "b"]);
+    assert!(run.failures[0].cause.contains("boom"));
+    // Every agent is back, with a fresh lease.
+    assert_eq!(r.list_agents().unwrap().len(), 3);
+    assert!(r.heartbeat("a").is_ok());
+    // A member whose join reply was lost gets the same membership again.
+    let again = r.join("run", 2, "b").await.unwrap();
+    assert_eq!(
+        (again.rank, again.peers.clone()),
+        (before[1].rank, before[1].peers.clone())
+    );
+    // The ganging job lost its blocked join: its members join again.
+    let gang = r.job_status("gang").unwrap();
+    assert_eq!((gang.state, gang.attempt), (JobState::Ganging, 1));
+    form(&r, "gang", 1, &["c", "a"]).await;
+    // The restored attempt completes.
+    r.complete_job("run", 2).unwrap();
+    assert_eq!(r.job_status("run").unwrap().state, JobState::Succeeded);
+    // Finished jobs keep counting their retention from when they ended.
+    advance(Duration::from_secs(101)).await;
+    for id in ["a", "b", "c"] {
+        r.heartbeat(id).unwrap();
+    }
+    let report = r.reap();
+    assert!(report.collected_jobs.contains(&"done".to_owned()), "{report:?}");
+    assert!(
+        report.collected_jobs.contains(&"cancelled".to_owned()),
+        "{report:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn collectives_of_a_restored_gang_resume_at_the_members_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    for id in ["a", "b"] {
+        s.register_agent(agent(id)).unwrap();
+    }
+    s.create_job(JobConfig::new("j", 2)).unwrap();
+    form(&s, "j", 1, &["a", "b"]).await;
+    for seq in 0..3 {
+        let (a, b) = tokio::join!(
+            s.all_gather("j", 1, 0, seq, Bytes::from_static(b"a")),
+            s.all_gather("j", 1, 1, seq, Bytes::from_static(b"b"))
+        );
+        a.unwrap();
+        b.unwrap();
+    }
+    drop(s);
+    let r = durable(dir.path());
+    let (a, b) = tokio::join!(
+        r.all_gather("j", 1, 0, 3, Bytes::from_static(b"x")),
+        r.all_gather("j", 1, 1, 3, Bytes::from_static(b"y"))
+    );
+    assert_eq!(
+        a.unwrap().as_slice(),
+        &[Bytes::from_static(b"x"), Bytes::from_static(b"y")]
+    );
+    b.unwrap();
+    // From there on the order is enforced again.
+    let err = r.all_gather("j", 1, 0, 7, Bytes::new()).await.unwrap_err();
+    assert!(err.to_string().contains("out of order"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_that_cannot_be_written_is_refused_and_written_by_its_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    // A directory in the temporary file's place makes every write fail.
+    let blocker = dir.path().join(".state.pb.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let err = s.create_job(JobConfig::new("j", 1)).unwrap_err();
+    assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
+    assert!(err.is_retryable());
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
+    std::fs::remove_dir(&blocker).unwrap();
+    assert_eq!(s.create_job(JobConfig::new("j", 1)).unwrap(), 1);
+    drop(s);
+    assert_eq!(durable(dir.path()).job_status("j").unwrap().attempt, 1);
 }
