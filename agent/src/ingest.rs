@@ -59,6 +59,8 @@ struct Staged {
     next: u64,
     /// Rows staged.
     rows: u64,
+    /// Arrow bytes staged (the sum of the batches' acked `bytes`).
+    bytes: u64,
 }
 
 /// The state of one `DoPut` stream: staged batches become part of the shard
@@ -136,12 +138,14 @@ impl PutStream {
                     duplicate: true,
                     committed: false,
                     bytes,
+                    stream_rows: None,
                 });
             }
             let staged = self.staged.entry(meta.producer.clone()).or_insert(Staged {
                 first: committed.next_seq,
                 next: committed.next_seq,
                 rows: 0,
+                bytes: 0,
             });
             if meta.seq != staged.next {
                 return Err(AgentError::SequenceGap {
@@ -172,6 +176,7 @@ impl PutStream {
         if let Some(staged) = self.staged.get_mut(&meta.producer) {
             staged.next += 1;
             staged.rows += rows;
+            staged.bytes += bytes;
         }
         Ok(PutAck {
             producer: meta.producer,
@@ -180,6 +185,7 @@ impl PutStream {
             duplicate: false,
             committed: false,
             bytes,
+            stream_rows: None,
         })
     }
 
@@ -212,7 +218,8 @@ impl PutStream {
                     rows: pos.rows,
                     duplicate: !still_next,
                     committed: true,
-                    bytes: 0,
+                    bytes: if still_next { st.bytes } else { 0 },
+                    stream_rows: Some(if still_next { st.rows } else { 0 }),
                 });
             }
             for producer in self.duplicates_only.drain() {
@@ -227,6 +234,7 @@ impl PutStream {
                     duplicate: true,
                     committed: true,
                     bytes: 0,
+                    stream_rows: Some(0),
                 });
             }
         }

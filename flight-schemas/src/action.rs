@@ -103,7 +103,9 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ActionError {
     /// Unknown action name.
-    #[error("unknown action `{0}`; known: start_job, job_status, cancel_job, end_of_data, list_jobs")]
+    #[error(
+        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, list_jobs"
+    )]
     Unknown(String),
     /// The body is not the expected JSON.
     #[error("malformed body for action `{action}`: {reason}")]

@@ -60,15 +60,27 @@ pub struct PutAck {
     pub producer: String,
     /// The batch acknowledged (the last one, when `committed`).
     pub seq: u64,
-    /// Rows in that batch (rows committed by the stream, when `committed`).
+    /// Rows in that batch; in the final ack (`committed`), every row the
+    /// agent holds for the producer in this split, across all its streams.
     pub rows: u64,
+    /// Final ack only: rows this stream committed for the producer (0 when
+    /// it was a duplicate). Summed over every stream of every producer it is
+    /// the split's `expected_rows`. Absent from per-batch acks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_rows: Option<u64>,
     /// The batch had already been committed and was not stored again.
     #[serde(default)]
     pub duplicate: bool,
     /// The stream ended cleanly and its rows are now part of the shard.
     #[serde(default)]
     pub committed: bool,
-    /// Bytes of Arrow data in that batch, for the sender's in-flight window.
+    /// Arrow data bytes of that batch as decoded by the agent: the sum of
+    /// its columns' buffers over the batch's rows
+    /// ([`batch_bytes`](crate::schema::batch_bytes); pyarrow's
+    /// `RecordBatch.nbytes` of the batch sent, for columns without a validity
+    /// buffer), the same for a duplicate. In the final ack, the bytes this
+    /// stream committed for the producer (0 when it was a duplicate). A
+    /// sender bounds its data in flight by subtracting each ack's `bytes`.
     #[serde(default)]
     pub bytes: u64,
 }
@@ -109,7 +121,13 @@ mod tests {
             duplicate: true,
             committed: false,
             bytes: 800,
+            stream_rows: None,
         };
+        assert!(
+            !String::from_utf8(a.encode())
+                .expect("utf-8")
+                .contains("stream_rows")
+        );
         assert_eq!(PutAck::decode(&a.encode()), Ok(a));
     }
 

@@ -1,4 +1,5 @@
-"""A pyarrow-only Kindling client, following docs/protocol.md alone.
+"""A Kindling client written from docs/protocol.md alone: ``pyarrow.flight``
+calls only (no grpcio, no import from this repository).
 
 Usage: flight_client.py '<json>' with keys agents (Flight URLs), token,
 rendezvous, job_id (created here through the first agent's `create_job`),
@@ -7,11 +8,102 @@ rows_per_agent, eval_rows_per_agent. Prints one JSON object with what it observe
 
 import json
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.flight as fl
 
-from kindling_client import AgentClient, KindlingError, put_stream
+
+class FlightAgent:
+    """One agent: a Flight client and the bearer token on every call."""
+
+    def __init__(self, url, token):
+        self.client = fl.FlightClient(url.replace("http://", "grpc://"))
+        headers = [(b"authorization", f"Bearer {token}".encode())]
+        self.options = fl.FlightCallOptions(headers=headers, timeout=60)
+
+    def action(self, name, body):
+        [result] = list(self.client.do_action(fl.Action(name, json.dumps(body).encode()), options=self.options))
+        return json.loads(result.body.to_pybytes())
+
+    def create_job(self, job_id, num_slots, max_attempts=0):
+        return self.action("create_job", {"job_id": job_id, "num_slots": num_slots, "max_attempts": max_attempts})
+
+    def start_job(self, job_id, spec, rendezvous):
+        return self.action("start_job", {"job_id": job_id, "spec": spec, "rendezvous": rendezvous})
+
+    def job_status(self, job_id):
+        return self.action("job_status", {"job_id": job_id})
+
+    def end_of_data(self, job_id, split, expected_rows):
+        return self.action("end_of_data", {"job_id": job_id, "split": split, "expected_rows": expected_rows})
+
+    def wait_done(self, job_id, timeout):
+        deadline = time.monotonic() + timeout
+        while (status := self.job_status(job_id))["state"] not in ("succeeded", "failed", "cancelled"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} not done within {timeout}s: {status}")
+            time.sleep(0.05)
+        return status
+
+    def model(self, job_id):
+        info = self.client.get_flight_info(fl.FlightDescriptor.for_path(job_id, "model"), options=self.options)
+        return self.client.do_get(info.endpoints[0].ticket, options=self.options).read_all()
+
+    def predict(self, job_id, table):
+        writer, reader = self.client.do_exchange(fl.FlightDescriptor.for_path(job_id, "predict"), options=self.options)
+        writer.begin(table.schema)
+        writer.write_table(table)
+        writer.done_writing()
+        out = reader.read_all()
+        writer.close()
+        return out
+
+    def close(self):
+        self.client.close()
+
+
+class InjectedFailure(Exception):
+    """A producer failing mid-stream, as a failed Spark task would."""
+
+
+def put_stream(agent, job_id, split, producer, batches, fail_after=None):
+    """One stream of ``producer`` (seq from 0): per-batch acks, then the final ack.
+
+    A refused stream gives no more acks (``read()`` is None) and ``close()``
+    raises the agent's error. With ``fail_after``, the producer fails after
+    that many batches and abandons the stream: one more batch with an
+    impossible seq makes the agent refuse it and drop its rows.
+    """
+    schema = batches[0].schema
+    writer, reader = agent.client.do_put(fl.FlightDescriptor.for_path(job_id, split), schema, options=agent.options)
+    acks = []
+    try:
+        for seq, batch in enumerate(batches):
+            if fail_after is not None and seq >= fail_after:
+                raise InjectedFailure(f"injected failure after {seq} batches of {producer}")
+            writer.write_with_metadata(batch, pa.py_buffer(json.dumps({"producer": producer, "seq": seq}).encode()))
+            ack = reader.read()
+            if ack is None:
+                break
+            acks.append(json.loads(ack.to_pybytes()))
+        else:
+            writer.done_writing()
+            final = json.loads(reader.read().to_pybytes())
+    except InjectedFailure:
+        abandon = json.dumps({"producer": producer, "seq": 2**63 - 1}).encode()
+        writer.write_with_metadata(pa.RecordBatch.from_pylist([], schema=schema), pa.py_buffer(abandon))
+        writer.done_writing()
+        while reader.read() is not None:
+            pass
+        try:
+            writer.close()
+        except pa.ArrowInvalid:
+            pass  # the refusal we asked for
+        raise
+    writer.close()  # raises the agent's error for a refused stream
+    return {"acks": acks, "final": final}
 
 
 def rule_table(rows, seed, with_id=False):
@@ -28,7 +120,7 @@ def rule_table(rows, seed, with_id=False):
 def main():
     args = json.loads(sys.argv[1])
     job_id = args["job_id"]
-    agents = [AgentClient(url, args["token"], timeout=60) for url in args["agents"]]
+    agents = [FlightAgent(url, args["token"]) for url in args["agents"]]
     spec = {
         "model": {"kind": "linear"},
         "task": {"kind": "classification", "num_classes": 2},
@@ -56,19 +148,19 @@ def main():
     for i, agent in enumerate(agents):
         ev = rule_table(eval_rows, 1000 + i)
         e = put_stream(agent, job_id, "eval", f"py-eval-{i}", ev.to_batches(max_chunksize=250))
-        agent.end_of_data(job_id, "eval", expected_rows=e["final"]["rows"])
+        agent.end_of_data(job_id, "eval", expected_rows=e["final"]["stream_rows"])
         train = rule_table(rows, i)
         # A stream that fails after 2 batches is abandoned and stores nothing.
         try:
             put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500), fail_after=2)
             aborted = None
-        except KindlingError as err:
+        except InjectedFailure as err:
             aborted = str(err)
         rows_after_abort = agent.job_status(job_id)["rows_train"]
         t = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
         # The same producer again, as a retried task would: every batch is a duplicate.
         d = put_stream(agent, job_id, "train", f"py-{i}", train.to_batches(max_chunksize=500))
-        eod = agent.end_of_data(job_id, "train", expected_rows=t["final"]["rows"])
+        eod = agent.end_of_data(job_id, "train", expected_rows=t["final"]["stream_rows"])
         puts.append({
             "acks": [{k: a[k] for k in ("seq", "rows", "duplicate", "committed")} for a in t["acks"]],
             "final": {k: t["final"][k] for k in ("producer", "rows", "duplicate", "committed")},

@@ -1,8 +1,9 @@
 //! A pyarrow client drives agents through the Flight contract of docs/protocol.md:
 //! start_job, DoPut with per-batch metadata and acks, end_of_data, job_status,
 //! the model table and DoExchange predictions. Rust only starts the cluster;
-//! the script creates the job through an agent's `create_job` action (no
-//! gRPC stubs: Flight alone).
+//! the script (tests/python/flight_client.py) uses `pyarrow.flight` calls
+//! only — no gRPC stubs, no import from this repository — and creates the
+//! job through an agent's `create_job` action.
 
 mod python_common;
 
