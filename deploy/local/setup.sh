@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what Kindling needs on a fresh Debian/Ubuntu machine: protoc (the
 # Spark Connect crates generate code at build time), Java 17 for Spark, the
-# pinned pyspark/pyarrow virtualenv. Idempotent; quiet when all is present.
+# pinned pyspark/pyarrow virtualenv, g++ (the C++ Flight contract check builds
+# against the pyarrow wheel's Arrow C++), and the Python package
+# deploy/python (kindling-client) into that venv. Idempotent; quiet when all
+# is present.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -10,6 +13,7 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v flock >/dev/null 2>&1 || missing+=(util-linux)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
 # The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)
@@ -23,3 +27,21 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 command -v cargo >/dev/null 2>&1 || { echo "[setup] Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
 "$HERE/spark-connect.sh" install
+
+# The Python client package, from a copy of its sources (the build writes
+# nothing into the work tree), without network or build isolation: pyarrow,
+# setuptools and wheel come from the venv's requirements. Reinstalled only
+# when its sources changed.
+VENV="${KINDLING_HOME:-$HOME/.cache/kindling}/venv"
+PKG="$(cd "$HERE/../python" && pwd)"
+want="$(cd "$PKG" && find . -name build -prune -o -name '*.egg-info' -prune -o -name __pycache__ -prune \
+  -o -type f -print | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
+stamp="$VENV/.kindling-client"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c 'import kindling_client' 2>/dev/null; then
+  echo "[setup] installing deploy/python (kindling-client) into $VENV" >&2
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  (cd "$PKG" && tar --exclude=build --exclude='*.egg-info' --exclude=__pycache__ -cf - .) | tar -xf - -C "$tmp"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index "$tmp"
+  echo "$want" > "$stamp"
+fi

@@ -24,6 +24,7 @@ pub fn repo_root() -> PathBuf {
 
 /// Runs `tests/python/<script>` with `args` (one JSON argument) and parses the
 /// JSON object it prints as its last stdout line. Panics with its stderr on failure.
+#[allow(dead_code)]
 pub async fn run_script(script: &str, args: &serde_json::Value) -> serde_json::Value {
     let bin = python_bin();
     assert!(
@@ -63,4 +64,20 @@ pub async fn run_script(script: &str, args: &serde_json::Value) -> serde_json::V
         .unwrap_or_default();
     serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("{script} printed no JSON result ({e}):\n{stdout}\n--- stderr\n{stderr}"))
+}
+
+/// Runs `cmd` on the blocking pool (the agents run on this runtime's other
+/// workers meanwhile) and returns its exit status, stdout and stderr.
+#[allow(dead_code)]
+pub async fn output(mut cmd: std::process::Command) -> (std::process::ExitStatus, String, String) {
+    let shown = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.stdin(Stdio::null()).output())
+        .await
+        .expect("command runner")
+        .unwrap_or_else(|e| panic!("cannot run {shown}: {e}"));
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -1,0 +1,106 @@
+"""The JSON bodies of docs/protocol.md as ``TypedDict`` s (what the agent sends)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+try:  # Python 3.8+
+    from typing import TypedDict
+except ImportError:  # pragma: no cover
+    from typing_extensions import TypedDict  # type: ignore[assignment]
+
+__all__ = [
+    "CreateJobReply",
+    "StartJobReply",
+    "EndOfDataReply",
+    "EpochMetrics",
+    "JobStatus",
+    "PutAck",
+    "PutResult",
+]
+
+
+class CreateJobReply(TypedDict):
+    """``create_job``'s reply."""
+
+    job_id: str
+    attempt: int
+    rendezvous: str
+
+
+class StartJobReply(TypedDict):
+    """``start_job``'s reply."""
+
+    job_id: str
+    agent_id: str
+
+
+class EndOfDataReply(TypedDict):
+    """``end_of_data``'s reply: ``rows`` committed for the split on this agent."""
+
+    job_id: str
+    split: str
+    rows: int
+
+
+class EpochMetrics(TypedDict):
+    """One finished epoch in a status' ``history``."""
+
+    epoch: int
+    train_loss: float
+    rows: int
+    eval_loss: Optional[float]
+    eval_accuracy: Optional[float]
+    samples_per_sec: float
+
+
+class JobStatus(TypedDict):
+    """``job_status``: the job as one agent sees it."""
+
+    job_id: str
+    agent_id: str
+    state: str
+    attempt: int
+    rank: Optional[int]
+    world_size: int
+    epoch: int
+    epochs: int
+    step: int
+    steps_per_epoch: int
+    loss: Optional[float]
+    rows_train: int
+    rows_eval: int
+    rows_trained_per_epoch: List[int]
+    samples_per_sec: float
+    cache_bytes_memory: int
+    cache_bytes_disk: int
+    history: List[EpochMetrics]
+    resumed_from_epoch: Optional[int]
+    error: Optional[str]
+    device: str
+
+
+class _PutAckBase(TypedDict):
+    producer: str
+    seq: int
+    rows: int
+    duplicate: bool
+    committed: bool
+    bytes: int
+
+
+class PutAck(_PutAckBase, total=False):
+    """A ``DoPut`` ack. Per batch: that batch's ``rows`` and ``bytes``. Final
+    (``committed``): ``rows`` is the producer's total on the agent,
+    ``stream_rows`` and ``bytes`` what this stream committed."""
+
+    stream_rows: int
+
+
+class PutResult(TypedDict):
+    """What :func:`~kindling_client.put_stream` observed: every ack, the
+    final one (None for a stream without batches) and the next ``seq``."""
+
+    acks: List[PutAck]
+    final: Optional[PutAck]
+    next_seq: int
