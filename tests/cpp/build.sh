@@ -21,7 +21,8 @@ print(pa.get_include(), pa.get_library_dirs()[0], pa.__version__)')
 # The wheel ships versioned names only (libarrow.so.2600): link them by name.
 lib() {
   local found
-  found="$(cd "$LIBDIR" && ls "lib$1.so".* 2>/dev/null | awk 'length($0) == m || m == 0 { if (m == 0 || length($0) < m) { m = length($0); n = $0 } } END { print n }')"
+  # The shortest name: libarrow.so.2600 rather than libarrow.so.2600.1.0.
+  found="$(cd "$LIBDIR" && ls "lib$1.so".* 2>/dev/null | awk '{ print length($0), $0 }' | sort -n | head -n 1 | cut -d' ' -f2)"
   [ -n "$found" ] || { echo "build.sh: no lib$1.so.* in $LIBDIR" >&2; exit 1; }
   echo "-l:$found"
 }

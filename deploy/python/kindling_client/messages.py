@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
-
-try:  # Python 3.8+
-    from typing import TypedDict
-except ImportError:  # pragma: no cover
-    from typing_extensions import TypedDict  # type: ignore[assignment]
+from typing import List, Optional, TypedDict
 
 __all__ = [
     "CreateJobReply",

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from kindling_client import AgentClient
+from kindling_client import AgentClient, PutAck, PutResult
 
 _ids = itertools.count()
 
@@ -82,3 +82,10 @@ def linear_spec(epochs: int = 4, num_slots: int = 1) -> dict:
         "features": ["x1", "x2"],
         "label": "y",
     }
+
+
+def final_of(result: PutResult) -> PutAck:
+    """The final ack of a stream that carried batches."""
+    final = result["final"]
+    assert final is not None, f"no final ack: {result}"
+    return final

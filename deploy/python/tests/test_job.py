@@ -34,11 +34,12 @@ def test_a_gang_job_runs_from_creation_to_predictions(addresses: List[str], toke
         statuses = job.wait()
         assert [s["state"] for s in statuses] == ["succeeded"] * len(addresses)
         assert [s["rows_train"] for s in statuses] == [2000] * len(addresses)
-        assert sorted(s["rank"] for s in statuses) == list(range(len(addresses)))
+        ranks = [s["rank"] for s in statuses]
+        assert sorted(r for r in ranks if r is not None) == list(range(len(addresses)))
         history = job.history()
         assert [h["epoch"] for h in history] == list(range(1, 7))
         assert all(h["rows"] == 2000 for h in history)
-        assert history[-1]["eval_accuracy"] > 0.9
+        assert (history[-1]["eval_accuracy"] or 0.0) > 0.9
         # follow() saw the history grow to one entry per epoch on every agent.
         for i in range(len(addresses)):
             counts = [n for a, _, n in seen if a == i]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from conftest import linear_spec, rule_table
+from conftest import final_of, linear_spec, rule_table
 from kindling_client import (
     AgentClient,
     FailedPrecondition,
@@ -50,15 +50,15 @@ def test_final_acks_count_the_producer_and_the_stream(agents: List[AgentClient],
     second = put_stream(agent, job_id, "train", "split", batches[2:], first_seq=first["next_seq"])
     assert [a["rows"] for a in first["acks"] + second["acks"]] == [250] * 4
     assert [a["seq"] for a in first["acks"] + second["acks"]] == [0, 1, 2, 3]
-    f1, f2 = first["final"], second["final"]
+    f1, f2 = final_of(first), final_of(second)
     assert (f1["rows"], f1["stream_rows"], f1["seq"]) == (500, 500, 1)
     assert (f2["rows"], f2["stream_rows"], f2["seq"]) == (1000, 500, 3)
     assert "stream_rows" not in first["acks"][0]
     # The same two streams again (a retried task): duplicates, nothing stored.
     again = put_stream(agent, job_id, "train", "split", batches[:2])
     assert all(a["duplicate"] for a in again["acks"])
-    assert (again["final"]["duplicate"], again["final"]["rows"], again["final"]["stream_rows"]) == (True, 1000, 0)
-    assert again["final"]["bytes"] == 0
+    assert (final_of(again)["duplicate"], final_of(again)["rows"], final_of(again)["stream_rows"]) == (True, 1000, 0)
+    assert final_of(again)["bytes"] == 0
 
     # Adding up the final acks' rows counts the first stream twice: refused,
     # and nothing changes, so end_of_data can be sent again.
@@ -70,7 +70,7 @@ def test_final_acks_count_the_producer_and_the_stream(agents: List[AgentClient],
     assert status["rows_train"] == 1000 and status["state"] not in ("failed", "cancelled")
     # More rows may still come after a refused end_of_data; then the retry.
     third = put_stream(agent, job_id, "train", "split", rule_table(100, 2), first_seq=second["next_seq"])
-    expected = sum(r["final"]["stream_rows"] for r in (first, second, again, third))
+    expected = sum(final_of(r)["stream_rows"] for r in (first, second, again, third))
     assert expected == 1100
     assert agent.end_of_data(job_id, "train", expected_rows=expected)["rows"] == 1100
     # A successful end_of_data is idempotent.
@@ -90,7 +90,7 @@ def test_ack_bytes_are_the_batch_arrow_bytes(agents: List[AgentClient], job_id: 
     result = put_stream(agent, job_id, "train", "bytes", batches)
     assert [a["bytes"] for a in result["acks"]] == [b.nbytes for b in batches]
     assert [a["bytes"] for a in result["acks"]] == [300 * 16, 300 * 16, 300 * 16, 100 * 16]
-    assert result["final"]["bytes"] == sum(b.nbytes for b in batches)
+    assert final_of(result)["bytes"] == sum(b.nbytes for b in batches)
     dup = put_stream(agent, job_id, "train", "bytes", batches)
     assert [a["bytes"] for a in dup["acks"]] == [b.nbytes for b in batches]
     agent.cancel_job(job_id, "done")
