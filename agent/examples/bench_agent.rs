@@ -84,7 +84,7 @@ async fn collective_servers(
         let shutdown = stop.clone();
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            kindling_agent::collective::server_builder()
+            kindling_agent::collective::server_builder(&Default::default())
                 .add_service(svc)
                 .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
                 .await
@@ -103,6 +103,7 @@ fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbo
             peers: urls.to_vec(),
             token: Some(token.clone()),
             timeout: Duration::from_secs(120),
+            channel: Default::default(),
         },
         inbox.clone(),
         CancellationToken::new(),

@@ -152,10 +152,32 @@ impl PlacedBatch {
     pub fn store(self) -> Result<CachedBatch, AgentError> {
         match self {
             PlacedBatch::Memory(cached) => Ok(cached),
-            PlacedBatch::Spill { dir, path, batch, .. } => {
-                std::fs::create_dir_all(&dir)
-                    .map_err(|e| AgentError::io(format!("create spill dir {}", dir.display()), e))?;
-                write_ipc_file(&path, &batch)?;
+            PlacedBatch::Spill {
+                dir,
+                path,
+                batch,
+                bytes,
+            } => {
+                let full = |source: std::io::Error| AgentError::SpillFull {
+                    dir: dir.clone(),
+                    needed: bytes,
+                    source,
+                };
+                std::fs::create_dir_all(&dir).map_err(|e| match is_out_of_space(&e) {
+                    true => full(e),
+                    false => AgentError::io(format!("create spill dir {}", dir.display()), e),
+                })?;
+                if let Err(e) = write_ipc_file(&path, &batch) {
+                    // Nothing half-written stays behind.
+                    let _ = std::fs::remove_file(&path);
+                    return Err(match e {
+                        WriteError::Io(e) if is_out_of_space(&e) => full(e),
+                        WriteError::Io(e) => {
+                            AgentError::io(format!("write spill file {}", path.display()), e)
+                        }
+                        WriteError::Arrow(e) => AgentError::arrow(e),
+                    });
+                }
                 let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
                 Ok(CachedBatch::Disk {
                     path,
@@ -293,13 +315,40 @@ impl ShardCache {
     }
 }
 
-fn write_ipc_file(path: &Path, batch: &RecordBatch) -> Result<(), AgentError> {
-    let file =
-        File::create(path).map_err(|e| AgentError::io(format!("create spill file {}", path.display()), e))?;
-    let mut writer = FileWriter::try_new(BufWriter::new(file), &batch.schema()).map_err(AgentError::arrow)?;
-    writer.write(batch).map_err(AgentError::arrow)?;
-    writer.finish().map_err(AgentError::arrow)?;
+/// A failed spill write: the file system's error kept apart, so a full
+/// disk can be told from a broken one.
+enum WriteError {
+    Io(std::io::Error),
+    Arrow(arrow::error::ArrowError),
+}
+
+impl From<arrow::error::ArrowError> for WriteError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        match e {
+            arrow::error::ArrowError::IoError(_, io) => WriteError::Io(io),
+            other => WriteError::Arrow(other),
+        }
+    }
+}
+
+fn write_ipc_file(path: &Path, batch: &RecordBatch) -> Result<(), WriteError> {
+    let file = File::create(path).map_err(WriteError::Io)?;
+    let mut writer = FileWriter::try_new(BufWriter::new(file), &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    // The buffered tail is written (and can fail) here, not in a silent drop.
+    writer
+        .into_inner()?
+        .into_inner()
+        .map_err(|e| WriteError::Io(e.into_error()))?;
     Ok(())
+}
+
+/// No room left on the device, or the user's quota is used up.
+fn is_out_of_space(e: &std::io::Error) -> bool {
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
+    matches!(e.raw_os_error(), Some(ENOSPC | EDQUOT)) || e.kind() == std::io::ErrorKind::StorageFull
 }
 
 #[cfg(test)]

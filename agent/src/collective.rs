@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::pb::collective::collective_client::CollectiveClient;
 use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
 use kindling_schemas::pb::collective::{Chunk, PushAck};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::AgentError;
@@ -233,6 +234,9 @@ pub struct RingConfig {
     pub token: Option<Token>,
     /// How long to wait for a peer's chunk before failing.
     pub timeout: Duration,
+    /// Keepalive of the connection to the next rank: a rank that goes silent
+    /// without closing it fails the ring within its detection bound.
+    pub channel: ChannelConfig,
 }
 
 impl Ring {
@@ -247,15 +251,16 @@ impl Ring {
         }
         let next = if world > 1 {
             let addr = config.peers[((config.rank + 1) % world) as usize].clone();
-            let channel = Endpoint::from_shared(addr.clone())
+            let channel = config
+                .channel
+                .endpoint(&addr)
                 .map_err(|e| AgentError::PeerUnavailable {
                     peer: addr.clone(),
                     reason: e.to_string(),
                 })?
-                .connect_timeout(Duration::from_secs(5))
                 // No per-call timeout: the chunk stream lives as long as the
-                // ring; every wait on a peer is bounded by `config.timeout`.
-                .tcp_nodelay(true)
+                // ring; every wait on a peer is bounded by `config.timeout`,
+                // and a silent connection by the keepalive.
                 .initial_stream_window_size(STREAM_WINDOW_BYTES)
                 .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                 .connect_lazy();
@@ -586,9 +591,9 @@ fn encode_f32(values: &[f32]) -> Bytes {
 
 /// A tonic server builder with the flow-control windows the collective
 /// service (and bulk `DoPut` ingest) need to keep a loopback or LAN link busy.
-pub fn server_builder() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .tcp_nodelay(true)
+pub fn server_builder(channel: &ChannelConfig) -> tonic::transport::Server {
+    channel
+        .server()
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)

@@ -270,6 +270,21 @@ pub enum AgentError {
     /// A spill file with no batch in it.
     #[error("spill file {} is empty", .0.display())]
     EmptySpillFile(PathBuf),
+    /// The spill directory's file system is full: the batch that needed the
+    /// room is not stored (and whatever of it was written is removed).
+    #[error(
+        "spill directory {} is full: {needed} bytes needed for a batch past the memory budget ({source}); free space there, give the agent a larger volume (--work-dir) or a larger --memory-budget",
+        .dir.display()
+    )]
+    SpillFull {
+        /// The spill directory.
+        dir: PathBuf,
+        /// The batch's Arrow size (what its file needed, give or take the IPC framing).
+        needed: u64,
+        /// The I/O error (`ENOSPC`, or a quota's `EDQUOT`).
+        #[source]
+        source: std::io::Error,
+    },
     /// Local I/O (spill files, checkpoints).
     #[error("{context}: {source}")]
     Io {
@@ -420,6 +435,7 @@ impl From<AgentError> for Status {
             | AgentError::Rendezvous { .. }
             | AgentError::RendezvousTimeout { .. } => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),
+            AgentError::SpillFull { .. } => Status::resource_exhausted(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::Status(status) => *status,
             AgentError::Diverged { .. }

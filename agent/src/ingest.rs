@@ -157,15 +157,24 @@ impl PutStream {
             split.cache.place(batch)
         };
         let bytes = placed.bytes();
-        let cached = if placed.spills() {
+        let stored = if placed.spills() {
             tokio::task::spawn_blocking(move || placed.store())
                 .await
                 .map_err(|source| AgentError::Panicked {
                     task: "the spill writer",
                     source,
-                })??
+                })?
         } else {
-            placed.store()?
+            placed.store()
+        };
+        let cached = match stored {
+            Ok(cached) => cached,
+            Err(e @ AgentError::SpillFull { .. }) => {
+                tracing::error!(job = %self.job.job_id, error = %e, "spill directory full: the job fails");
+                self.job.fail_and_drop_data(e.to_string());
+                return Err(e);
+            }
+            Err(e) => return Err(e),
         };
         self.job
             .lock()

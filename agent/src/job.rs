@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::auth::Token;
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{Gang, JobState, RendezvousClient};
 use kindling_schemas::schema::FeatureLayout;
@@ -48,6 +49,8 @@ pub struct JobEnv {
     pub models: ModelRegistry,
     /// The rendezvous this agent registered with (`create_job`'s default).
     pub rendezvous: Option<String>,
+    /// Keepalive and deadlines of the agent's outgoing channels.
+    pub channel: ChannelConfig,
 }
 
 /// A producer's committed position in one split.
@@ -299,6 +302,24 @@ impl Job {
         self.notify_data();
     }
 
+    /// Fails the job on this agent for good (its spill disk is full): its
+    /// rows, cache and spill files are dropped and its tasks end; the agent's
+    /// other jobs go on. The producer sees the cause on its stream; the Rust
+    /// client then cancels the job everywhere.
+    pub fn fail_and_drop_data(&self, cause: String) {
+        {
+            let mut d = self.lock();
+            if !d.state.is_terminal() {
+                d.state = AgentJobState::Failed;
+                d.error = Some(cause);
+            }
+            d.ingest.clear();
+        }
+        self.cancel.cancel();
+        self.env.inbox.forget(&self.job_id);
+        self.notify_data();
+    }
+
     fn fail(&self, cause: String) {
         let mut d = self.lock();
         if !d.state.is_terminal() {
@@ -348,7 +369,9 @@ impl Job {
                             match status.state {
                                 JobState::Succeeded
                                     if self.model.lock().map(|m| m.is_some()).unwrap_or(false) => {}
-                                JobState::Cancelled => self.cancel(cause),
+                                JobState::Cancelled => {
+                                    self.cancel(status.cancel_reason.as_deref().unwrap_or(cause))
+                                }
                                 _ => self.fail(cause.to_owned()),
                             }
                         }
@@ -436,6 +459,7 @@ impl Job {
                     .collect(),
                 token: self.env.token.clone(),
                 timeout: self.env.collective_timeout,
+                channel: self.env.channel,
             },
             self.env.inbox.clone(),
             cancel.clone(),

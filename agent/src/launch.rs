@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::TokenArgs;
@@ -64,6 +65,14 @@ struct Cli {
     /// retrying with jittered backoff — before a job gives up on it (s).
     #[arg(long, env = "KINDLING_RENDEZVOUS_OUTAGE_SECS", default_value_t = 60)]
     rendezvous_outage_secs: u64,
+    /// HTTP/2 keepalive on every connection to and from this agent (ms): a
+    /// PING this often, and a peer that leaves one unanswered this long is
+    /// dropped (a silent peer is found within twice this).
+    #[arg(long, env = "KINDLING_KEEPALIVE_MS", default_value_t = 10_000)]
+    keepalive_ms: u64,
+    /// Deadline of calls to the rendezvous that should answer at once (ms).
+    #[arg(long, env = "KINDLING_CALL_TIMEOUT_MS", default_value_t = 30_000)]
+    call_timeout_ms: u64,
     /// Largest incoming gRPC message, e.g. `64MiB`.
     #[arg(long, env = "KINDLING_MAX_MESSAGE_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
     max_message_bytes: u64,
@@ -176,6 +185,12 @@ impl TryFrom<&Cli> for AgentConfig {
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
             rendezvous_outage: Duration::from_secs(cli.rendezvous_outage_secs),
+            channel: ChannelConfig::default()
+                .with_keepalive(
+                    Duration::from_millis(cli.keepalive_ms.max(1)),
+                    Duration::from_millis(cli.keepalive_ms.max(1)),
+                )
+                .with_call_timeout(Duration::from_millis(cli.call_timeout_ms.max(1))),
             max_message_bytes,
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),

@@ -53,9 +53,10 @@ impl JobRegistry {
             .rendezvous
             .or_else(|| self.env.rendezvous.clone())
             .ok_or(AgentError::NoRendezvous)?;
-        let rendezvous = RendezvousClient::connect_lazy(&url, self.env.token.as_ref())
-            .map_err(|e| AgentError::rendezvous(&url, e))?
-            .with_outage_bound(self.env.rendezvous_outage);
+        let rendezvous =
+            RendezvousClient::connect_lazy_with(&url, self.env.token.as_ref(), &self.env.channel)
+                .map_err(|e| AgentError::rendezvous(&url, e))?
+                .with_outage_bound(self.env.rendezvous_outage);
         let mut config =
             JobConfig::new(create.job_id.clone(), create.num_slots).with_max_attempts(create.max_attempts);
         config.gang_timeout = create.gang_timeout_ms.map(std::time::Duration::from_millis);
@@ -86,9 +87,13 @@ impl JobRegistry {
         let device = crate::device::label(&start.spec)?;
         // So is a model this agent does not have, or a config it refuses.
         self.env.models.check(&start.spec)?;
-        let rendezvous = RendezvousClient::connect_lazy(&start.rendezvous, self.env.token.as_ref())
-            .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?
-            .with_outage_bound(self.env.rendezvous_outage);
+        let rendezvous = RendezvousClient::connect_lazy_with(
+            &start.rendezvous,
+            self.env.token.as_ref(),
+            &self.env.channel,
+        )
+        .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?
+        .with_outage_bound(self.env.rendezvous_outage);
         match rendezvous.status(&start.job_id).await {
             Ok(_) => {}
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {

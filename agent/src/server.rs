@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_server::FlightServiceServer;
 use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -53,6 +54,9 @@ pub struct AgentConfig {
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
     pub rendezvous_outage: Duration,
+    /// Keepalive and deadlines of this agent's connections: its server (the
+    /// clients' and peers' calls), its ring to the next rank, the rendezvous.
+    pub channel: ChannelConfig,
     /// Largest incoming message.
     pub max_message_bytes: usize,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
@@ -83,6 +87,7 @@ impl AgentConfig {
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
+            channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             train_threads: 0,
             models: ModelRegistry::builtin(),
@@ -105,6 +110,7 @@ pub struct AgentHandle {
     /// The rendezvous the agent registered with, and its URL.
     rendezvous: Option<(String, RendezvousClient)>,
     token: Option<Token>,
+    channel: ChannelConfig,
 }
 
 /// What [`AgentHandle::leave_and_shutdown`] told the rendezvous.
@@ -180,18 +186,19 @@ impl AgentHandle {
         let cause = format!("agent {} left: {cause}", self.agent_id);
         let mut departure = Departure::default();
         for (job_id, rendezvous, attempt) in running {
-            let reported = match RendezvousClient::connect_lazy(&rendezvous, self.token.as_ref()) {
-                Ok(client) => tokio::time::timeout(
-                    LEAVE_CALL_TIMEOUT,
-                    client.report_failure(&job_id, attempt, &self.agent_id, &cause),
-                )
-                .await
-                .map_err(|_| AgentError::RendezvousTimeout {
-                    url: rendezvous.clone(),
-                })
-                .and_then(|r| r.map_err(|e| AgentError::rendezvous(&rendezvous, e))),
-                Err(e) => Err(AgentError::rendezvous(&rendezvous, e)),
-            };
+            let reported =
+                match RendezvousClient::connect_lazy_with(&rendezvous, self.token.as_ref(), &self.channel) {
+                    Ok(client) => tokio::time::timeout(
+                        LEAVE_CALL_TIMEOUT,
+                        client.report_failure(&job_id, attempt, &self.agent_id, &cause),
+                    )
+                    .await
+                    .map_err(|_| AgentError::RendezvousTimeout {
+                        url: rendezvous.clone(),
+                    })
+                    .and_then(|r| r.map_err(|e| AgentError::rendezvous(&rendezvous, e))),
+                    Err(e) => Err(AgentError::rendezvous(&rendezvous, e)),
+                };
             match reported {
                 Ok(_) => departure.reported.push((job_id, attempt)),
                 Err(e) => {
@@ -304,6 +311,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),
+        channel: config.channel,
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
@@ -321,7 +329,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             shutdown.cancelled().await;
             inbox.close();
         };
-        let result = collective::server_builder()
+        let result = collective::server_builder(&config.channel)
             .add_service(flight)
             .add_service(collective)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping)
@@ -342,7 +350,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             has_gpu,
             models: config.models.names(),
         };
-        let registered = match RendezvousClient::connect_lazy(rv, config.token.as_ref()) {
+        let registered = match RendezvousClient::connect_lazy_with(rv, config.token.as_ref(), &config.channel)
+        {
             Ok(client) => {
                 let client = client.with_outage_bound(config.rendezvous_outage);
                 client.register(info).await.map(|lease| (client, lease))
@@ -378,5 +387,6 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         server: Some(server),
         rendezvous,
         token: config.token,
+        channel: config.channel,
     })
 }

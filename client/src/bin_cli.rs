@@ -100,6 +100,10 @@ pub struct TrainArgs {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Seconds the job outlives this process if it dies without cleaning up
+    /// (the rendezvous then cancels it and frees its agents).
+    #[arg(long, default_value_t = 30.0)]
+    pub client_lease_secs: f64,
     /// Where to save the trained model.
     #[arg(long, short)]
     pub output: PathBuf,
@@ -228,6 +232,10 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .use_gpu(args.gpu)
         .eval_fraction(args.eval_fraction)
         .seed(args.seed)
+        .client_lease(
+            std::time::Duration::try_from_secs_f64(args.client_lease_secs)
+                .context("--client-lease-secs must be a non-negative number of seconds")?,
+        )
         .progress(ProgressMode::Auto)
         .local_mode(args.local || args.rendezvous.is_none());
     if let Some(r) = &args.rendezvous {

@@ -15,6 +15,7 @@
 
 pub mod action;
 pub mod auth;
+pub mod channel;
 pub mod descriptor;
 pub mod metadata;
 pub mod rendezvous;

@@ -2,4 +2,5 @@
 
 pub mod cluster;
 pub mod events;
+pub mod proxy;
 pub mod spark;

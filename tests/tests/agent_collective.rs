@@ -29,7 +29,7 @@ async fn peers(n: usize, token: &Token) -> Vec<Peer> {
                 shutdown.cancelled().await;
                 closing.close();
             };
-            kindling_agent::collective::server_builder()
+            kindling_agent::collective::server_builder(&Default::default())
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
@@ -58,6 +58,7 @@ fn rings(peers: &[Peer], token: &Token, job: &str) -> Vec<Ring> {
                     peers: urls.clone(),
                     token: Some(token.clone()),
                     timeout: Duration::from_secs(20),
+                    channel: Default::default(),
                 },
                 p.inbox.clone(),
                 CancellationToken::new(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::Stream;
 use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};
 use kindling_schemas::rendezvous::{CURRENT_ATTEMPT_METADATA, JobConfig};
@@ -103,7 +104,8 @@ pub async fn serve(
             state.close();
         }
     };
-    let result = tonic::transport::Server::builder()
+    let result = ChannelConfig::default()
+        .server()
         .max_concurrent_streams(config.max_concurrent_streams)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, signal)
@@ -219,6 +221,16 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<pb::CreateJobResponse>, Status> {
         let attempt = self.state.create_job(JobConfig::from(request.into_inner()))?;
         Ok(Response::new(pb::CreateJobResponse { attempt }))
+    }
+
+    async fn renew_job_lease(
+        &self,
+        request: Request<pb::RenewJobLeaseRequest>,
+    ) -> Result<Response<pb::RenewJobLeaseResponse>, Status> {
+        let lease = self.state.renew_job_lease(&request.into_inner().job_id)?;
+        Ok(Response::new(pb::RenewJobLeaseResponse {
+            lease_ms: lease.map_or(0, duration_ms),
+        }))
     }
 
     async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {

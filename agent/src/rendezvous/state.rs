@@ -89,6 +89,8 @@ struct Job {
     ended: Option<SystemTime>,
     gang: Gang,
     events: watch::Sender<JobStatus>,
+    /// When the client's lease lapses (jobs created with a client lease).
+    client_lease_until: Option<Instant>,
 }
 
 impl Job {
@@ -110,6 +112,11 @@ impl Job {
             updated: self.updated,
             cancel_reason: self.cancel_reason.clone(),
         }
+    }
+
+    /// Starts the client's lease again (a no-op for a job without one).
+    fn renew_client_lease(&mut self) {
+        self.client_lease_until = self.config.client_lease.map(|lease| Instant::now() + lease);
     }
 
     /// Records a state change and tells the watchers.
@@ -237,6 +244,27 @@ fn notify_members(agents: &mut HashMap<String, Agent>, gang: &Gang, job_id: &str
     }
 }
 
+/// Cancels an active job: wakes every blocked call with `JobCancelled` and
+/// tells the members (heartbeat notices, watchers).
+fn cancel_active(agents: &mut HashMap<String, Agent>, job: &mut Job, reason: &str) {
+    let err = RendezvousError::JobCancelled {
+        job_id: job.config.job_id.clone(),
+        reason: reason.to_owned(),
+    };
+    job.gang.resolve_all(&err);
+    notify_members(
+        agents,
+        &job.gang,
+        &job.config.job_id,
+        job.attempt,
+        &err.to_string(),
+    );
+    job.cancel_reason = Some(reason.to_owned());
+    job.finish(JobState::Cancelled);
+    job.publish();
+    tracing::info!(job = %job.config.job_id, %reason, "job cancelled");
+}
+
 fn require(what: &str, value: &str) -> Result<()> {
     if value.is_empty() {
         Err(RendezvousError::invalid(format!("{what} must not be empty")))
@@ -335,7 +363,8 @@ impl RendezvousState {
                 && job.config.max_attempts == config.max_attempts
                 && job.config.spec_summary == config.spec_summary
                 && job.gang_timeout == gang_timeout
-                && job.barrier_timeout == barrier_timeout;
+                && job.barrier_timeout == barrier_timeout
+                && job.config.client_lease == config.client_lease;
             return match (same, job.state.is_terminal()) {
                 // A retry of a create whose write failed writes it now.
                 (true, false) => {
@@ -368,7 +397,9 @@ impl RendezvousState {
             ended: None,
             gang: Gang::default(),
             events: watch::Sender::new(placeholder_status()),
+            client_lease_until: None,
         };
+        job.renew_client_lease();
         job.publish();
         tracing::info!(job = %job_id, slots = job.config.num_slots, "job created");
         st.jobs.insert(job_id, job);
@@ -468,21 +499,24 @@ impl RendezvousState {
         }
         job.check_active()?;
         let reason = if reason.is_empty() {
-            "no reason given".to_owned()
+            "no reason given"
         } else {
-            reason.to_owned()
+            reason
         };
-        let err = RendezvousError::JobCancelled {
-            job_id: job_id.to_owned(),
-            reason: reason.clone(),
-        };
-        job.gang.resolve_all(&err);
-        notify_members(&mut st.agents, &job.gang, job_id, job.attempt, &err.to_string());
-        job.cancel_reason = Some(reason);
-        job.finish(JobState::Cancelled);
-        job.publish();
-        tracing::info!(job = %job_id, "job cancelled");
+        cancel_active(&mut st.agents, job, reason);
         Self::commit(st)
+    }
+
+    /// Renews the job's client lease (see [`JobConfig::client_lease`]);
+    /// returns the lease, `None` for a job created without one. A job that
+    /// ended is refused as every call on it is.
+    pub fn renew_job_lease(&self, job_id: &str) -> Result<Option<Duration>> {
+        require("job_id", job_id)?;
+        let mut st = self.lock()?;
+        let job = job_mut(&mut st.jobs, job_id)?;
+        job.check_active()?;
+        job.renew_client_lease();
+        Ok(job.config.client_lease)
     }
 
     /// A job's status.
@@ -536,6 +570,14 @@ impl RendezvousState {
             report.lapsed_agents.push(agent_id);
         }
         for job in st.jobs.values_mut() {
+            let lapsed_client = !job.state.is_terminal() && job.client_lease_until.is_some_and(|t| t <= now);
+            if let (true, Some(lease)) = (lapsed_client, job.config.client_lease) {
+                let reason = format!("the client's lease lapsed: no renewal within {lease:?}");
+                tracing::warn!(job = %job.config.job_id, "client lease lapsed");
+                cancel_active(&mut st.agents, job, &reason);
+                report.cancelled_jobs.push(job.config.job_id.clone());
+                continue;
+            }
             let attempt = job.attempt;
             let gang_expired = job.state == JobState::Ganging && job.gang.deadline.is_some_and(|d| d <= now);
             let gather_expired = job.state == JobState::Running

@@ -117,4 +117,6 @@ pub struct ReapReport {
     pub failed_attempts: Vec<(String, u32)>,
     /// Finished jobs removed after their retention.
     pub collected_jobs: Vec<String>,
+    /// Jobs cancelled because their client's lease lapsed.
+    pub cancelled_jobs: Vec<String>,
 }

@@ -17,11 +17,12 @@ use kindling_schemas::action::{
     StartJob, StartJobResponse,
 };
 use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::JobSpec;
 use serde::de::DeserializeOwned;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::FeedError;
 use super::writer::{CommittingWriter, ShardWriter};
@@ -36,27 +37,41 @@ type Inner = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
 pub struct AgentClient {
     url: String,
     inner: Inner,
+    call_timeout: Duration,
 }
 
 impl AgentClient {
-    /// Connects lazily to the agent at `url` (`http://host:port`).
+    /// Connects lazily to the agent at `url` (`http://host:port`) with the
+    /// default [`ChannelConfig`].
     pub fn connect(url: &str, token: Option<&Token>) -> Result<Self, FeedError> {
+        Self::connect_with(url, token, &ChannelConfig::default())
+    }
+
+    /// Connects lazily to the agent at `url` with the channel settings
+    /// `channel`: an agent that goes silent fails a data stream within the
+    /// keepalive's detection bound and an action at the call timeout
+    /// (`DEADLINE_EXCEEDED`, naming the agent).
+    pub fn connect_with(
+        url: &str,
+        token: Option<&Token>,
+        channel: &ChannelConfig,
+    ) -> Result<Self, FeedError> {
         let addr_err = |reason: String| FeedError::Address {
             addr: url.to_owned(),
             reason,
         };
-        let channel = Endpoint::from_shared(url.to_owned())
+        let connection = channel
+            .endpoint(url)
             .map_err(|e| addr_err(e.to_string()))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
             .connect_lazy();
         let attach = BearerAttach::new(token).map_err(|e| addr_err(e.to_string()))?;
-        let inner = FlightServiceClient::with_interceptor(channel, attach)
+        let inner = FlightServiceClient::with_interceptor(connection, attach)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Ok(AgentClient {
             url: url.to_owned(),
             inner,
+            call_timeout: channel.call_timeout,
         })
     }
 
@@ -77,8 +92,21 @@ impl AgentClient {
         }
     }
 
-    /// Runs an action and decodes its JSON answer.
+    /// Runs an action and decodes its JSON answer; an agent that does not
+    /// answer within the call timeout fails it with `DEADLINE_EXCEEDED`.
     pub async fn action<T: DeserializeOwned>(&self, action: &Action) -> Result<T, FeedError> {
+        let limit = self.call_timeout;
+        tokio::time::timeout(limit, self.action_unbounded(action))
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.status_error(tonic::Status::deadline_exceeded(format!(
+                    "action `{}`: no answer within {limit:?}",
+                    action.kind().name()
+                ))))
+            })
+    }
+
+    async fn action_unbounded<T: DeserializeOwned>(&self, action: &Action) -> Result<T, FeedError> {
         let mut results = self
             .inner
             .clone()

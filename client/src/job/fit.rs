@@ -276,13 +276,17 @@ impl TrainingJob {
         let n = spec.num_slots as usize;
 
         let token = target.token();
-        let rv = RendezvousClient::connect(target.rendezvous(), token.as_ref()).await?;
+        let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.channel).await?;
         let config = JobConfig {
             spec_summary: spec.to_json(),
             gang_timeout: Some(self.gang_timeout),
+            client_lease: Some(self.client_lease),
             ..JobConfig::new(job_id.clone(), spec.num_slots).with_max_attempts(self.max_attempts)
         };
         rv.create_job(&config).await?;
+        // Renewed while this call runs; if the process dies, the job is
+        // cancelled when the lease lapses (the guard below cannot run then).
+        let _lease = rv.keep_job_leased(&job_id, self.client_lease);
         let mut guard = CancelGuard {
             rv: rv.clone(),
             job_id: job_id.clone(),
@@ -293,7 +297,7 @@ impl TrainingJob {
         let mut clients = Vec::with_capacity(n);
         let mut agent_ids: Vec<String> = chosen.iter().map(|a| a.agent_id.clone()).collect();
         for a in &chosen {
-            let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
+            let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
             c.start_job(&job_id, spec, &target.rendezvous()).await?;
             clients.push(c);
         }
@@ -561,7 +565,7 @@ impl TrainingJob {
                 Err(e) => return Err(e),
             };
             for a in candidates {
-                let c = AgentClient::connect(&a.flight_address, token.as_ref())?;
+                let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
                 match c.start_job(job_id, &self.spec, &target.rendezvous()).await {
                     Ok(_) => found.push((a, c)),
                     Err(e) if e.is_retryable() => {

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kindling_schemas::auth::Token;
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, SpecError, Task};
 use tokio::sync::mpsc;
 
@@ -26,6 +27,10 @@ pub use crate::feed::{ExecutorPush, PushedPartition};
 
 /// How long `fit` waits for a lost agent's replacement by default.
 pub const DEFAULT_REPLACEMENT_WAIT: Duration = Duration::from_secs(120);
+
+/// The client lease a job is created with by default
+/// ([`TrainingJobBuilder::client_lease`]).
+pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(30);
 
 /// Everything that can make a training job fail.
 #[derive(Debug, thiserror::Error)]
@@ -244,6 +249,8 @@ pub struct TrainingJob {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     replacement_wait: Duration,
+    client_lease: Duration,
+    channel: ChannelConfig,
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
@@ -312,6 +319,8 @@ pub struct TrainingJobBuilder {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     replacement_wait: Duration,
+    client_lease: Duration,
+    channel: ChannelConfig,
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
@@ -336,6 +345,8 @@ impl Default for TrainingJobBuilder {
             relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
             gang_timeout: Duration::from_secs(60),
             replacement_wait: DEFAULT_REPLACEMENT_WAIT,
+            client_lease: DEFAULT_CLIENT_LEASE,
+            channel: ChannelConfig::default(),
             progress: ProgressMode::Auto,
             events: None,
             feed: Feed::DriverRelay,
@@ -515,6 +526,25 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// The job's client lease (default 30 s): `fit` renews it at the
+    /// rendezvous every third of it, and if this process dies without
+    /// cleaning up (SIGKILL, a lost node) the rendezvous cancels the job once
+    /// the lease lapses, so its agents drop its rows and take other jobs.
+    pub fn client_lease(mut self, lease: Duration) -> Self {
+        self.client_lease = lease;
+        self
+    }
+
+    /// Keepalive and deadlines of the job's connections to the agents and
+    /// the rendezvous (default [`ChannelConfig::default`]): an agent that
+    /// goes silent without closing its connection is found within the
+    /// keepalive's detection bound (a data stream) or the call timeout (a
+    /// status call) and handled as a lost agent.
+    pub fn channel(mut self, channel: ChannelConfig) -> Self {
+        self.channel = channel;
+        self
+    }
+
     /// How progress is shown.
     pub fn progress(mut self, mode: ProgressMode) -> Self {
         self.progress = mode;
@@ -557,6 +587,9 @@ impl TrainingJobBuilder {
         }
         if self.commit_bytes < 64 << 10 {
             return Err(setting("commit_bytes", "must be at least 64 KiB"));
+        }
+        if self.client_lease < Duration::from_secs(1) {
+            return Err(setting("client_lease", "must be at least 1 s"));
         }
         if self.relay_slice_bytes < 1 << 20 {
             return Err(setting("relay_slice_bytes", "must be at least 1 MiB"));
@@ -605,6 +638,8 @@ impl TrainingJobBuilder {
             relay_slice_bytes: self.relay_slice_bytes,
             gang_timeout: self.gang_timeout,
             replacement_wait: self.replacement_wait,
+            client_lease: self.client_lease,
+            channel: self.channel,
             progress: self.progress,
             events: self.events,
             feed: self.feed,

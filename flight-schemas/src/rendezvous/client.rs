@@ -15,9 +15,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::error::ClientError;
 use super::gang::{Gang, gather_request};
+use super::job_lease::JobLease;
 use super::retry::{Backoff, DEFAULT_OUTAGE_BOUND};
 use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
 use crate::auth::{BearerAttach, Token};
+use crate::channel::ChannelConfig;
 use crate::pb::rendezvous as pb;
 use crate::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 
@@ -79,26 +81,42 @@ impl Stream for JobWatch {
 pub struct RendezvousClient {
     inner: Inner,
     outage: Duration,
+    call_timeout: Duration,
 }
 
 impl RendezvousClient {
-    /// Connects to `url` (e.g. `http://rendezvous:7070`) with a bearer token.
+    /// Connects to `url` (e.g. `http://rendezvous:7070`) with a bearer token
+    /// and the default [`ChannelConfig`].
     pub async fn connect(url: impl Into<String>, token: Option<&Token>) -> Result<Self> {
+        Self::connect_with(url, token, &ChannelConfig::default()).await
+    }
+
+    /// Connects to `url` with the channel settings `channel` (keepalive,
+    /// connect timeout, the deadline of each try of a call that should
+    /// answer at once).
+    pub async fn connect_with(
+        url: impl Into<String>,
+        token: Option<&Token>,
+        channel: &ChannelConfig,
+    ) -> Result<Self> {
         let url = url.into();
-        let channel = endpoint(&url)?
+        let connection = endpoint(&url, channel)?
             .connect()
             .await
             .map_err(|source| ClientError::Connect { url, source })?;
-        Self::with_channel(channel, token)
+        Ok(Self::with_channel(connection, token)?.with_call_timeout(channel.call_timeout))
     }
 
     /// A client that connects to `url` on its first call (and again after a
-    /// broken connection), giving up on each try after five seconds.
+    /// broken connection), with the default [`ChannelConfig`].
     pub fn connect_lazy(url: &str, token: Option<&Token>) -> Result<Self> {
-        let channel = endpoint(url)?
-            .connect_timeout(Duration::from_secs(5))
-            .connect_lazy();
-        Self::with_channel(channel, token)
+        Self::connect_lazy_with(url, token, &ChannelConfig::default())
+    }
+
+    /// [`connect_lazy`](Self::connect_lazy) with the channel settings `channel`.
+    pub fn connect_lazy_with(url: &str, token: Option<&Token>, channel: &ChannelConfig) -> Result<Self> {
+        let connection = endpoint(url, channel)?.connect_lazy();
+        Ok(Self::with_channel(connection, token)?.with_call_timeout(channel.call_timeout))
     }
 
     /// A client over an existing channel.
@@ -109,7 +127,17 @@ impl RendezvousClient {
         Ok(RendezvousClient {
             inner,
             outage: DEFAULT_OUTAGE_BOUND,
+            call_timeout: ChannelConfig::default().call_timeout,
         })
+    }
+
+    /// How long one try of a call that should answer at once (everything
+    /// but a join and an all-gather, which wait by design) may take; a try
+    /// past it counts as the rendezvous not answering and is retried within
+    /// the outage bound.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
     }
 
     /// How long calls keep retrying a rendezvous that does not answer before
@@ -130,14 +158,46 @@ impl RendezvousClient {
     }
 
     /// Runs `call` until it succeeds, fails with an answer, or the
-    /// rendezvous stayed unreachable past the outage bound.
-    async fn retrying<T, F>(&self, op: &'static str, mut call: impl FnMut(Inner) -> F) -> Result<T>
+    /// rendezvous stayed unreachable past the outage bound; each try has the
+    /// call timeout.
+    async fn retrying<T, F>(&self, op: &'static str, call: impl FnMut(Inner) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.retry_tries(op, Some(self.call_timeout), call).await
+    }
+
+    /// [`retrying`](Self::retrying) for a call that waits by design (a join,
+    /// an all-gather): no deadline of its own. The server's gang and barrier
+    /// timeouts bound it, and the keepalive a server that went silent.
+    async fn retrying_blocking<T, F>(&self, op: &'static str, call: impl FnMut(Inner) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.retry_tries(op, None, call).await
+    }
+
+    async fn retry_tries<T, F>(
+        &self,
+        op: &'static str,
+        deadline: Option<Duration>,
+        mut call: impl FnMut(Inner) -> F,
+    ) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.backoff();
         loop {
-            match call(self.grpc()).await {
+            let attempt = call(self.grpc());
+            let outcome = match deadline {
+                Some(limit) => tokio::time::timeout(limit, attempt).await.unwrap_or_else(|_| {
+                    Err(tonic::Status::unavailable(format!(
+                        "the rendezvous did not answer within {limit:?}"
+                    )))
+                }),
+                None => attempt.await,
+            };
+            match outcome {
                 Ok(reply) => return Ok(reply.into_inner()),
                 Err(source) => backoff.wait(op, ClientError::Rpc { op, source }).await?,
             }
@@ -241,6 +301,39 @@ impl RendezvousClient {
             .attempt)
     }
 
+    /// Renews the job's client lease once; returns the lease (`None`: the
+    /// job has none). A job that ended answers with its error. Tried once:
+    /// [`keep_job_leased`](Self::keep_job_leased) repeats it.
+    pub async fn renew_job_lease(&self, job_id: &str) -> Result<Option<Duration>> {
+        let reply = self
+            .grpc()
+            .renew_job_lease(pb::RenewJobLeaseRequest {
+                job_id: job_id.to_owned(),
+            })
+            .await
+            .map_err(ClientError::rpc("renew_job_lease"))?
+            .into_inner();
+        Ok((reply.lease_ms > 0).then(|| Duration::from_millis(reply.lease_ms)))
+    }
+
+    /// Renews the client lease of `job_id` (created with
+    /// [`JobConfig::with_client_lease`] of `lease`) every lease / 3 in a
+    /// background task until the returned [`JobLease`] is dropped or the job
+    /// ends. A process that dies stops renewing, and the rendezvous cancels
+    /// the job within the lease.
+    pub fn keep_job_leased(&self, job_id: &str, lease: Duration) -> JobLease {
+        let cancel = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(super::job_lease::renew_loop(
+            self.clone(),
+            job_id.to_owned(),
+            lease,
+            cancel.clone(),
+        ));
+        tasks.close();
+        JobLease::new(cancel, tasks)
+    }
+
     /// Joins `agent_id` to `attempt` and waits for the whole gang. Fails with
     /// DEADLINE_EXCEEDED ("k of n members joined") after the gang timeout,
     /// ABORTED if the attempt fails meanwhile, CANCELLED if the job is cancelled.
@@ -252,7 +345,7 @@ impl RendezvousClient {
         };
         // A retried join replaces this member's earlier one at the server.
         let reply = self
-            .retrying("join", |mut g| {
+            .retrying_blocking("join", |mut g| {
                 let request = request.clone();
                 async move { g.join(request).await }
             })
@@ -321,7 +414,7 @@ impl RendezvousClient {
     ) -> Result<Vec<Bytes>> {
         let request = gather_request(job_id, attempt, rank, seq, payload.into());
         let reply = self
-            .retrying("all_gather", |mut g| {
+            .retrying_blocking("all_gather", |mut g| {
                 let request = request.clone();
                 async move { g.all_gather(request).await }
             })
@@ -431,12 +524,13 @@ impl RendezvousClient {
     }
 }
 
-fn endpoint(url: &str) -> Result<Endpoint> {
-    let endpoint = Endpoint::from_shared(url.to_owned()).map_err(|source| ClientError::InvalidEndpoint {
-        url: url.to_owned(),
-        source,
-    })?;
-    Ok(endpoint.tcp_nodelay(true))
+fn endpoint(url: &str, channel: &ChannelConfig) -> Result<Endpoint> {
+    channel
+        .endpoint(url)
+        .map_err(|source| ClientError::InvalidEndpoint {
+            url: url.to_owned(),
+            source,
+        })
 }
 
 fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {

@@ -8,6 +8,7 @@
 //! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
 //! - [`wire`]: the one place those values meet their `pb` messages.
 //! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`JobWatch`].
+//! - [`job_lease`]: [`JobLease`], a job's client lease kept alive.
 //! - [`gang`]: [`Gang`], a member's collectives and the watch on its attempt.
 //! - [`retry`]: riding out an outage: transient errors, bounded jittered backoff.
 //! - [`error`]: [`ClientError`] and the status metadata the server attaches.
@@ -15,6 +16,7 @@
 pub mod client;
 pub mod error;
 pub mod gang;
+pub mod job_lease;
 pub mod retry;
 pub mod types;
 pub mod wire;
@@ -22,6 +24,7 @@ pub mod wire;
 pub use client::{AgentLease, JobWatch, RendezvousClient};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
 pub use gang::Gang;
+pub use job_lease::JobLease;
 pub use retry::DEFAULT_OUTAGE_BOUND;
 pub use types::{
     AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,

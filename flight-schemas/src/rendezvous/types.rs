@@ -29,6 +29,10 @@ pub struct JobConfig {
     pub gang_timeout: Option<Duration>,
     /// `None` = the server default.
     pub barrier_timeout: Option<Duration>,
+    /// The client's lease: unless renewed within this long
+    /// ([`RendezvousClient::keep_job_leased`](super::RendezvousClient::keep_job_leased)),
+    /// the job is cancelled. `None`: the job lives until it ends or is cancelled.
+    pub client_lease: Option<Duration>,
 }
 
 impl JobConfig {
@@ -41,6 +45,7 @@ impl JobConfig {
             spec_summary: String::new(),
             gang_timeout: None,
             barrier_timeout: None,
+            client_lease: None,
         }
     }
     /// Sets the number of attempts (0 = server default).
@@ -61,6 +66,11 @@ impl JobConfig {
     /// Sets the barrier timeout.
     pub fn with_barrier_timeout(mut self, timeout: Duration) -> Self {
         self.barrier_timeout = Some(timeout);
+        self
+    }
+    /// Sets the client lease.
+    pub fn with_client_lease(mut self, lease: Duration) -> Self {
+        self.client_lease = Some(lease);
         self
     }
 }

@@ -142,6 +142,7 @@ impl From<&JobConfig> for pb::CreateJobRequest {
             spec_summary: job.spec_summary.clone(),
             gang_timeout_ms: ms(job.gang_timeout),
             barrier_timeout_ms: ms(job.barrier_timeout),
+            client_lease_ms: ms(job.client_lease),
         }
     }
 }
@@ -157,6 +158,7 @@ impl From<pb::CreateJobRequest> for JobConfig {
             spec_summary: r.spec_summary,
             gang_timeout: millis(r.gang_timeout_ms),
             barrier_timeout: millis(r.barrier_timeout_ms),
+            client_lease: millis(r.client_lease_ms),
         }
     }
 }
@@ -203,9 +205,18 @@ mod tests {
 
     #[test]
     fn job_config_timeouts_default_to_zero_on_the_wire() {
-        let job = JobConfig::new("j", 2).with_gang_timeout(Duration::from_secs(3));
+        let job = JobConfig::new("j", 2)
+            .with_gang_timeout(Duration::from_secs(3))
+            .with_client_lease(Duration::from_millis(1500));
         let wire = pb::CreateJobRequest::from(&job);
-        assert_eq!((wire.gang_timeout_ms, wire.barrier_timeout_ms), (3000, 0));
+        assert_eq!(
+            (
+                wire.gang_timeout_ms,
+                wire.barrier_timeout_ms,
+                wire.client_lease_ms
+            ),
+            (3000, 0, 1500)
+        );
         assert_eq!(JobConfig::from(wire), job);
     }
 }

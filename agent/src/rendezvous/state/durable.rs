@@ -67,7 +67,7 @@ impl Job {
             gang.members = Some(record.members.into());
             gang.resumed = status.state == JobState::Running;
         }
-        let job = Job {
+        let mut job = Job {
             config,
             gang_timeout,
             barrier_timeout,
@@ -81,7 +81,11 @@ impl Job {
             ended,
             gang,
             events: watch::Sender::new(placeholder_status()),
+            client_lease_until: None,
         };
+        // Like an agent's, the client's lease starts afresh: a restart costs
+        // the client no renewal.
+        job.renew_client_lease();
         job.events.send_replace(job.status());
         Ok(job)
     }

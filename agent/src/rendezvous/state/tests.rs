@@ -408,3 +408,75 @@ async fn a_change_that_cannot_be_written_is_refused_and_written_by_its_retry() {
     drop(s);
     assert_eq!(durable(dir.path()).job_status("j").unwrap().attempt, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_client_lease_cancels_the_job_and_wakes_its_members() {
+    let s = with_agents(&["a", "b"]);
+    let lease = Duration::from_secs(3);
+    s.create_job(JobConfig::new("j", 2).with_client_lease(lease))
+        .unwrap();
+    s.create_job(JobConfig::new("free", 1)).unwrap();
+    let blocked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.join("j", 1, "a").await })
+    };
+    tokio::task::yield_now().await;
+    // Renewed within the lease, the job lives on past it.
+    advance(Duration::from_secs(2)).await;
+    assert_eq!(s.renew_job_lease("j").unwrap(), Some(lease));
+    advance(Duration::from_secs(2)).await;
+    assert!(s.reap().cancelled_jobs.is_empty());
+    assert_eq!(s.job_status("j").unwrap().state, JobState::Ganging);
+    // Then the client stops renewing.
+    advance(Duration::from_secs(2)).await;
+    s.heartbeat("a").unwrap();
+    s.heartbeat("b").unwrap();
+    assert_eq!(s.reap().cancelled_jobs, vec!["j".to_owned()]);
+    let err = blocked.await.unwrap().unwrap_err();
+    assert!(matches!(err, RendezvousError::JobCancelled { .. }), "{err}");
+    let status = s.job_status("j").unwrap();
+    assert_eq!(status.state, JobState::Cancelled);
+    assert_eq!(
+        status.cancel_reason.as_deref(),
+        Some("the client's lease lapsed: no renewal within 3s")
+    );
+    // A job without a lease is untouched, and renewing it reports no lease.
+    assert_eq!(s.job_status("free").unwrap().state, JobState::Ganging);
+    assert_eq!(s.renew_job_lease("free").unwrap(), None);
+    // A cancelled job's lease can no longer be renewed.
+    assert!(matches!(
+        s.renew_job_lease("j"),
+        Err(RendezvousError::JobCancelled { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_lease_is_part_of_the_job_s_parameters() {
+    let s = state();
+    let leased = JobConfig::new("j", 1).with_client_lease(Duration::from_secs(5));
+    s.create_job(leased.clone()).unwrap();
+    assert_eq!(s.create_job(leased).unwrap(), 1);
+    assert!(matches!(
+        s.create_job(JobConfig::new("j", 1)),
+        Err(RendezvousError::JobExists { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_keeps_a_client_lease_and_starts_it_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    let lease = Duration::from_secs(4);
+    s.create_job(JobConfig::new("j", 1).with_client_lease(lease))
+        .unwrap();
+    // The client renewed last 3 s ago; the rendezvous then crashes.
+    advance(Duration::from_secs(3)).await;
+    drop(s);
+    let r = durable(dir.path());
+    // The restart gives the client a whole lease again.
+    advance(Duration::from_secs(3)).await;
+    assert!(r.reap().cancelled_jobs.is_empty());
+    assert_eq!(r.renew_job_lease("j").unwrap(), Some(lease));
+    advance(Duration::from_secs(5)).await;
+    assert_eq!(r.reap().cancelled_jobs, vec!["j".to_owned()]);
+}

@@ -1,0 +1,126 @@
+//! A spill directory that fills up (a 1 MiB tmpfs under the agent's work
+//! dir): the job whose batch did not fit fails with RESOURCE_EXHAUSTED naming
+//! the spill directory and the bytes it needed, every spill file it wrote is
+//! removed, and a second job on the same agent trains to the end.
+//! Mounting needs root (as CI runs); elsewhere the test says so and passes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use kindling::local::{LocalCluster, LocalClusterConfig};
+use kindling_schemas::action::AgentJobState;
+use kindling_schemas::descriptor::Split;
+use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
+use kindling_tests::cluster::*;
+
+fn spec(epochs: u32) -> JobSpec {
+    JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(64)
+        .epochs(epochs)
+        .build()
+        .expect("spec")
+}
+
+/// A tmpfs of `size` mounted on `dir` until dropped.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .ok()?;
+        status.success().then(|| SmallDisk(dir.to_owned()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let p = e.path();
+            if p.is_dir() { files_under(&p) } else { vec![p] }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_spill_disk_fails_its_job_frees_its_files_and_spares_the_other_job() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("small");
+    let Some(disk) = SmallDisk::mount(&work, "1m") else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI runs as root and must mount the tmpfs"
+        );
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    let mut config = LocalClusterConfig::new(&work);
+    config.lease = Duration::from_millis(600);
+    // Almost everything spills.
+    config.memory_budget = 64 << 10;
+    let cluster = LocalCluster::start(1, config).await.expect("cluster");
+    start_job(&cluster, "big", &spec(1), &[0]).await;
+    start_job(&cluster, "small", &spec(2), &[0]).await;
+    let agent = agent_client(&cluster, 0);
+
+    // 40 batches of ~40 KB each: past the budget they go to the 1 MiB disk.
+    let batches: Vec<_> = (0..40).map(|i| rule_batch(2000, i)).collect();
+    let err = put(&agent, "big", Split::Train, "p0", &batches)
+        .await
+        .expect_err("the disk fills up");
+    assert_eq!(err.code(), Some(tonic::Code::ResourceExhausted), "{err}");
+    let message = err.to_string();
+    let spill_dir = work.join("spill");
+    assert!(message.contains(&spill_dir.display().to_string()), "{message}");
+    assert!(
+        message.contains("is full") && message.contains("bytes needed"),
+        "{message}"
+    );
+    assert!(!err.is_retryable(), "{err}");
+
+    let big = status(&agent, "big").await;
+    assert_eq!(big.state, AgentJobState::Failed, "{big:?}");
+    assert!(
+        big.error.as_deref().is_some_and(|e| e.contains("is full")),
+        "{big:?}"
+    );
+    assert_eq!((big.rows_train, big.cache_bytes_disk), (0, 0), "{big:?}");
+    assert_eq!(
+        files_under(&spill_dir),
+        Vec::<PathBuf>::new(),
+        "spill files left behind"
+    );
+
+    // The other job on the same agent is untouched and trains to the end.
+    let small = put(&agent, "small", Split::Train, "p0", &[rule_batch(600, 99)])
+        .await
+        .expect("the other job still takes rows");
+    assert_eq!(small.rows_committed, 600);
+    end_of_data(&agent, "small", Split::Train, Some(600)).await;
+    let done = wait_done(&agent, "small").await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{done:?}");
+    assert_eq!(done.rows_trained_per_epoch, vec![600, 600]);
+
+    cluster.shutdown().await;
+    drop(disk);
+}
