@@ -158,23 +158,25 @@ impl PlacedBatch {
                 batch,
                 bytes,
             } => {
-                let full = |source: std::io::Error| AgentError::SpillFull {
-                    dir: dir.clone(),
-                    needed: bytes,
-                    source,
+                // A full disk is told apart from a broken one wherever the write fails.
+                let failed = |context: String, source: std::io::Error| {
+                    if is_out_of_space(&source) {
+                        AgentError::SpillFull {
+                            dir: dir.clone(),
+                            needed: bytes,
+                            source,
+                        }
+                    } else {
+                        AgentError::io(context, source)
+                    }
                 };
-                std::fs::create_dir_all(&dir).map_err(|e| match is_out_of_space(&e) {
-                    true => full(e),
-                    false => AgentError::io(format!("create spill dir {}", dir.display()), e),
-                })?;
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| failed(format!("create spill dir {}", dir.display()), e))?;
                 if let Err(e) = write_ipc_file(&path, &batch) {
                     // Nothing half-written stays behind.
                     let _ = std::fs::remove_file(&path);
                     return Err(match e {
-                        WriteError::Io(e) if is_out_of_space(&e) => full(e),
-                        WriteError::Io(e) => {
-                            AgentError::io(format!("write spill file {}", path.display()), e)
-                        }
+                        WriteError::Io(e) => failed(format!("write spill file {}", path.display()), e),
                         WriteError::Arrow(e) => AgentError::arrow(e),
                     });
                 }
