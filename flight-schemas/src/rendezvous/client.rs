@@ -595,9 +595,7 @@ async fn heartbeat_loop(
     failed: watch::Sender<Vec<AttemptRef>>,
     cancel: CancellationToken,
 ) {
-    let period = (lease / 3).max(Duration::from_millis(1));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (_, mut tick) = renewal_ticks(lease);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -631,4 +629,14 @@ async fn heartbeat_loop(
             Err(_) => tracing::warn!(agent = %agent.agent_id, "heartbeat timed out"),
         }
     }
+}
+
+/// Ticks every third of `lease` (the first one a third from now), delayed
+/// rather than bunched after a stall: how every lease is kept alive, an
+/// agent's by its heartbeat and a job's by its client.
+pub(super) fn renewal_ticks(lease: Duration) -> (Duration, tokio::time::Interval) {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    (period, tick)
 }

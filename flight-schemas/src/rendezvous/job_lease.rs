@@ -41,9 +41,7 @@ pub(super) async fn renew_loop(
     lease: Duration,
     cancel: CancellationToken,
 ) {
-    let period = (lease / 3).max(Duration::from_millis(1));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (period, mut tick) = super::client::renewal_ticks(lease);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
