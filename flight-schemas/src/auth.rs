@@ -130,7 +130,7 @@ impl BearerCheck {
             .ok_or_else(|| {
                 Status::unauthenticated("malformed authorization header: expected `Bearer <token>`")
             })?;
-        if constant_time_eq(presented.as_bytes(), expected.expose().as_bytes()) {
+        if constant_time_eq(expected.expose().as_bytes(), presented.as_bytes()) {
             Ok(())
         } else {
             Err(Status::unauthenticated("invalid bearer token"))
@@ -177,16 +177,35 @@ impl Interceptor for BearerAttach {
 #[error("the token contains characters that are not valid in an HTTP header")]
 pub struct InvalidToken;
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// Whether `given` equals `expected`, in time that depends on neither
+/// where they differ nor how long `expected` is relative to `given`: every
+/// byte of `expected` is compared (against a byte that cannot match past the
+/// end of `given`), with no early return, and a length difference is one
+/// more bit of the difference.
+fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
+    let mut diff = u8::from(expected.len() != given.len());
+    for (i, &e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!e);
+        diff |= e ^ g;
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    std::hint::black_box(diff) == 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_equal_only_byte_for_byte_and_length_for_length() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secre"));
+        assert!(!constant_time_eq(b"secret", b"secret!"));
+        assert!(!constant_time_eq(b"secret", b""));
+        assert!(!constant_time_eq(b"", b"x"));
+        // A prefix padded with what `given` lacks is still different.
+        assert!(!constant_time_eq(b"ab\0", b"ab"));
+    }
 
     fn req_with(header: Option<&str>) -> Request<()> {
         let mut r = Request::new(());

@@ -71,8 +71,12 @@ pub enum PathError {
     /// Wrong number of segments or unknown resource.
     #[error("unknown flight path {0:?}: expected [job_id, train|eval|predict|model|checkpoint]")]
     UnknownPath(Vec<String>),
-    /// The job id has characters outside `[A-Za-z0-9._-]` or a bad length.
-    #[error("invalid job id {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ -")]
+    /// The job id has characters outside `[A-Za-z0-9._-]`, does not start
+    /// with a letter or digit (`.`, `..` and hidden names are refused before
+    /// any path is built from them), or has a bad length.
+    #[error(
+        "invalid job id {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+    )]
     InvalidJobId(String),
     /// A ticket that is not UTF-8.
     #[error("ticket is not UTF-8")]
@@ -84,10 +88,11 @@ pub enum PathError {
 /// ```
 /// assert!(kindling_schemas::descriptor::check_job_id("digits-2026.1").is_ok());
 /// assert!(kindling_schemas::descriptor::check_job_id("a/b").is_err());
+/// assert!(kindling_schemas::descriptor::check_job_id("..").is_err());
 /// ```
 pub fn check_job_id(job_id: &str) -> Result<(), PathError> {
-    let ok = !job_id.is_empty()
-        && job_id.len() <= 128
+    let ok = job_id.len() <= 128
+        && job_id.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
         && job_id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
@@ -214,11 +219,28 @@ mod tests {
                 Err(PathError::UnknownPath(_))
             ));
         }
-        let d = FlightDescriptor::new_path(vec!["a b".into(), "train".into()]);
-        assert!(matches!(
-            DataPath::from_descriptor(&d),
-            Err(PathError::InvalidJobId(_))
-        ));
+        // Ids that would name another directory, or none, once joined into
+        // the spill and checkpoint paths, are refused with the rest.
+        for job in [
+            "a b",
+            ".",
+            "..",
+            ".hidden",
+            "-x",
+            "_x",
+            "a/b",
+            "",
+            &"x".repeat(129),
+        ] {
+            let d = FlightDescriptor::new_path(vec![job.to_owned(), "train".into()]);
+            assert!(
+                matches!(DataPath::from_descriptor(&d), Err(PathError::InvalidJobId(_))),
+                "{job:?}"
+            );
+        }
+        for job in ["j", "J9", "digits-2026.1", "a_b", &"x".repeat(128)] {
+            assert!(check_job_id(job).is_ok(), "{job:?}");
+        }
         assert_eq!(
             DataPath::from_ticket(&Ticket::new(vec![0xff, 0xfe])),
             Err(PathError::TicketNotUtf8)
