@@ -17,6 +17,7 @@ use kindling_schemas::pb::collective::collective_client::CollectiveClient;
 use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
 use kindling_schemas::pb::collective::{Chunk, PushAck};
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -40,6 +41,14 @@ pub const STREAM_WINDOW_BYTES: u32 = 2 << 20;
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 /// HTTP/2 flow-control window per connection: all parts in flight fit.
 pub const CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
+/// Most bytes of chunks held for jobs this agent is not in (yet): a peer's
+/// gang may form, and push, before this agent enters the attempt, so such
+/// chunks are kept — up to this many bytes over all such jobs, and for at
+/// most [`UNJOINED_CHUNK_TTL`]. A chunk past the cap is refused with
+/// RESOURCE_EXHAUSTED naming it.
+pub const UNJOINED_CHUNK_BYTES: usize = 64 << 20;
+/// How long chunks for a job this agent is not in are kept.
+pub const UNJOINED_CHUNK_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -70,6 +79,25 @@ struct InboxState {
     slots: HashMap<Key, Slot>,
     /// The attempt each job is on; older attempts are fenced.
     attempts: HashMap<String, u32>,
+    /// Chunks held for jobs not in `attempts`: bytes, and when the first came.
+    unjoined: HashMap<String, (usize, Instant)>,
+}
+
+impl InboxState {
+    /// Drops the chunks of jobs not joined within [`UNJOINED_CHUNK_TTL`].
+    fn expire_unjoined(&mut self, now: Instant) {
+        let expired: Vec<String> = self
+            .unjoined
+            .iter()
+            .filter(|(_, (_, first))| now.duration_since(*first) >= UNJOINED_CHUNK_TTL)
+            .map(|(job, _)| job.clone())
+            .collect();
+        for job in expired {
+            tracing::debug!(%job, "dropping chunks of a job this agent never joined");
+            self.unjoined.remove(&job);
+            self.slots.retain(|k, _| k.job_id != job);
+        }
+    }
 }
 
 impl Inbox {
@@ -82,6 +110,7 @@ impl Inbox {
     pub fn enter_attempt(&self, job_id: &str, attempt: u32) {
         let mut s = self.lock();
         s.attempts.insert(job_id.to_owned(), attempt);
+        s.unjoined.remove(job_id);
         s.slots.retain(|k, _| k.job_id != job_id || k.attempt >= attempt);
     }
 
@@ -97,6 +126,7 @@ impl Inbox {
     pub fn forget(&self, job_id: &str) {
         let mut s = self.lock();
         s.attempts.remove(job_id);
+        s.unjoined.remove(job_id);
         s.slots.retain(|k, _| k.job_id != job_id);
     }
 
@@ -108,13 +138,26 @@ impl Inbox {
 
     fn deliver(&self, key: Key, data: Bytes) -> Result<(), Status> {
         let mut s = self.lock();
-        if let Some(&current) = s.attempts.get(&key.job_id)
-            && key.attempt < current
-        {
-            return Err(Status::failed_precondition(format!(
-                "chunk for attempt {} of job `{}` refused: the job is on attempt {current}",
-                key.attempt, key.job_id
-            )));
+        match s.attempts.get(&key.job_id) {
+            Some(&current) if key.attempt < current => {
+                return Err(Status::failed_precondition(format!(
+                    "chunk for attempt {} of job `{}` refused: the job is on attempt {current}",
+                    key.attempt, key.job_id
+                )));
+            }
+            Some(_) => {}
+            None => {
+                s.expire_unjoined(Instant::now());
+                let held: usize = s.unjoined.values().map(|(bytes, _)| bytes).sum();
+                if held + data.len() > UNJOINED_CHUNK_BYTES {
+                    return Err(Status::resource_exhausted(format!(
+                        "chunk for job `{}` refused: this agent is not in that job and already holds {held} \
+                         bytes of chunks for jobs it is not in (the cap is {UNJOINED_CHUNK_BYTES} bytes, each \
+                         job's kept for {UNJOINED_CHUNK_TTL:?})",
+                        key.job_id
+                    )));
+                }
+            }
         }
         match s.slots.remove(&key) {
             Some(Slot::Waiting(tx)) => {
@@ -128,6 +171,13 @@ impl Inbox {
                 )));
             }
             None => {
+                if !s.attempts.contains_key(&key.job_id) {
+                    let entry = s
+                        .unjoined
+                        .entry(key.job_id.clone())
+                        .or_insert((0, Instant::now()));
+                    entry.0 += data.len();
+                }
                 s.slots.insert(key, Slot::Arrived(data));
             }
         }
@@ -597,4 +647,52 @@ pub fn server_builder(channel: &ChannelConfig) -> tonic::transport::Server {
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_frame_size(MAX_FRAME_BYTES)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn key(job: &str, part: u32) -> Key {
+        Key {
+            job_id: job.to_owned(),
+            attempt: 1,
+            op: 0,
+            step: 0,
+            from_rank: 0,
+            part,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn chunks_for_jobs_not_joined_are_capped_and_expire() {
+        let inbox = Inbox::new();
+        let part = Bytes::from(vec![0u8; 1 << 20]);
+        let fit = UNJOINED_CHUNK_BYTES / part.len();
+        for p in 0..fit {
+            inbox.deliver(key("early", p as u32), part.clone()).unwrap();
+        }
+        let refused = inbox.deliver(key("other", 0), part.clone()).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("the cap is 67108864 bytes"),
+            "{refused}"
+        );
+        // A job this agent is in takes chunks whatever the others hold.
+        inbox.enter_attempt("mine", 1);
+        inbox.deliver(key("mine", 0), part.clone()).unwrap();
+        // Joining the early job keeps its chunks and frees the cap.
+        inbox.enter_attempt("early", 1);
+        assert!(inbox.take_or_wait(key("early", 0)).is_ok());
+        inbox.deliver(key("other", 0), part.clone()).unwrap();
+        // Chunks of a job never joined go after the TTL, and free the cap.
+        for p in 1..fit {
+            inbox.deliver(key("other", p as u32), part.clone()).unwrap();
+        }
+        assert!(inbox.deliver(key("third", 0), part.clone()).is_err());
+        tokio::time::advance(UNJOINED_CHUNK_TTL).await;
+        inbox.deliver(key("third", 0), part.clone()).unwrap();
+        assert!(inbox.lock().slots.keys().all(|k| k.job_id != "other"));
+    }
 }
