@@ -3,14 +3,17 @@
 //! no-op unary RPC, and `tokio::sync::Barrier` without gRPC) — once with the
 //! state in memory and once with a state dir (every change written before it
 //! is acknowledged), so the cost of durability is measured in the same run.
-//! Then restarts: a durable rendezvous serving a formed gang is aborted (its
-//! connections drop, as on a crash) and served again on the same address
-//! after `--outage-ms`, `--restarts` times; measured from the new server's
-//! start to every member's barrier, called during the outage, released.
+//! Then restarts: a `kindling-rendezvous` process with a state dir, serving
+//! a formed gang, is SIGKILLed and started again on the same address after
+//! `--outage-ms`, `--restarts` times; measured from the new process's spawn
+//! to every member's barrier, called during the outage, released (so it
+//! includes the process start, reading the state back, and the members'
+//! retry backoff).
 //!
 //! ```text
-//! CARGO_TARGET_DIR=$HOME/.cache/kindling/target \
-//!   cargo run --release -p kindling-agent --example bench_rendezvous -- \
+//! export CARGO_TARGET_DIR=$HOME/.cache/kindling/target
+//! cargo build --release -p kindling-agent --bin kindling-rendezvous --example bench_rendezvous
+//! $CARGO_TARGET_DIR/release/examples/bench_rendezvous \
 //!   --gang-members 1000 --barrier-members 256 --rounds 200 --channels 16
 //! ```
 
@@ -55,6 +58,10 @@ struct Args {
     /// How long the rendezvous is down each time (ms).
     #[arg(long, default_value_t = 500)]
     outage_ms: u64,
+    /// The `kindling-rendezvous` binary restarted (default: beside this
+    /// example's directory, as cargo lays out a target dir).
+    #[arg(long)]
+    rendezvous_bin: Option<std::path::PathBuf>,
 }
 
 /// A rendezvous served on `listener` until the returned token is cancelled
@@ -227,14 +234,48 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// A `kindling-rendezvous` process on `addr` keeping its state in `dir`.
+fn spawn_rendezvous(
+    bin: &Path,
+    addr: std::net::SocketAddr,
+    dir: &Path,
+) -> std::io::Result<std::process::Child> {
+    std::process::Command::new(bin)
+        .args(["--listen", &addr.to_string(), "--health-listen", "127.0.0.1:0"])
+        .args(["--lease-ms", "60000", "--gang-timeout-ms", "60000"])
+        .env("KINDLING_TOKEN", "bench")
+        .arg("--state-dir")
+        .arg(dir)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+}
+
 /// Restart to resumed: a formed gang's members call a barrier while the
-/// rendezvous is down; timed from the new server's start to all released.
+/// rendezvous process is down (SIGKILLed); timed from the new process's
+/// spawn to all released.
 async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+    let bin = match &args.rendezvous_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("no target dir above this example")?
+            .join("kindling-rendezvous"),
+    };
+    if !bin.exists() {
+        return Err(format!(
+            "{} not found: build it (cargo build --release -p kindling-agent --bin kindling-rendezvous) \
+             or pass --rendezvous-bin",
+            bin.display()
+        )
+        .into());
+    }
     let token = Token::new("bench");
     let dir = tempfile::tempdir()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let (_, mut server) = start_server(listener, &token, Some(dir.path()));
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut server = spawn_rendezvous(&bin, addr, dir.path())?;
     let client = RendezvousClient::connect(format!("http://{addr}"), Some(&token)).await?;
     let n = args.restart_members;
     let mut leases = Vec::new();
@@ -250,8 +291,8 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let gangs: Vec<Arc<_>> = gangs.into_iter().map(Arc::new).collect();
     let mut resumed = Vec::new();
     for _ in 0..args.restarts {
-        server.abort();
-        let _ = (&mut server).await;
+        server.kill()?; // SIGKILL
+        server.wait()?;
         let barriers: Vec<_> = gangs
             .iter()
             .map(|g| {
@@ -260,9 +301,8 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(args.outage_ms)).await;
-        let listener = tokio::net::TcpListener::bind(addr).await?;
         let started = Instant::now();
-        server = start_server(listener, &token, Some(dir.path())).1;
+        server = spawn_rendezvous(&bin, addr, dir.path())?;
         let mut last = started;
         for b in barriers {
             last = last.max(b.await??);
@@ -273,7 +313,7 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     assert_eq!(status.attempt, 1, "the restarts cost no attempt: {status:?}");
     rows.push(Row::new(
         format!(
-            "restart ({} ms down) → every member's barrier released [state dir]",
+            "SIGKILL, {} ms down, restart → every member's barrier released [state dir]",
             args.outage_ms
         ),
         n,
@@ -282,7 +322,8 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     for l in leases {
         l.stop().await;
     }
-    server.abort();
+    server.kill()?;
+    server.wait()?;
     Ok(())
 }
 

@@ -104,6 +104,14 @@ pub struct TrainArgs {
     /// (the rendezvous then cancels it and frees its agents).
     #[arg(long, default_value_t = 30.0)]
     pub client_lease_secs: f64,
+    /// Seconds to wait for a replacement when an agent is lost and no spare
+    /// is live (its pod restarting on its node, or a new node's agent).
+    #[arg(long, default_value_t = 120.0)]
+    pub replacement_wait_secs: f64,
+    /// Elastic shrink: the fewest agents the job may go on with when no
+    /// replacement comes (default: --slots, no shrink).
+    #[arg(long)]
+    pub min_slots: Option<u32>,
     /// Where to save the trained model.
     #[arg(long, short)]
     pub output: PathBuf,
@@ -236,10 +244,17 @@ pub async fn train(args: TrainArgs) -> Result<()> {
             std::time::Duration::try_from_secs_f64(args.client_lease_secs)
                 .context("--client-lease-secs must be a non-negative number of seconds")?,
         )
+        .replacement_wait(
+            std::time::Duration::try_from_secs_f64(args.replacement_wait_secs)
+                .context("--replacement-wait-secs must be a non-negative number of seconds")?,
+        )
         .progress(ProgressMode::Auto)
         .local_mode(args.local || args.rendezvous.is_none());
     if let Some(r) = &args.rendezvous {
         builder = builder.rendezvous(r.clone());
+    }
+    if let Some(m) = args.min_slots {
+        builder = builder.min_slots(m);
     }
     if let Some(t) = read_token(&args.token_file)? {
         builder = builder.token(t);

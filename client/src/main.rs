@@ -27,7 +27,7 @@ enum Command {
     /// Run a Spark SQL query through Spark Connect and stream its result.
     Sql(SqlArgs),
     /// Train a model on a Spark query, table or file (local mode or a cluster).
-    Train(bin_cli::TrainArgs),
+    Train(Box<bin_cli::TrainArgs>),
     /// Predict with a saved model over a Spark query, table or file.
     Predict(bin_cli::PredictArgs),
     /// Show the agents and jobs a rendezvous knows.
@@ -69,7 +69,7 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Sql(args) => sql(args).await,
-        Command::Train(args) => bin_cli::train(args).await,
+        Command::Train(args) => bin_cli::train(*args).await,
         Command::Predict(args) => bin_cli::predict(args).await,
         Command::Status(args) => bin_cli::status(args).await,
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kindling::SparkSession;
-use kindling::job::{JobError, TrainingEvent, TrainingJobBuilder};
+use kindling::job::{ExecutorPush, Feed, JobError, TrainingEvent, TrainingJobBuilder};
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_schemas::action::{Action, AgentJobState, JobList};
 use kindling_schemas::rendezvous::RendezvousClient;
@@ -15,10 +15,14 @@ use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 use tokio::sync::mpsc::Receiver;
 
 async fn two_agents() -> (Arc<LocalCluster>, tempfile::TempDir) {
+    agents(2).await
+}
+
+async fn agents(n: usize) -> (Arc<LocalCluster>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = LocalClusterConfig::new(dir.path());
     config.lease = Duration::from_millis(600);
-    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    let cluster = LocalCluster::start(n, config).await.expect("cluster");
     (Arc::new(cluster), dir)
 }
 
@@ -139,5 +143,71 @@ async fn with_no_replacement_the_job_fails_after_the_wait_naming_the_lost_agent(
         "{err}"
     );
     assert!(err.to_string().contains(&lost), "{err}");
+    Arc::try_unwrap(cluster).expect("sole owner").shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_executor_push_and_min_slots_2_the_survivors_take_over_the_pushed_partitions() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 20_000).await;
+    let (cluster, _dir) = agents(3).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let push = ExecutorPush::new().node_local(false).token_in_plan(true);
+    let job = cluster_job(&cluster)
+        .num_slots(3)
+        .min_slots(2)
+        .replacement_wait(Duration::from_secs(1))
+        .feed(Feed::ExecutorPush(push))
+        .events(tx)
+        .build()
+        .expect("job");
+    let fit = {
+        let df = df.clone();
+        tokio::spawn(async move { job.fit(&df).await })
+    };
+    let lost = kill_second_agent_in_epoch_2(&cluster, &mut rx).await;
+    let (mut shrunk, mut fed) = (Vec::new(), Vec::new());
+    while let Some(e) = rx.recv().await {
+        match e {
+            TrainingEvent::Shrunk { lost, world_size } => shrunk.push((lost, world_size)),
+            TrainingEvent::Fed { partitions, .. } => fed.push(partitions),
+            _ => {}
+        }
+    }
+    let model = fit.await.expect("task").expect("the survivors finish the job");
+    assert_eq!(shrunk, [(vec![lost], 2)]);
+    assert_eq!(model.history().len(), 5);
+    // After the kill (the first push was read before it): the re-push of only
+    // the lost shard's partitions, now held by a survivor.
+    assert_eq!(fed.len(), 1, "{fed:#?}");
+    let resent = &fed[0];
+    assert!(
+        !resent.is_empty(),
+        "the lost shard's partitions were pushed again"
+    );
+    assert!(
+        resent.iter().all(|p| p.shard == Some(1) && p.partition % 3 == 1),
+        "{resent:#?}"
+    );
+    let rows = df.count().await.expect("count") as u64;
+    let mut survivors = Vec::new();
+    for i in 0..3 {
+        let Some(url) = cluster.agent_url(i) else {
+            continue; // the killed agent
+        };
+        let client = kindling::feed::AgentClient::connect(&url, cluster.token()).expect("client");
+        let jobs: JobList = client.action(&Action::ListJobs).await.expect("list");
+        survivors.extend(jobs.jobs);
+    }
+    assert_eq!(survivors.len(), 2, "{survivors:#?}");
+    assert_eq!(survivors.iter().map(|j| j.rows_train).sum::<u64>(), rows);
+    for j in &survivors {
+        assert_eq!((j.state, j.world_size), (AgentJobState::Succeeded, 2), "{j:#?}");
+        assert_eq!(
+            j.rows_trained_per_epoch,
+            vec![rows; 5],
+            "every row once per epoch: {j:#?}"
+        );
+    }
     Arc::try_unwrap(cluster).expect("sole owner").shutdown().await;
 }

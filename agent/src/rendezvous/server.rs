@@ -288,6 +288,15 @@ impl Rendezvous for RendezvousService {
         }))
     }
 
+    async fn resize_job(
+        &self,
+        request: Request<pb::ResizeJobRequest>,
+    ) -> Result<Response<pb::ResizeJobResponse>, Status> {
+        let r = request.into_inner();
+        let num_slots = self.state.resize_job(&r.job_id, r.attempt, r.num_slots)?;
+        Ok(Response::new(pb::ResizeJobResponse { num_slots }))
+    }
+
     async fn complete_job(
         &self,
         request: Request<pb::CompleteJobRequest>,

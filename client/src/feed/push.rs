@@ -236,17 +236,23 @@ pub(crate) async fn push(
             report.push(line); // an empty partition: nothing was sent
             continue;
         };
-        let shard =
-            shards
-                .agent_ids
-                .iter()
-                .position(|a| a == holder)
-                .ok_or_else(|| FeedError::PushedElsewhere {
-                    partition: s.partition,
-                    agent_id: holder.clone(),
-                    address: s.agent.clone(),
-                    job_agents: shards.agent_ids.to_vec(),
-                })?;
+        // The shard fed this time that the holder holds: the partition's
+        // own shard when it is re-sent (an agent may hold several shards
+        // after an elastic shrink), else the holder's first.
+        let holds = |sh: usize| shards.feeds(sh) && shards.agent_ids[sh] == *holder;
+        let before = placed
+            .iter()
+            .find(|(sp, p, _, _)| *sp == split && *p == s.partition)
+            .map(|(_, _, sh, _)| *sh);
+        let shard = before
+            .filter(|&sh| holds(sh))
+            .or_else(|| (0..n).find(|&sh| holds(sh)))
+            .ok_or_else(|| FeedError::PushedElsewhere {
+                partition: s.partition,
+                agent_id: holder.clone(),
+                address: s.agent.clone(),
+                job_agents: shards.agent_ids.to_vec(),
+            })?;
         rows[shard] += s.rows;
         placements.push((split, s.partition, shard, s.rows));
         line.shard = Some(shard);
@@ -284,17 +290,25 @@ pub(crate) async fn push(
         }
     }
     placed.extend(placements);
-    // What the agents hold must be what the partitions report, shard by shard.
+    // What each agent fed now holds must be what the partitions of all its
+    // shards report.
+    let mut checked = std::collections::BTreeSet::new();
     for (s, c) in clients.iter().enumerate() {
-        if !shards.feeds(s) {
+        let agent = &shards.agent_ids[s];
+        if !shards.feeds(s) || !checked.insert(agent) {
             continue;
         }
+        let expected: u64 = placed
+            .iter()
+            .filter(|(sp, _, sh, _)| *sp == split && shards.agent_ids[*sh] == *agent)
+            .map(|(_, _, _, r)| r)
+            .sum();
         let held = c.job_status(ctx.job_id).await?.rows(split);
-        if held != rows[s] {
+        if held != expected {
             return Err(FeedError::RowMismatch {
                 shard: s,
                 agent: c.url().to_owned(),
-                sent: rows[s],
+                sent: expected,
                 committed: held,
             });
         }

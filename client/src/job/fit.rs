@@ -8,23 +8,24 @@ use futures::future::BoxFuture;
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobState, RendezvousClient};
+use kindling_schemas::rendezvous::{JobConfig, JobState, RendezvousClient};
 use kindling_schemas::schema::{self, StreamKind};
 
 use super::progress::{Reporter, TrainingEvent};
+use super::recover::{Follow, Holders, pick_agents};
 use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
-use crate::feed::relay::{self, Rows, Shards, SparkRows, Window};
+use crate::feed::relay::{self, Rows, SparkRows, Window};
 use crate::feed::{AgentClient, PushedPartition};
 #[cfg(feature = "local")]
 use crate::local::{LocalCluster, LocalClusterConfig};
 use crate::spark::{DataFrame, RecordBatchStream};
 
-/// How often training status is polled.
+/// How often the agents are asked for their progress.
 const POLL: Duration = Duration::from_millis(200);
 
 /// Where the job runs.
-enum Target<'a> {
+pub(super) enum Target<'a> {
     #[cfg(feature = "local")]
     Local(&'a LocalCluster),
     Remote {
@@ -34,7 +35,7 @@ enum Target<'a> {
 }
 
 impl Target<'_> {
-    fn rendezvous(&self) -> String {
+    pub(super) fn rendezvous(&self) -> String {
         match self {
             #[cfg(feature = "local")]
             Target::Local(c) => c.rendezvous_url(),
@@ -49,7 +50,7 @@ impl Target<'_> {
         false
     }
 
-    fn token(&self) -> Option<Token> {
+    pub(super) fn token(&self) -> Option<Token> {
         match self {
             #[cfg(feature = "local")]
             Target::Local(c) => c.token().cloned(),
@@ -279,7 +280,8 @@ impl TrainingJob {
         let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.channel).await?;
         let config = JobConfig {
             spec_summary: spec.to_json(),
-            gang_timeout: Some(self.gang_timeout),
+            // Survivors wait in the gang while a replacement is awaited.
+            gang_timeout: Some(self.gang_timeout + self.replacement_wait),
             client_lease: Some(self.client_lease),
             ..JobConfig::new(job_id.clone(), spec.num_slots).with_max_attempts(self.max_attempts)
         };
@@ -295,81 +297,91 @@ impl TrainingJob {
         };
         let chosen = pick_agents(&rv, &target, n, &[], spec.model.name()).await?;
         let mut clients = Vec::with_capacity(n);
-        let mut agent_ids: Vec<String> = chosen.iter().map(|a| a.agent_id.clone()).collect();
         for a in &chosen {
             let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
             c.start_job(&job_id, spec, &target.rendezvous()).await?;
             clients.push(c);
         }
+        let mut holders = Holders::new(clients, chosen.into_iter().map(|a| a.agent_id).collect());
         let mut placed = Placements::new();
         let feed = PushCtx {
             job_id: &job_id,
             token: token.as_ref(),
             local: target.is_local(),
         };
-        guard.clients = clients.clone();
+        guard.clients = holders.member_clients();
         reporter.emit(TrainingEvent::Started {
             job_id: job_id.clone(),
-            agents: clients.iter().map(|c| c.url().to_owned()).collect(),
+            agents: holders.clients.iter().map(|c| c.url().to_owned()).collect(),
         });
-
-        let shards = Shards {
-            clients: &clients,
-            agent_ids: &agent_ids,
-            only: None,
-        };
         if let Some(eval) = &eval_df {
-            self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
-                .await?;
-        }
-        self.feed_and_end(&feed, train_df, Split::Train, shards, &mut placed, &mut reporter)
+            self.feed_and_end(
+                &feed,
+                eval,
+                Split::Eval,
+                &mut holders,
+                None,
+                &mut placed,
+                &mut reporter,
+            )
             .await?;
+        }
+        self.feed_and_end(
+            &feed,
+            train_df,
+            Split::Train,
+            &mut holders,
+            None,
+            &mut placed,
+            &mut reporter,
+        )
+        .await?;
 
-        // Follow training; replace agents that die.
+        // Follow training: the rendezvous's state as it changes (its watch
+        // stream), the agents' progress every POLL; replace lost agents.
+        let mut follow = Follow::new(rv.clone(), &job_id);
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen_epochs = 0;
-        let mut last_attempt = 1;
         let winner = loop {
-            tokio::time::sleep(POLL).await;
-            let mut statuses = Vec::with_capacity(n);
-            let mut dead = Vec::new();
-            for (s, c) in clients.iter().enumerate() {
+            tokio::select! {
+                status = follow.next() => {
+                    let status = status?;
+                    if matches!(status.state, JobState::Failed | JobState::Cancelled) {
+                        let cause = status.first_cause().unwrap_or("cancelled").to_owned();
+                        return Err(JobError::TrainingFailed { job_id, cause });
+                    }
+                    continue;
+                }
+                _ = tick.tick() => {}
+            }
+            let members = holders.members();
+            let mut statuses = Vec::with_capacity(members.len());
+            let mut lost = Vec::new();
+            for &s in &members {
+                let c = &holders.clients[s];
                 match c.job_status(&job_id).await {
-                    Ok(st) => statuses.push(Some(st)),
+                    Ok(st) => statuses.push(st),
                     Err(e) if e.is_retryable() || e.code() == Some(tonic::Code::NotFound) => {
                         tracing::warn!(shard = s, agent = c.url(), error = %e, "agent lost");
-                        dead.push(s);
-                        statuses.push(None);
+                        lost.push(holders.agent_ids[s].clone());
                     }
                     Err(e) => return Err(e.into()),
                 }
             }
-            let rv_status = rv.status(&job_id).await?;
-            if matches!(rv_status.state, JobState::Failed | JobState::Cancelled) {
-                let cause = rv_status
-                    .failures
-                    .first()
-                    .map(|f| f.cause.clone())
-                    .unwrap_or_else(|| "cancelled".into());
-                return Err(JobError::TrainingFailed { job_id, cause });
-            }
-            for st in statuses.iter().flatten() {
+            for st in &statuses {
                 if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {
                     let cause = st.error.clone().unwrap_or_else(|| format!("{:?}", st.state));
                     return Err(JobError::TrainingFailed { job_id, cause });
                 }
             }
-            if let Some(lead) = statuses
-                .iter()
-                .flatten()
-                .find(|s| s.rank == Some(0))
-                .or(statuses.iter().flatten().next())
-            {
+            if let Some(lead) = statuses.iter().find(|s| s.rank == Some(0)).or(statuses.first()) {
                 while seen_epochs < lead.history.len() {
                     reporter.emit(TrainingEvent::Epoch(lead.history[seen_epochs].clone()));
                     seen_epochs += 1;
                 }
                 if lead.state == AgentJobState::Training {
-                    let total: f64 = statuses.iter().flatten().map(|s| s.samples_per_sec).sum();
+                    let total: f64 = statuses.iter().map(|s| s.samples_per_sec).sum();
                     reporter.emit(TrainingEvent::Step {
                         epoch: lead.epoch,
                         step: lead.step,
@@ -379,48 +391,52 @@ impl TrainingJob {
                     });
                 }
             }
-            if !dead.is_empty() {
-                let lost: Vec<String> = dead.iter().map(|&s| agent_ids[s].clone()).collect();
-                let survivors: Vec<String> = clients
-                    .iter()
-                    .enumerate()
-                    .filter(|(s, _)| !dead.contains(s))
-                    .map(|(_, c)| c.url().to_owned())
-                    .collect();
-                let replacements = self
-                    .replacements(&rv, &target, &job_id, dead.len(), survivors, &lost)
-                    .await?;
-                for (&s, (a, c)) in dead.iter().zip(replacements) {
-                    tracing::info!(shard = s, lost = %agent_ids[s], replacement = %a.agent_id, "agent replaced");
-                    clients[s] = c;
-                    agent_ids[s] = a.agent_id;
-                }
-                guard.clients = clients.clone();
-                let shards = Shards {
-                    clients: &clients,
-                    agent_ids: &agent_ids,
-                    only: Some(&dead),
-                };
+            if !lost.is_empty() {
+                let recovery = self.reassign(&rv, &target, &job_id, &mut holders, &lost).await?;
+                guard.clients = holders.member_clients();
+                let only = Some(recovery.resent.as_slice());
                 if let Some(eval) = &eval_df {
-                    self.feed_and_end(&feed, eval, Split::Eval, shards, &mut placed, &mut reporter)
-                        .await?;
-                }
-                self.feed_and_end(&feed, train_df, Split::Train, shards, &mut placed, &mut reporter)
+                    self.feed_and_end(
+                        &feed,
+                        eval,
+                        Split::Eval,
+                        &mut holders,
+                        only,
+                        &mut placed,
+                        &mut reporter,
+                    )
                     .await?;
-                last_attempt += 1;
+                }
+                self.feed_and_end(
+                    &feed,
+                    train_df,
+                    Split::Train,
+                    &mut holders,
+                    only,
+                    &mut placed,
+                    &mut reporter,
+                )
+                .await?;
+                let attempt = match recovery.shrunk_to {
+                    Some(world) => {
+                        let attempt = self.shrink(&rv, &job_id, world).await?;
+                        reporter.emit(TrainingEvent::Shrunk {
+                            lost: lost.clone(),
+                            world_size: world,
+                        });
+                        attempt
+                    }
+                    None => rv.status(&job_id).await?.attempt,
+                };
                 reporter.emit(TrainingEvent::Recovering {
-                    attempt: last_attempt,
-                    resent_shards: dead.clone(),
+                    attempt,
+                    resent_shards: recovery.resent,
                 });
                 continue;
             }
-            if statuses.iter().flatten().count() == n
-                && statuses
-                    .iter()
-                    .flatten()
-                    .all(|s| s.state == AgentJobState::Succeeded)
+            if statuses.len() == members.len() && statuses.iter().all(|s| s.state == AgentJobState::Succeeded)
             {
-                break statuses.into_iter().flatten().next();
+                break statuses.into_iter().next();
             }
         };
         let Some(final_status) = winner else {
@@ -433,7 +449,7 @@ impl TrainingJob {
             reporter.emit(TrainingEvent::Epoch(final_status.history[seen_epochs].clone()));
             seen_epochs += 1;
         }
-        let weights = clients[0].fetch_model(&job_id).await?;
+        let weights = holders.clients[0].fetch_model(&job_id).await?;
         let model = TrainedModel::from_weights(
             spec.clone(),
             job_id.clone(),
@@ -452,15 +468,18 @@ impl TrainingJob {
 
     /// Streams one split into its shards and signals the end of data, checking
     /// every shard's committed rows. `shards.only`: re-send just these shards.
+    #[allow(clippy::too_many_arguments)]
     async fn feed_and_end(
         &self,
         ctx: &PushCtx<'_>,
         data: &Rows<'_>,
         split: Split,
-        shards: Shards<'_>,
+        holders: &mut Holders,
+        only: Option<&[usize]>,
         placed: &mut Placements,
         reporter: &mut Reporter,
-    ) -> Result<Vec<u64>, JobError> {
+    ) -> Result<(), JobError> {
+        let shards = holders.shards(only);
         let spark_before = data.spark_bytes();
         let started = Instant::now();
         let (rows, agent_bytes, partitions) = match (&self.feed, data) {
@@ -487,15 +506,21 @@ impl TrainingJob {
             }
             (Feed::ExecutorPush(_), Rows::Arrow { .. }) => return Err(arrow_source_pushed()),
         };
-        for (s, c) in shards.clients.iter().enumerate() {
-            if shards.feeds(s) {
-                c.end_of_data(ctx.job_id, split, Some(rows[s])).await?;
+        // Each agent fed now ends the split holding the rows of all its shards.
+        let fed = |s: usize| only.is_none_or(|o| o.contains(&s));
+        holders.record(split, &rows, fed);
+        for s in holders.members() {
+            if holders.shards_of(&holders.agent_ids[s]).into_iter().any(fed) {
+                let expected = holders.agent_rows(split, s);
+                holders.clients[s]
+                    .end_of_data(ctx.job_id, split, Some(expected))
+                    .await?;
             }
         }
         let spark_bytes = data.spark_bytes() - spark_before;
         reporter.emit(TrainingEvent::Fed {
             split: split.as_str(),
-            rows_per_shard: rows.clone(),
+            rows_per_shard: rows,
             feed: match self.feed {
                 Feed::DriverRelay => "driver-relay",
                 Feed::ExecutorPush(_) => "executor-push",
@@ -505,7 +530,7 @@ impl TrainingJob {
             queries: data.queries(),
             partitions,
         });
-        Ok(rows)
+        Ok(())
     }
 }
 
@@ -514,123 +539,5 @@ fn arrow_source_pushed() -> JobError {
     JobError::Setting {
         setting: "feed",
         reason: "fit_arrow feeds from this process: executor push needs a DataFrame (use fit)".into(),
-    }
-}
-
-impl TrainingJob {
-    /// `count` agents started on the job in place of the `lost` ones: spare
-    /// live agents, else — waiting up to `replacement_wait` — agents that
-    /// register meanwhile (the lost agent restarted on its node, as a
-    /// DaemonSet does, or a new one). `survivors` (members' URLs) are never
-    /// picked. A listed agent that cannot take the job (its process is gone
-    /// but its lease has not lapsed yet) is passed over and asked again later.
-    async fn replacements(
-        &self,
-        rv: &RendezvousClient,
-        target: &Target<'_>,
-        job_id: &str,
-        count: usize,
-        survivors: Vec<String>,
-        lost: &[String],
-    ) -> Result<Vec<(AgentInfo, AgentClient)>, JobError> {
-        let deadline = Instant::now() + self.replacement_wait;
-        let token = target.token();
-        let mut found: Vec<(AgentInfo, AgentClient)> = Vec::with_capacity(count);
-        let mut unreachable: Vec<String> = Vec::new();
-        let mut announced = false;
-        while found.len() < count {
-            let mut exclude = survivors.clone();
-            exclude.extend(found.iter().map(|(a, _)| a.flight_address.clone()));
-            exclude.extend(unreachable.iter().cloned());
-            let picked = pick_agents(rv, target, count - found.len(), &exclude, self.spec.model.name()).await;
-            let candidates = match picked {
-                Ok(candidates) => candidates,
-                Err(JobError::NotEnoughAgents { live, .. }) => {
-                    if Instant::now() >= deadline {
-                        return Err(JobError::NoReplacement {
-                            lost: lost.join(", "),
-                            waited: self.replacement_wait,
-                            live,
-                            rendezvous: target.rendezvous(),
-                        });
-                    }
-                    if !announced {
-                        tracing::warn!(lost = ?lost, wait = ?self.replacement_wait, "no spare agent: waiting for a replacement");
-                        announced = true;
-                    }
-                    unreachable.clear();
-                    tokio::time::sleep(POLL).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            for a in candidates {
-                let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
-                match c.start_job(job_id, &self.spec, &target.rendezvous()).await {
-                    Ok(_) => found.push((a, c)),
-                    Err(e) if e.is_retryable() => {
-                        tracing::debug!(agent = %a.agent_id, error = %e, "listed agent cannot take the job yet");
-                        unreachable.push(a.flight_address);
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        Ok(found)
-    }
-}
-
-/// Picks `count` live agents not in `exclude`, in a stable order. In local
-/// mode a missing agent is started; on a cluster too few is an error.
-#[cfg_attr(not(feature = "local"), allow(clippy::never_loop))]
-async fn pick_agents(
-    rv: &RendezvousClient,
-    target: &Target<'_>,
-    count: usize,
-    exclude: &[String],
-    model: &str,
-) -> Result<Vec<AgentInfo>, JobError> {
-    #[cfg(feature = "local")]
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (mut live, lacking): (Vec<AgentInfo>, Vec<AgentInfo>) = rv
-            .list_agents()
-            .await?
-            .into_iter()
-            .filter(|a| !exclude.contains(&a.flight_address))
-            .partition(|a| a.models.iter().any(|m| m == model));
-        live.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        if live.len() >= count {
-            live.truncate(count);
-            return Ok(live);
-        }
-        // Agents without the model would only refuse the job: say what they have.
-        if !lacking.is_empty() && live.len() + lacking.len() >= count {
-            let mut others: Vec<String> = lacking
-                .iter()
-                .map(|a| format!("{} has {}", a.agent_id, a.models.join(", ")))
-                .collect();
-            others.sort();
-            return Err(JobError::ModelUnavailable {
-                model: model.to_owned(),
-                needed: count as u32,
-                with_model: live.len(),
-                others: others.join("; "),
-            });
-        }
-        #[cfg(feature = "local")]
-        if let Target::Local(cluster) = target {
-            for _ in live.len()..count {
-                cluster.add_agent().await?;
-            }
-            if Instant::now() <= deadline {
-                continue;
-            }
-        }
-        return Err(JobError::NotEnoughAgents {
-            needed: count as u32,
-            live: live.len(),
-            rendezvous: target.rendezvous(),
-        });
     }
 }

@@ -10,6 +10,7 @@
 mod fit;
 mod model;
 mod progress;
+mod recover;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,10 +85,13 @@ pub enum JobError {
         /// What each agent without it has.
         others: String,
     },
-    /// An agent was lost, no spare was live, and none registered within the wait.
+    /// An agent was lost, no spare was live, none registered within the
+    /// wait, and too few agents survived to go on without it (`min_slots`).
     #[error(
         "lost agent(s) {lost} and no replacement registered at {rendezvous} within {waited:?} \
-         ({live} other live agent(s)); raise TrainingJobBuilder::replacement_wait or add agents"
+         ({live} other live agent(s)); {survivors} agent(s) survive and the job needs at least \
+         {min_slots} (min_slots): raise TrainingJobBuilder::replacement_wait, lower min_slots, or add \
+         agents"
     )]
     NoReplacement {
         /// The lost agents' ids.
@@ -96,6 +100,10 @@ pub enum JobError {
         waited: Duration,
         /// Live agents that could not take the place.
         live: usize,
+        /// The job's agents still training.
+        survivors: usize,
+        /// The fewest agents the job may go on with.
+        min_slots: u32,
         /// The rendezvous asked.
         rendezvous: String,
     },
@@ -249,6 +257,7 @@ pub struct TrainingJob {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     replacement_wait: Duration,
+    min_slots: u32,
     client_lease: Duration,
     channel: ChannelConfig,
     progress: ProgressMode,
@@ -319,6 +328,7 @@ pub struct TrainingJobBuilder {
     relay_slice_bytes: u64,
     gang_timeout: Duration,
     replacement_wait: Duration,
+    min_slots: Option<u32>,
     client_lease: Duration,
     channel: ChannelConfig,
     progress: ProgressMode,
@@ -345,6 +355,7 @@ impl Default for TrainingJobBuilder {
             relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
             gang_timeout: Duration::from_secs(60),
             replacement_wait: DEFAULT_REPLACEMENT_WAIT,
+            min_slots: None,
             client_lease: DEFAULT_CLIENT_LEASE,
             channel: ChannelConfig::default(),
             progress: ProgressMode::Auto,
@@ -510,7 +521,10 @@ impl TrainingJobBuilder {
         self
     }
 
-    /// How long agents wait for the whole gang.
+    /// How long agents wait for the whole gang (default 60 s). `fit` gives
+    /// the rendezvous this plus [`replacement_wait`](Self::replacement_wait):
+    /// while it waits for a replacement the survivors wait in the gang, and
+    /// that wait must not fail the attempt.
     pub fn gang_timeout(mut self, timeout: Duration) -> Self {
         self.gang_timeout = timeout;
         self
@@ -523,6 +537,19 @@ impl TrainingJobBuilder {
     /// lost agents.
     pub fn replacement_wait(mut self, wait: Duration) -> Self {
         self.replacement_wait = wait;
+        self
+    }
+
+    /// Elastic shrink: the fewest agents the job may go on with (default
+    /// `num_slots`: no shrink). When an agent is lost and no replacement
+    /// registers within [`replacement_wait`](Self::replacement_wait), and at
+    /// least `min_slots` agents survive, the survivors take over the lost
+    /// agents' shards (their rows are sent to them again) and the job resumes
+    /// from its latest checkpoint on fewer ranks; every epoch still trains
+    /// every row once. With fewer survivors `fit` fails with
+    /// [`JobError::NoReplacement`] naming the lost agents.
+    pub fn min_slots(mut self, min_slots: u32) -> Self {
+        self.min_slots = Some(min_slots);
         self
     }
 
@@ -594,6 +621,13 @@ impl TrainingJobBuilder {
         if self.relay_slice_bytes < 1 << 20 {
             return Err(setting("relay_slice_bytes", "must be at least 1 MiB"));
         }
+        let min_slots = self.min_slots.unwrap_or(spec.num_slots);
+        if !(1..=spec.num_slots).contains(&min_slots) {
+            return Err(JobError::Setting {
+                setting: "min_slots",
+                reason: format!("must be in 1..={} (num_slots), got {min_slots}", spec.num_slots),
+            });
+        }
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(JobError::JobId)?;
         }
@@ -638,6 +672,7 @@ impl TrainingJobBuilder {
             relay_slice_bytes: self.relay_slice_bytes,
             gang_timeout: self.gang_timeout,
             replacement_wait: self.replacement_wait,
+            min_slots,
             client_lease: self.client_lease,
             channel: self.channel,
             progress: self.progress,

@@ -83,6 +83,15 @@ pub enum TrainingEvent {
     },
     /// An epoch ended.
     Epoch(EpochMetrics),
+    /// No replacement came for lost agents within `replacement_wait`: the
+    /// remaining agents took over their shards and the gang shrank
+    /// (`TrainingJobBuilder::min_slots`).
+    Shrunk {
+        /// The lost agents' ids.
+        lost: Vec<String>,
+        /// The gang's members from now on.
+        world_size: u32,
+    },
     /// An attempt failed and the gang is re-forming.
     Recovering {
         /// The new attempt.
@@ -206,6 +215,9 @@ impl Reporter {
                 TrainingEvent::Epoch(m) => {
                     let _ = bars.println(epoch_line(m));
                 }
+                TrainingEvent::Shrunk { lost, world_size } => {
+                    let _ = bars.println(shrunk_line(lost, *world_size));
+                }
                 TrainingEvent::Recovering {
                     attempt,
                     resent_shards,
@@ -264,6 +276,7 @@ impl Reporter {
                     )
                 }),
                 TrainingEvent::Epoch(m) => Some(epoch_line(m)),
+                TrainingEvent::Shrunk { lost, world_size } => Some(shrunk_line(lost, *world_size)),
                 TrainingEvent::Recovering {
                     attempt,
                     resent_shards,
@@ -278,6 +291,13 @@ impl Reporter {
             }
         }
     }
+}
+
+fn shrunk_line(lost: &[String], world_size: u32) -> String {
+    format!(
+        "no replacement for {}: the job goes on with {world_size} agents, which took over the lost shards",
+        lost.join(", ")
+    )
 }
 
 fn epoch_line(m: &EpochMetrics) -> String {

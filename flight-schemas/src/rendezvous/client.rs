@@ -447,6 +447,24 @@ impl RendezvousClient {
         Ok((next > 0).then_some(next))
     }
 
+    /// Elastic shrink: `attempt` (the current one, still ganging) and every
+    /// later attempt form with `num_slots` members; the gang forms at once
+    /// when that many already joined. Returns the job's new size.
+    pub async fn resize_job(&self, job_id: &str, attempt: u32, num_slots: u32) -> Result<u32> {
+        let request = pb::ResizeJobRequest {
+            job_id: job_id.to_owned(),
+            attempt,
+            num_slots,
+        };
+        let reply = self
+            .retrying("resize_job", |mut g| {
+                let request = request.clone();
+                async move { g.resize_job(request).await }
+            })
+            .await?;
+        Ok(reply.num_slots)
+    }
+
     /// Marks the job succeeded (idempotent for the completing attempt).
     pub async fn complete(&self, job_id: &str, attempt: u32) -> Result<()> {
         let request = pb::CompleteJobRequest {

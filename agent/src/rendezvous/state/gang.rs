@@ -83,6 +83,49 @@ impl RendezvousState {
         Ok((rx, deadline))
     }
 
+    /// Elastic shrink: the current attempt, still ganging, forms with
+    /// `num_slots` members, and so does every later one. Forms the gang at
+    /// once when that many members already joined. Returns the new size;
+    /// asking for the current size again changes nothing (a retry).
+    pub fn resize_job(&self, job_id: &str, attempt: u32, num_slots: u32) -> Result<u32> {
+        require("job_id", job_id)?;
+        require_attempt(attempt)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = job_mut(&mut st.jobs, job_id)?;
+        job.check_active()?;
+        job.check_attempt(attempt)?;
+        let current = job.config.num_slots;
+        if num_slots == current {
+            return Self::commit(st).map(|()| current);
+        }
+        if num_slots == 0 || num_slots > current {
+            return Err(RendezvousError::invalid(format!(
+                "job `{job_id}` can only shrink: num_slots must be in 1..={current}, got {num_slots}"
+            )));
+        }
+        if job.state != JobState::Ganging {
+            return Err(job.wrong_state(format!(
+                "attempt {attempt} already formed with {current} members; only a ganging attempt can shrink"
+            )));
+        }
+        let joined = job.gang.joined.len();
+        if joined > num_slots as usize {
+            return Err(job.wrong_state(format!(
+                "{joined} members already joined attempt {attempt}; it cannot shrink to {num_slots}"
+            )));
+        }
+        job.config.num_slots = num_slots;
+        tracing::info!(job = %job_id, attempt, from = current, to = num_slots, "gang shrunk");
+        if joined == num_slots as usize {
+            form_gang(&st.agents, job);
+        } else {
+            job.publish();
+        }
+        Self::commit(st)?;
+        Ok(num_slots)
+    }
+
     /// Fails the attempt if it is still ganging past its deadline. `Some` is
     /// a new deadline to keep waiting for; `None` means the waiter has been
     /// (or is being) resolved.
