@@ -234,22 +234,37 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// A `kindling-rendezvous` process on `addr` keeping its state in `dir`.
-fn spawn_rendezvous(
-    bin: &Path,
-    addr: std::net::SocketAddr,
-    dir: &Path,
-) -> std::io::Result<std::process::Child> {
-    std::process::Command::new(bin)
-        .args(["--listen", &addr.to_string(), "--health-listen", "127.0.0.1:0"])
-        .args(["--lease-ms", "60000", "--gang-timeout-ms", "60000"])
-        .env("KINDLING_TOKEN", "bench")
-        .arg("--state-dir")
-        .arg(dir)
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .spawn()
+/// A `kindling-rendezvous` process, SIGKILLed when dropped.
+struct RendezvousProcess(std::process::Child);
+
+impl RendezvousProcess {
+    /// Starts one on `addr` keeping its state in `dir`.
+    fn spawn(bin: &Path, addr: std::net::SocketAddr, dir: &Path) -> std::io::Result<Self> {
+        std::process::Command::new(bin)
+            .args(["--listen", &addr.to_string(), "--health-listen", "127.0.0.1:0"])
+            .args(["--lease-ms", "60000", "--gang-timeout-ms", "60000"])
+            .env("KINDLING_TOKEN", "bench")
+            .arg("--state-dir")
+            .arg(dir)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map(RendezvousProcess)
+    }
+
+    /// SIGKILL, and reaps it.
+    fn kill(&mut self) -> std::io::Result<()> {
+        self.0.kill()?;
+        self.0.wait().map(|_| ())
+    }
+}
+
+impl Drop for RendezvousProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
 }
 
 /// Restart to resumed: a formed gang's members call a barrier while the
@@ -275,8 +290,18 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let token = Token::new("bench");
     let dir = tempfile::tempdir()?;
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let mut server = spawn_rendezvous(&bin, addr, dir.path())?;
-    let client = RendezvousClient::connect(format!("http://{addr}"), Some(&token)).await?;
+    let mut server = RendezvousProcess::spawn(&bin, addr, dir.path())?;
+    // The process binds its port after it starts: connect once it listens.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let client = loop {
+        match RendezvousClient::connect(format!("http://{addr}"), Some(&token)).await {
+            Ok(client) => break client,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let n = args.restart_members;
     let mut leases = Vec::new();
     for i in 0..n {
@@ -292,7 +317,6 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let mut resumed = Vec::new();
     for _ in 0..args.restarts {
         server.kill()?; // SIGKILL
-        server.wait()?;
         let barriers: Vec<_> = gangs
             .iter()
             .map(|g| {
@@ -302,7 +326,7 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
             .collect();
         tokio::time::sleep(Duration::from_millis(args.outage_ms)).await;
         let started = Instant::now();
-        server = spawn_rendezvous(&bin, addr, dir.path())?;
+        server = RendezvousProcess::spawn(&bin, addr, dir.path())?;
         let mut last = started;
         for b in barriers {
             last = last.max(b.await??);
@@ -323,7 +347,6 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
         l.stop().await;
     }
     server.kill()?;
-    server.wait()?;
     Ok(())
 }
 
