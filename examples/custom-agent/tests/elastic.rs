@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 use kindling::job::{JobError, TrainedModel, TrainingEvent, TrainingJob};
 use kindling_example_agent::{MODEL, WideAndDeepConfig, registry};
 use kindling_schemas::action::AgentJobState;
-use kindling_schemas::auth::Token;
-use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec, Task};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use common::{CITIES, Cluster, SERIAL, TOKEN, city_df, spark};
+use common::{CITIES, Cluster, SERIAL, city_df, spark, started_until_epoch_2};
 
 const ROWS: u64 = 12_000;
 const EPOCHS: u32 = 5;
@@ -67,40 +65,8 @@ async fn start_and_kill_one(cluster: &mut Cluster, min_slots: u32, eval_fraction
         .build()
         .expect("job");
     let fit = tokio::spawn(async move { job.fit(&df).await });
-    let mut started = None;
-    while let Some(e) = events.recv().await {
-        match e {
-            TrainingEvent::Started { job_id, agents } => started = Some((job_id, agents)),
-            TrainingEvent::Step { epoch, .. } if epoch >= 2 => break,
-            _ => {}
-        }
-    }
-    let (job_id, agents) = started.expect("the job started");
-    let victim = cluster.by_url(&agents[1]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let s = victim.client().job_status(&job_id).await.expect("status");
-        if s.state == AgentJobState::Training && s.epoch >= 2 && s.step > 0 {
-            break;
-        }
-        assert!(!s.state.is_terminal(), "the job ended before the kill: {s:#?}");
-        assert!(Instant::now() < deadline, "not training epoch 2: {s:#?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let victim_id = victim.name.clone();
-    victim.sigkill();
-    let rv = RendezvousClient::connect(cluster.rendezvous.url(), Some(&Token::new(TOKEN)))
-        .await
-        .expect("rendezvous");
-    while rv
-        .list_agents()
-        .await
-        .expect("agents")
-        .iter()
-        .any(|a| a.agent_id == victim_id)
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (job_id, agents) = started_until_epoch_2(&mut events).await;
+    let victim_id = cluster.sigkill_in_epoch_2(&agents[1], &job_id).await;
     Killed {
         fit,
         events,

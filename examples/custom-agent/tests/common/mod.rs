@@ -17,8 +17,9 @@ use kindling::feed::AgentClient;
 use kindling::job::{TrainingEvent, TrainingJobBuilder};
 use kindling::{DataFrame, SparkSession};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig};
-use kindling_schemas::action::{Action, AgentJobStatus, JobList};
+use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, JobList};
 use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::RendezvousClient;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-example-agent");
@@ -154,6 +155,38 @@ impl Cluster {
         new_url
     }
 
+    /// Waits until the agent at `url` has taken a step of epoch 2 of
+    /// `job_id`, SIGKILLs it, and waits until the rendezvous dropped it (its
+    /// lease lapsed): from then on it is no spare. Returns its agent id.
+    pub async fn sigkill_in_epoch_2(&mut self, url: &str, job_id: &str) -> String {
+        let victim = self.by_url(url);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = victim.client().job_status(job_id).await.expect("status");
+            if s.state == AgentJobState::Training && s.epoch >= 2 && s.step > 0 {
+                break;
+            }
+            assert!(!s.state.is_terminal(), "the job ended before the kill: {s:#?}");
+            assert!(Instant::now() < deadline, "not training epoch 2: {s:#?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let victim_id = victim.name.clone();
+        victim.sigkill();
+        let rv = RendezvousClient::connect(self.rendezvous.url(), Some(&Token::new(TOKEN)))
+            .await
+            .expect("rendezvous");
+        while rv
+            .list_agents()
+            .await
+            .expect("agents")
+            .iter()
+            .any(|a| a.agent_id == victim_id)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        victim_id
+    }
+
     /// The agent serving `url`.
     pub fn by_url(&mut self, url: &str) -> &mut Agent {
         let logs = self.dir.path().display().to_string();
@@ -268,6 +301,22 @@ pub fn table(weights: &RecordBatch) -> Table {
             )
         })
         .collect()
+}
+
+/// Reads `events` until `fit` started and a step of epoch 2 was reported;
+/// returns the job id and its agents' URLs by shard.
+pub async fn started_until_epoch_2(
+    events: &mut tokio::sync::mpsc::Receiver<TrainingEvent>,
+) -> (String, Vec<String>) {
+    let mut started = None;
+    while let Some(e) = events.recv().await {
+        match e {
+            TrainingEvent::Started { job_id, agents } => started = Some((job_id, agents)),
+            TrainingEvent::Step { epoch, .. } if epoch >= 2 => break,
+            _ => {}
+        }
+    }
+    started.expect("the job started")
 }
 
 /// The events received so far.
