@@ -285,6 +285,18 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// The agent holds as many unfinished jobs as it may (`--max-jobs`).
+    #[error(
+        "agent `{agent_id}` already holds {active} unfinished job(s), its cap (--max-jobs, KINDLING_MAX_JOBS) is {cap}: wait for one to end, cancel one, or raise the cap"
+    )]
+    TooManyJobs {
+        /// This agent.
+        agent_id: String,
+        /// Unfinished jobs it holds.
+        active: usize,
+        /// The cap.
+        cap: usize,
+    },
     /// Local I/O (spill files, checkpoints).
     #[error("{context}: {source}")]
     Io {
@@ -435,7 +447,7 @@ impl From<AgentError> for Status {
             | AgentError::Rendezvous { .. }
             | AgentError::RendezvousTimeout { .. } => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),
-            AgentError::SpillFull { .. } => Status::resource_exhausted(msg),
+            AgentError::SpillFull { .. } | AgentError::TooManyJobs { .. } => Status::resource_exhausted(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::Status(status) => *status,
             AgentError::Diverged { .. }

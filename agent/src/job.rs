@@ -51,6 +51,8 @@ pub struct JobEnv {
     pub rendezvous: Option<String>,
     /// Keepalive and deadlines of the agent's outgoing channels.
     pub channel: ChannelConfig,
+    /// Most jobs held at once (not finished).
+    pub max_jobs: usize,
 }
 
 /// A producer's committed position in one split.

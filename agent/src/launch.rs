@@ -39,9 +39,14 @@ struct Cli {
     /// Kubernetes node (or machine) name (default: the hostname).
     #[arg(long, env = "KINDLING_NODE_NAME")]
     node_name: Option<String>,
-    /// Job slots this agent offers.
+    /// Job slots this agent advertises to the rendezvous (informational:
+    /// `--max-jobs` is what the agent enforces).
     #[arg(long, env = "KINDLING_CAPACITY", default_value_t = 1)]
     capacity: u32,
+    /// Most jobs this agent holds at once (not finished); a start past it is
+    /// refused with RESOURCE_EXHAUSTED naming this cap.
+    #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::server::DEFAULT_MAX_JOBS)]
+    max_jobs: usize,
     /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (required: an
     /// agent trains only in a gang the rendezvous forms).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
@@ -154,6 +159,9 @@ impl TryFrom<&Cli> for AgentConfig {
             .clone()
             .filter(|id| !id.is_empty())
             .unwrap_or_else(|| node_name.clone());
+        if cli.max_jobs == 0 {
+            bail!("--max-jobs must be at least 1");
+        }
         if cli.capacity == 0 {
             bail!("--capacity must be at least 1");
         }
@@ -192,6 +200,7 @@ impl TryFrom<&Cli> for AgentConfig {
                 )
                 .with_call_timeout(Duration::from_millis(cli.call_timeout_ms.max(1))),
             max_message_bytes,
+            max_jobs: cli.max_jobs,
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),
         })

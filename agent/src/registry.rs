@@ -109,6 +109,14 @@ impl JobRegistry {
         if let Some(running) = Self::running_in(&jobs, &start)? {
             return Ok(running);
         }
+        let active = jobs.values().filter(|j| !j.lock().state.is_terminal()).count();
+        if active >= self.env.max_jobs {
+            return Err(AgentError::TooManyJobs {
+                agent_id: self.env.agent_id.clone(),
+                active,
+                cap: self.env.max_jobs,
+            });
+        }
         let job = Job::new(
             start.job_id.clone(),
             start.spec,

@@ -27,6 +27,8 @@ use crate::registry::JobRegistry;
 
 /// Largest Flight message an agent accepts (one record batch).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Default of [`AgentConfig::max_jobs`].
+pub const DEFAULT_MAX_JOBS: usize = 64;
 
 /// How an agent runs.
 #[derive(Clone, Debug)]
@@ -59,6 +61,9 @@ pub struct AgentConfig {
     pub channel: ChannelConfig,
     /// Largest incoming message.
     pub max_message_bytes: usize,
+    /// Most jobs this agent holds at once (not finished); a `start_job`
+    /// past it is refused with RESOURCE_EXHAUSTED naming the cap.
+    pub max_jobs: usize,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
@@ -89,6 +94,7 @@ impl AgentConfig {
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_jobs: DEFAULT_MAX_JOBS,
             train_threads: 0,
             models: ModelRegistry::builtin(),
         }
@@ -312,6 +318,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),
         channel: config.channel,
+        max_jobs: config.max_jobs,
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());

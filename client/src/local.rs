@@ -30,6 +30,8 @@ pub struct LocalClusterConfig {
     pub train_threads: usize,
     /// The models the agents can train (the built-ins by default).
     pub models: kindling_agent::model::ModelRegistry,
+    /// Most unfinished jobs each agent holds at once.
+    pub max_jobs: usize,
 }
 
 impl LocalClusterConfig {
@@ -49,6 +51,7 @@ impl LocalClusterConfig {
             collective_timeout: Duration::from_secs(60),
             train_threads: 0,
             models: kindling_agent::model::ModelRegistry::builtin(),
+            max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
         }
     }
 }
@@ -123,6 +126,7 @@ impl LocalCluster {
         c.memory_budget = self.config.memory_budget;
         c.collective_timeout = self.config.collective_timeout;
         c.train_threads = self.config.train_threads;
+        c.max_jobs = self.config.max_jobs;
         c.models = self.config.models.clone();
         let handle = kindling_agent::start(c).await?;
         let mut agents = self.agents_lock();

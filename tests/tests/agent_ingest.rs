@@ -279,3 +279,46 @@ async fn create_job_goes_to_the_agents_rendezvous_or_says_what_is_missing() {
     standalone.shutdown_and_wait().await;
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_holds_at_most_max_jobs_unfinished_jobs_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = kindling::local::LocalClusterConfig::new(dir.path());
+    config.max_jobs = 2;
+    let cluster = kindling::local::LocalCluster::start(1, config)
+        .await
+        .expect("cluster");
+    let rv =
+        kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+            .await
+            .expect("rendezvous");
+    for job in ["cap-a", "cap-b", "cap-c"] {
+        rv.create_job(&kindling_schemas::rendezvous::JobConfig::new(job, 1))
+            .await
+            .expect("create job");
+    }
+    let c = agent_client(&cluster, 0);
+    start_on(&cluster, 0, "cap-a", &spec(1)).await;
+    start_on(&cluster, 0, "cap-b", &spec(1)).await;
+    let refused = c
+        .start_job("cap-c", &spec(1), &cluster.rendezvous_url())
+        .await
+        .expect_err("a third unfinished job");
+    assert_eq!(refused.code(), Some(tonic::Code::ResourceExhausted), "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("already holds 2 unfinished job(s)") && text.contains("--max-jobs"),
+        "{text}"
+    );
+    assert!(
+        c.job_status("cap-c").await.is_err(),
+        "the refused job left nothing"
+    );
+    // Restarting a job the agent already runs is not a new job.
+    start_on(&cluster, 0, "cap-a", &spec(1)).await;
+    // A finished job frees its place.
+    c.cancel_job("cap-b", "making room").await.expect("cancel");
+    start_on(&cluster, 0, "cap-c", &spec(1)).await;
+    assert_eq!(status(&c, "cap-c").await.state, AgentJobState::Ganging);
+    cluster.shutdown().await;
+}
