@@ -319,6 +319,7 @@ async fn an_agent_holds_at_most_max_jobs_unfinished_jobs_and_says_so() {
     // A finished job frees its place.
     c.cancel_job("cap-b", "making room").await.expect("cancel");
     start_on(&cluster, 0, "cap-c", &spec(1)).await;
-    assert_eq!(status(&c, "cap-c").await.state, AgentJobState::Ganging);
+    let taken = status(&c, "cap-c").await;
+    assert!(!taken.state.is_terminal(), "the third job runs now: {taken:#?}");
     cluster.shutdown().await;
 }
