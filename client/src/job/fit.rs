@@ -314,22 +314,10 @@ impl TrainingJob {
             job_id: job_id.clone(),
             agents: holders.clients.iter().map(|c| c.url().to_owned()).collect(),
         });
-        if let Some(eval) = &eval_df {
-            self.feed_and_end(
-                &feed,
-                eval,
-                Split::Eval,
-                &mut holders,
-                None,
-                &mut placed,
-                &mut reporter,
-            )
-            .await?;
-        }
-        self.feed_and_end(
+        self.feed_splits(
             &feed,
             train_df,
-            Split::Train,
+            eval_df,
             &mut holders,
             None,
             &mut placed,
@@ -395,22 +383,10 @@ impl TrainingJob {
                 let recovery = self.reassign(&rv, &target, &job_id, &mut holders, &lost).await?;
                 guard.clients = holders.member_clients();
                 let only = Some(recovery.resent.as_slice());
-                if let Some(eval) = &eval_df {
-                    self.feed_and_end(
-                        &feed,
-                        eval,
-                        Split::Eval,
-                        &mut holders,
-                        only,
-                        &mut placed,
-                        &mut reporter,
-                    )
-                    .await?;
-                }
-                self.feed_and_end(
+                self.feed_splits(
                     &feed,
                     train_df,
-                    Split::Train,
+                    eval_df,
                     &mut holders,
                     only,
                     &mut placed,
@@ -464,6 +440,27 @@ impl TrainingJob {
             job_id: job_id.clone(),
         });
         Ok(model)
+    }
+
+    /// Feeds the eval split (if any), then the train split: every shard, or
+    /// just those in `only`.
+    #[allow(clippy::too_many_arguments)]
+    async fn feed_splits(
+        &self,
+        ctx: &PushCtx<'_>,
+        train: &Rows<'_>,
+        eval: Option<&Rows<'_>>,
+        holders: &mut Holders,
+        only: Option<&[usize]>,
+        placed: &mut Placements,
+        reporter: &mut Reporter,
+    ) -> Result<(), JobError> {
+        if let Some(eval) = eval {
+            self.feed_and_end(ctx, eval, Split::Eval, holders, only, placed, reporter)
+                .await?;
+        }
+        self.feed_and_end(ctx, train, Split::Train, holders, only, placed, reporter)
+            .await
     }
 
     /// Streams one split into its shards and signals the end of data, checking
