@@ -30,7 +30,11 @@ fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
 pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Result<u64, AgentError> {
     let rows = {
         let mut d = job.lock();
-        refuse_if_terminal(job, &d)?;
+        // A repeated end_of_data (its reply was lost) is answered the same
+        // even when the job has trained meanwhile; a first one is refused.
+        if !d.ingest.split_mut(split).ended() {
+            refuse_if_terminal(job, &d)?;
+        }
         let s = d.ingest.split_mut(split);
         let rows = s.committed_rows();
         if let Some(expected) = expected_rows

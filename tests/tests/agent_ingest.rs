@@ -55,6 +55,9 @@ async fn a_resent_batch_is_acknowledged_as_duplicate_and_stored_once() {
     assert_eq!(more.rows_committed, 175);
     assert_eq!(status(&c, "dup").await.rows_train, 175);
     assert_eq!(end_of_data(&c, "dup", Split::Train, Some(175)).await.rows, 175);
+    // Retried after its reply was lost, once the job has trained: the same answer.
+    assert_eq!(wait_done(&c, "dup").await.state, AgentJobState::Succeeded);
+    assert_eq!(end_of_data(&c, "dup", Split::Train, Some(175)).await.rows, 175);
     cluster.shutdown().await;
 }
 
