@@ -1,9 +1,11 @@
 //! Command-line pieces the two server binaries (`kindling-agent`,
-//! `kindling-rendezvous`) share: how they take their bearer token.
+//! `kindling-rendezvous`) share: how they take their bearer token and their
+//! TLS material.
 
 use std::path::PathBuf;
 
 use kindling_schemas::auth::{Token, TokenError};
+use kindling_schemas::tls::{Tls, TlsError, TlsFiles};
 
 /// The token flags of a server binary: a file (preferred), the secret itself,
 /// or an explicit opt-out for loopback development.
@@ -28,5 +30,72 @@ impl TokenArgs {
             return Err(TokenError::Missing);
         }
         Ok(token)
+    }
+}
+
+/// The TLS flags of a server binary (and of its connections to other
+/// Kindling servers): PEM files, reloaded when they change.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Certificate chain this process serves with (and presents as a client
+    /// when a server asks): PEM. With it, the server speaks only TLS.
+    #[arg(long, env = "KINDLING_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert: PEM.
+    #[arg(long, env = "KINDLING_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle that signs the servers this process dials (https:// URLs)
+    /// and, with --tls-client-auth, the clients it accepts: PEM.
+    #[arg(long, env = "KINDLING_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Accept only clients presenting a certificate signed by --tls-ca
+    /// (mutual TLS).
+    #[arg(long, env = "KINDLING_TLS_CLIENT_AUTH", requires = "tls_ca")]
+    pub tls_client_auth: bool,
+    /// Name the certificate of a server dialled by IP address is checked
+    /// against (agents are dialled by pod IP and share a certificate for one
+    /// DNS name); a server dialled by name is checked against its name.
+    #[arg(long, env = "KINDLING_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// Serve without TLS on a non-loopback address while requiring a token,
+    /// and send the token in plaintext to other machines: only on a network
+    /// you trust (the token can be read off the wire).
+    #[arg(long, env = "KINDLING_ALLOW_PLAINTEXT_TOKEN")]
+    pub allow_plaintext_token: bool,
+}
+
+impl TlsArgs {
+    /// The loaded TLS settings; `None` when no file is named.
+    pub fn load(&self) -> Result<Option<Tls>, TlsError> {
+        let files = TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+            client_auth: self.tls_client_auth,
+            server_name: self.tls_server_name.clone().filter(|n| !n.is_empty()),
+        };
+        if files.is_empty() {
+            return Ok(None);
+        }
+        Tls::new(files).map(Some)
+    }
+
+    /// Refuses to serve `listen` in plaintext with a `token` callers must send
+    /// unless the address is loopback or the operator allowed it.
+    pub fn check_plaintext(
+        &self,
+        listen: std::net::SocketAddr,
+        token: bool,
+        tls: Option<&Tls>,
+    ) -> Result<(), String> {
+        let serves_tls = tls.is_some_and(Tls::serves);
+        if token && !serves_tls && !listen.ip().is_loopback() && !self.allow_plaintext_token {
+            return Err(format!(
+                "listening on {listen} without TLS would have callers send the bearer token in \
+                 plaintext: set --tls-cert and --tls-key (KINDLING_TLS_CERT, KINDLING_TLS_KEY), \
+                 or --allow-plaintext-token on a network you trust"
+            ));
+        }
+        Ok(())
     }
 }

@@ -303,7 +303,7 @@ impl Ring {
             let addr = config.peers[((config.rank + 1) % world) as usize].clone();
             let channel = config
                 .channel
-                .endpoint(&addr)
+                .dial(&addr, config.token.is_some())
                 .map_err(|e| AgentError::PeerUnavailable {
                     peer: addr.clone(),
                     reason: e.to_string(),
@@ -311,8 +311,10 @@ impl Ring {
                 // No per-call timeout: the chunk stream lives as long as the
                 // ring; every wait on a peer is bounded by `config.timeout`,
                 // and a silent connection by the keepalive.
-                .initial_stream_window_size(STREAM_WINDOW_BYTES)
-                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                .tune(|e| {
+                    e.initial_stream_window_size(STREAM_WINDOW_BYTES)
+                        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                })
                 .connect_lazy();
             let attach = BearerAttach::new(config.token.as_ref())?;
             let client = CollectiveClient::with_interceptor(channel, attach)

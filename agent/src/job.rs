@@ -461,7 +461,7 @@ impl Job {
                     .collect(),
                 token: self.env.token.clone(),
                 timeout: self.env.collective_timeout,
-                channel: self.env.channel,
+                channel: self.env.channel.clone(),
             },
             self.env.inbox.clone(),
             cancel.clone(),

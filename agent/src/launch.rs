@@ -12,7 +12,7 @@ use clap::Parser;
 use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::TokenArgs;
+use crate::cli::{TlsArgs, TokenArgs};
 use crate::health::{HealthServer, Readiness};
 use crate::model::ModelRegistry;
 use crate::server::AgentConfig;
@@ -53,6 +53,8 @@ struct Cli {
     rendezvous: Option<String>,
     #[command(flatten)]
     auth: TokenArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Node-local directory for spill files and checkpoints.
     #[arg(long, env = "KINDLING_WORK_DIR", default_value = "/var/lib/kindling")]
     work_dir: PathBuf,
@@ -179,6 +181,10 @@ impl TryFrom<&Cli> for AgentConfig {
         if !(rendezvous.starts_with("http://") || rendezvous.starts_with("https://")) {
             bail!("--rendezvous must be an http:// or https:// URL, got `{rendezvous}`");
         }
+        let tls = cli.tls.load()?;
+        cli.tls
+            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
+            .map_err(anyhow::Error::msg)?;
         let max_message_bytes =
             usize::try_from(cli.max_message_bytes).context("--max-message-bytes does not fit in memory")?;
         Ok(AgentConfig {
@@ -198,7 +204,9 @@ impl TryFrom<&Cli> for AgentConfig {
                     Duration::from_millis(cli.keepalive_ms.max(1)),
                     Duration::from_millis(cli.keepalive_ms.max(1)),
                 )
-                .with_call_timeout(Duration::from_millis(cli.call_timeout_ms.max(1))),
+                .with_call_timeout(Duration::from_millis(cli.call_timeout_ms.max(1)))
+                .with_tls(tls)
+                .with_plaintext_token(cli.tls.allow_plaintext_token),
             max_message_bytes,
             max_jobs: cli.max_jobs,
             train_threads: cli.train_threads,

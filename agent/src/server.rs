@@ -12,7 +12,6 @@ use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
@@ -288,7 +287,9 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .advertise_host
         .clone()
         .unwrap_or_else(|| addr.ip().to_string());
-    let url = format!("http://{host}:{}", addr.port());
+    let tls = config.channel.tls.clone().filter(|t| t.serves());
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{host}:{}", addr.port());
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let inbox = Inbox::new();
@@ -317,7 +318,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),
-        channel: config.channel,
+        channel: config.channel.clone(),
         max_jobs: config.max_jobs,
     };
     let jobs_cancel = cancel.child_token();
@@ -329,6 +330,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let flight = InterceptedService::new(flight, check.clone());
     let collective = collective::grpc_service(inbox.clone(), check);
     let shutdown = cancel.clone();
+    let mut server_builder = collective::server_builder(&config.channel);
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: peers' chunk streams live as long
         // as their rings and would otherwise hold the graceful shutdown open.
@@ -336,10 +338,10 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             shutdown.cancelled().await;
             inbox.close();
         };
-        let result = collective::server_builder(&config.channel)
+        let result = server_builder
             .add_service(flight)
             .add_service(collective)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping)
+            .serve_with_incoming_shutdown(kindling_schemas::tls::incoming(listener, tls), stopping)
             .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "agent server stopped");

@@ -1,30 +1,88 @@
 //! The deployment as processes: the real `kindling-rendezvous` and
 //! `kindling-agent` binaries, configured with exactly the environment
-//! variables the Kubernetes manifests set, probed through `/readyz`, running a
-//! training job through the Flight contract, and surviving a SIGTERM'd agent.
+//! variables the Kubernetes manifests set (mutual TLS included: every call
+//! and the agents' ring go over TLS with client certificates), probed through
+//! `/readyz`, running a training job through the Flight contract, surviving a
+//! SIGTERM'd agent and a certificate rotation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
 use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
+use kindling_fixtures::pki::{Files, TestCa};
 use kindling_fixtures::{committed_rows, pieces, put_messages, rule_batch, rule_schema};
 use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData, JobRef, StartJob};
 use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::tls::{Tls, TlsFiles};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const TOKEN: &str = "deploy-test-token";
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-agent");
 const RENDEZVOUS_BIN: &str = env!("CARGO_BIN_EXE_kindling-rendezvous");
+
+/// The name on the agents' shared certificate (the DaemonSet's
+/// `KINDLING_TLS_SERVER_NAME`): agents are dialled by IP.
+const AGENT_CERT_NAME: &str = "kindling-agent";
+
+/// The tests' certificate authorities: the cluster's, the one certificates
+/// are rotated to, and a client certificate the first signs. Every process
+/// trusts both CAs (`ca.crt` is the bundle), as during a CA rotation.
+struct Pki {
+    ca: TestCa,
+    next_ca: TestCa,
+    bundle: String,
+    client: Files,
+    _dir: tempfile::TempDir,
+}
+
+static PKI: LazyLock<Pki> = LazyLock::new(|| {
+    let dir = tempfile::tempdir().expect("pki dir");
+    let ca = TestCa::new("kindling test CA");
+    let next_ca = TestCa::new("kindling test CA (next)");
+    let bundle = format!("{}{}", ca.pem(), next_ca.pem());
+    let client = ca
+        .issue("kindling-client", &["kindling-client"])
+        .write(&dir.path().join("client"), &bundle);
+    Pki {
+        ca,
+        next_ca,
+        bundle,
+        client,
+        _dir: dir,
+    }
+});
+
+/// Channel settings of a client with `files` (server name: the agents').
+fn tls_channel(cert: Option<&Files>, ca: &Path) -> ChannelConfig {
+    let tls = Tls::new(TlsFiles {
+        cert: cert.map(|f| f.cert.clone()),
+        key: cert.map(|f| f.key.clone()),
+        ca: Some(ca.to_owned()),
+        client_auth: false,
+        server_name: Some(AGENT_CERT_NAME.into()),
+    })
+    .expect("client TLS");
+    ChannelConfig::default().with_tls(Some(tls))
+}
+
+/// The test's own client: a client certificate, trusting both CAs.
+fn client_channel() -> ChannelConfig {
+    static CHANNEL: LazyLock<ChannelConfig> =
+        LazyLock::new(|| tls_channel(Some(&PKI.client), &PKI.client.ca));
+    CHANNEL.clone()
+}
 
 fn k8s_base() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s/base")
@@ -160,13 +218,41 @@ impl Cluster {
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
         let port = free_port();
-        Cluster {
+        let cluster = Cluster {
             dir,
             token_file,
             rendezvous_port: port,
-            rendezvous_url: format!("http://127.0.0.1:{port}"),
+            // Dialled by name: its certificate is checked for `localhost`.
+            rendezvous_url: format!("https://localhost:{port}"),
             rendezvous: None,
-        }
+        };
+        cluster.issue_certificates(&PKI.ca);
+        cluster
+    }
+
+    /// The rendezvous' and the agents' certificates (the two Secrets),
+    /// signed by `ca`; replaces the files in place, as cert-manager does.
+    fn issue_certificates(&self, ca: &TestCa) {
+        ca.issue("kindling-rendezvous", &["localhost"])
+            .write(&self.tls_dir("rendezvous"), &PKI.bundle);
+        ca.issue(AGENT_CERT_NAME, &[AGENT_CERT_NAME])
+            .write(&self.tls_dir("agent"), &PKI.bundle);
+    }
+
+    fn tls_dir(&self, who: &str) -> PathBuf {
+        self.dir.path().join("tls").join(who)
+    }
+
+    /// The TLS variables of a manifest whose Secret is mounted at `tls_dir(who)`.
+    fn tls_env(&self, who: &str) -> [(String, String); 4] {
+        let dir = self.tls_dir(who);
+        let file = |name: &str| dir.join(name).display().to_string();
+        [
+            ("KINDLING_TLS_CERT".to_owned(), file("tls.crt")),
+            ("KINDLING_TLS_KEY".to_owned(), file("tls.key")),
+            ("KINDLING_TLS_CA".to_owned(), file("ca.crt")),
+            ("KINDLING_TLS_CLIENT_AUTH".to_owned(), "true".to_owned()),
+        ]
     }
 
     /// With a ready rendezvous.
@@ -193,6 +279,7 @@ impl Cluster {
                 dir.join("rendezvous-state").display().to_string(),
             ),
         ]);
+        env.extend(self.tls_env("rendezvous"));
         assert_eq!(
             env.keys().cloned().collect::<BTreeSet<_>>(),
             manifest_env("rendezvous.yaml"),
@@ -226,7 +313,7 @@ impl Cluster {
         let port = free_port();
         let health = format!("127.0.0.1:{}", free_port());
         let work = self.dir.path().join(node);
-        let env = BTreeMap::from([
+        let mut env = BTreeMap::from([
             ("KINDLING_NODE_NAME".to_owned(), node.to_owned()),
             ("KINDLING_AGENT_ID".to_owned(), format!("agent-{node}")),
             ("KINDLING_ADVERTISE_HOST".to_owned(), "127.0.0.1".to_owned()),
@@ -243,27 +330,37 @@ impl Cluster {
             // As from a pod requesting one CPU: the test runs several agents.
             ("KINDLING_TRAIN_THREADS".to_owned(), "1".to_owned()),
             ("KINDLING_LOG".to_owned(), "info".to_owned()),
+            ("KINDLING_TLS_SERVER_NAME".to_owned(), AGENT_CERT_NAME.to_owned()),
         ]);
+        env.extend(self.tls_env("agent"));
         assert_eq!(
             env.keys().cloned().collect::<BTreeSet<_>>(),
             manifest_env("agent-daemonset.yaml"),
             "the test sets exactly the agent DaemonSet's variables"
         );
         let agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
-        (agent, format!("http://127.0.0.1:{port}"))
+        (agent, format!("https://127.0.0.1:{port}"))
     }
 
     async fn rendezvous_client(&self) -> RendezvousClient {
-        RendezvousClient::connect(self.rendezvous_url.clone(), Some(&Token::new(TOKEN)))
-            .await
-            .expect("rendezvous client")
+        RendezvousClient::connect_with(
+            self.rendezvous_url.clone(),
+            Some(&Token::new(TOKEN)),
+            &client_channel(),
+        )
+        .await
+        .expect("rendezvous client")
     }
 }
 
 type Flight = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
 
 fn flight(url: &str) -> Flight {
-    let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect_lazy();
+    flight_with(url, &client_channel())
+}
+
+fn flight_with(url: &str, channel: &ChannelConfig) -> Flight {
+    let channel = channel.dial(url, true).expect("dial").connect_lazy();
     let attach = BearerAttach::new(Some(&Token::new(TOKEN))).expect("token");
     FlightServiceClient::with_interceptor(channel, attach)
 }
@@ -587,7 +684,7 @@ async fn an_agent_is_live_at_once_and_ready_only_once_registered() {
     assert_eq!(live[0].agent_id, "agent-early");
     assert_eq!(live[0].node_name, "early");
     assert!(
-        live[0].flight_address.starts_with("http://127.0.0.1:"),
+        live[0].flight_address.starts_with("https://127.0.0.1:"),
         "the advertised host: {:?}",
         live[0].flight_address
     );
@@ -691,4 +788,203 @@ async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory()
         idle >> 20,
         BUDGET >> 20
     );
+}
+
+/// A rule job of `epochs` on the agents at `urls`, one 3000-row shard each.
+async fn rule_job_on(cluster: &Cluster, job_id: &str, urls: &[&str], epochs: u32) {
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(urls.len() as u32)
+        .batch_size(8)
+        .epochs(epochs)
+        .seed(7)
+        .build()
+        .expect("spec");
+    cluster
+        .rendezvous_client()
+        .await
+        .create_job(&JobConfig::new(job_id, urls.len() as u32))
+        .await
+        .expect("create job");
+    for (i, url) in urls.iter().enumerate() {
+        start_on(url, job_id, &spec, &cluster.rendezvous_url).await;
+        assert_eq!(put(url, job_id, &rule_batch(3000, 5 + i as u64)).await, 3000);
+        end_of_data(url, job_id, 3000).await;
+    }
+}
+
+/// A `job_status` call on a fresh connection with `channel`.
+async fn status_with(
+    url: &str,
+    channel: &ChannelConfig,
+    job_id: &str,
+) -> Result<AgentJobStatus, tonic::Status> {
+    let action = Action::JobStatus(JobRef {
+        job_id: job_id.into(),
+    });
+    let mut results = flight_with(url, channel)
+        .do_action(action.to_flight())
+        .await?
+        .into_inner();
+    let first = results.next().await.expect("a result")?;
+    Ok(serde_json::from_slice(&first.body).expect("json"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotated_mid_job_reach_new_connections_and_the_job_runs_on() {
+    let cluster = Cluster::start().await;
+    let (_a, url_a) = cluster.agent("node-a").await;
+    let (_b, url_b) = cluster.agent("node-b").await;
+    rule_job_on(&cluster, "rotate", &[&url_a, &url_b], 10).await;
+    wait_until(&url_a, "rotate", |s| s.epoch >= 1 && s.step > 0).await;
+
+    // Only the first CA's certificates are served so far.
+    let ca_only = |ca: &TestCa, name: &str| {
+        let path = cluster.dir.path().join(name);
+        std::fs::write(&path, ca.pem()).expect("CA file");
+        tls_channel(Some(&PKI.client), &path)
+    };
+    let (old_ca, new_ca) = (
+        ca_only(&PKI.ca, "old-ca.crt"),
+        ca_only(&PKI.next_ca, "new-ca.crt"),
+    );
+    assert!(status_with(&url_a, &old_ca, "rotate").await.is_ok());
+    assert!(status_with(&url_a, &new_ca, "rotate").await.is_err());
+
+    // cert-manager renews: both Secrets' files are replaced mid-training.
+    cluster.issue_certificates(&PKI.next_ca);
+    for url in [&url_a, &url_b] {
+        let served = status_with(url, &new_ca, "rotate").await;
+        assert_eq!(
+            served.map(|s| s.state).ok(),
+            Some(AgentJobState::Training),
+            "{url} serves the new certificate to a new connection, and trains on"
+        );
+        let old = status_with(url, &old_ca, "rotate").await;
+        assert!(old.is_err(), "{url} still serves the old certificate");
+    }
+    let rv =
+        RendezvousClient::connect_with(cluster.rendezvous_url.clone(), Some(&Token::new(TOKEN)), &new_ca)
+            .await
+            .expect("a client trusting only the new CA reaches the rendezvous");
+    assert!(rv.status("rotate").await.is_ok());
+
+    for url in [&url_a, &url_b] {
+        let done = wait_until(url, "rotate", |s| s.state.is_terminal()).await;
+        assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
+        assert_eq!(done.attempt, 1, "the rotation cost no attempt: {done:#?}");
+        assert_eq!(
+            done.rows_trained_per_epoch,
+            vec![6000; 10],
+            "every row once per epoch"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_right_certificates_nothing_gets_in() {
+    let cluster = Cluster::start().await;
+    let (a, url_a) = cluster.agent("node-a").await;
+    rule_job_on(&cluster, "guarded", &[&url_a], 1).await;
+    // What the agent logged about refused handshakes, once it says `what`.
+    let refused = |what: &'static str| {
+        let a = &a;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !a.logs().contains(what) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the agent never logged {what:?}:\n{}",
+                    a.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    };
+    assert!(status_with(&url_a, &client_channel(), "guarded").await.is_ok());
+
+    // No client certificate: the mutual-TLS handshake is refused.
+    let anonymous = tls_channel(None, &PKI.client.ca);
+    status_with(&url_a, &anonymous, "guarded")
+        .await
+        .expect_err("no client certificate");
+    refused("peer sent no certificates").await;
+    // A client certificate from another CA.
+    let stranger_dir = cluster.dir.path().join("stranger");
+    let stranger = TestCa::new("someone else")
+        .issue("intruder", &["intruder"])
+        .write(&stranger_dir, &PKI.bundle);
+    status_with(&url_a, &tls_channel(Some(&stranger), &PKI.client.ca), "guarded")
+        .await
+        .expect_err("a certificate no CA of the cluster signed");
+    refused("UnknownIssuer").await;
+    // Plaintext to the TLS port (no token: the dial itself would refuse one).
+    let plain = ChannelConfig::default()
+        .dial(&url_a.replace("https://", "http://"), false)
+        .expect("dial")
+        .connect_lazy();
+    let err = FlightServiceClient::new(plain)
+        .do_action(
+            Action::JobStatus(JobRef {
+                job_id: "guarded".into(),
+            })
+            .to_flight(),
+        )
+        .await
+        .expect_err("plaintext to a TLS port");
+    assert_ne!(err.code(), tonic::Code::NotFound, "no call got through: {err}");
+    // And a client that would send the token in plaintext off loopback stops itself.
+    let err = ChannelConfig::default()
+        .dial("http://10.255.0.1:50051", true)
+        .expect_err("plaintext token");
+    assert!(err.to_string().contains("plaintext"), "{err}");
+}
+
+#[test]
+fn a_server_that_would_take_a_token_in_plaintext_off_loopback_refuses_to_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    let token = token.display().to_string();
+    let agent = [
+        ("KINDLING_NODE_NAME", "n1"),
+        ("KINDLING_LISTEN", "0.0.0.0:0"),
+        ("KINDLING_ADVERTISE_HOST", "10.0.0.7"),
+        ("KINDLING_HEALTH_LISTEN", "127.0.0.1:0"),
+        ("KINDLING_RENDEZVOUS", "https://kindling-rendezvous:7070"),
+        ("KINDLING_TOKEN_FILE", &token),
+    ];
+    let rendezvous = [
+        ("KINDLING_RENDEZVOUS_LISTEN", "0.0.0.0:0"),
+        ("KINDLING_RENDEZVOUS_HEALTH_LISTEN", "127.0.0.1:0"),
+        ("KINDLING_TOKEN_FILE", &token),
+    ];
+    for (bin, env) in [(AGENT_BIN, &agent[..]), (RENDEZVOUS_BIN, &rendezvous[..])] {
+        let out = Command::new(bin)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{bin} started in plaintext");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--tls-cert") && stderr.contains("plaintext"),
+            "{bin}: {stderr}"
+        );
+        // A named certificate that does not exist is named.
+        let out = Command::new(bin)
+            .env_clear()
+            .envs(env.iter().copied())
+            .env("KINDLING_TLS_CERT", "/nonexistent/tls.crt")
+            .env("KINDLING_TLS_KEY", "/nonexistent/tls.key")
+            .output()
+            .expect("run");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("/nonexistent/tls.crt"), "{bin}: {stderr}");
+    }
 }

@@ -67,6 +67,45 @@ def _location(address):
     return "grpc://" + address
 
 
+def _flight_client(address, token):
+    """A Flight client of ``address``: TLS for ``https://`` / ``grpc+tls://``
+    with ``KINDLING_TLS_CA`` (and ``KINDLING_TLS_CERT``/``KINDLING_TLS_KEY``
+    for mutual TLS, ``KINDLING_TLS_SERVER_NAME`` when agents are dialled by
+    IP); a token is never sent in plaintext off loopback unless
+    ``KINDLING_ALLOW_PLAINTEXT_TOKEN`` is set."""
+    location = _location(address)
+    env = os.environ.get
+    if location.startswith("grpc+tls://"):
+        def read(name):
+            path = env(name)
+            if not path:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+        kwargs = {k: v for k, v in (
+            ("tls_root_certs", read("KINDLING_TLS_CA")),
+            ("cert_chain", read("KINDLING_TLS_CERT")),
+            ("private_key", read("KINDLING_TLS_KEY")),
+            ("override_hostname", env("KINDLING_TLS_SERVER_NAME") or None),
+        ) if v is not None}
+        return fl.FlightClient(location, **kwargs)
+    if token and env("KINDLING_ALLOW_PLAINTEXT_TOKEN", "").lower() not in ("1", "true", "yes"):
+        host = location.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        loopback = host.lower() == "localhost"
+        try:
+            import ipaddress
+            loopback = loopback or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            pass
+        if not loopback:
+            raise PushError(
+                f"refusing to send the bearer token in plaintext to {address} (not loopback): "
+                "use https:// agents with KINDLING_TLS_CA, or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1 "
+                "on a network you trust"
+            )
+    return fl.FlightClient(location)
+
+
 def _task_info():
     """(partition id, attempt number) of the running Spark task."""
     try:
@@ -125,7 +164,7 @@ def push_batches(address, job_id, batches, *, producer, token=None, split="train
             if batch.num_rows == 0:
                 continue
             if writer is None:
-                client = fl.FlightClient(_location(address))
+                client = _flight_client(address, token)
                 writer, reader = client.do_put(
                     fl.FlightDescriptor.for_path(job_id, split), batch.schema, options=options
                 )
@@ -196,7 +235,7 @@ def agent_id(address, job_id, token=None, timeout=60.0):
     """
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     options = fl.FlightCallOptions(headers=headers, timeout=timeout)
-    client = fl.FlightClient(_location(address))
+    client = _flight_client(address, token)
     try:
         body = json.dumps({"job_id": job_id}).encode()
         [res] = list(client.do_action(fl.Action("job_status", body), options=options))

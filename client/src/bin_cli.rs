@@ -9,8 +9,10 @@ use futures::StreamExt;
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
 use kindling::spark::{DataFrame, SparkSession};
 use kindling_schemas::auth::Token;
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::tls::{Tls, TlsFiles};
 
 /// Where the input rows come from.
 #[derive(Debug, clap::Args)]
@@ -94,6 +96,8 @@ pub struct TrainArgs {
     /// File holding the cluster's bearer token.
     #[arg(long, env = "KINDLING_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Fraction of rows held out for evaluation.
     #[arg(long, default_value_t = 0.2)]
     pub eval_fraction: f64,
@@ -142,6 +146,52 @@ pub struct StatusArgs {
     /// File holding the bearer token.
     #[arg(long, env = "KINDLING_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// How the CLI dials a cluster's rendezvous and agents over TLS.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TlsArgs {
+    /// CA bundle that signs the rendezvous' and agents' certificates (PEM);
+    /// needed for https:// URLs.
+    #[arg(long, env = "KINDLING_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate for clusters that require one (mutual TLS): PEM.
+    #[arg(long, env = "KINDLING_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert: PEM.
+    #[arg(long, env = "KINDLING_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Name the certificate of a server dialled by IP address is checked
+    /// against (the agents' shared certificate); a server dialled by name is
+    /// checked against its name.
+    #[arg(long, env = "KINDLING_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+    /// Send the token over plaintext http:// to other machines (a network you trust only).
+    #[arg(long, env = "KINDLING_ALLOW_PLAINTEXT_TOKEN")]
+    pub allow_plaintext_token: bool,
+}
+
+impl TlsArgs {
+    /// Channel settings with this TLS material.
+    pub fn channel(&self) -> Result<ChannelConfig> {
+        let files = TlsFiles {
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            ca: self.tls_ca.clone(),
+            client_auth: false,
+            server_name: self.tls_server_name.clone().filter(|n| !n.is_empty()),
+        };
+        let tls = if files.is_empty() {
+            None
+        } else {
+            Some(Tls::new(files)?)
+        };
+        Ok(ChannelConfig::default()
+            .with_tls(tls)
+            .with_plaintext_token(self.allow_plaintext_token))
+    }
 }
 
 /// The token in `--token-file` (trailing whitespace ignored), if given.
@@ -248,6 +298,7 @@ pub async fn train(args: TrainArgs) -> Result<()> {
             std::time::Duration::try_from_secs_f64(args.replacement_wait_secs)
                 .context("--replacement-wait-secs must be a non-negative number of seconds")?,
         )
+        .channel(args.tls.channel()?)
         .progress(ProgressMode::Auto)
         .local_mode(args.local || args.rendezvous.is_none());
     if let Some(r) = &args.rendezvous {
@@ -320,7 +371,7 @@ pub async fn predict(args: PredictArgs) -> Result<()> {
 /// Runs `kindling status`.
 pub async fn status(args: StatusArgs) -> Result<()> {
     let token = read_token(&args.token_file)?;
-    let rv = RendezvousClient::connect(args.rendezvous.clone(), token.as_ref())
+    let rv = RendezvousClient::connect_with(args.rendezvous.clone(), token.as_ref(), &args.tls.channel()?)
         .await
         .with_context(|| format!("connecting to the rendezvous at {}", args.rendezvous))?;
     let agents = rv.list_agents().await?;

@@ -32,6 +32,10 @@ pub struct LocalClusterConfig {
     pub models: kindling_agent::model::ModelRegistry,
     /// Most unfinished jobs each agent holds at once.
     pub max_jobs: usize,
+    /// TLS of the rendezvous and the agents (their certificate, the CA of
+    /// their peers, client-certificate verification); `None`: plaintext on
+    /// loopback.
+    pub tls: Option<kindling_schemas::tls::Tls>,
 }
 
 impl LocalClusterConfig {
@@ -52,6 +56,7 @@ impl LocalClusterConfig {
             train_threads: 0,
             models: kindling_agent::model::ModelRegistry::builtin(),
             max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
+            tls: None,
         }
     }
 }
@@ -89,8 +94,11 @@ impl LocalCluster {
             gang_timeout: config.gang_timeout,
             ..RendezvousConfig::default()
         };
-        let rendezvous =
-            EmbeddedRendezvous::start_with(ServerConfig::new(rv_config, config.token.clone())).await?;
+        let rendezvous = EmbeddedRendezvous::start_with(ServerConfig {
+            tls: config.tls.clone(),
+            ..ServerConfig::new(rv_config, config.token.clone())
+        })
+        .await?;
         let cluster = LocalCluster {
             config,
             rendezvous_url: rendezvous.url(),
@@ -128,6 +136,7 @@ impl LocalCluster {
         c.train_threads = self.config.train_threads;
         c.max_jobs = self.config.max_jobs;
         c.models = self.config.models.clone();
+        c.channel = c.channel.with_tls(self.config.tls.clone());
         let handle = kindling_agent::start(c).await?;
         let mut agents = self.agents_lock();
         agents.push(Some(handle));

@@ -22,7 +22,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent
 # Each overlay and the image variant (tag suffix) its agents must run.
-OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu"}
+OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu"}
 # Not Kubernetes objects on their own: kustomize inputs and partial patches.
 NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml"}
 
@@ -32,8 +32,45 @@ def docs(path):
         return [d for d in yaml.safe_load_all(f) if d is not None]
 
 
+CERT_MANAGER_USAGES = {
+    "digital signature", "key encipherment", "server auth", "client auth", "cert sign",
+}
+
+
+def check_cert_manager(obj, where, name, errors):
+    """cert-manager's CRDs have no schema here: check what these manifests use."""
+    spec = obj.get("spec") or {}
+    bad = lambda msg: errors.append(f"{where}: {name}: {msg}")  # noqa: E731
+    if obj.get("apiVersion") != "cert-manager.io/v1":
+        bad(f"apiVersion {obj.get('apiVersion')!r} is not cert-manager.io/v1")
+    if obj["kind"] == "Issuer":
+        kinds = [k for k in ("selfSigned", "ca") if k in spec]
+        if len(kinds) != 1 or set(spec) - {"selfSigned", "ca"}:
+            bad(f"an Issuer needs exactly one of selfSigned, ca; has {sorted(spec)}")
+        if "ca" in spec and not spec["ca"].get("secretName"):
+            bad("a CA Issuer needs ca.secretName")
+    elif obj["kind"] == "Certificate":
+        known = {"isCA", "commonName", "secretName", "duration", "renewBefore", "dnsNames", "usages",
+                 "privateKey", "issuerRef"}
+        if set(spec) - known:
+            bad(f"unknown fields {sorted(set(spec) - known)}")
+        if not spec.get("secretName"):
+            bad("no secretName")
+        if not (spec.get("issuerRef") or {}).get("name"):
+            bad("no issuerRef.name")
+        if not (spec.get("dnsNames") or spec.get("commonName")):
+            bad("neither dnsNames nor commonName")
+        if set(spec.get("usages", [])) - CERT_MANAGER_USAGES:
+            bad(f"unknown usages {sorted(set(spec.get('usages', [])) - CERT_MANAGER_USAGES)}")
+    else:
+        bad("unexpected cert-manager kind")
+
+
 def check(obj, where, version, errors):
     name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+    if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
+        check_cert_manager(obj, where, name, errors)
+        return name
     try:
         kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as e:
@@ -114,6 +151,9 @@ def render_builtin(root, overlay):
                      "data": data})
     over_dir = root / "overlays" / overlay
     over = docs(over_dir / "kustomization.yaml")[0]
+    for r in over.get("resources", []):
+        if not r.startswith(".."):
+            objs += docs(over_dir / r)
     for p in over.get("patches", []):
         patch = docs(over_dir / p["path"])[0]
         target = p.get("target", {})
@@ -135,6 +175,61 @@ def containers(objs, kind, name):
         if o["kind"] == kind and o["metadata"]["name"] == name:
             return o["spec"]["template"]["spec"]["containers"]
     raise AssertionError(f"no {kind}/{name}")
+
+
+def pod_spec(obj):
+    spec = obj.get("spec", {})
+    if "jobTemplate" in spec:
+        spec = spec["jobTemplate"]["spec"]
+    return spec.get("template", {}).get("spec") if "template" in spec else (spec if obj["kind"] == "Pod" else None)
+
+
+def check_tls(objs, overlay, errors):
+    """Every KINDLING_TLS_* file lies in a mounted Secret; with cert-manager,
+    a Certificate makes each such Secret and carries the names clients dial."""
+    secrets = set()
+    env_of = {}
+    pods = [(o, pod_spec(o)) for o in objs]
+    for cm in (o for o in objs if o["kind"] == "ConfigMap"):
+        for text in cm.get("data", {}).values():
+            for d in yaml.safe_load_all(text):
+                if isinstance(d, dict) and d.get("kind") == "Pod":
+                    pods.append((d, d["spec"]))
+    for o, pod in pods:
+        if not pod:
+            continue
+        who = o["metadata"].get("name", "executor pod template")
+        volumes = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for c in pod.get("containers", []):
+            mounts = {m["mountPath"]: volumes.get(m["name"]) for m in c.get("volumeMounts", [])}
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            env_of[who] = env
+            for key in ("KINDLING_TLS_CERT", "KINDLING_TLS_KEY", "KINDLING_TLS_CA"):
+                path = env.get(key)
+                if path is None:
+                    continue
+                secret = next((s for m, s in mounts.items() if s and path.startswith(m.rstrip("/") + "/")), None)
+                if secret is None:
+                    errors.append(f"overlays/{overlay}: {who}: {key}={path} is in no mounted Secret")
+                else:
+                    secrets.add(secret)
+    certs = {o["spec"]["secretName"]: o for o in objs if o["kind"] == "Certificate"}
+    if not certs:
+        return
+    issuers = {o["metadata"]["name"] for o in objs if o["kind"] == "Issuer"}
+    for c in certs.values():
+        if c["spec"]["issuerRef"]["name"] not in issuers:
+            errors.append(f"overlays/{overlay}: Certificate/{c['metadata']['name']}: no Issuer "
+                          f"{c['spec']['issuerRef']['name']}")
+    for secret in sorted(secrets - set(certs)):
+        errors.append(f"overlays/{overlay}: Secret {secret} is mounted for TLS but no Certificate makes it")
+    agent = env_of.get("kindling-agent", {})
+    rendezvous_host = (agent.get("KINDLING_RENDEZVOUS") or "").split("://")[-1].rsplit(":", 1)[0]
+    wanted = [("kindling-rendezvous-tls", rendezvous_host), ("kindling-agent-tls", agent.get("KINDLING_TLS_SERVER_NAME"))]
+    for secret, name in wanted:
+        names = certs.get(secret, {}).get("spec", {}).get("dnsNames", [])
+        if name not in names:
+            errors.append(f"overlays/{overlay}: the certificate in {secret} lacks {name!r} (has {names})")
 
 
 def main():
@@ -163,6 +258,7 @@ def main():
             gpus = agent["resources"].get("limits", {}).get("nvidia.com/gpu")
             if (variant == "gpu") != (gpus is not None):
                 errors.append(f"overlays/{overlay}: agent nvidia.com/gpu limit is {gpus!r}")
+            check_tls(objs, overlay, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
     print(f"{len(files)} manifest files checked against Kubernetes {args.k8s_version}")
     if errors:

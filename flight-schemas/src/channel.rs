@@ -4,11 +4,16 @@
 //! at once. A peer that stops answering without closing its connection (a
 //! partitioned node, a frozen process) is found by the keepalive within
 //! [`ChannelConfig::detection_bound`], and a call waiting on it fails then,
-//! or at its deadline, instead of hanging.
+//! or at its deadline, instead of hanging. It also carries the process's
+//! [`Tls`] and the plaintext rule: a bearer token never leaves this machine
+//! in plaintext unless the operator allowed it.
 
 use std::time::Duration;
 
-use tonic::transport::{Endpoint, Server};
+use rustls_pki_types::ServerName;
+use tonic::transport::{Channel, Endpoint, Server, Uri};
+
+use crate::tls::{self, Tls};
 
 /// Channel settings. The defaults suit a cluster network; tests shorten them.
 ///
@@ -20,7 +25,7 @@ use tonic::transport::{Endpoint, Server};
 /// let fast = c.with_keepalive(Duration::from_millis(500), Duration::from_millis(500));
 /// assert_eq!(fast.detection_bound(), Duration::from_secs(1));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChannelConfig {
     /// How long opening a connection may take.
     pub connect_timeout: Duration,
@@ -35,6 +40,12 @@ pub struct ChannelConfig {
     /// wait by design (a join, a barrier, a data stream) have no deadline of
     /// their own; the keepalive bounds them.
     pub call_timeout: Duration,
+    /// TLS material for `https://` URLs (the CA that verifies servers, the
+    /// client certificate for mutual TLS); `None`: only `http://` dials.
+    pub tls: Option<Tls>,
+    /// Send a bearer token over plaintext `http://` to a host that is not
+    /// loopback. Off by default: such a token can be read off the network.
+    pub allow_plaintext_token: bool,
 }
 
 impl Default for ChannelConfig {
@@ -44,6 +55,8 @@ impl Default for ChannelConfig {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(30),
+            tls: None,
+            allow_plaintext_token: false,
         }
     }
 }
@@ -68,14 +81,85 @@ impl ChannelConfig {
         self.keepalive_interval + self.keepalive_timeout
     }
 
-    /// An endpoint for `url` with these settings (and `TCP_NODELAY`).
-    pub fn endpoint(&self, url: &str) -> Result<Endpoint, tonic::transport::Error> {
-        Ok(Endpoint::from_shared(url.to_owned())?
+    /// Dials `https://` URLs with `tls` (its CA verifies the server, its
+    /// certificate answers a server asking for one).
+    pub fn with_tls(mut self, tls: Option<Tls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Allows (or not) a bearer token over plaintext to other machines.
+    pub fn with_plaintext_token(mut self, allow: bool) -> Self {
+        self.allow_plaintext_token = allow;
+        self
+    }
+
+    /// A connection to `url` with these settings (and `TCP_NODELAY`):
+    /// TLS for `https://`, plaintext for `http://` — refused when the
+    /// caller `sends_token` to a host that is not loopback, unless
+    /// [`allow_plaintext_token`](Self::allow_plaintext_token).
+    ///
+    /// ```
+    /// use kindling_schemas::channel::{ChannelConfig, DialError};
+    /// let c = ChannelConfig::default();
+    /// assert!(c.dial("http://127.0.0.1:7070", true).is_ok());
+    /// assert!(matches!(c.dial("http://10.0.0.7:7070", true), Err(DialError::PlaintextToken { .. })));
+    /// assert!(c.dial("http://10.0.0.7:7070", false).is_ok());
+    /// assert!(matches!(c.dial("https://10.0.0.7:7070", true), Err(DialError::NoCa { .. })));
+    /// ```
+    pub fn dial(&self, url: &str, sends_token: bool) -> Result<Dial, DialError> {
+        let bad = |reason: &str| DialError::Url {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: tonic::codegen::http::uri::InvalidUri| bad(&e.to_string()))?;
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("no host"))?
+            .to_owned();
+        let authority = uri.authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+        let (plain_url, tls) = match uri.scheme_str() {
+            Some("http") => {
+                if sends_token && !self.allow_plaintext_token && !tls::is_loopback_host(&host) {
+                    return Err(DialError::PlaintextToken { url: url.to_owned() });
+                }
+                (url.to_owned(), None)
+            }
+            Some("https") => {
+                let tls = self
+                    .tls
+                    .clone()
+                    .filter(|t| t.files().ca.is_some())
+                    .ok_or_else(|| DialError::NoCa { url: url.to_owned() })?;
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                // Agents are dialled by pod IP and share one certificate for
+                // a DNS name: an IP is checked against `server_name`; a DNS
+                // name (the rendezvous' Service) against itself.
+                let name = match tls.files().server_name.clone() {
+                    Some(name) if bare.parse::<std::net::IpAddr>().is_ok() => name,
+                    _ => bare.to_owned(),
+                };
+                let server_name = ServerName::try_from(name).map_err(|e| bad(&e.to_string()))?;
+                let port = uri.port_u16().unwrap_or(443);
+                // tonic sees a plain http connection: the TLS is ours (below).
+                (
+                    format!("http://{authority}"),
+                    Some((tls, host, port, server_name)),
+                )
+            }
+            _ => return Err(bad("the scheme must be http:// or https://")),
+        };
+        let endpoint = Endpoint::from_shared(plain_url)
+            .map_err(|e| bad(&e.to_string()))?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(self.keepalive_interval)
             .keep_alive_timeout(self.keepalive_timeout)
-            .keep_alive_while_idle(true))
+            .keep_alive_while_idle(true);
+        Ok(Dial { endpoint, tls })
     }
 
     /// A server builder that PINGs its clients with these settings, so a
@@ -86,5 +170,76 @@ impl ChannelConfig {
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
+    }
+}
+
+/// Why a URL cannot be dialled.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// Not an `http(s)://host:port` URL.
+    #[error("`{url}` is not a usable URL: {reason}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An `https://` URL with no CA to verify the server with.
+    #[error("`{url}` is https but no CA is set to verify it (--tls-ca, KINDLING_TLS_CA)")]
+    NoCa {
+        /// The URL.
+        url: String,
+    },
+    /// A bearer token would cross the network in plaintext.
+    #[error(
+        "refusing to send the bearer token in plaintext to `{url}` (not loopback): \
+         use https:// with a CA (--tls-ca), or allow it on a network you trust (--allow-plaintext-token)"
+    )]
+    PlaintextToken {
+        /// The URL.
+        url: String,
+    },
+}
+
+/// A connection about to be made ([`ChannelConfig::dial`]).
+#[derive(Debug)]
+pub struct Dial {
+    endpoint: Endpoint,
+    tls: Option<(Tls, String, u16, ServerName<'static>)>,
+}
+
+impl Dial {
+    /// Adjusts the endpoint's settings (window sizes, …).
+    pub fn tune(mut self, f: impl FnOnce(Endpoint) -> Endpoint) -> Self {
+        self.endpoint = f(self.endpoint);
+        self
+    }
+
+    /// A channel that connects on its first call (and again after a break;
+    /// with TLS, with the certificates current then).
+    pub fn connect_lazy(self) -> Channel {
+        match self.tls {
+            None => self.endpoint.connect_lazy(),
+            Some((tls, host, port, name)) => {
+                self.endpoint
+                    .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                        tls::connect(tls.clone(), host.clone(), port, name.clone())
+                    }))
+            }
+        }
+    }
+
+    /// A channel connected now.
+    pub async fn connect(self) -> Result<Channel, tonic::transport::Error> {
+        match self.tls {
+            None => self.endpoint.connect().await,
+            Some((tls, host, port, name)) => {
+                self.endpoint
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        tls::connect(tls.clone(), host.clone(), port, name.clone())
+                    }))
+                    .await
+            }
+        }
     }
 }

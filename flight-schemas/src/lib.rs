@@ -8,6 +8,8 @@
 //! - [`spec`]: the [`JobSpec`](spec::JobSpec), validated on construction.
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
+//! - [`channel`], [`tls`]: how connections are made and served (keepalive,
+//!   deadlines, TLS and mutual TLS with certificates reloaded on change).
 //! - [`pb`]: the generated rendezvous and collective gRPC services.
 //! - [`rendezvous`]: the rendezvous's value types, their one conversion to
 //!   `pb`, and the typed async [`RendezvousClient`](rendezvous::RendezvousClient)
@@ -21,6 +23,7 @@ pub mod metadata;
 pub mod rendezvous;
 pub mod schema;
 pub mod spec;
+pub mod tls;
 
 /// Generated protobuf messages and tonic services.
 pub mod pb {

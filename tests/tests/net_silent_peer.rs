@@ -118,7 +118,7 @@ async fn a_silent_ring_peer_fails_the_attempt_within_the_keepalive_and_the_job_r
         c.rendezvous = Some(rendezvous.rendezvous_url());
         c.token = rendezvous.token().cloned();
         c.advertise_host = advertise.map(str::to_owned);
-        c.channel = channel;
+        c.channel = channel.clone();
         c.collective_timeout = collective_timeout;
         c.train_threads = 1;
         c

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kindling_agent::cli::TokenArgs;
+use kindling_agent::cli::{TlsArgs, TokenArgs};
 use kindling_agent::health::{HealthServer, Readiness};
 use kindling_agent::rendezvous::{RendezvousConfig, ServerConfig, serve};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +20,8 @@ struct Cli {
     listen: SocketAddr,
     #[command(flatten)]
     auth: TokenArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Agent lease: heartbeats must arrive at least this often (ms).
     #[arg(long, env = "KINDLING_RENDEZVOUS_LEASE_MS", default_value_t = 10_000)]
     lease_ms: u64,
@@ -72,8 +74,13 @@ impl TryFrom<&Cli> for ServerConfig {
             ..RendezvousConfig::default()
         };
         rendezvous.validate().context("invalid rendezvous settings")?;
+        let tls = cli.tls.load()?;
+        cli.tls
+            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
+            .map_err(anyhow::Error::msg)?;
         Ok(ServerConfig {
             state_dir: cli.state_dir.clone(),
+            tls,
             ..ServerConfig::new(rendezvous, token)
         })
     }

@@ -29,6 +29,8 @@ use super::types::RendezvousConfig;
 #[derive(Debug)]
 pub struct EmbeddedRendezvous {
     addr: SocketAddr,
+    /// Serves TLS (`https://` URL).
+    tls: bool,
     shutdown: CancellationToken,
     task: Option<JoinHandle<Result<(), RendezvousError>>>,
 }
@@ -50,10 +52,15 @@ impl EmbeddedRendezvous {
             .local_addr()
             .map_err(|e| RendezvousError::transport("reading the bound address", e))?;
         let shutdown = CancellationToken::new();
+        let tls = config
+            .tls
+            .as_ref()
+            .is_some_and(kindling_schemas::tls::Tls::serves);
         let task = tokio::spawn(serve(listener, config, shutdown.clone()));
         tracing::debug!(%addr, "embedded rendezvous started");
         Ok(EmbeddedRendezvous {
             addr,
+            tls,
             shutdown,
             task: Some(task),
         })
@@ -64,9 +71,11 @@ impl EmbeddedRendezvous {
         self.addr
     }
 
-    /// `http://127.0.0.1:<port>`, for [`RendezvousClient::connect`](super::RendezvousClient::connect).
+    /// `http://127.0.0.1:<port>` (`https://` with TLS), for
+    /// [`RendezvousClient::connect`](super::RendezvousClient::connect).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops serving (blocked calls get UNAVAILABLE) and waits until the

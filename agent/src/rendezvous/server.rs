@@ -16,7 +16,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::error::RendezvousError;
@@ -58,6 +57,9 @@ pub struct ServerConfig {
     /// Where the state is kept across restarts; `None`: in memory only, a
     /// restart loses every job (see [`RendezvousState::open`]).
     pub state_dir: Option<std::path::PathBuf>,
+    /// TLS (and, with client-certificate verification, mutual TLS); `None`:
+    /// plaintext.
+    pub tls: Option<kindling_schemas::tls::Tls>,
 }
 
 impl ServerConfig {
@@ -68,6 +70,7 @@ impl ServerConfig {
             token,
             max_concurrent_streams: 16_384,
             state_dir: None,
+            tls: None,
         }
     }
 }
@@ -95,7 +98,7 @@ pub async fn serve(
         .max_decoding_message_size(max_payload.saturating_add(64 << 10))
         .max_encoding_message_size(usize::MAX);
     let svc = InterceptedService::new(server, BearerCheck::new(config.token.clone()));
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = kindling_schemas::tls::incoming(listener, config.tls.clone());
     let signal = {
         let shutdown = shutdown.clone();
         let state = state.clone();

@@ -61,7 +61,7 @@ impl AgentClient {
             reason,
         };
         let connection = channel
-            .endpoint(url)
+            .dial(url, token.is_some())
             .map_err(|e| addr_err(e.to_string()))?
             .connect_lazy();
         let attach = BearerAttach::new(token).map_err(|e| addr_err(e.to_string()))?;

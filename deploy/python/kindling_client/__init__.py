@@ -11,7 +11,7 @@
 Only depends on pyarrow.
 """
 
-from .agent import ABANDON_SEQ, TERMINAL_STATES, AgentClient, flight_location, put_stream
+from .agent import ABANDON_SEQ, TERMINAL_STATES, AgentClient, Tls, check_plaintext_token, flight_location, put_stream
 from .errors import (
     Aborted,
     Cancelled,
@@ -48,6 +48,8 @@ __all__ = [
     "TERMINAL_STATES",
     "AgentClient",
     "Job",
+    "Tls",
+    "check_plaintext_token",
     "flight_location",
     "put_stream",
     "KindlingError",

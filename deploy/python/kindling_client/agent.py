@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 import pyarrow as pa
@@ -19,7 +22,7 @@ from .messages import (
     StartJobReply,
 )
 
-__all__ = ["AgentClient", "flight_location", "put_stream", "TERMINAL_STATES", "ABANDON_SEQ"]
+__all__ = ["AgentClient", "Tls", "flight_location", "put_stream", "TERMINAL_STATES", "ABANDON_SEQ"]
 
 #: The states a job never leaves.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -47,6 +50,80 @@ def flight_location(address: str) -> str:
     return "grpc://" + address
 
 
+def _read(path: Optional[str]) -> Optional[bytes]:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS material for ``https://`` / ``grpc+tls://`` agents (PEM file paths).
+
+    ``ca`` signs the agents' certificates; ``cert``/``key`` are this client's
+    certificate for agents that require one (mutual TLS); ``server_name`` is
+    the name the agents' certificate carries when they are dialled by IP.
+    ``Tls.from_env()`` reads ``KINDLING_TLS_CA``, ``KINDLING_TLS_CERT``,
+    ``KINDLING_TLS_KEY`` and ``KINDLING_TLS_SERVER_NAME``.
+    """
+
+    ca: Optional[str] = None
+    cert: Optional[str] = None
+    key: Optional[str] = None
+    server_name: Optional[str] = None
+
+    @staticmethod
+    def from_env() -> "Optional[Tls]":
+        """The TLS material named by ``KINDLING_TLS_*``; ``None`` if none is."""
+        env = {k: os.environ.get(f"KINDLING_TLS_{k.upper()}") or None for k in ("ca", "cert", "key", "server_name")}
+        return Tls(**env) if any(env.values()) else None
+
+    def client_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments of ``pyarrow.flight.FlightClient`` (files read now)."""
+        kwargs: Dict[str, Any] = {}
+        if self.ca:
+            kwargs["tls_root_certs"] = _read(self.ca)
+        if self.cert or self.key:
+            if not (self.cert and self.key):
+                raise ValueError("a client certificate needs its key and a key its certificate")
+            kwargs["cert_chain"] = _read(self.cert)
+            kwargs["private_key"] = _read(self.key)
+        if self.server_name:
+            kwargs["override_hostname"] = self.server_name
+        return kwargs
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plaintext_token(location: str, token: Optional[str], allow: bool = False) -> None:
+    """Refuses to send ``token`` over plaintext to a host that is not loopback.
+
+    >>> check_plaintext_token("grpc://127.0.0.1:1", "t")
+    >>> check_plaintext_token("grpc://10.0.0.7:1", "t")
+    Traceback (most recent call last):
+    ...
+    ValueError: refusing to send the bearer token in plaintext to grpc://10.0.0.7:1 (not loopback): use https:// (grpc+tls://) with a CA, or allow_plaintext_token=True on a network you trust
+    """
+    if not token or allow or location.startswith("grpc+tls://"):
+        return
+    hostport = location.split("://", 1)[-1]
+    host = hostport.rsplit(":", 1)[0] if hostport.count(":") <= 1 or hostport.startswith("[") else hostport
+    if not _is_loopback(host):
+        raise ValueError(
+            f"refusing to send the bearer token in plaintext to {location} (not loopback): "
+            "use https:// (grpc+tls://) with a CA, or allow_plaintext_token=True on a network you trust"
+        )
+
+
 class AgentClient:
     """Flight client of one agent, with the bearer token on every call.
 
@@ -59,10 +136,26 @@ class AgentClient:
     'training'
     """
 
-    def __init__(self, address: str, token: Optional[str] = None, timeout: Optional[float] = None) -> None:
-        """Connects lazily to ``address``; ``timeout`` (seconds) bounds every call."""
+    def __init__(
+        self,
+        address: str,
+        token: Optional[str] = None,
+        timeout: Optional[float] = None,
+        tls: Optional[Tls] = None,
+        allow_plaintext_token: bool = False,
+    ) -> None:
+        """Connects lazily to ``address``; ``timeout`` (seconds) bounds every call.
+
+        ``https://`` and ``grpc+tls://`` addresses use ``tls`` (default:
+        ``Tls.from_env()``). A token is never sent in plaintext to a host that
+        is not loopback unless ``allow_plaintext_token``.
+        """
         self.address = address
-        self.client = fl.FlightClient(flight_location(address))
+        location = flight_location(address)
+        check_plaintext_token(location, token, allow_plaintext_token)
+        tls = tls if tls is not None else Tls.from_env()
+        kwargs = tls.client_kwargs() if tls is not None and location.startswith("grpc+tls://") else {}
+        self.client = fl.FlightClient(location, **kwargs)
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self.options = fl.FlightCallOptions(headers=headers, timeout=timeout)
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
-from .agent import TERMINAL_STATES, AgentClient, Batches, _batches, put_stream
+from .agent import TERMINAL_STATES, AgentClient, Batches, Tls, _batches, put_stream
 from .errors import JobFailed, KindlingError
 from .messages import CreateJobReply, EndOfDataReply, EpochMetrics, JobStatus, StartJobReply
 
@@ -37,15 +37,17 @@ class Job:
         token: Optional[str] = None,
         timeout: Optional[float] = 60.0,
         rendezvous: Optional[str] = None,
+        tls: Optional[Tls] = None,
     ) -> None:
         """``agents`` are addresses (``host:port``, ``grpc://…``) or clients;
         ``timeout`` bounds each call of an agent created here; ``rendezvous``
-        defaults to the one the first agent is registered with."""
+        defaults to the one the first agent is registered with; ``tls`` is the
+        TLS material for ``https://`` agents (default: ``Tls.from_env()``)."""
         if not agents:
             raise ValueError("a job needs at least one agent")
         self.job_id = job_id
         self.agents: List[AgentClient] = [
-            a if isinstance(a, AgentClient) else AgentClient(a, token, timeout=timeout) for a in agents
+            a if isinstance(a, AgentClient) else AgentClient(a, token, timeout=timeout, tls=tls) for a in agents
         ]
         self.rendezvous = rendezvous
         self.spec: Optional[Dict[str, Any]] = None

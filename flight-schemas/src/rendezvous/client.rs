@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::error::ClientError;
 use super::gang::{Gang, gather_request};
@@ -19,7 +19,7 @@ use super::job_lease::JobLease;
 use super::retry::{Backoff, DEFAULT_OUTAGE_BOUND};
 use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
 use crate::auth::{BearerAttach, Token};
-use crate::channel::ChannelConfig;
+use crate::channel::{ChannelConfig, Dial};
 use crate::pb::rendezvous as pb;
 use crate::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 
@@ -100,7 +100,7 @@ impl RendezvousClient {
         channel: &ChannelConfig,
     ) -> Result<Self> {
         let url = url.into();
-        let connection = endpoint(&url, channel)?
+        let connection = dial(&url, channel, token.is_some())?
             .connect()
             .await
             .map_err(|source| ClientError::Connect { url, source })?;
@@ -115,7 +115,7 @@ impl RendezvousClient {
 
     /// [`connect_lazy`](Self::connect_lazy) with the channel settings `channel`.
     pub fn connect_lazy_with(url: &str, token: Option<&Token>, channel: &ChannelConfig) -> Result<Self> {
-        let connection = endpoint(url, channel)?.connect_lazy();
+        let connection = dial(url, channel, token.is_some())?.connect_lazy();
         Ok(Self::with_channel(connection, token)?.with_call_timeout(channel.call_timeout))
     }
 
@@ -542,9 +542,9 @@ impl RendezvousClient {
     }
 }
 
-fn endpoint(url: &str, channel: &ChannelConfig) -> Result<Endpoint> {
+fn dial(url: &str, channel: &ChannelConfig, sends_token: bool) -> Result<Dial> {
     channel
-        .endpoint(url)
+        .dial(url, sends_token)
         .map_err(|source| ClientError::InvalidEndpoint {
             url: url.to_owned(),
             source,

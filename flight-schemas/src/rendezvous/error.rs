@@ -9,12 +9,13 @@ pub const CURRENT_ATTEMPT_METADATA: &str = "kindling-current-attempt";
 /// What a [`RendezvousClient`](super::RendezvousClient) call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The URL is not a valid gRPC endpoint.
-    #[error("invalid rendezvous endpoint `{url}`")]
+    /// The URL cannot be dialled (not a URL, https without a CA, a token
+    /// that would cross the network in plaintext).
+    #[error("rendezvous endpoint `{url}`: {source}")]
     InvalidEndpoint {
         url: String,
         #[source]
-        source: tonic::transport::Error,
+        source: crate::channel::DialError,
     },
 
     /// The TCP/HTTP2 connection could not be established.
