@@ -23,25 +23,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Float32Array, Int32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
-use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::FlightData;
 use arrow_flight::flight_service_client::FlightServiceClient;
-use arrow_flight::{FlightData, SchemaAsIpc};
 use futures::StreamExt;
 use kindling_agent::collective::{Inbox, Ring, RingConfig, grpc_service};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
 use kindling_schemas::action::{Action, StartJob};
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::descriptor::{DataPath, Split};
-use kindling_schemas::metadata::BatchMetadata;
 use kindling_schemas::spec::{JobSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::arg;
+use common::{arg, cpu_seconds, encode, ingest_batches};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -290,18 +286,6 @@ async fn loopback_copy(bytes: usize) -> anyhow::Result<f64> {
 }
 
 /// CPU time (user + system) of this process so far, from `/proc/self/stat`.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_comm = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields 14 and 15 of the line (utime, stime) are 11 and 12 after the command name.
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
-}
-
 /// `world` raw TCP streams at once, each rank writing `bytes` to the next and
 /// reading as many from the previous one; GB/s per rank of the slowest.
 async fn loopback_ring(world: usize, bytes: usize) -> anyhow::Result<f64> {
@@ -355,54 +339,6 @@ async fn loopback_ring(world: usize, bytes: usize) -> anyhow::Result<f64> {
         task.await??;
     }
     Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
-}
-
-fn ingest_batches(total_mb: usize) -> (Arc<Schema>, Vec<RecordBatch>) {
-    let schema = Arc::new(Schema::new(
-        (0..16)
-            .map(|i| Field::new(format!("f{i}"), DataType::Float32, true))
-            .chain([Field::new("y", DataType::Int32, true)])
-            .collect::<Vec<_>>(),
-    ));
-    let rows = 65_536;
-    let batch_bytes = rows * 17 * 4;
-    let n = (total_mb << 20).div_ceil(batch_bytes);
-    let mut cols: Vec<Arc<dyn arrow::array::Array>> = (0..16)
-        .map(|i| {
-            Arc::new(Float32Array::from_iter_values(
-                (0..rows).map(|r| (r * (i + 1)) as f32 * 1e-3),
-            )) as _
-        })
-        .collect();
-    cols.push(Arc::new(Int32Array::from_iter_values(
-        (0..rows).map(|r| (r % 2) as i32),
-    )));
-    let batch = RecordBatch::try_new(schema.clone(), cols).expect("batch");
-    (schema, vec![batch; n])
-}
-
-fn encode(schema: &Schema, batches: &[RecordBatch], path: &DataPath) -> Vec<FlightData> {
-    let options = IpcWriteOptions::default();
-    let mut first: FlightData = SchemaAsIpc::new(schema, &options).into();
-    first.flight_descriptor = Some(path.descriptor());
-    let mut out = vec![first];
-    let generator = IpcDataGenerator::default();
-    let mut tracker = DictionaryTracker::new(false);
-    for (seq, b) in batches.iter().enumerate() {
-        let (_, encoded) = generator
-            .encode(b, &mut tracker, &options, &mut Default::default())
-            .expect("encode");
-        let mut msg: FlightData = encoded.into();
-        msg.app_metadata = BatchMetadata {
-            producer: "bench".into(),
-            seq: seq as u64,
-            attempt: 0,
-        }
-        .encode()
-        .into();
-        out.push(msg);
-    }
-    out
 }
 
 async fn put_all(url: &str, token: Option<&str>, messages: Vec<FlightData>) -> anyhow::Result<Duration> {

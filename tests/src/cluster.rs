@@ -6,10 +6,13 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use kindling::feed::{AgentClient, ShardReceipt};
 use kindling::local::{LocalCluster, LocalClusterConfig};
+use kindling_fixtures::pki::{Files, TestCa};
 use kindling_schemas::action::{AgentJobStatus, EndOfDataResponse};
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::JobSpec;
+use kindling_schemas::tls::{Tls, TlsFiles};
 
 /// A local cluster in a temp dir, with short leases so failures show quickly.
 pub async fn cluster(agents: usize) -> (LocalCluster, tempfile::TempDir) {
@@ -21,12 +24,46 @@ pub async fn cluster_with_budget(agents: usize, budget: u64) -> (LocalCluster, t
     start_cluster(agents, Some(budget)).await
 }
 
-async fn start_cluster(agents: usize, budget: Option<u64>) -> (LocalCluster, tempfile::TempDir) {
+/// A [`cluster`] speaking mutual TLS only: the rendezvous and the agents
+/// serve a certificate for `127.0.0.1` and `localhost` and accept only client
+/// certificates of the test CA. Returns the client's files (certificate,
+/// key, CA) and its channel settings.
+pub async fn tls_cluster(agents: usize) -> (LocalCluster, tempfile::TempDir, Files, ChannelConfig) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = LocalClusterConfig::new(dir.path());
+    let ca = TestCa::new("kindling test CA");
+    let server = ca
+        .issue("kindling-agent", &["127.0.0.1", "localhost"])
+        .write(&dir.path().join("tls/server"), ca.pem());
+    let client = ca
+        .issue("kindling-client", &["kindling-client"])
+        .write(&dir.path().join("tls/client"), ca.pem());
+    let tls = |files: &Files, client_auth| {
+        Tls::new(TlsFiles {
+            cert: Some(files.cert.clone()),
+            key: Some(files.key.clone()),
+            ca: Some(files.ca.clone()),
+            client_auth,
+            server_name: None,
+        })
+        .expect("TLS files")
+    };
+    let mut config = short_leases(LocalClusterConfig::new(dir.path()));
+    config.tls = Some(tls(&server, true));
+    let cluster = LocalCluster::start(agents, config).await.expect("local cluster");
+    let channel = ChannelConfig::default().with_tls(Some(tls(&client, false)));
+    (cluster, dir, client, channel)
+}
+
+fn short_leases(mut config: LocalClusterConfig) -> LocalClusterConfig {
     config.lease = Duration::from_millis(600);
     config.gang_timeout = Duration::from_secs(30);
     config.collective_timeout = Duration::from_secs(20);
+    config
+}
+
+async fn start_cluster(agents: usize, budget: Option<u64>) -> (LocalCluster, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = short_leases(LocalClusterConfig::new(dir.path()));
     if let Some(budget) = budget {
         config.memory_budget = budget;
     }

@@ -1,14 +1,16 @@
 //! The installable Python package (deploy/python, `kindling-client`): pip
 //! builds and installs it from a copy of its folder, with no network and no
 //! build isolation, into a fresh target; its pytest suite then runs from that
-//! install against a real rendezvous and two real agents on loopback.
+//! install against a real rendezvous and two real agents on loopback that
+//! speak mutual TLS only (the client certificate, key and CA reach pyarrow
+//! through `KINDLING_TLS_*`).
 
 mod python_common;
 
 use std::path::Path;
 use std::process::Command;
 
-use kindling_tests::cluster::cluster;
+use kindling_tests::cluster::tls_cluster;
 
 /// Copies the package's sources (not build outputs) so that the build leaves
 /// nothing in the work tree.
@@ -96,7 +98,8 @@ async fn the_package_installs_and_its_pytest_suite_passes_against_real_agents() 
         "the distribution's metadata is installed"
     );
 
-    let (cluster, _dir) = cluster(2).await;
+    let (cluster, _dir, client, _) = tls_cluster(2).await;
+    assert!(cluster.agent_urls().iter().all(|u| u.starts_with("https://")));
     let mut pytest = Command::new(&python);
     pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
@@ -108,7 +111,10 @@ async fn the_package_installs_and_its_pytest_suite_passes_against_real_agents() 
         .env("KINDLING_AGENTS", cluster.agent_urls().join(","))
         .env("KINDLING_TOKEN", cluster.token().expect("token").expose())
         .env("KINDLING_RENDEZVOUS", cluster.rendezvous_url())
-        .env("KINDLING_PROTOCOL_MD", root.join("docs/protocol.md"));
+        .env("KINDLING_PROTOCOL_MD", root.join("docs/protocol.md"))
+        .env("KINDLING_TLS_CA", &client.ca)
+        .env("KINDLING_TLS_CERT", &client.cert)
+        .env("KINDLING_TLS_KEY", &client.key);
     let (status, stdout, stderr) = python_common::output(pytest).await;
     assert!(
         status.success(),

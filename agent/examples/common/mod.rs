@@ -1,5 +1,17 @@
 //! What the agent's benchmark programs share.
 
+// Each program uses part of this module.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use arrow::array::{Float32Array, Int32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::{FlightData, SchemaAsIpc};
+use kindling_schemas::descriptor::DataPath;
+use kindling_schemas::metadata::BatchMetadata;
+
 /// The value after `--name` on the command line, or `default`.
 pub fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -8,4 +20,66 @@ pub fn arg(name: &str, default: usize) -> usize {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// CPU seconds (user + system) this process has used.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_comm = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // Fields 14 and 15 of the line (utime, stime) are 11 and 12 after the command name.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
+/// `total_mb` MB of 65,536-row batches of 16 `f32` features and an `i32` label.
+pub fn ingest_batches(total_mb: usize) -> (Arc<Schema>, Vec<RecordBatch>) {
+    let schema = Arc::new(Schema::new(
+        (0..16)
+            .map(|i| Field::new(format!("f{i}"), DataType::Float32, true))
+            .chain([Field::new("y", DataType::Int32, true)])
+            .collect::<Vec<_>>(),
+    ));
+    let rows = 65_536;
+    let batch_bytes = rows * 17 * 4;
+    let n = (total_mb << 20).div_ceil(batch_bytes);
+    let mut cols: Vec<Arc<dyn arrow::array::Array>> = (0..16)
+        .map(|i| {
+            Arc::new(Float32Array::from_iter_values(
+                (0..rows).map(|r| (r * (i + 1)) as f32 * 1e-3),
+            )) as _
+        })
+        .collect();
+    cols.push(Arc::new(Int32Array::from_iter_values(
+        (0..rows).map(|r| (r % 2) as i32),
+    )));
+    let batch = RecordBatch::try_new(schema.clone(), cols).expect("batch");
+    (schema, vec![batch; n])
+}
+
+pub fn encode(schema: &Schema, batches: &[RecordBatch], path: &DataPath) -> Vec<FlightData> {
+    let options = IpcWriteOptions::default();
+    let mut first: FlightData = SchemaAsIpc::new(schema, &options).into();
+    first.flight_descriptor = Some(path.descriptor());
+    let mut out = vec![first];
+    let generator = IpcDataGenerator::default();
+    let mut tracker = DictionaryTracker::new(false);
+    for (seq, b) in batches.iter().enumerate() {
+        let (_, encoded) = generator
+            .encode(b, &mut tracker, &options, &mut Default::default())
+            .expect("encode");
+        let mut msg: FlightData = encoded.into();
+        msg.app_metadata = BatchMetadata {
+            producer: "bench".into(),
+            seq: seq as u64,
+            attempt: 0,
+        }
+        .encode()
+        .into();
+        out.push(msg);
+    }
+    out
 }

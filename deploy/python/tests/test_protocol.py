@@ -25,6 +25,7 @@ from kindling_client import (
     Unavailable,
     DeadlineExceeded,
     Unimplemented,
+    flight_location,
     put_stream,
 )
 
@@ -134,15 +135,21 @@ def test_data_in_flight_bounded_by_the_acks_bytes(agents: List[AgentClient], job
 
 def test_a_refused_do_put_surfaces_at_close_in_pyarrow(agents: List[AgentClient], job_id: str) -> None:
     """The agent refuses the stream (a label of the wrong type): pyarrow's
-    ``reader.read()`` returns None, ``writer.close()`` raises the status."""
+    ``reader.read()`` returns None, ``writer.close()`` raises the status — or
+    the write raises it, when the refusal arrives while the batch is being
+    written."""
     agent = agents[0]
     started(agent, job_id)
     bad = pa.table({"x1": [0.5], "x2": pa.array([0.5], pa.float32()), "y": ["one"]})
     writer, reader = agent.client.do_put(fl.FlightDescriptor.for_path(job_id, "train"), bad.schema, options=agent.options)
-    writer.write_with_metadata(bad.to_batches()[0], pa.py_buffer(b'{"producer": "p", "seq": 0}'))
-    assert reader.read() is None
     with pytest.raises(pa.ArrowInvalid, match="invalid argument.*`y`"):
-        writer.close()
+        try:
+            writer.write_with_metadata(bad.to_batches()[0], pa.py_buffer(b'{"producer": "p", "seq": 0}'))
+        except pa.ArrowInvalid:
+            raise
+        else:
+            assert reader.read() is None
+            writer.close()
     # The package reads it there too and keeps it.
     with pytest.raises(InvalidArgument) as err:
         put_stream(agent, job_id, "train", "p", bad)
@@ -165,7 +172,10 @@ def test_the_protocol_doc_do_put_example_runs_and_shows_the_real_error(
     preamble = blocks[0]
     put_example = next(b for b in blocks if "def put(" in b)
     env: Dict[str, Any] = {}
-    exec(preamble.replace('"grpc://127.0.0.1:50051"', repr("grpc://" + addresses[0].split("://")[-1])).replace('"s3cret"', repr(token)), env)
+    preamble = preamble.replace('"grpc+tls://127.0.0.1:50051"', repr(flight_location(addresses[0])))
+    for name, var in (("ca.crt", "KINDLING_TLS_CA"), ("tls.crt", "KINDLING_TLS_CERT"), ("tls.key", "KINDLING_TLS_KEY")):
+        preamble = preamble.replace(f'pem("{name}")', f"pem({os.environ[var]!r})")
+    exec(preamble.replace('"s3cret"', repr(token)), env)
     agent = agents[0]
     started(agent, job_id)
     assert 'JOB = "demo"' in put_example
