@@ -6,6 +6,11 @@ small built-in renderer that covers exactly what these overlays use
 of named DaemonSets). Schemas: kubernetes-validate, strict (unknown fields
 are errors), offline.
 
+On each rendered overlay also: TLS files lie in mounted Secrets (made by
+Certificates under cert-manager), and the NetworkPolicies admit to each gRPC
+port of the agents and the rendezvous exactly the pods in GRPC_PEERS, resolved
+through the labels of the rendered pod templates (check_network_policies).
+
 Usage: validate.py [--k8s-version 1.31.0] [--renderer auto|kubectl|builtin]
 """
 
@@ -232,6 +237,196 @@ def check_tls(objs, overlay, errors):
             errors.append(f"overlays/{overlay}: the certificate in {secret} lacks {name!r} (has {names})")
 
 
+# NetworkPolicy. Pods are named by the object that makes them, not by their
+# labels (the labels are what is checked): the executor pod template is a file
+# in a ConfigMap (`kubectl kustomize` appends a hash to the ConfigMap's name).
+POD_ROLES = {
+    "agent": ("DaemonSet", "kindling-agent"),
+    "rendezvous": ("Deployment", "kindling-rendezvous"),
+    "client": ("Job", "kindling-train-example"),
+    "executor": ("ConfigMap", "spark-executor-pod-template"),
+    "spark-connect": ("Deployment", "spark-connect"),
+}
+# Each gRPC port of a Kindling server and exactly the pods that may connect to it.
+GRPC_PEERS = {
+    ("agent", 50051): {"executor", "agent", "client"},  # Flight + collective ring
+    ("rendezvous", 7070): {"agent", "client"},
+}
+# The only pods NetworkPolicies may isolate: Spark's driver and executors need
+# traffic (driver <-> executors, the API server) no policy here allows.
+ISOLATED = {"agent", "rendezvous"}
+ANYONE = "anyone"
+
+
+def pod_templates(objs):
+    """Every pod the objects make: workload templates and Pod manifests inside
+    ConfigMaps (Spark's executor template). Each as a dict: who, role,
+    namespace, labels, ports (container port name -> number, TCP), probe_ports."""
+    found = []
+    for o in objs:
+        ns = o["metadata"].get("namespace")
+        if o["kind"] == "ConfigMap":
+            for key, text in (o.get("data") or {}).items():
+                if not key.endswith((".yaml", ".yml")):
+                    continue
+                for d in yaml.safe_load_all(text):
+                    if isinstance(d, dict) and d.get("kind") == "Pod":
+                        found.append((o, f"ConfigMap/{o['metadata']['name']}:{key}", ns,
+                                      d.get("metadata") or {}, d.get("spec") or {}))
+            continue
+        spec = o.get("spec") or {}
+        if "jobTemplate" in spec:
+            spec = spec["jobTemplate"].get("spec") or {}
+        if "template" in spec:
+            t = spec["template"]
+            found.append((o, f"{o['kind']}/{o['metadata']['name']}", ns, t.get("metadata") or {}, t.get("spec") or {}))
+        elif o["kind"] == "Pod":
+            found.append((o, f"Pod/{o['metadata']['name']}", ns, o["metadata"], spec))
+    pods = []
+    for o, who, ns, meta, spec in found:
+        role = next((r for r, (kind, name) in POD_ROLES.items()
+                     if o["kind"] == kind and (o["metadata"]["name"] == name
+                                               or (kind == "ConfigMap" and o["metadata"]["name"].startswith(name + "-")))),
+                    None)
+        ports, probe_ports = {}, set()
+        for c in spec.get("containers", []):
+            for p in c.get("ports", []):
+                if p.get("protocol", "TCP") == "TCP":
+                    ports[p.get("name", str(p["containerPort"]))] = p["containerPort"]
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                for how in ("httpGet", "tcpSocket", "grpc"):
+                    port = ((c.get(probe) or {}).get(how) or {}).get("port")
+                    if port is not None:
+                        probe_ports.add(port)
+        pods.append({"who": who, "role": role, "namespace": ns, "labels": meta.get("labels") or {},
+                     "ports": ports,
+                     "probe_ports": {ports.get(p) if isinstance(p, str) else p for p in probe_ports}})
+    return pods
+
+
+def selects(selector, labels):
+    """A LabelSelector against a pod's labels; the empty selector selects every pod."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        has, values = e["key"] in labels, e.get("values") or []
+        ok = {"In": has and labels.get(e["key"]) in values,
+              "NotIn": not (has and labels.get(e["key"]) in values),
+              "Exists": has,
+              "DoesNotExist": not has}.get(e["operator"])
+        if not ok:
+            return False
+    return True
+
+
+def policy_types(policy):
+    spec = policy.get("spec") or {}
+    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if "egress" in spec else []))
+
+
+def admits_port(rule_port, pod, number):
+    if rule_port.get("protocol", "TCP") != "TCP":
+        return False
+    port = rule_port.get("port")
+    if port is None:
+        return True
+    if isinstance(port, str):
+        port = pod["ports"].get(port)
+        if port is None:
+            return False
+    return port <= number <= rule_port.get("endPort", port)
+
+
+def ingress_peers(policies, pod, number):
+    """The peers that may connect to the pod's TCP port `number`: None when no
+    policy isolates the pod (everyone may), else the `from` entries of every
+    ingress rule admitting the port, ANYONE for a rule without `from`."""
+    isolated, peers = False, []
+    for p in policies:
+        if p["metadata"].get("namespace") != pod["namespace"] or "Ingress" not in policy_types(p):
+            continue
+        if not selects(p["spec"].get("podSelector") or {}, pod["labels"]):
+            continue
+        isolated = True
+        for rule in p["spec"].get("ingress") or []:
+            if rule.get("ports") and not any(admits_port(rp, pod, number) for rp in rule["ports"]):
+                continue
+            peers += rule.get("from") or [ANYONE]
+    return peers if isolated else None
+
+
+def check_network_policies(objs, overlay, errors):
+    """The agents' and the rendezvous' gRPC ports admit exactly GRPC_PEERS,
+    their probe ports every source, and every selector in a policy matches
+    the labels of a pod the manifests make (a renamed label fails here)."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    if not policies:
+        bad("no NetworkPolicy")
+        return
+    pods = pod_templates(objs)
+    by_role = {p["role"]: p for p in pods if p["role"]}
+    for role in sorted(set(POD_ROLES) - set(by_role)):
+        bad(f"no pod template for {role} ({'/'.join(POD_ROLES[role])})")
+    name = lambda p: p["role"] or p["who"]  # noqa: E731
+
+    def matched(selector, namespace):
+        return [p for p in pods if p["namespace"] == namespace and selects(selector, p["labels"])]
+
+    for pol in policies:
+        where = f"NetworkPolicy/{pol['metadata']['name']}"
+        ns = pol["metadata"].get("namespace")
+        spec = pol.get("spec") or {}
+        if "Egress" in policy_types(pol):
+            bad(f"{where} restricts egress: agents dial the rendezvous, their peers and DNS, "
+                "and this check models ingress only")
+        targets = matched(spec.get("podSelector") or {}, ns)
+        if not targets:
+            bad(f"{where}: podSelector {spec.get('podSelector')} matches no pod template")
+        for t in targets:
+            if t["role"] not in ISOLATED:
+                bad(f"{where} selects {name(t)}: only {sorted(ISOLATED)} may be isolated")
+        for rule in spec.get("ingress") or []:
+            for peer in rule.get("from") or []:
+                if set(peer) != {"podSelector"}:
+                    bad(f"{where}: peer {peer} is not a podSelector of the namespace")
+                elif not matched(peer["podSelector"], ns):
+                    bad(f"{where}: peer podSelector {peer['podSelector']} matches no pod template")
+
+    for (role, number), wanted in GRPC_PEERS.items():
+        pod = by_role.get(role)
+        if pod is None:
+            continue
+        if number not in pod["ports"].values():
+            bad(f"{pod['who']} has no container port {number}")
+        peers = ingress_peers(policies, pod, number)
+        if peers is None:
+            bad(f"{pod['who']}: no NetworkPolicy isolates it: every pod may connect to {number}")
+            continue
+        if ANYONE in peers or any(set(p) != {"podSelector"} for p in peers):
+            bad(f"{pod['who']}: port {number} admits peers beyond the namespace's pods: {peers}")
+        allowed = {name(p) for peer in peers if peer != ANYONE and "podSelector" in peer
+                   for p in matched(peer["podSelector"], pod["namespace"])}
+        if allowed != wanted:
+            bad(f"{pod['who']}: port {number} admits {sorted(allowed)}, not {sorted(wanted)}"
+                f" (missing {sorted(wanted - allowed)}, extra {sorted(allowed - wanted)})")
+
+    for role in sorted(ISOLATED):
+        pod = by_role.get(role)
+        if pod is None:
+            continue
+        for number in sorted(set(pod["ports"].values())):
+            if (role, number) in GRPC_PEERS:
+                continue
+            if number not in pod["probe_ports"]:
+                bad(f"{pod['who']}: container port {number} is neither a probe port nor in GRPC_PEERS")
+                continue
+            peers = ingress_peers(policies, pod, number)
+            if peers is not None and ANYONE not in peers:
+                bad(f"{pod['who']}: probe port {number} must admit every source (the kubelet "
+                    f"cannot be named in a NetworkPolicy); admits {peers}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k8s-version", default="1.31.0")
@@ -259,6 +454,7 @@ def main():
             if (variant == "gpu") != (gpus is not None):
                 errors.append(f"overlays/{overlay}: agent nvidia.com/gpu limit is {gpus!r}")
             check_tls(objs, overlay, errors)
+            check_network_policies(objs, overlay, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
     print(f"{len(files)} manifest files checked against Kubernetes {args.k8s_version}")
     if errors:
