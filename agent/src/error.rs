@@ -297,6 +297,19 @@ pub enum AgentError {
         /// The cap.
         cap: usize,
     },
+    /// A model over the agent's parameter cap (nothing was allocated).
+    #[error(
+        "model `{model}` has {params} parameters, over this agent's cap of {cap} \
+         (--max-model-params, KINDLING_MAX_MODEL_PARAMS): make the model smaller or raise the cap"
+    )]
+    ModelTooLarge {
+        /// The model's registered name.
+        model: String,
+        /// Its parameters.
+        params: usize,
+        /// The cap.
+        cap: usize,
+    },
     /// Local I/O (spill files, checkpoints).
     #[error("{context}: {source}")]
     Io {
@@ -409,7 +422,6 @@ impl From<AgentError> for Status {
             | AgentError::NoSchema(_)
             | AgentError::Action(_)
             | AgentError::BatchMetadata(_)
-            | AgentError::PutStreamBroke(_)
             | AgentError::MalformedFlight(_)
             | AgentError::BatchBeforeSchema
             | AgentError::Schema(_)
@@ -447,7 +459,14 @@ impl From<AgentError> for Status {
             | AgentError::Rendezvous { .. }
             | AgentError::RendezvousTimeout { .. } => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),
-            AgentError::SpillFull { .. } | AgentError::TooManyJobs { .. } => Status::resource_exhausted(msg),
+            // A message over the size cap keeps its code; any other break is the caller's input.
+            AgentError::PutStreamBroke(s) if s.code() == tonic::Code::ResourceExhausted => {
+                Status::resource_exhausted(msg)
+            }
+            AgentError::PutStreamBroke(_) => Status::invalid_argument(msg),
+            AgentError::SpillFull { .. }
+            | AgentError::TooManyJobs { .. }
+            | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::Status(status) => *status,
             AgentError::Diverged { .. }

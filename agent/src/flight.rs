@@ -54,6 +54,18 @@ fn flight_status(e: FlightError) -> Status {
 }
 
 /// The first message of a `DoPut` or `DoExchange` and the path its descriptor names.
+/// A status from decoding the caller's stream; a message over the server's
+/// size limit is said to be over this agent's cap, with its name.
+fn inbound(status: Status) -> Status {
+    if status.code() == tonic::Code::OutOfRange && status.message().contains("message length too large") {
+        return Status::resource_exhausted(format!(
+            "a Flight message over this agent's cap (--max-message-bytes, KINDLING_MAX_MESSAGE_BYTES): {}; send smaller record batches",
+            status.message()
+        ));
+    }
+    status
+}
+
 async fn open_stream(
     call: &'static str,
     input: &mut Streaming<FlightData>,
@@ -61,7 +73,7 @@ async fn open_stream(
     let first = input
         .message()
         .await
-        .map_err(|s| AgentError::Status(Box::new(s)))?
+        .map_err(|s| AgentError::Status(Box::new(inbound(s))))?
         .ok_or(AgentError::EmptyStream { call })?;
     let descriptor = first
         .flight_descriptor
@@ -172,7 +184,7 @@ impl FlightService for AgentFlightService {
         let job = self.jobs.get(&job_id)?;
         let (tx, rx) = mpsc::channel(64);
         let messages = futures::stream::once(async move { Ok(first) })
-            .chain(input.map_err(|s| FlightError::Tonic(Box::new(s))));
+            .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))));
         let decoder = FlightDataDecoder::new(messages);
         tokio::spawn(async move {
             let mut stream = PutStream::open(job, split);
@@ -217,7 +229,7 @@ impl FlightService for AgentFlightService {
         // carries only the descriptor; it has no IPC header for the decoder.
         let first = (!first.data_header.is_empty()).then_some(first);
         let messages = futures::stream::iter(first.map(Ok))
-            .chain(input.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))))
             .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())));
         let batches = predict::predict_stream(FlightDataDecoder::new(messages), model, spec);
         let out = FlightDataEncoderBuilder::new()

@@ -53,6 +53,9 @@ pub struct JobEnv {
     pub channel: ChannelConfig,
     /// Most jobs held at once (not finished).
     pub max_jobs: usize,
+    /// How long a finished or cancelled job keeps its status, rows, spill
+    /// files and checkpoints here before they are removed.
+    pub finished_retention: Duration,
 }
 
 /// A producer's committed position in one split.

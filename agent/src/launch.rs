@@ -47,6 +47,14 @@ struct Cli {
     /// refused with RESOURCE_EXHAUSTED naming this cap.
     #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::server::DEFAULT_MAX_JOBS)]
     max_jobs: usize,
+    /// Most parameters a job's model may have; a bigger one fails its job
+    /// with RESOURCE_EXHAUSTED naming this cap, before any weight is allocated.
+    #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::model::DEFAULT_MAX_PARAMS)]
+    max_model_params: usize,
+    /// How long a finished or cancelled job keeps its status, rows, spill
+    /// files and checkpoints on this agent before they are removed (s).
+    #[arg(long, env = "KINDLING_FINISHED_RETENTION_SECS", default_value_t = 3600)]
+    finished_retention_secs: u64,
     /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (required: an
     /// agent trains only in a gang the rendezvous forms).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
@@ -209,6 +217,7 @@ impl TryFrom<&Cli> for AgentConfig {
                 .with_plaintext_token(cli.tls.allow_plaintext_token),
             max_message_bytes,
             max_jobs: cli.max_jobs,
+            finished_retention: Duration::from_secs(cli.finished_retention_secs),
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),
         })
@@ -268,7 +277,7 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let config = AgentConfig {
-        models,
+        models: models.with_max_params(cli.max_model_params),
         ..AgentConfig::try_from(&cli)?
     };
     tracing::info!(models = ?config.models, "models this agent trains");

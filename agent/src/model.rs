@@ -490,6 +490,7 @@ trait Factory: Send + Sync {
         config: &serde_json::Value,
         inputs: &Inputs<'_>,
         device: &Device,
+        max_params: usize,
     ) -> Result<Box<dyn AnyModel>, AgentError>;
 }
 
@@ -521,9 +522,20 @@ impl<M: KindlingModel> Factory for Typed<M> {
         config: &serde_json::Value,
         inputs: &Inputs<'_>,
         device: &Device,
+        max_params: usize,
     ) -> Result<Box<dyn AnyModel>, AgentError> {
         let config = Self::config(name, config)?;
-        Ok(Box::new(Erased(materialized(M::init(&config, inputs, device)?))))
+        // burn draws parameters lazily: counted here, allocated below.
+        let model = M::init(&config, inputs, device)?;
+        let params = model.num_params();
+        if params > max_params {
+            return Err(AgentError::ModelTooLarge {
+                model: name.to_owned(),
+                params,
+                cap: max_params,
+            });
+        }
+        Ok(Box::new(Erased(materialized(model))))
     }
 }
 
@@ -534,9 +546,23 @@ impl<M: KindlingModel> Factory for Typed<M> {
 /// let models = ModelRegistry::builtin();
 /// assert_eq!(models.names(), ["cnn", "linear", "mlp"]);
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ModelRegistry {
     models: BTreeMap<String, Arc<dyn Factory>>,
+    max_params: usize,
+}
+
+/// Default of [`ModelRegistry::max_params`]: 250 M parameters (1 GB of f32
+/// weights, about 4 GB with gradients and Adam's state).
+pub const DEFAULT_MAX_PARAMS: usize = 250_000_000;
+
+impl Default for ModelRegistry {
+    fn default() -> Self {
+        ModelRegistry {
+            models: BTreeMap::new(),
+            max_params: DEFAULT_MAX_PARAMS,
+        }
+    }
 }
 
 impl fmt::Debug for ModelRegistry {
@@ -565,6 +591,19 @@ impl ModelRegistry {
         self.models
             .insert(name.to_owned(), Arc::new(Typed::<M>(PhantomData)));
         self
+    }
+
+    /// Refuses to build a model of more than `max` parameters (counted
+    /// before any weight is allocated): a job spec cannot make the agent
+    /// allocate without bound.
+    pub fn with_max_params(mut self, max: usize) -> Self {
+        self.max_params = max;
+        self
+    }
+
+    /// The most parameters a model built here may have.
+    pub fn max_params(&self) -> usize {
+        self.max_params
     }
 
     /// The registered names, sorted.
@@ -610,6 +649,7 @@ impl ModelRegistry {
             &spec.model.config(),
             &Inputs::new(layout),
             device,
+            self.max_params,
         )
     }
 
@@ -631,6 +671,7 @@ impl ModelRegistry {
             &spec.model.config(),
             &Inputs::new(layout),
             &cpu.autodiff(),
+            self.max_params,
         )
     }
 }

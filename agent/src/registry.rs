@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kindling_schemas::action::{CreateJob, CreateJobResponse, StartJob};
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
@@ -163,6 +164,61 @@ impl JobRegistry {
             .get(job_id)
             .cloned()
             .ok_or_else(|| AgentError::UnknownJob(job_id.to_owned()))
+    }
+
+    /// Removes the jobs that have been finished or cancelled for longer than
+    /// the retention: their status, cached rows, spill files and
+    /// checkpoints. `ended` remembers when each was first seen ended (a job
+    /// started again under the same id starts afresh). Returns the removed ids.
+    pub fn reap_finished(&self, ended: &mut HashMap<String, (Arc<Job>, Instant)>) -> Vec<String> {
+        let now = Instant::now();
+        let mut removed = Vec::new();
+        {
+            let mut jobs = self.lock();
+            ended.retain(|id, (job, _)| jobs.get(id).is_some_and(|j| Arc::ptr_eq(j, job)));
+            for (id, job) in jobs.iter() {
+                if job.lock().state.is_terminal() {
+                    ended.entry(id.clone()).or_insert_with(|| (job.clone(), now));
+                }
+            }
+            for (id, (_, since)) in ended.iter() {
+                if now.duration_since(*since) >= self.env.finished_retention {
+                    jobs.remove(id);
+                    removed.push(id.clone());
+                }
+            }
+        }
+        for id in &removed {
+            if let Some((job, _)) = ended.remove(id) {
+                job.lock().ingest.clear();
+            }
+            for dir in [self.env.checkpoint_dir.join(id), self.env.spill_dir.join(id)] {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(job = %id, dir = %dir.display(), error = %e, "could not remove a finished job's files")
+                    }
+                }
+            }
+            tracing::info!(job = %id, "finished job removed after its retention");
+        }
+        removed
+    }
+
+    /// Runs [`reap_finished`](Self::reap_finished) until `stop` fires.
+    pub async fn reap_finished_until(self: Arc<Self>, stop: CancellationToken) {
+        let every =
+            (self.env.finished_retention / 4).clamp(Duration::from_millis(50), Duration::from_secs(60));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ended = HashMap::new();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => { self.reap_finished(&mut ended); }
+            }
+        }
     }
 
     /// Every job.

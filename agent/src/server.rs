@@ -28,6 +28,8 @@ use crate::registry::JobRegistry;
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Default of [`AgentConfig::max_jobs`].
 pub const DEFAULT_MAX_JOBS: usize = 64;
+/// Default of [`AgentConfig::finished_retention`]: an hour.
+pub const DEFAULT_FINISHED_RETENTION: Duration = Duration::from_secs(3600);
 
 /// How an agent runs.
 #[derive(Clone, Debug)]
@@ -63,6 +65,9 @@ pub struct AgentConfig {
     /// Most jobs this agent holds at once (not finished); a `start_job`
     /// past it is refused with RESOURCE_EXHAUSTED naming the cap.
     pub max_jobs: usize,
+    /// How long a finished or cancelled job keeps its status, rows, spill
+    /// files and checkpoints on this agent before they are removed.
+    pub finished_retention: Duration,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
@@ -94,6 +99,7 @@ impl AgentConfig {
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_jobs: DEFAULT_MAX_JOBS,
+            finished_retention: DEFAULT_FINISHED_RETENTION,
             train_threads: 0,
             models: ModelRegistry::builtin(),
         }
@@ -320,9 +326,11 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         rendezvous: config.rendezvous.clone(),
         channel: config.channel.clone(),
         max_jobs: config.max_jobs,
+        finished_retention: config.finished_retention,
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
+    tracker.spawn(jobs.clone().reap_finished_until(cancel.clone()));
     let check = BearerCheck::new(config.token.clone());
     let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
         .max_decoding_message_size(config.max_message_bytes)

@@ -36,6 +36,9 @@ pub struct LocalClusterConfig {
     /// their peers, client-certificate verification); `None`: plaintext on
     /// loopback.
     pub tls: Option<kindling_schemas::tls::Tls>,
+    /// How long each agent keeps a finished job's status, rows, spill files
+    /// and checkpoints.
+    pub finished_retention: Duration,
 }
 
 impl LocalClusterConfig {
@@ -57,6 +60,7 @@ impl LocalClusterConfig {
             models: kindling_agent::model::ModelRegistry::builtin(),
             max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
             tls: None,
+            finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
         }
     }
 }
@@ -135,6 +139,7 @@ impl LocalCluster {
         c.collective_timeout = self.config.collective_timeout;
         c.train_threads = self.config.train_threads;
         c.max_jobs = self.config.max_jobs;
+        c.finished_retention = self.config.finished_retention;
         c.models = self.config.models.clone();
         c.channel = c.channel.with_tls(self.config.tls.clone());
         let handle = kindling_agent::start(c).await?;

@@ -61,6 +61,20 @@ fn short_leases(mut config: LocalClusterConfig) -> LocalClusterConfig {
     config
 }
 
+/// Like [`cluster`] with settings of the test's own.
+pub async fn cluster_with(
+    agents: usize,
+    set: impl FnOnce(&mut LocalClusterConfig),
+) -> (LocalCluster, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = short_leases(LocalClusterConfig::new(dir.path()));
+    set(&mut config);
+    (
+        LocalCluster::start(agents, config).await.expect("local cluster"),
+        dir,
+    )
+}
+
 async fn start_cluster(agents: usize, budget: Option<u64>) -> (LocalCluster, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = short_leases(LocalClusterConfig::new(dir.path()));

@@ -326,3 +326,95 @@ async fn an_agent_holds_at_most_max_jobs_unfinished_jobs_and_says_so() {
     assert!(!taken.state.is_terminal(), "the third job runs now: {taken:#?}");
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flight_message_over_the_cap_is_refused_naming_it_and_stores_nothing() {
+    use arrow_flight::flight_service_client::FlightServiceClient;
+    let (cluster, _dir) = cluster(1).await;
+    start_job(&cluster, "big-msg", &spec(1), &[0]).await;
+    let url = cluster.agent_url(0).expect("agent");
+    let channel = kindling_schemas::channel::ChannelConfig::default()
+        .dial(&url, true)
+        .expect("dial")
+        .connect_lazy();
+    let attach = kindling_schemas::auth::BearerAttach::new(cluster.token()).expect("token");
+    // The client would send it: only the agent's cap stands in the way.
+    let mut raw =
+        FlightServiceClient::with_interceptor(channel, attach).max_encoding_message_size(usize::MAX);
+    // 4.5 M rows of 16 bytes: one 72 MB message, over the 64 MiB default.
+    let big = rule_batch(4_500_000, 1);
+    let messages =
+        kindling_fixtures::put_messages("big-msg", Split::Train, "p", &rule_schema(), std::iter::once(big));
+    let refused = match raw.do_put(messages).await {
+        Err(status) => status,
+        Ok(acks) => {
+            let mut acks = acks.into_inner();
+            loop {
+                match futures::StreamExt::next(&mut acks).await {
+                    Some(Err(status)) => break status,
+                    Some(Ok(_)) => continue,
+                    None => panic!("a 72 MB message was taken"),
+                }
+            }
+        }
+    };
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert!(refused.message().contains("--max-message-bytes"), "{refused}");
+    let c = agent_client(&cluster, 0);
+    assert_eq!(status(&c, "big-msg").await.rows_train, 0, "nothing stored");
+    // The job takes batches of the right size afterwards.
+    let ok = put(&c, "big-msg", Split::Train, "p", &[rule_batch(100, 2)])
+        .await
+        .expect("small put");
+    assert_eq!(ok.rows_committed, 100);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_job_is_removed_with_its_files_after_the_retention() {
+    let (cluster, dir) = cluster_with(1, |c| {
+        c.finished_retention = std::time::Duration::from_millis(500)
+    })
+    .await;
+    let mut done_spec = spec(1);
+    done_spec.checkpoint = kindling_schemas::spec::CheckpointPolicy {
+        every_epochs: 1,
+        keep_last: 1,
+    };
+    start_job(&cluster, "done", &done_spec, &[0]).await;
+    start_job(&cluster, "open", &spec(1), &[0]).await;
+    let c = agent_client(&cluster, 0);
+    put(&c, "done", Split::Train, "p", &[rule_batch(200, 1)])
+        .await
+        .expect("put");
+    // A small budget would spill; here the rows stay in memory, the checkpoint is on disk.
+    end_of_data(&c, "done", Split::Train, Some(200)).await;
+    let done = wait_done(&c, "done").await;
+    assert_eq!(done.state, AgentJobState::Succeeded);
+    let checkpoints = dir.path().join("checkpoints").join(&done.agent_id).join("done");
+    assert!(checkpoints.exists(), "a checkpoint was written");
+
+    // Gone after the retention: status, rows, files. Polled, with a bound.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let gone = loop {
+        match c.job_status("done").await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(std::time::Instant::now() < deadline, "never removed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert!(gone.to_string().contains("done"), "{gone}");
+    assert!(!checkpoints.exists(), "its checkpoints went with it");
+    assert!(
+        !dir.path()
+            .join("spill")
+            .join(&done.agent_id)
+            .join("done")
+            .exists()
+    );
+    // A job that has not finished stays, whatever its age.
+    assert_eq!(status(&c, "open").await.state, AgentJobState::Ingesting);
+    cluster.shutdown().await;
+}

@@ -349,3 +349,48 @@ fn several_targets_train_and_predict_as_lists() {
         "{first_row:?}"
     );
 }
+
+#[test]
+fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
+    let layout = layout(&spec(4));
+    // Bag's embeddings and its 2-class head: 13 × dim + 2 parameters.
+    let huge = spec(30_000_000);
+    let started = std::time::Instant::now();
+    let Err(err) = ModelRegistry::builtin()
+        .with::<Bag>("bag")
+        .build_seeded(&huge, &layout, 1)
+    else {
+        panic!("390 M parameters over the default cap were built");
+    };
+    match &err {
+        AgentError::ModelTooLarge { model, params, cap } => {
+            assert_eq!(
+                (model.as_str(), *params, *cap),
+                ("bag", 390_000_002, DEFAULT_MAX_PARAMS)
+            );
+        }
+        other => panic!("{other}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("--max-model-params") && text.contains("250000000"),
+        "{text}"
+    );
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::ResourceExhausted);
+    // Counted, not drawn: 1.5 GB of weights would take far longer to fill.
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+    let capped = ModelRegistry::builtin().with::<Bag>("bag").with_max_params(54);
+    assert!(
+        capped.build_seeded(&spec(4), &layout, 1).is_ok(),
+        "54 parameters: at the cap"
+    );
+    assert!(matches!(
+        capped.build(&spec(5), &layout, &Device::flex()).err(),
+        Some(AgentError::ModelTooLarge {
+            params: 67,
+            cap: 54,
+            ..
+        })
+    ));
+}
