@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::decode::DecodedPayload;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightService;
@@ -185,7 +185,7 @@ impl FlightService for AgentFlightService {
         let (tx, rx) = mpsc::channel(64);
         let messages = futures::stream::once(async move { Ok(first) })
             .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))));
-        let decoder = FlightDataDecoder::new(messages);
+        let decoder = kindling_schemas::ipc::decode(messages);
         tokio::spawn(async move {
             let mut stream = PutStream::open(job, split);
             match receive_put(&mut stream, decoder, &tx).await {
@@ -231,7 +231,7 @@ impl FlightService for AgentFlightService {
         let messages = futures::stream::iter(first.map(Ok))
             .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))))
             .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())));
-        let batches = predict::predict_stream(FlightDataDecoder::new(messages), model, spec);
+        let batches = predict::predict_stream(kindling_schemas::ipc::decode(messages), model, spec);
         let out = FlightDataEncoderBuilder::new()
             .build(batches)
             .map_err(flight_status);
@@ -350,7 +350,7 @@ fn model_info(path: &DataPath, model: &dyn AnyModel) -> Result<FlightInfo, Agent
 /// Feeds a decoded `DoPut` stream to `stream`, acknowledging each batch.
 async fn receive_put(
     stream: &mut PutStream,
-    mut decoder: FlightDataDecoder,
+    mut decoder: kindling_schemas::ipc::Decoded,
     tx: &mpsc::Sender<Result<PutResult, Status>>,
 ) -> Result<(), AgentError> {
     while let Some(msg) = decoder.next().await {

@@ -6,6 +6,7 @@
 //! - [`metadata`]: per-batch `app_metadata` (producer + sequence) and `PutResult` acks.
 //! - [`action`]: Flight action names and their JSON bodies.
 //! - [`spec`]: the [`JobSpec`](spec::JobSpec), validated on construction.
+//! - [`ipc`]: decoding a peer's Arrow IPC (a malformed message is an error, not a panic).
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
 //! - [`channel`], [`tls`]: how connections are made and served (keepalive,
@@ -19,6 +20,7 @@ pub mod action;
 pub mod auth;
 pub mod channel;
 pub mod descriptor;
+pub mod ipc;
 pub mod metadata;
 pub mod rendezvous;
 pub mod schema;
