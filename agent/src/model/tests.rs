@@ -380,6 +380,15 @@ fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
     // Counted, not drawn: 1.5 GB of weights would take far longer to fill.
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
 
+    // And before any row: `check` (start_job) counts it the same way.
+    assert!(matches!(
+        ModelRegistry::builtin().with::<Bag>("bag").check(&huge),
+        Err(AgentError::ModelTooLarge {
+            params: 390_000_002,
+            ..
+        })
+    ));
+
     let capped = ModelRegistry::builtin().with::<Bag>("bag").with_max_params(54);
     assert!(
         capped.build_seeded(&spec(4), &layout, 1).is_ok(),
