@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
 use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::credential::Role;
 use kindling_schemas::pb::collective::collective_client::CollectiveClient;
 use kindling_schemas::pb::collective::collective_server::{Collective, CollectiveServer};
 use kindling_schemas::pb::collective::{Chunk, PushAck};
@@ -203,16 +204,10 @@ pub struct CollectiveService {
     inbox: Arc<Inbox>,
 }
 
-impl CollectiveService {
-    /// Serves `inbox`.
-    pub fn new(inbox: Arc<Inbox>) -> Self {
-        CollectiveService { inbox }
-    }
-}
-
 #[tonic::async_trait]
 impl Collective for CollectiveService {
     async fn push_stream(&self, request: Request<Streaming<Chunk>>) -> Result<Response<PushAck>, Status> {
+        let caller = kindling_schemas::auth::Caller::of(&request);
         let mut chunks = request.into_inner();
         loop {
             let chunk = tokio::select! {
@@ -224,6 +219,7 @@ impl Collective for CollectiveService {
             let Some(c) = chunk else {
                 return Ok(Response::new(PushAck {}));
             };
+            caller.allow(&c.job_id, &[Role::Peer], "send collective traffic")?;
             let key = Key {
                 job_id: c.job_id,
                 attempt: c.attempt,
@@ -243,7 +239,7 @@ pub fn grpc_service(
     inbox: Arc<Inbox>,
     check: BearerCheck,
 ) -> InterceptedService<CollectiveServer<CollectiveService>, BearerCheck> {
-    let server = CollectiveServer::new(CollectiveService::new(inbox))
+    let server = CollectiveServer::new(CollectiveService { inbox })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     InterceptedService::new(server, check)

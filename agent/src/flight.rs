@@ -16,6 +16,8 @@ use arrow_flight::{
 };
 use futures::{Stream, StreamExt, TryStreamExt};
 use kindling_schemas::action::{Action, ActionKind, EndOfDataResponse, JobList, StartJobResponse};
+use kindling_schemas::auth::Caller;
+use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use tokio::sync::mpsc;
@@ -111,8 +113,9 @@ impl FlightService for AgentFlightService {
 
     async fn list_flights(
         &self,
-        _request: Request<Criteria>,
+        request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Caller::of(&request).operator_only("list every job's models")?;
         let mut infos = Vec::new();
         for job in self.jobs.all() {
             if let Some(model) = job.model.lock().ok().and_then(|m| m.clone()) {
@@ -132,6 +135,7 @@ impl FlightService for AgentFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let path = DataPath::from_descriptor(request.get_ref()).map_err(AgentError::from)?;
+        Caller::of(&request).allow(path.job_id(), &[Role::Reader], "read a model")?;
         let model = self.model_for(&path).await?;
         Ok(Response::new(model_info(&path, model.as_ref())?))
     }
@@ -159,6 +163,7 @@ impl FlightService for AgentFlightService {
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let path = DataPath::from_ticket(request.get_ref()).map_err(AgentError::from)?;
+        Caller::of(&request).allow(path.job_id(), &[Role::Reader], "read a model")?;
         let model = self.model_for(&path).await?;
         let table = model.to_arrow()?;
         let stream = FlightDataEncoderBuilder::new()
@@ -171,6 +176,7 @@ impl FlightService for AgentFlightService {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        let caller = Caller::of(&request);
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoPut", &mut input).await?;
         let DataPath::Data { job_id, split } = path else {
@@ -181,6 +187,7 @@ impl FlightService for AgentFlightService {
             }
             .into());
         };
+        caller.allow(&job_id, &[Role::Producer], "put rows")?;
         let job = self.jobs.get(&job_id)?;
         let (tx, rx) = mpsc::channel(64);
         let messages = futures::stream::once(async move { Ok(first) })
@@ -209,6 +216,7 @@ impl FlightService for AgentFlightService {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        let caller = Caller::of(&request);
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoExchange", &mut input).await?;
         let DataPath::Predict { job_id } = &path else {
@@ -219,6 +227,7 @@ impl FlightService for AgentFlightService {
             }
             .into());
         };
+        caller.allow(job_id, &[Role::Reader], "predict")?;
         let model = self
             .model_for(&DataPath::Model {
                 job_id: job_id.clone(),
@@ -242,8 +251,16 @@ impl FlightService for AgentFlightService {
         &self,
         request: Request<FlightAction>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        let caller = Caller::of(&request);
         let a = request.into_inner();
         let action = Action::parse(&a.r#type, &a.body).map_err(AgentError::from)?;
+        match &action {
+            // A producer or reader may follow its own job; nothing else.
+            Action::JobStatus(r) => {
+                caller.allow(&r.job_id, &[Role::Producer, Role::Reader], "read a job's status")?
+            }
+            other => caller.operator_only(&format!("call `{}`", other.kind().name()))?,
+        }
         match action {
             Action::CreateJob(create) => ok_json(&self.jobs.create_at_rendezvous(create).await?),
             Action::StartJob(start) => {
@@ -271,6 +288,7 @@ impl FlightService for AgentFlightService {
             Action::ListJobs => ok_json(&JobList {
                 jobs: self.jobs.all().iter().map(|j| j.status()).collect(),
             }),
+            Action::IssueCredential(i) => ok_json(&self.jobs.issue_credential(&i)?),
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{Gang, JobState, RendezvousClient};
 use kindling_schemas::schema::FeatureLayout;
@@ -56,6 +57,8 @@ pub struct JobEnv {
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints here before they are removed.
     pub finished_retention: Duration,
+    /// Signs and checks job credentials; `None`: only the operator token.
+    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
 }
 
 /// A producer's committed position in one split.
@@ -168,6 +171,10 @@ impl IngestState {
         self.eval.cache.clear();
     }
 }
+
+/// How long a ring's peer credential lives (one attempt's ring; a new
+/// attempt gets a new one).
+const PEER_CREDENTIAL_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Mutable state of a job, behind one lock.
 #[derive(Debug)]
@@ -462,7 +469,16 @@ impl Job {
                     .iter()
                     .map(|p| p.collective_address.clone())
                     .collect(),
-                token: self.env.token.clone(),
+                // With a credential key the ring speaks with a peer
+                // credential for this job only, not the operator token.
+                token: match &self.env.credentials {
+                    Some(key) => Some(Token::new(key.issue(
+                        &self.job_id,
+                        Role::Peer,
+                        PEER_CREDENTIAL_TTL,
+                    ))),
+                    None => self.env.token.clone(),
+                },
                 timeout: self.env.collective_timeout,
                 channel: self.env.channel.clone(),
             },

@@ -55,6 +55,12 @@ struct Cli {
     /// files and checkpoints on this agent before they are removed (s).
     #[arg(long, env = "KINDLING_FINISHED_RETENTION_SECS", default_value_t = 3600)]
     finished_retention_secs: u64,
+    /// File with the cluster's job-credential key (32+ bytes, e.g. `openssl
+    /// rand -hex 32`): the agent issues and takes signed, expiring job
+    /// credentials (producer, peer, reader). Not the operator token: rotating
+    /// the token leaves running jobs' credentials valid.
+    #[arg(long, env = "KINDLING_CREDENTIAL_KEY_FILE")]
+    credential_key_file: Option<PathBuf>,
     /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (required: an
     /// agent trains only in a gang the rendezvous forms).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
@@ -193,6 +199,17 @@ impl TryFrom<&Cli> for AgentConfig {
         cli.tls
             .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
             .map_err(anyhow::Error::msg)?;
+        let credentials = match &cli.credential_key_file {
+            Some(path) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("reading the credential key file {}", path.display()))?;
+                Some(
+                    kindling_schemas::credential::CredentialKey::new(&bytes)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+                )
+            }
+            None => None,
+        };
         let max_message_bytes =
             usize::try_from(cli.max_message_bytes).context("--max-message-bytes does not fit in memory")?;
         Ok(AgentConfig {
@@ -218,6 +235,7 @@ impl TryFrom<&Cli> for AgentConfig {
             max_message_bytes,
             max_jobs: cli.max_jobs,
             finished_retention: Duration::from_secs(cli.finished_retention_secs),
+            credentials,
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),
         })

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kindling_schemas::action::{CreateJob, CreateJobResponse, StartJob};
+use kindling_schemas::action::{CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, StartJob};
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -219,6 +219,27 @@ impl JobRegistry {
                 _ = tick.tick() => { self.reap_finished(&mut ended); }
             }
         }
+    }
+
+    /// `issue_credential`: a credential signed with this agent's key.
+    pub fn issue_credential(&self, i: &IssueCredential) -> Result<CredentialResponse, AgentError> {
+        let key = self.env.credentials.as_ref().ok_or_else(|| {
+            AgentError::Status(Box::new(tonic::Status::failed_precondition(format!(
+                "agent `{}` has no credential key (--credential-key-file, KINDLING_CREDENTIAL_KEY_FILE): \
+                 it issues no job credentials",
+                self.env.agent_id
+            ))))
+        })?;
+        let credential = key.issue(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
+        let claims = key
+            .verify(&credential)
+            .map_err(|e| AgentError::Status(Box::new(tonic::Status::internal(e.to_string()))))?;
+        Ok(CredentialResponse {
+            job_id: i.job_id.clone(),
+            role: i.role,
+            credential,
+            expires: claims.expires,
+        })
     }
 
     /// Every job.

@@ -68,6 +68,9 @@ pub struct AgentConfig {
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints on this agent before they are removed.
     pub finished_retention: Duration,
+    /// The cluster's job-credential key: with it the agent issues and takes
+    /// job credentials (`issue_credential`) and its rings use peer credentials.
+    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
@@ -100,6 +103,7 @@ impl AgentConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_jobs: DEFAULT_MAX_JOBS,
             finished_retention: DEFAULT_FINISHED_RETENTION,
+            credentials: None,
             train_threads: 0,
             models: ModelRegistry::builtin(),
         }
@@ -327,11 +331,12 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         channel: config.channel.clone(),
         max_jobs: config.max_jobs,
         finished_retention: config.finished_retention,
+        credentials: config.credentials.clone(),
     };
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
     tracker.spawn(jobs.clone().reap_finished_until(cancel.clone()));
-    let check = BearerCheck::new(config.token.clone());
+    let check = BearerCheck::new(config.token.clone()).with_credentials(config.credentials.clone());
     let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);

@@ -217,6 +217,11 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+        std::fs::write(
+            dir.path().join("credential-key"),
+            "deploy-test-credential-key-0123456789\n",
+        )
+        .expect("credential key file");
         let port = free_port();
         let cluster = Cluster {
             dir,
@@ -331,6 +336,10 @@ impl Cluster {
             ("KINDLING_TRAIN_THREADS".to_owned(), "1".to_owned()),
             ("KINDLING_LOG".to_owned(), "info".to_owned()),
             ("KINDLING_TLS_SERVER_NAME".to_owned(), AGENT_CERT_NAME.to_owned()),
+            (
+                "KINDLING_CREDENTIAL_KEY_FILE".to_owned(),
+                self.dir.path().join("credential-key").display().to_string(),
+            ),
         ]);
         env.extend(self.tls_env("agent"));
         assert_eq!(

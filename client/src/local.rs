@@ -39,6 +39,9 @@ pub struct LocalClusterConfig {
     /// How long each agent keeps a finished job's status, rows, spill files
     /// and checkpoints.
     pub finished_retention: Duration,
+    /// The agents' job-credential key (a random one by default): executor
+    /// push then hands the executors a producer credential, not the token.
+    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
 }
 
 impl LocalClusterConfig {
@@ -61,6 +64,7 @@ impl LocalClusterConfig {
             max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
             tls: None,
             finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
+            credentials: Some(kindling_schemas::credential::CredentialKey::generate()),
         }
     }
 }
@@ -140,6 +144,7 @@ impl LocalCluster {
         c.train_threads = self.config.train_threads;
         c.max_jobs = self.config.max_jobs;
         c.finished_retention = self.config.finished_retention;
+        c.credentials = self.config.credentials.clone();
         c.models = self.config.models.clone();
         c.channel = c.channel.with_tls(self.config.tls.clone());
         let handle = kindling_agent::start(c).await?;

@@ -88,8 +88,9 @@ def check(obj, where, version, errors):
 def with_dummy_token(tmp):
     """A copy of deploy/k8s whose secret generator has a (throwaway) token file."""
     copy_root = pathlib.Path(tmp) / "k8s"
-    shutil.copytree(ROOT, copy_root, ignore=shutil.ignore_patterns("token"))
+    shutil.copytree(ROOT, copy_root, ignore=shutil.ignore_patterns("token", "credential-key"))
     (copy_root / "base" / "secrets" / "token").write_text("validate-only-not-a-secret\n")
+    (copy_root / "base" / "secrets" / "credential-key").write_text("validate-only-not-a-secret-key-of-32-bytes\n")
     return copy_root
 
 

@@ -8,6 +8,7 @@
 //! | `cancel_job` | [`CancelJob`] | [`AgentJobStatus`] |
 //! | `end_of_data` | [`EndOfData`] | [`EndOfDataResponse`] |
 //! | `list_jobs` | `{}` | [`JobList`] |
+//! | `issue_credential` | [`IssueCredential`] | [`CredentialResponse`] |
 //!
 //! Each `DoAction` returns exactly one `Result` whose body is the response JSON.
 
@@ -31,17 +32,20 @@ pub enum ActionKind {
     EndOfData,
     /// Every job the agent knows.
     ListJobs,
+    /// A signed, expiring credential for one role in one job (operator only).
+    IssueCredential,
 }
 
 impl ActionKind {
     /// Every action, for `ListActions`.
-    pub const ALL: [ActionKind; 6] = [
+    pub const ALL: [ActionKind; 7] = [
         ActionKind::CreateJob,
         ActionKind::StartJob,
         ActionKind::JobStatus,
         ActionKind::CancelJob,
         ActionKind::EndOfData,
         ActionKind::ListJobs,
+        ActionKind::IssueCredential,
     ];
 
     /// The wire name.
@@ -53,6 +57,7 @@ impl ActionKind {
             ActionKind::CancelJob => "cancel_job",
             ActionKind::EndOfData => "end_of_data",
             ActionKind::ListJobs => "list_jobs",
+            ActionKind::IssueCredential => "issue_credential",
         }
     }
 
@@ -70,6 +75,9 @@ impl ActionKind {
             ActionKind::CancelJob => "Cancel a job and drop its data: {job_id, reason}.",
             ActionKind::EndOfData => "No more rows for a split: {job_id, split, expected_rows?}.",
             ActionKind::ListJobs => "Every job this agent knows: {}.",
+            ActionKind::IssueCredential => {
+                "A job credential (operator only): {job_id, role: producer|peer|reader, ttl_secs}."
+            }
         }
     }
 
@@ -97,6 +105,8 @@ pub enum Action {
     EndOfData(EndOfData),
     /// `list_jobs`.
     ListJobs,
+    /// `issue_credential`.
+    IssueCredential(IssueCredential),
 }
 
 /// An action that does not follow the contract.
@@ -104,7 +114,7 @@ pub enum Action {
 pub enum ActionError {
     /// Unknown action name.
     #[error(
-        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, list_jobs"
+        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, list_jobs, issue_credential"
     )]
     Unknown(String),
     /// The body is not the expected JSON.
@@ -163,6 +173,14 @@ impl Action {
                 Action::EndOfData(a)
             }
             ActionKind::ListJobs => Action::ListJobs,
+            ActionKind::IssueCredential => {
+                let a: IssueCredential = json(body).map_err(bad)?;
+                check(&a.job_id)?;
+                if !(1..=MAX_CREDENTIAL_TTL_SECS).contains(&a.ttl_secs) {
+                    return Err(bad(format!("ttl_secs: must be in 1..={MAX_CREDENTIAL_TTL_SECS}")));
+                }
+                Action::IssueCredential(a)
+            }
         })
     }
 
@@ -175,6 +193,7 @@ impl Action {
             Action::CancelJob(_) => ActionKind::CancelJob,
             Action::EndOfData(_) => ActionKind::EndOfData,
             Action::ListJobs => ActionKind::ListJobs,
+            Action::IssueCredential(_) => ActionKind::IssueCredential,
         }
     }
 
@@ -187,6 +206,7 @@ impl Action {
             Action::CancelJob(a) => serde_json::to_vec(a),
             Action::EndOfData(a) => serde_json::to_vec(a),
             Action::ListJobs => Ok(b"{}".to_vec()),
+            Action::IssueCredential(a) => serde_json::to_vec(a),
         };
         v.unwrap_or_default()
     }
@@ -195,6 +215,33 @@ impl Action {
     pub fn to_flight(&self) -> arrow_flight::Action {
         arrow_flight::Action::new(self.kind().name(), self.body())
     }
+}
+
+/// Longest a credential may live: 7 days.
+pub const MAX_CREDENTIAL_TTL_SECS: u64 = 7 * 24 * 3600;
+
+/// `issue_credential`: a credential for `role` in `job_id`, valid `ttl_secs`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssueCredential {
+    /// The job.
+    pub job_id: String,
+    /// What it allows.
+    pub role: crate::credential::Role,
+    /// Seconds it lives (1 to [`MAX_CREDENTIAL_TTL_SECS`]).
+    pub ttl_secs: u64,
+}
+
+/// Reply to `issue_credential`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialResponse {
+    /// The job.
+    pub job_id: String,
+    /// What it allows.
+    pub role: crate::credential::Role,
+    /// The credential: send it as `authorization: Bearer <credential>`.
+    pub credential: String,
+    /// Unix seconds after which it is refused.
+    pub expires: u64,
 }
 
 /// `create_job`: the agent creates the job at a rendezvous for the caller

@@ -11,6 +11,8 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
+use crate::credential::{Claims, CredentialError, CredentialKey, Role};
+
 /// The metadata key carrying the token.
 pub const AUTHORIZATION: &str = "authorization";
 
@@ -100,23 +102,86 @@ impl fmt::Debug for Token {
     }
 }
 
+/// Who a request comes from, as [`BearerCheck`] found it (a request
+/// extension every handler can read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// The operator token (or a server without one): everything.
+    Operator,
+    /// A job credential: its claims only.
+    Job(Claims),
+}
+
+impl Caller {
+    /// The caller of `request` (a request that passed no [`BearerCheck`] is
+    /// treated as the operator's: only servers without a token skip it).
+    pub fn of<T>(request: &Request<T>) -> Caller {
+        request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or(Caller::Operator)
+    }
+
+    /// Allows the operator, or a credential of one of `roles` for `job_id`;
+    /// else `PERMISSION_DENIED` saying what was refused.
+    pub fn allow(&self, job_id: &str, roles: &[Role], what: &str) -> Result<(), Status> {
+        match self {
+            Caller::Operator => Ok(()),
+            Caller::Job(c) if c.job_id == job_id && roles.contains(&c.role) => Ok(()),
+            Caller::Job(c) => Err(Status::permission_denied(format!(
+                "a {} credential for job `{}` cannot {what} (job `{job_id}`)",
+                c.role, c.job_id
+            ))),
+        }
+    }
+
+    /// Allows the operator only.
+    pub fn operator_only(&self, what: &str) -> Result<(), Status> {
+        match self {
+            Caller::Operator => Ok(()),
+            Caller::Job(c) => Err(Status::permission_denied(format!(
+                "a {} credential for job `{}` cannot {what}: that takes the operator token",
+                c.role, c.job_id
+            ))),
+        }
+    }
+}
+
 /// Server-side interceptor: refuses calls without the right bearer token with
-/// `Unauthenticated`. With no token configured every call is allowed.
+/// `Unauthenticated`. With no token configured every call is allowed. With a
+/// credential key it also takes job credentials, and records the
+/// [`Caller`] in the request's extensions for the handlers to authorize.
 #[derive(Clone, Debug)]
 pub struct BearerCheck {
     expected: Option<Token>,
+    credentials: Option<CredentialKey>,
 }
 
 impl BearerCheck {
     /// Checks for `token`; `None` disables the check (loopback development only).
     pub fn new(token: Option<Token>) -> Self {
-        BearerCheck { expected: token }
+        BearerCheck {
+            expected: token,
+            credentials: None,
+        }
+    }
+
+    /// Also takes job credentials signed with `key`.
+    pub fn with_credentials(mut self, key: Option<CredentialKey>) -> Self {
+        self.credentials = key;
+        self
     }
 
     /// Checks one request's metadata.
     pub fn check(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        self.caller(metadata).map(|_| ())
+    }
+
+    /// Checks one request's metadata and says who sent it.
+    pub fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
         let Some(expected) = &self.expected else {
-            return Ok(());
+            return Ok(Caller::Operator);
         };
         let Some(value) = metadata.get(AUTHORIZATION) else {
             return Err(Status::unauthenticated(
@@ -131,16 +196,23 @@ impl BearerCheck {
                 Status::unauthenticated("malformed authorization header: expected `Bearer <token>`")
             })?;
         if constant_time_eq(expected.expose().as_bytes(), presented.as_bytes()) {
-            Ok(())
-        } else {
-            Err(Status::unauthenticated("invalid bearer token"))
+            return Ok(Caller::Operator);
+        }
+        match &self.credentials {
+            Some(key) => match key.verify(presented) {
+                Ok(claims) => Ok(Caller::Job(claims)),
+                Err(CredentialError::NotACredential) => Err(Status::unauthenticated("invalid bearer token")),
+                Err(e) => Err(Status::unauthenticated(e.to_string())),
+            },
+            None => Err(Status::unauthenticated("invalid bearer token")),
         }
     }
 }
 
 impl Interceptor for BearerCheck {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        self.check(request.metadata())?;
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let caller = self.caller(request.metadata())?;
+        request.extensions_mut().insert(caller);
         Ok(request)
     }
 }

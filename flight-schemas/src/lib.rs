@@ -9,6 +9,7 @@
 //! - [`ipc`]: decoding a peer's Arrow IPC (a malformed message is an error, not a panic).
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
+//! - [`credential`]: signed, expiring job credentials by role (producer, peer, reader).
 //! - [`channel`], [`tls`]: how connections are made and served (keepalive,
 //!   deadlines, TLS and mutual TLS with certificates reloaded on change).
 //! - [`pb`]: the generated rendezvous and collective gRPC services.
@@ -19,6 +20,7 @@
 pub mod action;
 pub mod auth;
 pub mod channel;
+pub mod credential;
 pub mod descriptor;
 pub mod ipc;
 pub mod metadata;

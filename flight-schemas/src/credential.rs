@@ -1,0 +1,234 @@
+//! Job-scoped credentials: signed, expiring bearer tokens that let their
+//! holder do one thing for one job. The operator token stays for
+//! administration; a Spark executor gets a *producer* credential that can
+//! `DoPut` into its job's shards and nothing else, an agent's ring peers a
+//! *peer* credential for that job's collective traffic, a reader a *reader*
+//! credential for its model and predictions.
+//!
+//! A credential is `kc1.<claims>.<signature>`: the claims (job, role, expiry
+//! in Unix seconds) as hex-encoded JSON and their HMAC-SHA256 under the
+//! cluster's credential key (a Secret of its own, not the operator token:
+//! rotating the token leaves running jobs' credentials valid). Agents hold
+//! the key, issue credentials (the operator-only `issue_credential` action)
+//! and verify them; a tampered or expired one is `UNAUTHENTICATED`, one used
+//! outside its job or role `PERMISSION_DENIED`.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+const PREFIX: &str = "kc1.";
+
+/// What a credential allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// `DoPut` into the job's splits (and `job_status` of it).
+    Producer,
+    /// The job's collective (ring) traffic between agents.
+    Peer,
+    /// The job's model, checkpoint and predictions (and `job_status`).
+    Reader,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Producer => "producer",
+            Role::Peer => "peer",
+            Role::Reader => "reader",
+        })
+    }
+}
+
+/// What a valid credential says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// The one job it is for.
+    pub job_id: String,
+    /// What it allows there.
+    pub role: Role,
+    /// Unix seconds after which it is refused.
+    pub expires: u64,
+}
+
+/// Why a presented credential is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CredentialError {
+    /// Not a Kindling credential at all.
+    #[error("not a job credential")]
+    NotACredential,
+    /// The signature does not match the claims (tampered, or another key).
+    #[error("job credential signature does not verify (tampered, or signed with another key)")]
+    BadSignature,
+    /// The claims do not decode.
+    #[error("job credential claims do not decode")]
+    Malformed,
+    /// Past its expiry.
+    #[error("job credential for `{job_id}` expired at {expires} (Unix seconds)")]
+    Expired {
+        /// Its job.
+        job_id: String,
+        /// When it expired.
+        expires: u64,
+    },
+}
+
+/// The cluster's credential key. Its `Debug` output never shows it.
+#[derive(Clone)]
+pub struct CredentialKey(ring::hmac::Key);
+
+impl fmt::Debug for CredentialKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CredentialKey(<redacted>)")
+    }
+}
+
+/// Fewest bytes of key material accepted.
+pub const MIN_KEY_BYTES: usize = 32;
+
+impl CredentialKey {
+    /// A key from secret bytes (at least [`MIN_KEY_BYTES`]; surrounding
+    /// whitespace of a key file is not part of it).
+    pub fn new(secret: &[u8]) -> Result<CredentialKey, String> {
+        let secret = secret.trim_ascii();
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(format!(
+                "a credential key needs at least {MIN_KEY_BYTES} bytes, got {} (e.g. `openssl rand -hex 32`)",
+                secret.len()
+            ));
+        }
+        Ok(CredentialKey(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            secret,
+        )))
+    }
+
+    /// A random key (local mode: the process is the whole cluster).
+    pub fn generate() -> CredentialKey {
+        let mut secret = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+            .expect("the operating system's random number generator");
+        CredentialKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret))
+    }
+
+    /// A credential for `role` in `job_id`, valid for `ttl` (send it as a
+    /// bearer token).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kindling_schemas::credential::{CredentialKey, Role};
+    /// let key = CredentialKey::new(b"0123456789abcdef0123456789abcdef").unwrap();
+    /// let cred = key.issue("job-a", Role::Producer, Duration::from_secs(60));
+    /// let claims = key.verify(&cred).unwrap();
+    /// assert_eq!((claims.job_id.as_str(), claims.role), ("job-a", Role::Producer));
+    /// let other = CredentialKey::new(b"another key of thirty-two bytes!").unwrap();
+    /// assert!(other.verify(&cred).is_err());
+    /// ```
+    pub fn issue(&self, job_id: &str, role: Role, ttl: Duration) -> String {
+        let claims = Claims {
+            job_id: job_id.to_owned(),
+            role,
+            expires: now().saturating_add(ttl.as_secs()),
+        };
+        self.sign(&claims)
+    }
+
+    /// The credential for exactly these claims.
+    pub fn sign(&self, claims: &Claims) -> String {
+        let body = hex(&serde_json::to_vec(claims).unwrap_or_default());
+        let tag = ring::hmac::sign(&self.0, body.as_bytes());
+        format!("{PREFIX}{body}.{}", hex(tag.as_ref()))
+    }
+
+    /// The claims of `presented` if it is a credential this key signed and
+    /// it has not expired (the signature is checked in constant time).
+    pub fn verify(&self, presented: &str) -> Result<Claims, CredentialError> {
+        let rest = presented
+            .strip_prefix(PREFIX)
+            .ok_or(CredentialError::NotACredential)?;
+        let (body, tag) = rest.split_once('.').ok_or(CredentialError::NotACredential)?;
+        let tag = unhex(tag).ok_or(CredentialError::BadSignature)?;
+        ring::hmac::verify(&self.0, body.as_bytes(), &tag).map_err(|_| CredentialError::BadSignature)?;
+        let claims: Claims = unhex(body)
+            .and_then(|json| serde_json::from_slice(&json).ok())
+            .ok_or(CredentialError::Malformed)?;
+        if now() >= claims.expires {
+            return Err(CredentialError::Expired {
+                job_id: claims.job_id,
+                expires: claims.expires,
+            });
+        }
+        Ok(claims)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || s.len() > 8192 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn key() -> CredentialKey {
+        CredentialKey::new(b"0123456789abcdef0123456789abcdef").unwrap()
+    }
+
+    #[test]
+    fn tampered_expired_and_foreign_credentials_are_refused() {
+        let k = key();
+        let cred = k.issue("a", Role::Producer, Duration::from_secs(600));
+        let text = cred.as_str();
+        assert!(k.verify(text).is_ok());
+        // The claims changed (job a → b) without a new signature.
+        let (body, tag) = text[PREFIX.len()..].split_once('.').unwrap();
+        let forged_claims = hex(&serde_json::to_vec(&Claims {
+            job_id: "b".into(),
+            role: Role::Producer,
+            expires: u64::MAX,
+        })
+        .unwrap());
+        assert_eq!(
+            k.verify(&format!("{PREFIX}{forged_claims}.{tag}")),
+            Err(CredentialError::BadSignature)
+        );
+        // One flipped character of the signature.
+        let mut flipped = tag.to_owned().into_bytes();
+        flipped[0] = if flipped[0] == b'0' { b'1' } else { b'0' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        assert_eq!(
+            k.verify(&format!("{PREFIX}{body}.{flipped}")),
+            Err(CredentialError::BadSignature)
+        );
+        // Expired.
+        let old = k.sign(&Claims {
+            job_id: "a".into(),
+            role: Role::Reader,
+            expires: 1,
+        });
+        assert!(matches!(k.verify(&old), Err(CredentialError::Expired { .. })));
+        // Not a credential; a short key.
+        assert_eq!(k.verify("s3cret"), Err(CredentialError::NotACredential));
+        assert!(CredentialKey::new(b"short").is_err());
+        assert_eq!(format!("{k:?}"), "CredentialKey(<redacted>)");
+    }
+}
