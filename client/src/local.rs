@@ -133,6 +133,12 @@ impl LocalCluster {
         self.config.token.as_ref()
     }
 
+    /// Channel settings that reach this cluster (its TLS, if it has any:
+    /// the agents' own certificate then serves as a client certificate).
+    pub fn channel(&self) -> kindling_schemas::channel::ChannelConfig {
+        kindling_schemas::channel::ChannelConfig::default().with_tls(self.config.tls.clone())
+    }
+
     /// Starts one more agent; returns its index.
     pub async fn add_agent(&self) -> Result<usize, LocalError> {
         let id = uuid::Uuid::new_v4().simple().to_string();

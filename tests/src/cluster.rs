@@ -92,12 +92,12 @@ pub use kindling_fixtures::{rule_batch, rule_schema};
 /// A Flight client for agent `index`.
 pub fn agent_client(cluster: &LocalCluster, index: usize) -> AgentClient {
     let url = cluster.agent_url(index).expect("agent running");
-    AgentClient::connect(&url, cluster.token()).expect("client")
+    AgentClient::connect_with(&url, cluster.token(), &cluster.channel()).expect("client")
 }
 
 /// Creates `job_id` at the rendezvous and starts it on the given agents.
 pub async fn start_job(cluster: &LocalCluster, job_id: &str, spec: &JobSpec, agents: &[usize]) {
-    let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+    let rv = RendezvousClient::connect_with(cluster.rendezvous_url(), cluster.token(), &cluster.channel())
         .await
         .expect("rendezvous");
     rv.create_job(&JobConfig::new(job_id, spec.num_slots).with_max_attempts(4))

@@ -187,3 +187,78 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
     finish_training(&cluster, "py-retry", &per_agent).await;
     cluster.shutdown().await;
 }
+
+/// The push helper over mutual TLS: with `KINDLING_TLS_*` it pushes into an
+/// agent that speaks only TLS; without a client certificate the push fails
+/// and stores nothing; a token is never sent in plaintext off loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_push_helper_pushes_over_mutual_tls() {
+    let (cluster, _dir, client, _) = tls_cluster(1).await;
+    let mut one = spec();
+    one.num_slots = 1;
+    start_job(&cluster, "tls-push", &one, &[0]).await;
+    let url = cluster.agent_url(0).expect("agent");
+    assert!(url.starts_with("https://"), "{url}");
+    let script = r#"
+import json, sys
+import numpy as np, pyarrow as pa
+from kindling_push import PushError, push_batches
+url, token = sys.argv[1], sys.argv[2]
+x1 = np.linspace(-1, 1, 500); x2 = np.linspace(1, -1, 500)
+t = pa.table({"x1": x1, "x2": x2.astype(np.float32), "y": (x1 + 2 * x2 > 0.1).astype(np.int32)})
+out = {}
+try:
+    n, rows, final = push_batches(url, "tls-push", t.to_batches(max_chunksize=100), producer="p0", token=token, timeout=30)
+    out["rows"] = rows
+except PushError as e:
+    out["error"] = str(e)
+try:
+    push_batches("http://10.255.0.1:50051", "tls-push", t.to_batches(), producer="p1", token=token)
+except PushError as e:
+    out["plaintext"] = str(e)
+print(json.dumps(out))
+"#;
+    let run = |with_cert: bool| {
+        let mut cmd = std::process::Command::new(python_common::python_bin());
+        cmd.arg("-c")
+            .arg(script)
+            .arg(&url)
+            .arg(cluster.token().expect("token").expose())
+            .env("PYTHONPATH", python_common::repo_root().join("client/python"))
+            .env("KINDLING_TLS_CA", &client.ca)
+            .env_remove("KINDLING_ALLOW_PLAINTEXT_TOKEN");
+        if with_cert {
+            cmd.env("KINDLING_TLS_CERT", &client.cert)
+                .env("KINDLING_TLS_KEY", &client.key);
+        } else {
+            cmd.env_remove("KINDLING_TLS_CERT").env_remove("KINDLING_TLS_KEY");
+        }
+        cmd
+    };
+    let (status_code, stdout, stderr) = python_common::output(run(false)).await;
+    assert!(status_code.success(), "{stdout}\n{stderr}");
+    let anonymous: Value =
+        serde_json::from_str(stdout.trim().lines().last().unwrap_or_default()).expect("json");
+    assert!(
+        anonymous.get("error").is_some(),
+        "no client certificate, no push: {anonymous}"
+    );
+    assert!(
+        anonymous["plaintext"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("plaintext"),
+        "{anonymous}"
+    );
+    assert_eq!(status(&agent_client(&cluster, 0), "tls-push").await.rows_train, 0);
+
+    let (status_code, stdout, stderr) = python_common::output(run(true)).await;
+    assert!(status_code.success(), "{stdout}\n{stderr}");
+    let pushed: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or_default()).expect("json");
+    assert_eq!(pushed["rows"], 500, "{pushed}");
+    assert_eq!(
+        status(&agent_client(&cluster, 0), "tls-push").await.rows_train,
+        500
+    );
+    cluster.shutdown().await;
+}
