@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use arrow_flight::FlightData;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
-use kindling_agent::collective::{Inbox, Ring, RingConfig, grpc_service};
+use kindling_agent::collective::{Inbox, Ring, RingConfig};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
 use kindling_schemas::action::{Action, StartJob};
-use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::{JobSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,7 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{arg, cpu_seconds, encode, ingest_batches};
+use common::{arg, collective_servers, cpu_seconds, encode, ingest_batches};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -63,32 +63,6 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Collective servers for `world` ranks on loopback: their URLs and inboxes.
-async fn collective_servers(
-    world: usize,
-    token: &Token,
-    stop: &CancellationToken,
-) -> anyhow::Result<(Vec<String>, Vec<Arc<Inbox>>)> {
-    let mut urls = Vec::new();
-    let mut inboxes = Vec::new();
-    for _ in 0..world {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        urls.push(format!("http://{}", listener.local_addr()?));
-        let inbox = Inbox::new();
-        inboxes.push(inbox.clone());
-        let svc = grpc_service(inbox, BearerCheck::new(Some(token.clone())));
-        let shutdown = stop.clone();
-        tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            kindling_agent::collective::server_builder(&Default::default())
-                .add_service(svc)
-                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-                .await
-        });
-    }
-    Ok((urls, inboxes))
-}
-
 fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbox>) -> anyhow::Result<Ring> {
     inbox.enter_attempt(job, 1);
     Ok(Ring::new(
@@ -110,7 +84,7 @@ fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbo
 async fn latency(floats: usize, reps: usize) -> anyhow::Result<f64> {
     let token = Token::new("bench");
     let stop = CancellationToken::new();
-    let (urls, inboxes) = collective_servers(2, &token, &stop).await?;
+    let (urls, inboxes) = collective_servers(2, &token, None, &stop).await?;
     let mut tasks = Vec::new();
     for (rank, inbox) in inboxes.iter().enumerate() {
         let mut ring = ring("latency", rank, &urls, &token, inbox)?;
@@ -165,7 +139,7 @@ async fn latency_between_steps(
 ) -> anyhow::Result<()> {
     let token = Token::new("bench");
     let stop = CancellationToken::new();
-    let (urls, inboxes) = collective_servers(2, &token, &stop).await?;
+    let (urls, inboxes) = collective_servers(2, &token, None, &stop).await?;
     let compute = Duration::from_micros(compute_us);
     let mut ranks = Vec::new();
     for (rank, inbox) in inboxes.iter().enumerate() {
@@ -204,7 +178,7 @@ async fn allreduce(world: usize, mb: usize) -> anyhow::Result<()> {
     let token = Token::new("bench");
     let len = mb * (1 << 20) / 4;
     let stop = CancellationToken::new();
-    let (urls, inboxes) = collective_servers(world, &token, &stop).await?;
+    let (urls, inboxes) = collective_servers(world, &token, None, &stop).await?;
     let mut best = Duration::MAX;
     let cpu_start = cpu_seconds();
     let rounds = 3;

@@ -19,20 +19,19 @@ use std::time::{Duration, Instant};
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
-use kindling_agent::collective::{Inbox, Ring, RingConfig, grpc_service};
+use kindling_agent::collective::{Inbox, Ring, RingConfig};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
 use kindling_fixtures::pki::TestCa;
 use kindling_schemas::action::{Action, CancelJob, StartJob};
-use kindling_schemas::auth::{BearerAttach, BearerCheck, Token};
+use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::{JobSpec, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{arg, cpu_seconds, encode, ingest_batches};
+use common::{arg, collective_servers, cpu_seconds, encode, ingest_batches};
 
 /// A server's and a client's TLS settings, both from one test CA.
 struct Pki {
@@ -176,34 +175,6 @@ async fn ingest(pki: &Pki, total_mb: usize, rounds: usize) -> anyhow::Result<()>
     }
     let _ = rv.shutdown_and_wait().await;
     Ok(())
-}
-
-/// Collective servers for `world` ranks on loopback, serving `tls` if given.
-async fn collective_servers(
-    world: usize,
-    token: &Token,
-    tls: Option<Tls>,
-    stop: &CancellationToken,
-) -> anyhow::Result<(Vec<String>, Vec<Arc<Inbox>>)> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut urls = Vec::new();
-    let mut inboxes = Vec::new();
-    for _ in 0..world {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        urls.push(format!("{scheme}://{}", listener.local_addr()?));
-        let inbox = Inbox::new();
-        inboxes.push(inbox.clone());
-        let svc = grpc_service(inbox, BearerCheck::new(Some(token.clone())));
-        let shutdown = stop.clone();
-        let incoming = kindling_schemas::tls::incoming(listener, tls.clone());
-        tokio::spawn(async move {
-            kindling_agent::collective::server_builder(&Default::default())
-                .add_service(svc)
-                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-                .await
-        });
-    }
-    Ok((urls, inboxes))
 }
 
 /// One all-reduce of `len` floats on every rank; the slowest rank's time.

@@ -9,8 +9,13 @@ use arrow::array::{Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_flight::{FlightData, SchemaAsIpc};
+use kindling_agent::collective::{Inbox, grpc_service};
+use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::BatchMetadata;
+use kindling_schemas::tls::Tls;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 /// The value after `--name` on the command line, or `default`.
 pub fn arg(name: &str, default: usize) -> usize {
@@ -82,4 +87,32 @@ pub fn encode(schema: &Schema, batches: &[RecordBatch], path: &DataPath) -> Vec<
         out.push(msg);
     }
     out
+}
+
+/// Collective servers for `world` ranks on loopback, serving `tls` if given.
+pub async fn collective_servers(
+    world: usize,
+    token: &Token,
+    tls: Option<Tls>,
+    stop: &CancellationToken,
+) -> anyhow::Result<(Vec<String>, Vec<Arc<Inbox>>)> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut urls = Vec::new();
+    let mut inboxes = Vec::new();
+    for _ in 0..world {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        urls.push(format!("{scheme}://{}", listener.local_addr()?));
+        let inbox = Inbox::new();
+        inboxes.push(inbox.clone());
+        let svc = grpc_service(inbox, BearerCheck::new(Some(token.clone())));
+        let shutdown = stop.clone();
+        let incoming = kindling_schemas::tls::incoming(listener, tls.clone());
+        tokio::spawn(async move {
+            kindling_agent::collective::server_builder(&Default::default())
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+                .await
+        });
+    }
+    Ok((urls, inboxes))
 }
