@@ -67,17 +67,13 @@ pub struct TlsArgs {
 impl TlsArgs {
     /// The loaded TLS settings; `None` when no file is named.
     pub fn load(&self) -> Result<Option<Tls>, TlsError> {
-        let files = TlsFiles {
+        Tls::load(TlsFiles {
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
             ca: self.tls_ca.clone(),
             client_auth: self.tls_client_auth,
             server_name: self.tls_server_name.clone().filter(|n| !n.is_empty()),
-        };
-        if files.is_empty() {
-            return Ok(None);
-        }
-        Tls::new(files).map(Some)
+        })
     }
 
     /// Refuses to serve `listen` in plaintext with a `token` callers must send

@@ -55,7 +55,6 @@ fn flight_status(e: FlightError) -> Status {
     AgentError::from(e).into()
 }
 
-/// The first message of a `DoPut` or `DoExchange` and the path its descriptor names.
 /// A status from decoding the caller's stream; a message over the server's
 /// size limit is said to be over this agent's cap, with its name.
 fn inbound(status: Status) -> Status {
@@ -68,6 +67,7 @@ fn inbound(status: Status) -> Status {
     status
 }
 
+/// The first message of a `DoPut` or `DoExchange` and the path its descriptor names.
 async fn open_stream(
     call: &'static str,
     input: &mut Streaming<FlightData>,

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kindling_schemas::action::{CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, StartJob};
+use kindling_schemas::credential::Claims;
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -230,14 +231,11 @@ impl JobRegistry {
                 self.env.agent_id
             ))))
         })?;
-        let credential = key.issue(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
-        let claims = key
-            .verify(&credential)
-            .map_err(|e| AgentError::Status(Box::new(tonic::Status::internal(e.to_string()))))?;
+        let claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
         Ok(CredentialResponse {
-            job_id: i.job_id.clone(),
-            role: i.role,
-            credential,
+            credential: key.sign(&claims),
+            job_id: claims.job_id,
+            role: claims.role,
             expires: claims.expires,
         })
     }

@@ -176,18 +176,13 @@ pub struct TlsArgs {
 impl TlsArgs {
     /// Channel settings with this TLS material.
     pub fn channel(&self) -> Result<ChannelConfig> {
-        let files = TlsFiles {
+        let tls = Tls::load(TlsFiles {
             cert: self.tls_cert.clone(),
             key: self.tls_key.clone(),
             ca: self.tls_ca.clone(),
             client_auth: false,
             server_name: self.tls_server_name.clone().filter(|n| !n.is_empty()),
-        };
-        let tls = if files.is_empty() {
-            None
-        } else {
-            Some(Tls::new(files)?)
-        };
+        })?;
         Ok(ChannelConfig::default()
             .with_tls(tls)
             .with_plaintext_token(self.allow_plaintext_token))

@@ -147,7 +147,12 @@ impl ChannelConfig {
                 // tonic sees a plain http connection: the TLS is ours (below).
                 (
                     format!("http://{authority}"),
-                    Some((tls, host, port, server_name)),
+                    Some(TlsDial {
+                        tls,
+                        host: bare.to_owned(),
+                        port,
+                        name: server_name,
+                    }),
                 )
             }
             _ => return Err(bad("the scheme must be http:// or https://")),
@@ -205,7 +210,35 @@ pub enum DialError {
 #[derive(Debug)]
 pub struct Dial {
     endpoint: Endpoint,
-    tls: Option<(Tls, String, u16, ServerName<'static>)>,
+    tls: Option<TlsDial>,
+}
+
+/// Where and how an `https://` dial does its TLS.
+#[derive(Debug, Clone)]
+struct TlsDial {
+    tls: Tls,
+    host: String,
+    port: u16,
+    name: ServerName<'static>,
+}
+
+impl TlsDial {
+    /// tonic's connector: TCP to the host, then the handshake with the
+    /// certificates current at each connect.
+    fn connector(
+        self,
+    ) -> impl tower::Service<
+        Uri,
+        Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+        Error = std::io::Error,
+        Future = impl Send + 'static,
+    > + Send
+    + 'static {
+        tower::service_fn(move |_: Uri| {
+            let t = self.clone();
+            tls::connect(t.tls, t.host, t.port, t.name)
+        })
+    }
 }
 
 impl Dial {
@@ -220,12 +253,7 @@ impl Dial {
     pub fn connect_lazy(self) -> Channel {
         match self.tls {
             None => self.endpoint.connect_lazy(),
-            Some((tls, host, port, name)) => {
-                self.endpoint
-                    .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                        tls::connect(tls.clone(), host.clone(), port, name.clone())
-                    }))
-            }
+            Some(t) => self.endpoint.connect_with_connector_lazy(t.connector()),
         }
     }
 
@@ -233,13 +261,7 @@ impl Dial {
     pub async fn connect(self) -> Result<Channel, tonic::transport::Error> {
         match self.tls {
             None => self.endpoint.connect().await,
-            Some((tls, host, port, name)) => {
-                self.endpoint
-                    .connect_with_connector(tower::service_fn(move |_: Uri| {
-                        tls::connect(tls.clone(), host.clone(), port, name.clone())
-                    }))
-                    .await
-            }
+            Some(t) => self.endpoint.connect_with_connector(t.connector()).await,
         }
     }
 }

@@ -53,6 +53,17 @@ pub struct Claims {
     pub expires: u64,
 }
 
+impl Claims {
+    /// `role` in `job_id` for `ttl` from now.
+    pub fn expiring(job_id: &str, role: Role, ttl: Duration) -> Claims {
+        Claims {
+            job_id: job_id.to_owned(),
+            role,
+            expires: now().saturating_add(ttl.as_secs()),
+        }
+    }
+}
+
 /// Why a presented credential is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CredentialError {
@@ -127,12 +138,7 @@ impl CredentialKey {
     /// assert!(other.verify(&cred).is_err());
     /// ```
     pub fn issue(&self, job_id: &str, role: Role, ttl: Duration) -> String {
-        let claims = Claims {
-            job_id: job_id.to_owned(),
-            role,
-            expires: now().saturating_add(ttl.as_secs()),
-        };
-        self.sign(&claims)
+        self.sign(&Claims::expiring(job_id, role, ttl))
     }
 
     /// The credential for exactly these claims.

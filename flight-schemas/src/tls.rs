@@ -149,6 +149,15 @@ impl Tls {
         })
     }
 
+    /// [`Tls::new`] when `files` names anything; `None` (plaintext) when
+    /// it names nothing.
+    pub fn load(files: TlsFiles) -> Result<Option<Tls>, TlsError> {
+        if files.is_empty() {
+            return Ok(None);
+        }
+        Tls::new(files).map(Some)
+    }
+
     /// The files this was loaded from.
     pub fn files(&self) -> &TlsFiles {
         &self.files
@@ -421,8 +430,9 @@ pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::R
     ReceiverStream::new(rx)
 }
 
-/// Dials `host:port` and does the TLS handshake with the current client
-/// configuration, checking the server's certificate for `server_name`.
+/// Dials `host:port` (`host` without IPv6 brackets) and does the TLS
+/// handshake with the current client configuration, checking the server's
+/// certificate for `server_name`.
 pub(crate) async fn connect(
     tls: Tls,
     host: String,
@@ -435,7 +445,7 @@ pub(crate) async fn connect(
             "an https:// URL needs a CA to verify the server (--tls-ca)",
         )
     })?;
-    let tcp = TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port)).await?;
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
     tcp.set_nodelay(true)?;
     let stream = tokio_rustls::TlsConnector::from(config)
         .connect(server_name, tcp)

@@ -54,6 +54,28 @@ impl<M: KindlingModel> Typed<M> {
             reason: e.to_string(),
         })
     }
+
+    /// The model with its parameters not drawn yet (burn draws lazily).
+    fn init(
+        name: &str,
+        config: &serde_json::Value,
+        inputs: &Inputs<'_>,
+        device: &Device,
+    ) -> Result<M, AgentError> {
+        M::init(&Self::config(name, config)?, inputs, device)
+    }
+}
+
+/// Refuses `params` parameters of `model` over `cap`.
+fn under_cap(model: &str, params: usize, cap: usize) -> Result<(), AgentError> {
+    if params > cap {
+        return Err(AgentError::ModelTooLarge {
+            model: model.to_owned(),
+            params,
+            cap,
+        });
+    }
+    Ok(())
 }
 
 impl<M: KindlingModel> Factory for Typed<M> {
@@ -63,8 +85,7 @@ impl<M: KindlingModel> Factory for Typed<M> {
         config: &serde_json::Value,
         inputs: &Inputs<'_>,
     ) -> Result<usize, AgentError> {
-        let config = Self::config(name, config)?;
-        Ok(M::init(&config, inputs, &Device::flex())?.num_params())
+        Ok(Self::init(name, config, inputs, &Device::flex())?.num_params())
     }
 
     fn check(&self, name: &str, config: &serde_json::Value, spec: &JobSpec) -> Result<(), AgentError> {
@@ -84,17 +105,9 @@ impl<M: KindlingModel> Factory for Typed<M> {
         device: &Device,
         max_params: usize,
     ) -> Result<Box<dyn AnyModel>, AgentError> {
-        let config = Self::config(name, config)?;
-        // burn draws parameters lazily: counted here, allocated below.
-        let model = M::init(&config, inputs, device)?;
-        let params = model.num_params();
-        if params > max_params {
-            return Err(AgentError::ModelTooLarge {
-                model: name.to_owned(),
-                params,
-                cap: max_params,
-            });
-        }
+        // Counted here, allocated by `materialized`.
+        let model = Self::init(name, config, inputs, device)?;
+        under_cap(name, model.num_params(), max_params)?;
         Ok(Box::new(Erased(materialized(model))))
     }
 }
@@ -200,12 +213,8 @@ impl ModelRegistry {
         let layout = provisional_layout(spec);
         let _guard = init_lock();
         match factory.count(name, &config, &Inputs::new(&layout)) {
-            Ok(params) if params > self.max_params => Err(AgentError::ModelTooLarge {
-                model: name.to_owned(),
-                params,
-                cap: self.max_params,
-            }),
-            _ => Ok(()),
+            Ok(params) => under_cap(name, params, self.max_params),
+            Err(_) => Ok(()),
         }
     }
 
