@@ -180,3 +180,19 @@ pub async fn wait_done(client: &AgentClient, job_id: &str) -> AgentJobStatus {
     })
     .await
 }
+
+/// A 1-slot linear classifier of [`rule_batch`] rows (`x1`, `x2` → `y`),
+/// batches of 64, `epochs` passes.
+pub fn linear_spec(epochs: u32) -> JobSpec {
+    use kindling_schemas::spec::{ModelSpec, Task};
+    JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(64)
+        .epochs(epochs)
+        .build()
+        .expect("spec")
+}

@@ -11,21 +11,7 @@ use std::time::Duration;
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 use kindling_tests::cluster::*;
-
-fn spec(epochs: u32) -> JobSpec {
-    JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(64)
-        .epochs(epochs)
-        .build()
-        .expect("spec")
-}
 
 /// A tmpfs of `size` mounted on `dir` until dropped.
 struct SmallDisk(PathBuf);
@@ -79,8 +65,8 @@ async fn a_full_spill_disk_fails_its_job_frees_its_files_and_spares_the_other_jo
     // Almost everything spills.
     config.memory_budget = 64 << 10;
     let cluster = LocalCluster::start(1, config).await.expect("cluster");
-    start_job(&cluster, "big", &spec(1), &[0]).await;
-    start_job(&cluster, "small", &spec(2), &[0]).await;
+    start_job(&cluster, "big", &linear_spec(1), &[0]).await;
+    start_job(&cluster, "small", &linear_spec(2), &[0]).await;
     let agent = agent_client(&cluster, 0);
 
     // 40 batches of ~40 KB each: past the budget they go to the 1 MiB disk.

@@ -22,7 +22,7 @@ use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::metadata::BatchMetadata;
 use kindling_schemas::pb;
-use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
+use kindling_schemas::spec::ModelSpec;
 use kindling_tests::cluster::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::bytes::{Buf, BufMut};
@@ -32,19 +32,6 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 type Flight = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
-
-fn spec() -> JobSpec {
-    JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(32)
-        .epochs(1)
-        .build()
-        .expect("spec")
-}
 
 /// What must not change: every job on the agent and at the rendezvous, and
 /// the live agents.
@@ -224,11 +211,11 @@ async fn forty_kinds_of_bad_input_are_refused_by_name_and_change_nothing() {
     let token = cluster.token().expect("token").clone();
     let agent = agent_client(&cluster, 0);
     // A job being fed (Ingesting, 100 rows) and one trained (Succeeded, with a model).
-    start_job(&cluster, "fed", &spec(), &[0]).await;
+    start_job(&cluster, "fed", &linear_spec(1), &[0]).await;
     put(&agent, "fed", Split::Train, "p", &[rule_batch(100, 1)])
         .await
         .expect("put");
-    start_job(&cluster, "trained", &spec(), &[0]).await;
+    start_job(&cluster, "trained", &linear_spec(1), &[0]).await;
     put(&agent, "trained", Split::Train, "p", &[rule_batch(200, 2)])
         .await
         .expect("put");
@@ -266,7 +253,7 @@ async fn forty_kinds_of_bad_input_are_refused_by_name_and_change_nothing() {
         }};
     }
     let action = |name: &str, body: &[u8]| arrow_flight::Action::new(name.to_owned(), body.to_vec());
-    let spec_json = serde_json::to_value(spec()).expect("spec json");
+    let spec_json = serde_json::to_value(linear_spec(1)).expect("spec json");
     let start = |job: &str| {
         serde_json::to_vec(
             &serde_json::json!({"job_id": job, "spec": spec_json, "rendezvous": cluster.rendezvous_url()}),

@@ -11,24 +11,10 @@ use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::credential::{Claims, CredentialKey, Role};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::pb;
-use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 use kindling_tests::cluster::*;
 use tonic::Code;
 
 const KEY: &[u8] = b"credentials-test-key-0123456789abcdef";
-
-fn spec() -> JobSpec {
-    JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(32)
-        .epochs(1)
-        .build()
-        .expect("spec")
-}
 
 async fn issue(operator: &AgentClient, job_id: &str, role: Role) -> Token {
     let r: CredentialResponse = operator
@@ -53,8 +39,8 @@ async fn a_producer_credential_puts_into_its_job_and_does_nothing_else() {
         cluster_with(1, |c| c.credentials = Some(CredentialKey::new(KEY).expect("key"))).await;
     let url = cluster.agent_url(0).expect("agent");
     let operator = agent_client(&cluster, 0);
-    start_job(&cluster, "a", &spec(), &[0]).await;
-    start_job(&cluster, "b", &spec(), &[0]).await;
+    start_job(&cluster, "a", &linear_spec(1), &[0]).await;
+    start_job(&cluster, "b", &linear_spec(1), &[0]).await;
     let producer =
         AgentClient::connect(&url, Some(&issue(&operator, "a", Role::Producer).await)).expect("client");
 
@@ -92,7 +78,7 @@ async fn a_producer_credential_puts_into_its_job_and_does_nothing_else() {
     denied(
         "start",
         producer
-            .start_job("a", &spec(), &cluster.rendezvous_url())
+            .start_job("a", &linear_spec(1), &cluster.rendezvous_url())
             .await
             .expect_err("start"),
     );
@@ -180,7 +166,7 @@ async fn tampered_expired_and_foreign_credentials_are_unauthenticated() {
     let (cluster, _dir) = cluster_with(1, |c| c.credentials = Some(key.clone())).await;
     let url = cluster.agent_url(0).expect("agent");
     let operator = agent_client(&cluster, 0);
-    start_job(&cluster, "a", &spec(), &[0]).await;
+    start_job(&cluster, "a", &linear_spec(1), &[0]).await;
     let good = issue(&operator, "a", Role::Producer).await;
     let expired = key.sign(&Claims {
         job_id: "a".into(),
@@ -230,7 +216,7 @@ async fn a_rotated_operator_token_leaves_job_credentials_valid() {
         c.token = Some(Token::new("operator-token-after"));
     })
     .await;
-    start_job(&after, "a", &spec(), &[0]).await;
+    start_job(&after, "a", &linear_spec(1), &[0]).await;
     let url = after.agent_url(0).expect("agent");
     let old_operator =
         AgentClient::connect(&url, Some(&Token::new("operator-token-before"))).expect("client");

@@ -13,19 +13,6 @@ use kindling_schemas::spec::{JobSpec, ModelSpec, Task};
 use kindling_tests::cluster::*;
 use kindling_tests::proxy::FreezableProxy;
 
-fn spec() -> JobSpec {
-    JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(64)
-        .epochs(1)
-        .build()
-        .expect("spec")
-}
-
 /// Generous next to the bounds under test (0.5 s + 0.5 s keepalive, 2 s
 /// call timeout), short next to "forever" (and to a 30 s keepalive).
 const NOTICED_WITHIN: Duration = Duration::from_secs(15);
@@ -33,7 +20,7 @@ const NOTICED_WITHIN: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_agent_fails_actions_at_the_deadline_and_streams_at_the_keepalive() {
     let (cluster, _dir) = cluster(1).await;
-    start_job(&cluster, "silent", &spec(), &[0]).await;
+    start_job(&cluster, "silent", &linear_spec(1), &[0]).await;
     let agent = cluster.agent_url(0).expect("agent");
     let target: SocketAddr = agent
         .trim_start_matches("http://")

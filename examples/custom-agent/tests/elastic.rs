@@ -8,14 +8,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kindling::job::{JobError, TrainedModel, TrainingEvent, TrainingJob};
-use kindling_example_agent::{MODEL, WideAndDeepConfig, registry};
+use kindling::job::{JobError, TrainedModel, TrainingEvent};
+use kindling_example_agent::registry;
 use kindling_schemas::action::AgentJobState;
-use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{CheckpointPolicy, OptimizerSpec};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use common::{CITIES, Cluster, SERIAL, city_df, spark, started_until_epoch_2};
+use common::{Cluster, SERIAL, city_df, config, custom, job, spark, started_until_epoch_2};
 
 const ROWS: u64 = 12_000;
 const EPOCHS: u32 = 5;
@@ -35,19 +35,9 @@ struct Killed {
 async fn start_and_kill_one(cluster: &mut Cluster, min_slots: u32, eval_fraction: f64) -> Killed {
     let spark = spark().await;
     let df = city_df(&spark, ROWS as usize, 12, "INT").await;
-    let config = WideAndDeepConfig::new(vec!["city".into()])
-        .with_embedding(4)
-        .with_hidden(8);
     let (tx, mut events) = mpsc::channel(4096);
     let job = cluster
-        .job(
-            TrainingJob::builder()
-                .model(ModelSpec::custom(MODEL, &config).expect("config"))
-                .task(Task::Classification { num_classes: 2 })
-                .features(["x1", "city"])
-                .categorical("city", CITIES)
-                .label("y"),
-        )
+        .job(job(custom(&config())))
         .models(registry())
         .num_slots(3)
         .min_slots(min_slots)

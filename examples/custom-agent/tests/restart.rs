@@ -6,13 +6,13 @@
 
 mod common;
 
-use kindling::job::{TrainingEvent, TrainingJob};
-use kindling_example_agent::{MODEL, WideAndDeepConfig, registry};
+use kindling::job::TrainingEvent;
+use kindling_example_agent::registry;
 use kindling_schemas::action::AgentJobState;
-use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{CheckpointPolicy, OptimizerSpec};
 use tokio::sync::mpsc;
 
-use common::{CITIES, Cluster, SERIAL, city_df, spark, started_until_epoch_2};
+use common::{Cluster, SERIAL, city_df, config, custom, job, spark, started_until_epoch_2};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_restarted_under_its_id_takes_its_place_when_no_spare_is_live() {
@@ -22,19 +22,9 @@ async fn an_agent_restarted_under_its_id_takes_its_place_when_no_spare_is_live()
     const EPOCHS: u32 = 6;
     let df = city_df(&spark, ROWS as usize, 12, "INT").await;
     let mut cluster = Cluster::start(2).await;
-    let config = WideAndDeepConfig::new(vec!["city".into()])
-        .with_embedding(4)
-        .with_hidden(8);
     let (tx, mut rx) = mpsc::channel(1024);
     let job = cluster
-        .job(
-            TrainingJob::builder()
-                .model(ModelSpec::custom(MODEL, &config).expect("config"))
-                .task(Task::Classification { num_classes: 2 })
-                .features(["x1", "city"])
-                .categorical("city", CITIES)
-                .label("y"),
-        )
+        .job(job(custom(&config())))
         .models(registry())
         .num_slots(2)
         .batch_size(8)

@@ -7,36 +7,18 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use kindling::functions::col;
-use kindling::job::{JobError, TrainedModel, TrainingEvent, TrainingJob, TrainingJobBuilder};
+use kindling::job::{JobError, TrainedModel, TrainingEvent};
 use kindling_agent::AgentError;
-use kindling_example_agent::{MODEL, WideAndDeepConfig, registry};
+use kindling_example_agent::{MODEL, registry};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::schema::SchemaError;
-use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec};
 use tokio::sync::mpsc;
 
-use common::{CITIES, Cluster, SERIAL, assert_no_job_on_agents, city_df, drain, python, spark, table};
-
-fn config() -> WideAndDeepConfig {
-    WideAndDeepConfig::new(vec!["city".into()])
-        .with_embedding(4)
-        .with_hidden(8)
-}
-
-fn custom(config: &WideAndDeepConfig) -> ModelSpec {
-    ModelSpec::custom(MODEL, config).expect("config")
-}
-
-/// A classification job over `x1` and the categorical `city` (this process
-/// does not link the model unless the caller adds `.models(registry())`).
-fn job(model: ModelSpec) -> TrainingJobBuilder {
-    TrainingJob::builder()
-        .model(model)
-        .task(Task::Classification { num_classes: 2 })
-        .features(["x1", "city"])
-        .categorical("city", CITIES)
-        .label("y")
-}
+use common::{
+    CITIES, Cluster, SERIAL, assert_no_job_on_agents, city_df, config, custom, drain, job, python, spark,
+    table,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_agents_with_batch_b_end_within_1e5_of_one_agent_with_batch_2b() {

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float32Type, UInt64Type};
 use kindling::feed::AgentClient;
-use kindling::job::{TrainingEvent, TrainingJobBuilder};
+use kindling::job::{TrainingEvent, TrainingJob, TrainingJobBuilder};
 use kindling::{DataFrame, SparkSession};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig};
+use kindling_example_agent::{MODEL, WideAndDeepConfig};
 use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, JobList};
 use kindling_schemas::auth::Token;
 use kindling_schemas::rendezvous::RendezvousClient;
+use kindling_schemas::spec::{ModelSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-example-agent");
@@ -349,4 +351,27 @@ pub fn python() -> PathBuf {
             home.join("venv/bin/python")
         }
     }
+}
+
+/// The tests' wide-and-deep config: an embedding of 4 per city, 8 hidden.
+pub fn config() -> WideAndDeepConfig {
+    WideAndDeepConfig::new(vec!["city".into()])
+        .with_embedding(4)
+        .with_hidden(8)
+}
+
+/// The model spec naming the example's model with `config`.
+pub fn custom(config: &WideAndDeepConfig) -> ModelSpec {
+    ModelSpec::custom(MODEL, config).expect("config")
+}
+
+/// A classification job over `x1` and the categorical `city` (this process
+/// does not link the model unless the caller adds `.models(registry())`).
+pub fn job(model: ModelSpec) -> TrainingJobBuilder {
+    TrainingJob::builder()
+        .model(model)
+        .task(Task::Classification { num_classes: 2 })
+        .features(["x1", "city"])
+        .categorical("city", CITIES)
+        .label("y")
 }
