@@ -1,11 +1,10 @@
-//! Compiles the rendezvous and collective `.proto` files with tonic 0.14 into OUT_DIR.
+//! Compiles the rendezvous `.proto` file with tonic 0.14 into OUT_DIR.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/rendezvous.proto", "proto/collective.proto"];
+    let protos = ["proto/rendezvous.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }
     tonic_prost_build::configure()
-        .bytes(".kindling.collective.v1.Chunk.data")
         // All-gather payloads are shared by every member's reply: no copies.
         .bytes(".kindling.rendezvous.v1.AllGatherRequest.payload")
         .bytes(".kindling.rendezvous.v1.AllGatherResponse.payloads")

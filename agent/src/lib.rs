@@ -11,6 +11,7 @@
 //! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
 //! - [`job`]: one job's data, state and lifecycle (gang, train, re-join).
 //! - [`trainer`]: the data-parallel burn training loop.
+//! - [`exchange`]: a step's gradient all-reduce (buckets, `bf16`) and optimizer step.
 //! - [`tensorize`]: Arrow batches → tensors.
 //! - [`checkpoint`]: checkpoints per job and attempt.
 //! - [`optim`]: the optimizers on flat weight buffers, and their state.
@@ -19,7 +20,7 @@
 //!   model implements, the [`Batch`](model::Batch) it reads, and the
 //!   [`ModelRegistry`](model::ModelRegistry) of names → models.
 //! - [`builtin`]: the built-in networks (linear, MLP, CNN) as trait implementors.
-//! - [`collective`]: ring all-reduce and broadcast between agents.
+//! - [`collective`]: ring all-reduce and broadcast between agents (the ring data plane).
 //! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
 //! - [`cache`]: shard cache with memory budget and disk spill.
 //! - [`error`]: [`AgentError`] and its one mapping to `tonic::Status`.
@@ -37,6 +38,7 @@ pub mod cli;
 pub mod collective;
 pub mod device;
 pub mod error;
+pub mod exchange;
 pub mod flight;
 pub mod health;
 pub mod ingest;

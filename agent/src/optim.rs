@@ -91,12 +91,32 @@ impl FlatOptimizer {
     /// If `weights` or `grads` is not `len` long (a layout bug, not bad input).
     pub fn step(&mut self, weights: &mut [f32], grads: &[f32], scale: f32) {
         assert_eq!(weights.len(), self.len, "weights laid out for another model");
-        assert_eq!(grads.len(), self.len, "gradients laid out for another model");
+        self.begin_step();
+        self.step_part(0, weights, grads, scale);
+    }
+
+    /// Starts a step taken in parts ([`step_part`](Self::step_part)), so
+    /// that one bucket of gradients is applied while the next is still
+    /// being all-reduced. Every weight must then be stepped exactly once.
+    pub fn begin_step(&mut self) {
         self.time += 1;
+    }
+
+    /// Steps the weights `offset..offset + weights.len()` of the step begun
+    /// last: the same arithmetic as [`step`](Self::step) for those weights.
+    ///
+    /// # Panics
+    /// If the part does not fit the layout or `grads` is not as long as
+    /// `weights` (a layout bug, not bad input).
+    pub fn step_part(&mut self, offset: usize, weights: &mut [f32], grads: &[f32], scale: f32) {
+        let n = weights.len();
+        assert!(offset + n <= self.len, "weights laid out for another model");
+        assert_eq!(grads.len(), n, "gradients laid out for another model");
         let lr = self.lr;
         match self.rule {
             Rule::Sgd { momentum } if momentum > 0.0 => {
-                for ((w, &g), v) in weights.iter_mut().zip(grads).zip(self.state.iter_mut()) {
+                let velocity = &mut self.state[offset..offset + n];
+                for ((w, &g), v) in weights.iter_mut().zip(grads).zip(velocity) {
                     let g = g * scale;
                     *v = g + *v * momentum;
                     *w -= *v * lr;
@@ -114,6 +134,7 @@ impl FlatOptimizer {
                 let eps = ADAM_EPSILON * bias2_sqrt;
                 let (f1, f2) = (1.0 - beta1, 1.0 - beta2);
                 let (m, v) = self.state.split_at_mut(self.len);
+                let (m, v) = (&mut m[offset..offset + n], &mut v[offset..offset + n]);
                 for (((w, &g), m), v) in weights.iter_mut().zip(grads).zip(m).zip(v) {
                     let g = g * scale;
                     *m = *m * beta1 + g * f1;
@@ -235,6 +256,19 @@ mod tests {
                 resumed.step(&mut w, &g, 0.5);
             }
             assert_eq!(w, ten, "{spec:?}");
+
+            // The same ten steps taken in uneven parts (as buckets arrive)
+            // are bitwise the same.
+            let mut w: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut parts = FlatOptimizer::new(&spec, w.len());
+            for s in 0..10 {
+                let g = grads(&w, s);
+                parts.begin_step();
+                for (a, b) in [(0, 5), (5, 6), (6, 30), (30, 37)] {
+                    parts.step_part(a, &mut w[a..b], &g[a..b], 0.5);
+                }
+            }
+            assert_eq!(w, ten, "{spec:?} in parts");
         }
     }
 

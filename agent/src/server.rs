@@ -341,20 +341,22 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let flight = InterceptedService::new(flight, check.clone());
-    let collective = collective::grpc_service(inbox.clone(), check);
     let shutdown = cancel.clone();
     let mut server_builder = collective::server_builder(&config.channel);
+    // One port: gRPC (Flight) and the ring data plane, told apart by their
+    // first bytes (or TLS ALPN).
+    let (incoming, ring_conns) = kindling_schemas::tls::incoming_routed(listener, tls);
+    tokio::spawn(collective::serve(inbox.clone(), check, ring_conns));
     let server = tokio::spawn(async move {
-        // Stopping closes the inbox first: peers' chunk streams live as long
-        // as their rings and would otherwise hold the graceful shutdown open.
+        // Stopping closes the inbox first: ring connections live as long as
+        // their rings, and their peers must see them end at once.
         let stopping = async move {
             shutdown.cancelled().await;
             inbox.close();
         };
         let result = server_builder
             .add_service(flight)
-            .add_service(collective)
-            .serve_with_incoming_shutdown(kindling_schemas::tls::incoming(listener, tls), stopping)
+            .serve_with_incoming_shutdown(incoming, stopping)
             .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "agent server stopped");

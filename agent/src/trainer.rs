@@ -5,7 +5,8 @@
 //! else rank 0's fresh weights) and broadcast it; per epoch: agree on the
 //! number of steps (every rank's row count); per step: forward, backward,
 //! all-reduce of `[gradient sums…, rows, loss sum]`, divide by the total rows,
-//! the same optimizer step everywhere. A rank that ran out of rows contributes
+//! the same optimizer step everywhere ([`crate::exchange`]: in buckets, the
+//! optimizer overlapping the all-reduce, for large models). A rank that ran out of rows contributes
 //! zeros, so every row of every shard is trained exactly once per epoch and
 //! the replicas stay bitwise identical.
 //!
@@ -37,6 +38,7 @@ use crate::cache::CachedBatch;
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
+use crate::exchange::{Exchange, StepTimes};
 use crate::model::{AnyModel, Batch, ModelRegistry};
 use crate::optim::FlatOptimizer;
 use crate::tensorize;
@@ -60,6 +62,8 @@ pub struct Progress {
     pub history: Vec<EpochMetrics>,
     /// Epoch of the checkpoint this attempt resumed from.
     pub resumed_from_epoch: Option<u32>,
+    /// Where this rank's step time went, this attempt.
+    pub step_times: StepTimes,
 }
 
 /// Everything one rank needs to train one attempt.
@@ -186,6 +190,8 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
 
     // The master copy of the weights the optimizer steps (the model's, flat).
     let mut weights = model.flat_weights();
+    let exchange = Exchange::for_spec(&spec);
+    let mut times = StepTimes::default();
     for epoch in start_epoch + 1..=spec.epochs {
         let started = Instant::now();
         let (train, ended) = ctx.data.train_since(0);
@@ -251,9 +257,11 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             if pending.is_none() {
                 match cursor.pull(LIVE_WAIT)? {
                     Pull::Ready(batch) => {
+                        let computing = Instant::now();
                         let buf = model
                             .gradients(&Batch::new(&batch, &ctx.layout, &spec, &device))
                             .map_err(|e| e.at(epoch, step))?;
+                        times.compute += computing.elapsed();
                         pending = Some((buf, batch.num_rows() as u64));
                     }
                     Pull::NotYet => not_ready = 1.0,
@@ -273,21 +281,36 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             if live {
                 buf.extend([not_ready, exhausted]);
             }
-            rt.block_on(ctx.ring.all_reduce_sum(&mut buf))?;
+            let grads = weights.len();
+            let world_f = world as f32;
+            // The trailer: [rows, loss sum] and, live, [not ready, exhausted].
+            let taken = exchange.run(
+                &rt,
+                &mut ctx.ring,
+                &mut buf,
+                grads,
+                &mut optim,
+                &mut weights,
+                &mut times,
+                |t| {
+                    let skipped = live && (t[2] > 0.0 || t[3] >= world_f);
+                    (!skipped && t[0] > 0.0).then(|| 1.0 / t[0])
+                },
+            )?;
             if live {
-                let exhausted_ranks = buf.pop().unwrap_or(0.0);
-                let not_ready_ranks = buf.pop().unwrap_or(0.0);
-                if not_ready_ranks > 0.0 {
+                if buf[grads + 2] > 0.0 {
                     continue; // nobody steps; ready ranks keep their batch
                 }
-                if exhausted_ranks >= world as f32 {
+                if buf[grads + 3] >= world_f {
                     break;
                 }
             }
             pending = None;
             rows_mine += rows;
-            let (next, n_total, step_loss) = apply_summed_gradients(model, &mut optim, &mut weights, buf);
-            model = next;
+            let (n_total, step_loss) = (buf[grads] as f64, buf[grads + 1] as f64);
+            if taken {
+                model = model.load_flat(&weights);
+            }
             loss_sum += step_loss;
             rows_total += n_total;
             step += 1;
@@ -295,6 +318,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             p.step = step;
             p.loss = (n_total > 0.0).then(|| step_loss / n_total);
             p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            p.step_times = times.clone();
         }
         if live {
             lock(&ctx.progress).steps_per_epoch = step;

@@ -180,9 +180,9 @@ impl BearerCheck {
 
     /// Checks one request's metadata and says who sent it.
     pub fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, Status> {
-        let Some(expected) = &self.expected else {
+        if self.expected.is_none() {
             return Ok(Caller::Operator);
-        };
+        }
         let Some(value) = metadata.get(AUTHORIZATION) else {
             return Err(Status::unauthenticated(
                 "missing bearer token: send `authorization: Bearer <token>`",
@@ -195,6 +195,18 @@ impl BearerCheck {
             .ok_or_else(|| {
                 Status::unauthenticated("malformed authorization header: expected `Bearer <token>`")
             })?;
+        self.caller_of(Some(presented))
+    }
+
+    /// Says who presents `token` (the operator token or a job credential),
+    /// outside gRPC metadata (the ring's hello).
+    pub fn caller_of(&self, token: Option<&str>) -> Result<Caller, Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(Caller::Operator);
+        };
+        let Some(presented) = token else {
+            return Err(Status::unauthenticated("missing bearer token"));
+        };
         if constant_time_eq(expected.expose().as_bytes(), presented.as_bytes()) {
             return Ok(Caller::Operator);
         }

@@ -167,6 +167,32 @@ impl ChannelConfig {
         Ok(Dial { endpoint, tls })
     }
 
+    /// A ring data-plane connection to the agent at `url` ([`crate::ring`]),
+    /// under the same rules as [`dial`](Self::dial) (TLS for `https://`,
+    /// no token in plaintext off loopback), within the connect timeout.
+    pub async fn connect_ring(&self, url: &str, sends_token: bool) -> Result<tls::Conn, RingDialError> {
+        let dial = self.dial(url, sends_token)?;
+        let (host, port, tls) = match dial.tls {
+            Some(t) => (t.host, t.port, Some((t.tls, t.name))),
+            None => {
+                let uri = dial.endpoint.uri();
+                let host = uri.host().unwrap_or_default();
+                let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+                (host, uri.port_u16().unwrap_or(80), None)
+            }
+        };
+        tokio::time::timeout(self.connect_timeout, tls::connect_ring(tls, &host, port))
+            .await
+            .map_err(|_| RingDialError::Connect {
+                url: url.to_owned(),
+                reason: format!("no connection within {:?}", self.connect_timeout),
+            })?
+            .map_err(|e| RingDialError::Connect {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })
+    }
+
     /// A server builder that PINGs its clients with these settings, so a
     /// client that vanished without closing its connection frees the calls
     /// (and the streams' state) it held.
@@ -203,6 +229,22 @@ pub enum DialError {
     PlaintextToken {
         /// The URL.
         url: String,
+    },
+}
+
+/// Why a ring connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RingDialError {
+    /// The URL cannot be dialled (see [`DialError`]).
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    /// The TCP connection or the TLS handshake failed.
+    #[error("cannot connect to `{url}`: {reason}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// What failed.
+        reason: String,
     },
 }
 

@@ -12,7 +12,8 @@
 //! - [`credential`]: signed, expiring job credentials by role (producer, peer, reader).
 //! - [`channel`], [`tls`]: how connections are made and served (keepalive,
 //!   deadlines, TLS and mutual TLS with certificates reloaded on change).
-//! - [`pb`]: the generated rendezvous and collective gRPC services.
+//! - [`ring`]: the ring data plane between agents (hello, frames, heartbeats).
+//! - [`pb`]: the generated rendezvous gRPC service.
 //! - [`rendezvous`]: the rendezvous's value types, their one conversion to
 //!   `pb`, and the typed async [`RendezvousClient`](rendezvous::RendezvousClient)
 //!   (the server lives in `kindling_agent::rendezvous`).
@@ -25,6 +26,7 @@ pub mod descriptor;
 pub mod ipc;
 pub mod metadata;
 pub mod rendezvous;
+pub mod ring;
 pub mod schema;
 pub mod spec;
 pub mod tls;
@@ -35,11 +37,6 @@ pub mod pb {
     pub mod rendezvous {
         #![allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
         tonic::include_proto!("kindling.rendezvous.v1");
-    }
-    /// The agent-to-agent collective service (`kindling.collective.v1`).
-    pub mod collective {
-        #![allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
-        tonic::include_proto!("kindling.collective.v1");
     }
 }
 

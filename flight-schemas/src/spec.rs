@@ -116,6 +116,24 @@ impl Default for CheckpointPolicy {
     }
 }
 
+/// How gradients travel between ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GradientCompression {
+    /// `f32`: the exact ring sum.
+    #[default]
+    None,
+    /// `bf16` on the wire (half the bytes), sums accumulated in `f32`;
+    /// every rank still ends with identical gradients.
+    Bf16,
+}
+
+impl GradientCompression {
+    fn is_none(&self) -> bool {
+        *self == GradientCompression::None
+    }
+}
+
 /// Everything an agent needs to know to train one job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -158,6 +176,9 @@ pub struct JobSpec {
     /// `FixedSizeList<Float32>` label of that length, several targets).
     #[serde(default = "one")]
     pub targets: usize,
+    /// How the gradients' all-reduce sends its values (default `none`).
+    #[serde(default, skip_serializing_if = "GradientCompression::is_none")]
+    pub gradient_compression: GradientCompression,
 }
 
 fn one() -> usize {
@@ -356,6 +377,7 @@ impl Default for JobSpecBuilder {
                 shuffle: true,
                 inputs: BTreeMap::new(),
                 targets: 1,
+                gradient_compression: GradientCompression::None,
             },
             loss_set: false,
         }
@@ -421,6 +443,11 @@ impl JobSpecBuilder {
     /// Sets the label column.
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.spec.label = label.into();
+        self
+    }
+    /// Sends the gradients' all-reduce in `compression`.
+    pub fn gradient_compression(mut self, compression: GradientCompression) -> Self {
+        self.spec.gradient_compression = compression;
         self
     }
     /// Sets the checkpoint policy.

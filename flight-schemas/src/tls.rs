@@ -282,7 +282,8 @@ fn build(files: &TlsFiles) -> Result<(Option<Arc<ServerConfig>>, Option<Arc<Clie
             let mut config = builder
                 .with_single_cert(certs.clone(), key.clone_key())
                 .map_err(rustls_err("server certificate and key"))?;
-            config.alpn_protocols = vec![b"h2".to_vec()];
+            // gRPC, and the ring data plane on the same port (`ring`).
+            config.alpn_protocols = vec![b"h2".to_vec(), crate::ring::ALPN.to_vec()];
             Some(Arc::new(config))
         }
         None => None,
@@ -322,6 +323,8 @@ pub enum Conn {
     Plain(TcpStream),
     /// A TLS connection, handshake done.
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// A TLS connection this process dialled (a ring link, [`connect_ring`]).
+    TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 impl Connected for Conn {
@@ -331,6 +334,7 @@ impl Connected for Conn {
         match self {
             Conn::Plain(s) => s.connect_info(),
             Conn::Tls(s) => s.get_ref().0.connect_info(),
+            Conn::TlsClient(s) => s.get_ref().0.connect_info(),
         }
     }
 }
@@ -340,6 +344,7 @@ impl AsyncRead for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Conn::TlsClient(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -349,6 +354,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Conn::TlsClient(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -360,6 +366,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Conn::TlsClient(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -367,6 +374,7 @@ impl AsyncWrite for Conn {
         match self {
             Conn::Plain(s) => s.is_write_vectored(),
             Conn::Tls(s) => s.is_write_vectored(),
+            Conn::TlsClient(s) => s.is_write_vectored(),
         }
     }
 
@@ -374,6 +382,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_flush(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Conn::TlsClient(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
@@ -381,6 +390,7 @@ impl AsyncWrite for Conn {
         match self.get_mut() {
             Conn::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Conn::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Conn::TlsClient(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -389,8 +399,31 @@ impl AsyncWrite for Conn {
 /// with `tls` each is handshaken first, with the certificate current at
 /// that moment, on a task of its own (a slow client holds up no other); a
 /// failed or timed-out handshake is dropped and logged. For tonic's
-/// `serve_with_incoming`.
+/// `serve_with_incoming`. Ring connections ([`crate::ring`]) are dropped:
+/// a server that takes them uses [`incoming_routed`].
 pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::Result<Conn>> {
+    route(listener, tls, None)
+}
+
+/// As [`incoming`], with the ring data plane's connections (a plaintext
+/// connection that starts with [`crate::ring::MAGIC`], a TLS one that
+/// negotiated [`crate::ring::ALPN`]) handed to the second stream instead.
+pub fn incoming_routed(
+    listener: TcpListener,
+    tls: Option<Tls>,
+) -> (
+    ReceiverStream<io::Result<Conn>>,
+    tokio::sync::mpsc::Receiver<Conn>,
+) {
+    let (ring_tx, ring_rx) = tokio::sync::mpsc::channel(64);
+    (route(listener, tls, Some(ring_tx)), ring_rx)
+}
+
+fn route(
+    listener: TcpListener,
+    tls: Option<Tls>,
+    ring: Option<tokio::sync::mpsc::Sender<Conn>>,
+) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -408,26 +441,67 @@ pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::R
             };
             let _ = tcp.set_nodelay(true);
             let config = tls.as_ref().and_then(Tls::server_config);
-            let Some(config) = config else {
-                if tx.send(Ok(Conn::Plain(tcp))).await.is_err() {
-                    return;
-                }
-                continue;
-            };
-            let tx = tx.clone();
+            let (tx, ring) = (tx.clone(), ring.clone());
             tokio::spawn(async move {
-                let acceptor = tokio_rustls::TlsAcceptor::from(config);
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(Conn::Tls(Box::new(stream)))).await;
+                let conn = match config {
+                    None => match &ring {
+                        // Look at the first bytes without taking them.
+                        Some(_) => {
+                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, starts_with_magic(&tcp)).await {
+                                Ok(Ok(is_ring)) => (Conn::Plain(tcp), is_ring),
+                                Ok(Err(e)) => {
+                                    return tracing::debug!(%peer, error = %e, "reading a connection's first bytes");
+                                }
+                                Err(_) => return tracing::info!(%peer, "a connection sent nothing in time"),
+                            }
+                        }
+                        None => (Conn::Plain(tcp), false),
+                    },
+                    Some(config) => {
+                        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                let is_ring = stream.get_ref().1.alpn_protocol() == Some(crate::ring::ALPN);
+                                (Conn::Tls(Box::new(stream)), is_ring)
+                            }
+                            Ok(Err(e)) => return tracing::info!(%peer, error = %e, "TLS handshake refused"),
+                            Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
+                        }
                     }
-                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake refused"),
-                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                };
+                match (conn, ring) {
+                    ((conn, true), Some(ring)) => {
+                        let _ = ring.send(conn).await;
+                    }
+                    ((_, true), None) => {
+                        tracing::debug!(%peer, "a ring connection to a server without a ring")
+                    }
+                    ((conn, false), _) => {
+                        let _ = tx.send(Ok(conn)).await;
+                    }
                 }
             });
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Whether a plaintext connection's first bytes are the ring's magic: peeks
+/// until they are, or until they cannot be.
+async fn starts_with_magic(tcp: &TcpStream) -> io::Result<bool> {
+    let magic = &crate::ring::MAGIC;
+    let mut buf = [0u8; 8];
+    loop {
+        let n = tcp.peek(&mut buf).await?;
+        if n == 0 || buf[..n] != magic[..n] {
+            return Ok(false);
+        }
+        if n == magic.len() {
+            return Ok(true);
+        }
+        // A prefix of the magic so far (rare: it is sent in one write).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Dials `host:port` (`host` without IPv6 brackets) and does the TLS
@@ -451,6 +525,38 @@ pub(crate) async fn connect(
         .connect(server_name, tcp)
         .await?;
     Ok(hyper_util::rt::TokioIo::new(stream))
+}
+
+/// Dials a ring connection ([`crate::ring`]): TCP to `host:port`, and with
+/// `tls` the handshake offering only the ring's ALPN protocol.
+pub(crate) async fn connect_ring(
+    tls: Option<(Tls, ServerName<'static>)>,
+    host: &str,
+    port: u16,
+) -> io::Result<Conn> {
+    let tcp = TcpStream::connect((host, port)).await?;
+    tcp.set_nodelay(true)?;
+    let Some((tls, server_name)) = tls else {
+        return Ok(Conn::Plain(tcp));
+    };
+    let config = tls.client_config().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an https:// URL needs a CA to verify the server (--tls-ca)",
+        )
+    })?;
+    let mut config = (*config).clone();
+    config.alpn_protocols = vec![crate::ring::ALPN.to_vec()];
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(server_name, tcp)
+        .await?;
+    if stream.get_ref().1.alpn_protocol() != Some(crate::ring::ALPN) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the server does not speak the ring protocol (ALPN kindling-ring/1)",
+        ));
+    }
+    Ok(Conn::TlsClient(Box::new(stream)))
 }
 
 #[cfg(test)]

@@ -211,8 +211,7 @@ proptest! {
     }
 
     #[test]
-    fn collective_and_rendezvous_frames_decode_or_refuse(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = pb::collective::Chunk::decode(bytes.as_slice());
+    fn rendezvous_messages_decode_or_refuse(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = pb::rendezvous::RegisterAgentRequest::decode(bytes.as_slice());
         let _ = pb::rendezvous::JoinRequest::decode(bytes.as_slice());
         let _ = pb::rendezvous::AllGatherRequest::decode(bytes.as_slice());
@@ -221,16 +220,32 @@ proptest! {
     }
 
     #[test]
-    fn collective_chunks_round_trip(job in "[a-z0-9-]{1,20}", attempt in any::<u32>(), op in any::<u64>(), step in any::<u32>(), part in any::<u32>(), data in prop::collection::vec(any::<u8>(), 0..256), (e, cut, ins) in edits()) {
-        let chunk = pb::collective::Chunk { job_id: job, attempt, op, step, from_rank: 1, part, data: data.into() };
-        let bytes = chunk.encode_to_vec();
-        prop_assert_eq!(pb::collective::Chunk::decode(bytes.as_slice()).ok(), Some(chunk));
-        // A damaged frame decodes to some chunk or is refused; its data is at
-        // most the frame's length (prost allocates no more than it was sent).
-        let damaged = mutate(bytes, &e, cut, ins);
-        if let Ok(c) = pb::collective::Chunk::decode(damaged.as_slice()) {
-            prop_assert!(c.data.len() <= damaged.len());
+    fn ring_hellos_replies_and_headers_decode_or_refuse(bytes in prop::collection::vec(any::<u8>(), 0..512), magic_first in any::<bool>()) {
+        use kindling_schemas::ring;
+        // After the magic or not, any bytes are a hello or a named refusal,
+        // and no hello makes the reader allocate more than its cap.
+        let mut hello = if magic_first { ring::MAGIC.to_vec() } else { Vec::new() };
+        hello.extend_from_slice(&bytes);
+        if let Err(e) = futures::executor::block_on(ring::read_hello(&mut hello.as_slice())) {
+            prop_assert!(e.message().starts_with("ring hello"), "{e}");
         }
+        let _ = futures::executor::block_on(ring::read_reply(&mut bytes.as_slice()));
+        if bytes.len() >= ring::HEADER_BYTES {
+            let mut h = [0u8; ring::HEADER_BYTES];
+            h.copy_from_slice(&bytes[..ring::HEADER_BYTES]);
+            if let Ok(header) = ring::FrameHeader::decode(&h) {
+                prop_assert_eq!(header.encode(), h);
+            }
+        }
+    }
+
+    #[test]
+    fn ring_hellos_round_trip(job in "[a-z0-9-]{1,20}", attempt in any::<u32>(), from_rank in any::<u32>(), token in proptest::option::of("[ -~]{0,64}"), heartbeat_ms in any::<u64>()) {
+        use kindling_schemas::ring;
+        let hello = ring::Hello { job_id: job, attempt, from_rank, to_rank: from_rank.wrapping_add(1), token, heartbeat_ms };
+        let mut bytes = Vec::new();
+        futures::executor::block_on(ring::write_hello(&mut bytes, &hello)).expect("write");
+        prop_assert_eq!(futures::executor::block_on(ring::read_hello(&mut bytes.as_slice())).ok(), Some(hello));
     }
 }
 

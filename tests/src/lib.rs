@@ -3,4 +3,5 @@
 pub mod cluster;
 pub mod events;
 pub mod proxy;
+pub mod ring;
 pub mod spark;

@@ -1,12 +1,19 @@
-//! Ring all-reduce and broadcast between real collective servers on loopback.
+//! Ring all-reduce and broadcast between real collective listeners on
+//! loopback (and one in a process of its own, killed with SIGKILL).
 
-use std::time::Duration;
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
 
-use kindling_agent::collective::{Inbox, Ring, RingConfig, grpc_service};
+use kindling_agent::collective::{Inbox, Precision, Ring, RingConfig};
 use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_schemas::credential::{CredentialKey, Role};
+use kindling_schemas::ring::{FrameHeader, Kind};
+use kindling_tests::ring::{hello, say_hello};
 use rand::{Rng, SeedableRng};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::Code;
 
 struct Peer {
     url: String,
@@ -15,32 +22,38 @@ struct Peer {
 }
 
 async fn peers(n: usize, token: &Token) -> Vec<Peer> {
+    peers_with(n, BearerCheck::new(Some(token.clone()))).await
+}
+
+async fn peers_with(n: usize, check: BearerCheck) -> Vec<Peer> {
     let mut out = Vec::new();
     for _ in 0..n {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let inbox = Inbox::new();
         let stop = CancellationToken::new();
-        let svc = grpc_service(inbox.clone(), BearerCheck::new(Some(token.clone())));
-        let (shutdown, closing) = (stop.clone(), inbox.clone());
-        tokio::spawn(async move {
-            // As an agent stops: close the inbox (ending open chunk streams), then serve no more.
-            let stopping = async move {
-                shutdown.cancelled().await;
-                closing.close();
-            };
-            kindling_agent::collective::server_builder(&Default::default())
-                .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    stopping,
-                )
-                .await
-                .expect("serve");
-        });
+        kindling_agent::collective::listen(listener, None, inbox.clone(), check.clone(), stop.clone());
         out.push(Peer { url, inbox, stop });
     }
     out
+}
+
+fn ring(urls: &[String], rank: usize, token: &Token, job: &str, inbox: &std::sync::Arc<Inbox>) -> Ring {
+    inbox.enter_attempt(job, 1);
+    Ring::new(
+        RingConfig {
+            job_id: job.into(),
+            attempt: 1,
+            rank: rank as u32,
+            peers: urls.to_vec(),
+            token: Some(token.clone()),
+            timeout: Duration::from_secs(20),
+            channel: Default::default(),
+        },
+        inbox.clone(),
+        CancellationToken::new(),
+    )
+    .expect("ring")
 }
 
 fn rings(peers: &[Peer], token: &Token, job: &str) -> Vec<Ring> {
@@ -48,65 +61,80 @@ fn rings(peers: &[Peer], token: &Token, job: &str) -> Vec<Ring> {
     peers
         .iter()
         .enumerate()
-        .map(|(rank, p)| {
-            p.inbox.enter_attempt(job, 1);
-            Ring::new(
-                RingConfig {
-                    job_id: job.into(),
-                    attempt: 1,
-                    rank: rank as u32,
-                    peers: urls.clone(),
-                    token: Some(token.clone()),
-                    timeout: Duration::from_secs(20),
-                    channel: Default::default(),
-                },
-                p.inbox.clone(),
-                CancellationToken::new(),
-            )
-            .expect("ring")
-        })
+        .map(|(rank, p)| ring(&urls, rank, token, job, &p.inbox))
         .collect()
 }
 
+/// Every rank's result of all-reducing `inputs` (one per rank) in `precision`.
+async fn all_reduce(rings: Vec<Ring>, inputs: Vec<Vec<f32>>, precision: Precision) -> Vec<Vec<f32>> {
+    let tasks: Vec<_> = rings
+        .into_iter()
+        .zip(inputs)
+        .map(|(mut ring, mut buf)| {
+            tokio::spawn(async move {
+                ring.all_reduce(&mut buf, precision).await.expect("all-reduce");
+                buf
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.expect("task"));
+    }
+    results
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn all_reduce_equals_the_naive_sum_for_2_3_4_ranks_and_odd_lengths() {
+async fn all_reduce_equals_the_naive_sum_for_2_3_4_ranks_odd_lengths_f32_and_bf16() {
     let token = Token::new("t");
     for world in [2usize, 3, 4] {
         let ps = peers(world, &token).await;
-        for len in [1usize, 7, 1001, 1_200_003] {
-            let mut rng = rand::rngs::StdRng::seed_from_u64((world * 31 + len) as u64);
-            let inputs: Vec<Vec<f32>> = (0..world)
-                .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
-                .collect();
-            let mut expected = vec![0f64; len];
-            for v in &inputs {
-                for (e, x) in expected.iter_mut().zip(v) {
-                    *e += *x as f64;
+        for len in [0usize, 1, 7, 1001, 1_200_003] {
+            for precision in [Precision::F32, Precision::Bf16] {
+                let mut rng = rand::rngs::StdRng::seed_from_u64((world * 31 + len) as u64);
+                let inputs: Vec<Vec<f32>> = (0..world)
+                    .map(|_| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect())
+                    .collect();
+                let mut expected = vec![0f64; len];
+                for v in &inputs {
+                    for (e, x) in expected.iter_mut().zip(v) {
+                        *e += *x as f64;
+                    }
                 }
-            }
-            let tasks: Vec<_> = rings(&ps, &token, &format!("j{len}"))
-                .into_iter()
-                .zip(inputs)
-                .map(|(mut ring, mut buf)| {
-                    tokio::spawn(async move {
-                        ring.all_reduce_sum(&mut buf).await.expect("all-reduce");
-                        buf
-                    })
-                })
-                .collect();
-            let mut results = Vec::new();
-            for t in tasks {
-                results.push(t.await.expect("task"));
-            }
-            for r in &results {
-                assert_eq!(r.len(), len);
-                let bits: Vec<u32> = r.iter().map(|x| x.to_bits()).collect();
+                let job = format!("j{len}-{precision:?}");
+                let results = all_reduce(rings(&ps, &token, &job), inputs, precision).await;
+                // f32: the ring's order of additions; bf16: each of at most
+                // `world` roundings of a partial sum (|sum| <= world) is off by
+                // at most 2^-9 of it.
+                let tolerance = match precision {
+                    Precision::F32 => 1e-4,
+                    Precision::Bf16 => (world * world) as f64 / 512.0,
+                };
                 let first: Vec<u32> = results[0].iter().map(|x| x.to_bits()).collect();
-                assert_eq!(bits, first, "world {world} len {len}: ranks must agree bitwise");
-                for (got, want) in r.iter().zip(&expected) {
+                for r in &results {
+                    assert_eq!(r.len(), len);
+                    let bits: Vec<u32> = r.iter().map(|x| x.to_bits()).collect();
                     assert!(
-                        (*got as f64 - want).abs() < 1e-4,
-                        "world {world} len {len}: {got} vs {want}"
+                        bits == first,
+                        "world {world} len {len} {precision:?}: ranks must agree bitwise"
+                    );
+                    for (got, want) in r.iter().zip(&expected) {
+                        assert!(
+                            (*got as f64 - want).abs() <= tolerance,
+                            "world {world} len {len} {precision:?}: {got} vs {want}"
+                        );
+                    }
+                }
+                if precision == Precision::Bf16 && len > 0 {
+                    // bf16 on the wire: the results are not the exact f32 sums.
+                    let exact: usize = results[0]
+                        .iter()
+                        .zip(&expected)
+                        .filter(|(g, w)| (**g as f64 - **w).abs() < 1e-6)
+                        .count();
+                    assert!(
+                        exact < len || len < 8,
+                        "world {world} len {len}: bf16 was not used"
                     );
                 }
             }
@@ -114,6 +142,48 @@ async fn all_reduce_equals_the_naive_sum_for_2_3_4_ranks_and_odd_lengths() {
         for p in ps {
             p.stop.cancel();
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_jobs_sharing_agents_never_mix_their_parts() {
+    let token = Token::new("t");
+    let ps = peers(3, &token).await;
+    let len = 700_001;
+    let (a, b) = (rings(&ps, &token, "a"), rings(&ps, &token, "b"));
+    let ones = vec![vec![1.0f32; len]; 3];
+    let twos: Vec<Vec<f32>> = (0..3).map(|r| vec![10.0 * (r + 1) as f32; len]).collect();
+    // Both jobs run their all-reduces at once, three times over, on the same listeners.
+    let run = |rings: Vec<Ring>, inputs: Vec<Vec<f32>>| {
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            let tasks: Vec<_> = rings
+                .into_iter()
+                .zip(inputs)
+                .map(|(mut ring, buf)| {
+                    tokio::spawn(async move {
+                        let mut last = Vec::new();
+                        for _ in 0..3 {
+                            let mut b = buf.clone();
+                            ring.all_reduce_sum(&mut b).await.expect("all-reduce");
+                            last = b;
+                        }
+                        last
+                    })
+                })
+                .collect();
+            for t in tasks {
+                out.push(t.await.expect("rank"));
+            }
+            out
+        })
+    };
+    let (ra, rb) = (run(a, ones), run(b, twos));
+    for r in ra.await.expect("job a") {
+        assert!(r.iter().all(|&x| x == 3.0), "job a got another job's values");
+    }
+    for r in rb.await.expect("job b") {
+        assert!(r.iter().all(|&x| x == 60.0), "job b got another job's values");
     }
 }
 
@@ -142,9 +212,13 @@ async fn broadcast_reaches_every_rank_and_a_dead_peer_fails_fast() {
         .expect("fails, not hangs")
         .expect_err("dead peer");
     assert!(err.to_string().contains("unavailable"), "{err}");
+    assert!(
+        err.to_string().contains(&ps[2].url),
+        "the dead peer is named: {err}"
+    );
 }
 
-/// A ring of two whose chunk streams are open (one all-reduce done).
+/// A ring of two whose connections are open (one all-reduce done).
 async fn two_open_rings(ps: &[Peer], token: &Token, job: &str) -> (Ring, Ring) {
     let mut rs = rings(ps, token, job).into_iter();
     let (mut r0, mut r1) = (rs.next().expect("rank 0"), rs.next().expect("rank 1"));
@@ -191,4 +265,278 @@ async fn a_chunk_the_receiver_fences_fails_the_senders_operation_with_the_cause(
     ps[1].inbox.enter_attempt("fence", 2);
     let text = next_all_reduce_error(&mut r0).await;
     assert!(text.contains("the job is on attempt 2"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_without_the_token_for_another_job_or_a_stale_attempt_are_refused_before_any_value() {
+    let token = Token::new("t");
+    let key = CredentialKey::new(&[7u8; 32]).expect("key");
+    let ps = peers_with(
+        2,
+        BearerCheck::new(Some(token.clone())).with_credentials(Some(key.clone())),
+    )
+    .await;
+    let url = &ps[1].url;
+    ps[1].inbox.enter_attempt("job", 2);
+    let for_other_job = key.issue("other", Role::Peer, Duration::from_secs(60));
+    let producer = key.issue("job", Role::Producer, Duration::from_secs(60));
+    let cases = [
+        (
+            "no token",
+            hello("job", 2, 0, None),
+            Code::Unauthenticated,
+            "token",
+        ),
+        (
+            "a wrong token",
+            hello("job", 2, 0, Some("nope")),
+            Code::Unauthenticated,
+            "token",
+        ),
+        (
+            "a peer credential of another job",
+            hello("job", 2, 0, Some(&for_other_job)),
+            Code::PermissionDenied,
+            "other",
+        ),
+        (
+            "a producer credential of the job",
+            hello("job", 2, 0, Some(&producer)),
+            Code::PermissionDenied,
+            "producer",
+        ),
+        (
+            "a stale attempt",
+            hello("job", 1, 0, Some(token.expose())),
+            Code::FailedPrecondition,
+            "the job is on attempt 2",
+        ),
+    ];
+    for (what, h, code, words) in cases {
+        let channel = kindling_schemas::channel::ChannelConfig::default();
+        let mut conn = channel.connect_ring(url, false).await.expect("connect");
+        // The hello and, at once, a frame of floats: the agent must answer
+        // the hello without reading a value.
+        kindling_schemas::ring::write_hello(&mut conn, &h)
+            .await
+            .expect("hello");
+        let header = FrameHeader {
+            op: 1,
+            step: 0,
+            part: 0,
+            kind: Kind::F32,
+            len: 4096,
+        };
+        let _ = conn.write_all(&header.encode()).await;
+        let _ = conn.write_all(&[0u8; 4096]).await;
+        let answer = kindling_schemas::ring::read_reply(&mut conn)
+            .await
+            .expect("an answer");
+        let e = answer.expect_err(what);
+        assert_eq!(e.code(), code, "{what}: {e}");
+        assert!(e.message().contains(words), "{what}: {e}");
+    }
+    // A second connection for the same rank of the same attempt is refused.
+    let (first, _open) = say_hello(url, &hello("job", 2, 0, Some(token.expose()))).await;
+    first.expect("the first is accepted");
+    let (second, _) = say_hello(url, &hello("job", 2, 0, Some(token.expose()))).await;
+    let e = second.expect_err("duplicate");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_part_is_refused_and_fails_the_ring_naming_the_sender() {
+    let token = Token::new("t");
+    let ps = peers(2, &token).await;
+    let urls = vec![ps[0].url.clone(), ps[1].url.clone()];
+    // Rank 1 is a real ring; rank 0 is this test, speaking the protocol by hand.
+    let mut r1 = ring(&urls, 1, &token, "dup", &ps[1].inbox);
+    ps[0].inbox.enter_attempt("dup", 1);
+    let (answer, mut conn) = say_hello(&ps[1].url, &hello("dup", 1, 0, Some(token.expose()))).await;
+    answer.expect("accepted");
+    let n = 5usize;
+    let header = FrameHeader {
+        op: 1,
+        step: 0,
+        part: 0,
+        kind: Kind::F32,
+        len: (n * 4) as u32,
+    };
+    let payload: Vec<u8> = [2.0f32; 5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    for _ in 0..2 {
+        conn.write_all(&header.encode()).await.expect("frame");
+        conn.write_all(&payload).await.expect("payload");
+    }
+    let mut buf = vec![1.0f32; n];
+    r1.all_reduce_sum(&mut buf).await.expect("the first op");
+    assert_eq!(buf, vec![3.0f32; n]);
+    let e = tokio::time::timeout(Duration::from_secs(10), r1.all_reduce_sum(&mut buf))
+        .await
+        .expect("fails, not hangs")
+        .expect_err("the repeated part");
+    let text = e.to_string();
+    assert!(
+        text.contains("a duplicate, out-of-order or malformed frame"),
+        "{text}"
+    );
+    assert!(text.contains(&ps[0].url), "{text}");
+}
+
+/// Collective listener and ring rank in a process of its own
+/// (`src/bin/ring_rank.rs`), so it can die by SIGKILL.
+struct RankProcess {
+    child: std::process::Child,
+    url: String,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl RankProcess {
+    fn start(token: &Token, job: &str, rank: usize, floats: usize) -> RankProcess {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ring_rank"))
+            .args(["--token", token.expose(), "--job", job])
+            .args(["--rank", &rank.to_string(), "--floats", &floats.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ring_rank");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = lines.next().expect("a line").expect("url");
+        let url = url.strip_prefix("url=").expect("url=").to_owned();
+        RankProcess { child, url, lines }
+    }
+
+    fn peers(&mut self, urls: &[String]) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{}", urls.join(",")).expect("peers");
+    }
+
+    /// Blocks until the process says it finished operation `op`.
+    fn wait_for_op(&mut self, op: u64) {
+        for line in self.lines.by_ref() {
+            if line.expect("line") == format!("op {op}") {
+                return;
+            }
+        }
+        panic!("ring_rank ended before op {op}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rank_killed_mid_operation_fails_every_other_rank_within_a_second_naming_it() {
+    let token = Token::new("t");
+    let ps = peers(2, &token).await;
+    // 8 M floats (32 MB) per operation: the kill lands inside one.
+    let floats = 8 << 20;
+    let mut dead = RankProcess::start(&token, "kill", 2, floats);
+    let urls = vec![ps[0].url.clone(), ps[1].url.clone(), dead.url.clone()];
+    dead.peers(&urls);
+    let tasks: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut ring = ring(&urls, rank, &token, "kill", &ps[rank].inbox);
+            tokio::spawn(async move {
+                let mut buf = vec![1.0f32; floats];
+                loop {
+                    if let Err(e) = ring.all_reduce_sum(&mut buf).await {
+                        return (e.to_string(), Instant::now());
+                    }
+                }
+            })
+        })
+        .collect();
+    let dead_url = dead.url.clone();
+    let killed_at = tokio::task::spawn_blocking(move || {
+        dead.wait_for_op(2);
+        dead.child.kill().expect("SIGKILL");
+        let at = Instant::now();
+        let _ = dead.child.wait();
+        at
+    })
+    .await
+    .expect("kill");
+    for t in tasks {
+        let (error, failed_at) = tokio::time::timeout(Duration::from_secs(15), t)
+            .await
+            .expect("fails, not hangs")
+            .expect("rank");
+        let after = failed_at.saturating_duration_since(killed_at);
+        assert!(
+            after < Duration::from_secs(1),
+            "failed {after:?} after the kill: {error}"
+        );
+        assert!(error.contains(&dead_url), "the killed rank is named: {error}");
+    }
+}
+
+/// The optimizer stepping buckets as they arrive (overlapped or not) gives
+/// bitwise the weights of one whole all-reduce and one whole step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
+    use kindling_agent::exchange::{Exchange, StepTimes};
+    use kindling_agent::optim::FlatOptimizer;
+    use kindling_schemas::spec::OptimizerSpec;
+    let token = Token::new("t");
+    let ps = peers(2, &token).await;
+    let grads = 1003;
+    let run = |exchange: Exchange, job: &'static str| {
+        let rings = rings(&ps, &token, job);
+        let rt = tokio::runtime::Handle::current();
+        rings
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut ring)| {
+                let rt = rt.clone();
+                tokio::task::spawn_blocking(move || {
+                    let mut weights: Vec<f32> = (0..grads).map(|i| (i as f32 * 0.1).sin()).collect();
+                    let mut optim = FlatOptimizer::new(&OptimizerSpec::adam(0.01), grads);
+                    let mut times = StepTimes::default();
+                    for step in 0..4 {
+                        // [gradient sums…, rows, loss sum]
+                        let mut buf: Vec<f32> = (0..grads)
+                            .map(|i| ((i * (rank + 2) + step) as f32 * 0.37).cos())
+                            .chain([32.0, 1.5])
+                            .collect();
+                        let stepped = exchange
+                            .run(
+                                &rt,
+                                &mut ring,
+                                &mut buf,
+                                grads,
+                                &mut optim,
+                                &mut weights,
+                                &mut times,
+                                |t| Some(1.0 / t[0]),
+                            )
+                            .expect("exchange");
+                        assert!(stepped);
+                        assert_eq!(&buf[grads..], &[64.0, 3.0]);
+                    }
+                    (weights, times)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut results = Vec::new();
+    for (job, bucket_values, overlap) in [
+        ("whole", usize::MAX, false),
+        ("buckets", 100, false),
+        ("overlap", 100, true),
+    ] {
+        let exchange = Exchange {
+            precision: Precision::F32,
+            bucket_values,
+            overlap,
+        };
+        let mut ranks = Vec::new();
+        for t in run(exchange, job) {
+            ranks.push(t.await.expect("rank"));
+        }
+        assert_eq!(ranks[0].0, ranks[1].0, "{job}: ranks differ");
+        if bucket_values < grads {
+            assert!(ranks[0].1.idle > Duration::ZERO, "{job}: the trailer went first");
+        }
+        results.push(ranks.swap_remove(0).0);
+    }
+    assert_eq!(results[0], results[1], "buckets change the weights");
+    assert_eq!(results[0], results[2], "overlap changes the weights");
 }

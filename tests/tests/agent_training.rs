@@ -316,3 +316,64 @@ async fn training_starts_while_the_first_epoch_arrives_and_ends_as_if_it_had_not
     }
     cluster.shutdown().await;
 }
+
+/// `gradient_compression: bf16` halves the gradients' bytes; the stated
+/// tolerance: on the same data, its final train loss is within 0.02 + 10 %
+/// of the `f32` run's, and it classifies as well (eval accuracy within 0.02).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bf16_run_converges_like_the_f32_run_on_the_same_data() {
+    use kindling_schemas::spec::GradientCompression;
+    let (cluster, _dir) = cluster(2).await;
+    let eval = rule_batch(1000, 99);
+    let mut outcomes = Vec::new();
+    for (job, compression) in [
+        ("f32", GradientCompression::None),
+        ("bf16", GradientCompression::Bf16),
+    ] {
+        let mut spec = logistic(2, 32, 6);
+        spec.gradient_compression = compression;
+        spec.shuffle = false;
+        start_job(&cluster, job, &spec, &[0, 1]).await;
+        for i in 0..2 {
+            let c = agent_client(&cluster, i);
+            put(&c, job, Split::Train, "s", &[rule_batch(1500, i as u64 + 1)])
+                .await
+                .expect("put");
+            put(&c, job, Split::Eval, "e", &[eval.slice(i * 500, 500)])
+                .await
+                .expect("eval");
+            end_of_data(&c, job, Split::Eval, Some(500)).await;
+            end_of_data(&c, job, Split::Train, Some(1500)).await;
+        }
+        let s0 = wait_done(&agent_client(&cluster, 0), job).await;
+        let s1 = wait_done(&agent_client(&cluster, 1), job).await;
+        assert_eq!(s0.state, AgentJobState::Succeeded, "{job}: {s0:#?}");
+        // Still bitwise-identical replicas.
+        assert_eq!(
+            weights(&agent_client(&cluster, 0), job).await,
+            weights(&agent_client(&cluster, 1), job).await,
+            "{job}: ranks differ"
+        );
+        assert_eq!(s1.rows_trained_per_epoch, vec![3000; 6]);
+        outcomes.push(s0.history.last().cloned().expect("history"));
+    }
+    let (f32_run, bf16_run) = (&outcomes[0], &outcomes[1]);
+    eprintln!("f32 {f32_run:?}\nbf16 {bf16_run:?}");
+    assert!(
+        (bf16_run.train_loss - f32_run.train_loss).abs() <= 0.02 + 0.1 * f32_run.train_loss,
+        "bf16 loss {} vs f32 {}",
+        bf16_run.train_loss,
+        f32_run.train_loss
+    );
+    let (a16, a32) = (
+        bf16_run.eval_accuracy.expect("accuracy"),
+        f32_run.eval_accuracy.expect("accuracy"),
+    );
+    assert!(
+        a32 > 0.95 && (a16 - a32).abs() <= 0.02,
+        "accuracy bf16 {a16} vs f32 {a32}"
+    );
+    // And bf16 did change the arithmetic (the runs are not the same run).
+    assert_ne!(bf16_run.train_loss, f32_run.train_loss);
+    cluster.shutdown().await;
+}

@@ -668,25 +668,11 @@ async fn forty_kinds_of_bad_input_are_refused_by_name_and_change_nothing() {
         Code::Unauthenticated,
         ["token"]
     );
-    let chunk = pb::collective::Chunk {
-        job_id: "fed".into(),
-        attempt: 1,
-        op: 0,
-        step: 0,
-        from_rank: 0,
-        part: 0,
-        data: vec![0u8; 16].into(),
-    };
-    let channel = kindling_schemas::channel::ChannelConfig::default()
-        .dial(&url, false)
-        .expect("dial")
-        .connect_lazy();
-    let mut collective = pb::collective::collective_client::CollectiveClient::new(channel.clone());
     case!(
-        "a collective push without a token",
-        collective
-            .push_stream(futures::stream::iter(vec![chunk.clone()]))
+        "a ring connection without a token",
+        kindling_tests::ring::say_hello(&url, &kindling_tests::ring::hello("fed", 1, 0, None))
             .await
+            .0
             .expect_err("no token"),
         Code::Unauthenticated,
         ["token"]
@@ -908,14 +894,15 @@ async fn every_rpc_and_action_refuses_a_caller_without_the_token() {
                 .connect_lazy()
         };
         let attach = BearerAttach::new(token).expect("token");
-        let mut collective =
-            pb::collective::collective_client::CollectiveClient::with_interceptor(dial(&url), attach.clone());
         refusals.push((
-            "Collective PushStream".into(),
-            collective
-                .push_stream(futures::stream::iter(vec![pb::collective::Chunk::default()]))
-                .await
-                .expect_err("PushStream"),
+            "ring connection".into(),
+            kindling_tests::ring::say_hello(
+                &url,
+                &kindling_tests::ring::hello("fed", 1, 0, token.map(Token::expose)),
+            )
+            .await
+            .0
+            .expect_err("ring"),
         ));
         let mut r = rv::rendezvous_client::RendezvousClient::with_interceptor(
             dial(&cluster.rendezvous_url()),

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use kindling::feed::AgentClient;
 use kindling_schemas::action::{Action, CredentialResponse, IssueCredential};
-use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::auth::Token;
 use kindling_schemas::credential::{Claims, CredentialKey, Role};
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::pb;
 use kindling_tests::cluster::*;
 use tonic::Code;
 
@@ -113,24 +112,10 @@ async fn a_producer_credential_puts_into_its_job_and_does_nothing_else() {
     );
     // Not the collective (a producer is no ring peer), not the rendezvous (operator only).
     let cred = issue(&operator, "a", Role::Producer).await;
-    let channel = kindling_schemas::channel::ChannelConfig::default()
-        .dial(&url, true)
-        .expect("dial")
-        .connect_lazy();
-    let mut collective = pb::collective::collective_client::CollectiveClient::with_interceptor(
-        channel,
-        BearerAttach::new(Some(&cred)).expect("token"),
-    );
-    let chunk = pb::collective::Chunk {
-        job_id: "a".into(),
-        attempt: 1,
-        data: vec![0u8; 8].into(),
-        ..Default::default()
-    };
-    let e = collective
-        .push_stream(futures::stream::iter(vec![chunk]))
-        .await
-        .expect_err("collective");
+    let (answer, _) =
+        kindling_tests::ring::say_hello(&url, &kindling_tests::ring::hello("a", 1, 0, Some(cred.expose())))
+            .await;
+    let e = answer.expect_err("collective");
     assert_eq!(e.code(), Code::PermissionDenied, "{e}");
     let rv = kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), Some(&cred))
         .await

@@ -9,7 +9,7 @@ use arrow::array::{Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_flight::{FlightData, SchemaAsIpc};
-use kindling_agent::collective::{Inbox, grpc_service};
+use kindling_agent::collective::Inbox;
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::BatchMetadata;
@@ -104,15 +104,13 @@ pub async fn collective_servers(
         urls.push(format!("{scheme}://{}", listener.local_addr()?));
         let inbox = Inbox::new();
         inboxes.push(inbox.clone());
-        let svc = grpc_service(inbox, BearerCheck::new(Some(token.clone())));
-        let shutdown = stop.clone();
-        let incoming = kindling_schemas::tls::incoming(listener, tls.clone());
-        tokio::spawn(async move {
-            kindling_agent::collective::server_builder(&Default::default())
-                .add_service(svc)
-                .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-                .await
-        });
+        kindling_agent::collective::listen(
+            listener,
+            tls.clone(),
+            inbox,
+            BearerCheck::new(Some(token.clone())),
+            stop.clone(),
+        );
     }
     Ok((urls, inboxes))
 }

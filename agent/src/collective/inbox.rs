@@ -1,0 +1,346 @@
+//! The receiving side of the ring data plane: ring connections are
+//! accepted here ([`serve`]), checked (credential, job, attempt) before any
+//! value is read, answer with heartbeats, and wait in the [`Inbox`] until
+//! the ring of their job attempt takes them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kindling_schemas::auth::BearerCheck;
+use kindling_schemas::credential::Role;
+use kindling_schemas::ring::{self, CLOSING, HEARTBEAT, Hello};
+use kindling_schemas::tls::Conn;
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::Status;
+
+/// Most ring connections held for jobs this agent is not in (yet): a peer's
+/// gang may form, and connect, before this agent enters the attempt. One
+/// more is refused with RESOURCE_EXHAUSTED naming the cap.
+pub const UNJOINED_LINKS: usize = 64;
+/// How long a ring connection for a job this agent is not in is kept.
+pub const UNJOINED_LINK_TTL: Duration = Duration::from_secs(60);
+/// How long a connection may take to send its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bounds on the heartbeat interval a sender may ask for.
+const HEARTBEAT_BOUNDS: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(60));
+
+/// A ring connection from the previous rank, for the ring to read frames
+/// from. Dropping it stops its heartbeats and closes the connection.
+#[derive(Debug)]
+pub struct Inbound {
+    /// Where frames come from.
+    pub(super) read: ReadHalf<Conn>,
+    /// Cancelled when this agent fences the connection's attempt (or stops).
+    pub(super) fence: CancellationToken,
+    /// Why the ring that holds it failed, for the sender to hear when it closes.
+    pub(super) goodbye: Arc<Mutex<Option<String>>>,
+    _heartbeats: DropGuard,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    job_id: String,
+    attempt: u32,
+    from_rank: u32,
+}
+
+#[derive(Debug)]
+enum Slot {
+    /// The ring is waiting for this connection.
+    Waiting(oneshot::Sender<Inbound>),
+    /// The connection is here; the ring has not asked yet.
+    Arrived(Inbound, Instant),
+    /// The ring took it: another connection for the same key is a duplicate.
+    Taken,
+}
+
+/// Ring connections that arrived, or rings waiting for them, per job attempt.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    inner: Mutex<InboxState>,
+    /// Cancelled when the agent stops serving: every ring connection ends.
+    closed: CancellationToken,
+}
+
+#[derive(Debug, Default)]
+struct InboxState {
+    links: HashMap<Key, Slot>,
+    /// The attempt each job is on; older attempts are fenced.
+    attempts: HashMap<String, u32>,
+    /// Per job attempt with connections: cancelled when it is fenced.
+    fences: HashMap<(String, u32), CancellationToken>,
+    /// Connections of rings this agent cancelled, kept open until the job
+    /// moves on or the agent stops (see [`Inbox::park`]).
+    parked: Vec<(String, u32, super::Links)>,
+}
+
+impl InboxState {
+    /// Drops connections of jobs not joined within [`UNJOINED_LINK_TTL`];
+    /// returns how many such connections are left.
+    fn expire_unjoined(&mut self, now: Instant) -> usize {
+        let attempts = &self.attempts;
+        self.links.retain(|k, slot| match slot {
+            Slot::Arrived(_, at) if !attempts.contains_key(&k.job_id) => {
+                now.duration_since(*at) < UNJOINED_LINK_TTL
+            }
+            _ => true,
+        });
+        self.links
+            .iter()
+            .filter(|(k, s)| matches!(s, Slot::Arrived(..)) && !self.attempts.contains_key(&k.job_id))
+            .count()
+    }
+}
+
+impl Inbox {
+    /// A new, empty inbox.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Inbox::default())
+    }
+
+    /// Moves `job_id` to `attempt`: connections of older attempts are closed,
+    /// and new ones for them refused.
+    pub fn enter_attempt(&self, job_id: &str, attempt: u32) {
+        let mut s = self.lock();
+        s.attempts.insert(job_id.to_owned(), attempt);
+        s.parked.retain(|(job, a, _)| job != job_id || *a >= attempt);
+        s.links.retain(|k, _| k.job_id != job_id || k.attempt >= attempt);
+        s.fences.retain(|(job, a), fence| {
+            let stale = job == job_id && *a < attempt;
+            if stale {
+                fence.cancel();
+            }
+            !stale
+        });
+    }
+
+    /// Ends every ring connection into this agent and refuses new ones: the
+    /// agent is shutting down (the senders' rings fail at once).
+    pub fn close(&self) {
+        self.closed.cancel();
+        let mut s = self.lock();
+        s.links.clear();
+        s.parked.clear();
+    }
+
+    /// Keeps the connections of a ring this agent cancelled open until the
+    /// job moves to a newer attempt, is forgotten, or the agent stops: its
+    /// peers then learn why the attempt ended from the rendezvous (an agent
+    /// leaving reports first) instead of from a closed connection.
+    pub(super) fn park(&self, job_id: &str, attempt: u32, links: super::Links) {
+        if self.closed.is_cancelled() {
+            return;
+        }
+        self.lock().parked.push((job_id.to_owned(), attempt, links));
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub(super) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// Forgets a job (its connections close).
+    pub fn forget(&self, job_id: &str) {
+        let mut s = self.lock();
+        s.attempts.remove(job_id);
+        s.parked.retain(|(job, ..)| job != job_id);
+        s.links.retain(|k, _| k.job_id != job_id);
+        s.fences.retain(|(job, _), fence| {
+            if job == job_id {
+                fence.cancel();
+            }
+            job != job_id
+        });
+    }
+
+    /// Why a connection of `job_id`'s `attempt` is being closed by this
+    /// agent, if it is for a reason the sender should hear.
+    fn closing_reason(&self, job_id: &str, attempt: u32) -> Option<String> {
+        if self.closed.is_cancelled() {
+            return Some("the receiving agent is shutting down".into());
+        }
+        match self.lock().attempts.get(job_id) {
+            Some(&current) if current > attempt => Some(format!(
+                "attempt {attempt} of job `{job_id}` was fenced: the job is on attempt {current}"
+            )),
+            _ => None,
+        }
+    }
+
+    /// The fence of a job attempt (made on its first connection).
+    fn fence(&self, job_id: &str, attempt: u32) -> CancellationToken {
+        let closed = self.closed.clone();
+        self.lock()
+            .fences
+            .entry((job_id.to_owned(), attempt))
+            .or_insert_with(|| closed.child_token())
+            .clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        // A poisoned lock only means another thread panicked mid-update of a map
+        // that stays structurally valid.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a checked connection in (or refuses it, saying why).
+    fn admit(&self, hello: &Hello, inbound: Inbound) -> Result<(), Status> {
+        let mut s = self.lock();
+        match s.attempts.get(&hello.job_id) {
+            Some(&current) if hello.attempt < current => {
+                return Err(Status::failed_precondition(format!(
+                    "ring connection for attempt {} of job `{}` refused: the job is on attempt {current}",
+                    hello.attempt, hello.job_id
+                )));
+            }
+            Some(_) => {}
+            None => {
+                let held = s.expire_unjoined(Instant::now());
+                if held >= UNJOINED_LINKS {
+                    return Err(Status::resource_exhausted(format!(
+                        "ring connection for job `{}` refused: this agent is not in that job and already holds \
+                         {held} connections for jobs it is not in (the cap is {UNJOINED_LINKS}, each kept for \
+                         {UNJOINED_LINK_TTL:?})",
+                        hello.job_id
+                    )));
+                }
+            }
+        }
+        let key = Key {
+            job_id: hello.job_id.clone(),
+            attempt: hello.attempt,
+            from_rank: hello.from_rank,
+        };
+        match s.links.remove(&key) {
+            Some(Slot::Waiting(tx)) => {
+                s.links.insert(key, Slot::Taken);
+                // The ring may have given up (timeout, cancel): the connection closes.
+                let _ = tx.send(inbound);
+            }
+            Some(slot @ (Slot::Arrived(..) | Slot::Taken)) => {
+                s.links.insert(key, slot);
+                return Err(Status::already_exists(format!(
+                    "a ring connection from rank {} of job `{}` attempt {} is already open",
+                    hello.from_rank, hello.job_id, hello.attempt
+                )));
+            }
+            None => {
+                s.links.insert(key, Slot::Arrived(inbound, Instant::now()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection from `from_rank` for a job attempt, now or once it arrives.
+    pub(super) fn take_or_wait(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        from_rank: u32,
+    ) -> Result<Inbound, oneshot::Receiver<Inbound>> {
+        let key = Key {
+            job_id: job_id.to_owned(),
+            attempt,
+            from_rank,
+        };
+        let mut s = self.lock();
+        match s.links.insert(key.clone(), Slot::Taken) {
+            Some(Slot::Arrived(inbound, _)) => Ok(inbound),
+            _ => {
+                let (tx, rx) = oneshot::channel();
+                s.links.insert(key, Slot::Waiting(tx));
+                Err(rx)
+            }
+        }
+    }
+}
+
+/// Serves the ring connections an agent's listener routes here
+/// ([`kindling_schemas::tls::incoming_routed`]), each on a task of its own.
+pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Receiver<Conn>) {
+    loop {
+        let conn = tokio::select! {
+            _ = inbox.closed.cancelled() => return,
+            conn = conns.recv() => match conn {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        let (inbox, check) = (inbox.clone(), check.clone());
+        tokio::spawn(async move { accept(inbox, check, conn).await });
+    }
+}
+
+/// One ring connection: hello, checks, reply; then heartbeats until the ring
+/// that took it drops it (or the agent stops).
+async fn accept(inbox: Arc<Inbox>, check: BearerCheck, mut conn: Conn) {
+    use tonic::transport::server::Connected;
+    let peer = conn
+        .connect_info()
+        .remote_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|| "an unknown address".into());
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, ring::read_hello(&mut conn)).await {
+        Ok(Ok(hello)) => hello,
+        Ok(Err(status)) => {
+            tracing::info!(%peer, error = %status.message(), "ring connection refused");
+            let _ = ring::write_reply(&mut conn, &Err(status)).await;
+            return;
+        }
+        Err(_) => return tracing::info!(%peer, "a ring connection sent no hello in time"),
+    };
+    let checked = check
+        .caller_of(hello.token.as_deref())
+        .and_then(|caller| caller.allow(&hello.job_id, &[Role::Peer], "send collective traffic"));
+    if let Err(status) = checked {
+        tracing::info!(%peer, job = %hello.job_id, error = %status.message(), "ring connection refused");
+        let _ = ring::write_reply(&mut conn, &Err(status)).await;
+        return;
+    }
+    let (read, mut write) = tokio::io::split(conn);
+    let fence = inbox.fence(&hello.job_id, hello.attempt);
+    let stop = fence.child_token();
+    let goodbye = Arc::new(Mutex::new(None));
+    let inbound = Inbound {
+        read,
+        fence,
+        goodbye: goodbye.clone(),
+        _heartbeats: stop.clone().drop_guard(),
+    };
+    let admitted = inbox.admit(&hello, inbound);
+    if let Err(e) = ring::write_reply(&mut write, &admitted).await {
+        return tracing::debug!(%peer, error = %e, "answering a ring connection");
+    }
+    if admitted.is_err() {
+        return;
+    }
+    let every = Duration::from_millis(hello.heartbeat_ms).clamp(HEARTBEAT_BOUNDS.0, HEARTBEAT_BOUNDS.1);
+    heartbeats(&mut write, every, &stop).await;
+    let ring_failed = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(reason) = ring_failed.or_else(|| inbox.closing_reason(&hello.job_id, hello.attempt)) {
+        let mut goodbye = vec![CLOSING];
+        goodbye.extend_from_slice(&(reason.len() as u32).to_le_bytes());
+        goodbye.extend_from_slice(reason.as_bytes());
+        let _ = tokio::time::timeout(HELLO_TIMEOUT, write.write_all(&goodbye)).await;
+    }
+    let _ = tokio::time::timeout(HELLO_TIMEOUT, write.shutdown()).await;
+}
+
+async fn heartbeats(write: &mut WriteHalf<Conn>, every: Duration, stop: &CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                if write.write_all(&[HEARTBEAT]).await.is_err() || write.flush().await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
