@@ -128,6 +128,15 @@ async fn latency(floats: usize, reps: usize) -> anyhow::Result<f64> {
     Ok(ours)
 }
 
+/// Keeps this thread busy for `compute`, as a trainer's step would.
+fn compute_for(compute: Duration) {
+    let step = Instant::now();
+    let mut x = 0u64;
+    while step.elapsed() < compute {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
 /// The all-reduce as a trainer calls it: each rank a thread of its own
 /// (`spawn_blocking`, as the agent runs its trainer) that computes for
 /// `compute_us` µs, then blocks on the ring through a runtime handle.
@@ -149,11 +158,7 @@ async fn latency_between_steps(
             let mut buf = vec![rank as f32; floats];
             let mut waited = Duration::ZERO;
             for _ in 0..reps {
-                let step = Instant::now();
-                let mut x = 0u64;
-                while step.elapsed() < compute {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
+                compute_for(compute);
                 let t = Instant::now();
                 handle.block_on(ring.all_reduce_sum(&mut buf))?;
                 waited += t.elapsed();
@@ -185,11 +190,7 @@ async fn latency_between_steps(
             let (mine, mut theirs) = (vec![1u8; bytes], vec![0u8; bytes]);
             let mut waited = Duration::ZERO;
             for _ in 0..reps {
-                let step = Instant::now();
-                let mut x = 0u64;
-                while step.elapsed() < compute {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
+                compute_for(compute);
                 let t = Instant::now();
                 handle.block_on(async {
                     let (mut r, mut w) = s.split();

@@ -101,37 +101,22 @@ impl Exchange {
             Precision::F32 => 4,
             Precision::Bf16 => 2,
         };
-        if ring.world() > 1 && (grads > self.bucket_values || self.precision != Precision::F32) {
-            return self.bucketed(rt, ring, buf, grads, optim, weights, times, take, width);
+        if ring.world() == 1 || (grads <= self.bucket_values && self.precision == Precision::F32) {
+            let started = Instant::now();
+            rt.block_on(ring.all_reduce_sum(buf))?;
+            times.all_reduce += started.elapsed();
+            times.bytes += (buf.len() * 4) as u64;
+            let (sums, trailer) = buf.split_at_mut(grads);
+            let Some(scale) = take(trailer) else {
+                return Ok(false);
+            };
+            let started = Instant::now();
+            optim.step(weights, sums, scale);
+            times.optimizer += started.elapsed();
+            times.optimizer_busy += started.elapsed();
+            return Ok(true);
         }
-        let started = Instant::now();
-        rt.block_on(ring.all_reduce_sum(buf))?;
-        times.all_reduce += started.elapsed();
-        times.bytes += (buf.len() * 4) as u64;
-        let (sums, trailer) = buf.split_at_mut(grads);
-        let Some(scale) = take(trailer) else {
-            return Ok(false);
-        };
-        let started = Instant::now();
-        optim.step(weights, sums, scale);
-        times.optimizer += started.elapsed();
-        times.optimizer_busy += started.elapsed();
-        Ok(true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn bucketed(
-        &self,
-        rt: &tokio::runtime::Handle,
-        ring: &mut Ring,
-        buf: &mut [f32],
-        grads: usize,
-        optim: &mut FlatOptimizer,
-        weights: &mut [f32],
-        times: &mut StepTimes,
-        take: impl FnOnce(&[f32]) -> Option<f32>,
-        width: usize,
-    ) -> Result<bool, AgentError> {
+        // Large or compressed: the trailer first, then the buckets.
         let (sums, trailer) = buf.split_at_mut(grads);
         let started = Instant::now();
         rt.block_on(ring.all_reduce_sum(trailer))?;

@@ -401,16 +401,12 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
             _ => 1,
         };
         let non_finite = match values.data_type() {
-            DataType::Float32 => values
-                .as_primitive::<Float32Type>()
-                .values()
-                .iter()
-                .position(|v| !v.is_finite()),
-            DataType::Float64 => values
-                .as_primitive::<Float64Type>()
-                .values()
-                .iter()
-                .position(|v| !v.is_finite()),
+            DataType::Float32 => first_where(values.as_primitive::<Float32Type>().values(), |v| {
+                v.to_bits() & 0x7f80_0000 == 0x7f80_0000
+            }),
+            DataType::Float64 => first_where(values.as_primitive::<Float64Type>().values(), |v| {
+                v.to_bits() & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000
+            }),
             DataType::Float16 => values
                 .as_primitive::<arrow::datatypes::Float16Type>()
                 .values()
@@ -428,30 +424,73 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
                 row: i.saturating_sub(offset) / width,
             });
         }
-        if let (true, Task::Classification { num_classes }) = (*name == spec.label, spec.task) {
-            let labels =
-                arrow::compute::cast(column, &DataType::Int64).map_err(|_| SchemaError::WrongType {
-                    column: name.clone(),
-                    found: column.data_type().clone(),
-                    expected: "an integer class label",
-                })?;
-            if let Some((row, &value)) = labels
-                .as_primitive::<arrow::datatypes::Int64Type>()
-                .values()
-                .iter()
-                .enumerate()
-                .find(|(_, v)| **v < 0 || **v >= num_classes as i64)
-            {
-                return Err(SchemaError::LabelOutOfRange {
-                    column: name.clone(),
-                    value,
-                    row,
-                    num_classes,
-                });
-            }
+        if let (true, Task::Classification { num_classes }) = (*name == spec.label, spec.task)
+            && let Some((row, value)) = class_out_of_range(name, column.as_ref(), num_classes)?
+        {
+            return Err(SchemaError::LabelOutOfRange {
+                column: name.clone(),
+                value,
+                row,
+                num_classes,
+            });
         }
     }
     Ok(())
+}
+
+/// The index of the first value `bad` picks. Scans in blocks with an
+/// or-reduction the compiler vectorizes, and only looks for the position
+/// inside a block that has one.
+fn first_where<T: Copy>(values: &[T], bad: impl Fn(T) -> bool) -> Option<usize> {
+    const BLOCK: usize = 1024;
+    values.chunks(BLOCK).enumerate().find_map(|(b, chunk)| {
+        chunk
+            .iter()
+            .fold(false, |any, &v| any | bad(v))
+            .then(|| chunk.iter().position(|&v| bad(v)).map(|i| b * BLOCK + i))
+            .flatten()
+    })
+}
+
+/// The first class label outside `0..num_classes` (row, value), read from
+/// the column's own integer values: min and max first (vectorized, no copy),
+/// the row only when one is out of range.
+fn class_out_of_range(
+    name: &str,
+    column: &dyn Array,
+    num_classes: usize,
+) -> Result<Option<(usize, i64)>, SchemaError> {
+    use arrow::datatypes::*;
+    macro_rules! check {
+        ($t:ty) => {{
+            let values = column.as_primitive::<$t>();
+            let (min, max) = (arrow::compute::min(values), arrow::compute::max(values));
+            let inside = |v: i128| v >= 0 && v < num_classes as i128;
+            if min.is_none_or(|m| inside(m as i128)) && max.is_none_or(|m| inside(m as i128)) {
+                return Ok(None);
+            }
+            Ok(values
+                .values()
+                .iter()
+                .position(|&v| !inside(v as i128))
+                .map(|row| (row, values.value(row) as i64)))
+        }};
+    }
+    match column.data_type() {
+        DataType::Int8 => check!(Int8Type),
+        DataType::Int16 => check!(Int16Type),
+        DataType::Int32 => check!(Int32Type),
+        DataType::Int64 => check!(Int64Type),
+        DataType::UInt8 => check!(UInt8Type),
+        DataType::UInt16 => check!(UInt16Type),
+        DataType::UInt32 => check!(UInt32Type),
+        DataType::UInt64 => check!(UInt64Type),
+        other => Err(SchemaError::WrongType {
+            column: name.to_owned(),
+            found: other.clone(),
+            expected: "an integer class label",
+        }),
+    }
 }
 
 /// A `List` or `LargeList` column's child values and its `rows + 1`
