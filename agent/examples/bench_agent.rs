@@ -54,6 +54,9 @@ async fn main() -> anyhow::Result<()> {
     if run("ingest") {
         ingest(ingest_mb).await?;
     }
+    if only.as_deref() == Some("metrics") {
+        metrics_cost(ingest_mb).await?;
+    }
     if run("latency") {
         let floats = arg("--floats", 610);
         let reps = arg("--reps", 2000);
@@ -460,6 +463,88 @@ async fn ingest(total_mb: usize) -> anyhow::Result<()> {
     );
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+/// What `/metrics` costs ingest: the same `DoPut`s into one agent, in turns,
+/// with a scraper reading the agent's `/metrics` 20 times a second (a
+/// Prometheus scrapes every 15–30 s) and without; medians of 3 turns each.
+async fn metrics_cost(total_mb: usize) -> anyhow::Result<()> {
+    let (schema, batches) = ingest_batches(total_mb);
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let token = Token::new("bench");
+    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
+    let dir = tempfile_dir();
+    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
+    config.token = Some(token.clone());
+    config.rendezvous = Some(rv.url());
+    config.memory_budget = 16 << 30;
+    let agent = kindling_agent::start(config).await?;
+    let addr = agent.url().trim_start_matches("http://").to_owned();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut scrapes = 0;
+    for turn in 0..6 {
+        let job = format!("metrics-{turn}");
+        let spec = JobSpec::builder()
+            .task(Task::Classification { num_classes: 2 })
+            .features((0..16).map(|i| format!("f{i}")))
+            .label("y")
+            .build()?;
+        RendezvousClient::connect(rv.url(), Some(&token))
+            .await?
+            .create_job(&JobConfig::new(&job, 1))
+            .await?;
+        let start = Action::StartJob(StartJob {
+            job_id: job.clone(),
+            spec,
+            rendezvous: rv.url(),
+        });
+        kindling_agent_action(agent.url(), &token, start).await?;
+        let messages = encode(&schema, &batches, &DataPath::data(&job, Split::Train));
+        let stop = CancellationToken::new();
+        let scraper = (turn % 2 == 0).then(|| {
+            let (addr, token, stop) = (addr.clone(), token.expose().to_owned(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                let mut tick = tokio::time::interval(Duration::from_millis(50));
+                while !stop.is_cancelled() {
+                    tick.tick().await;
+                    let mut s = TcpStream::connect(&addr).await?;
+                    s.write_all(
+                        format!("GET /metrics HTTP/1.1\r\nauthorization: Bearer {token}\r\n\r\n").as_bytes(),
+                    )
+                    .await?;
+                    let mut page = Vec::new();
+                    s.read_to_end(&mut page).await?;
+                    anyhow::ensure!(page.starts_with(b"HTTP/1.1 200"), "scrape refused");
+                    n += 1;
+                }
+                anyhow::Ok(n)
+            })
+        });
+        let took = put_all(agent.url(), Some(token.expose()), messages).await?;
+        stop.cancel();
+        match scraper {
+            Some(s) => {
+                scrapes += s.await??;
+                with.push(took);
+            }
+            None => without.push(took),
+        }
+    }
+    agent.shutdown_and_wait().await;
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        bytes as f64 / v[v.len() / 2].as_secs_f64() / 1e9
+    };
+    let (on, off) = (median(with), median(without));
+    println!(
+        "| DoPut ingest while /metrics is scraped 20×/s ({scrapes} scrapes), {} MB | {on:.2} GB/s | {off:.2} GB/s (not scraped, same agent, turns alternating) | {:.3}× |",
+        bytes >> 20,
+        on / off
+    );
     Ok(())
 }
 

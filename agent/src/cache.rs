@@ -45,6 +45,11 @@ impl MemoryBudget {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
+    /// The budget.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Bytes in use.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Acquire)

@@ -189,6 +189,7 @@ impl FlightService for AgentFlightService {
         };
         caller.allow(&job_id, &[Role::Producer], "put rows")?;
         let job = self.jobs.get(&job_id)?;
+        let counted = job.clone();
         let (tx, rx) = mpsc::channel(64);
         let messages = futures::stream::once(async move { Ok(first) })
             .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))));
@@ -205,7 +206,14 @@ impl FlightService for AgentFlightService {
                 }
                 Err(e) => {
                     stream.abort();
-                    let _ = tx.send(Err(e.into())).await;
+                    let status = Status::from(e);
+                    *counted
+                        .refused_puts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(format!("{:?}", status.code()))
+                        .or_default() += 1;
+                    let _ = tx.send(Err(status)).await;
                 }
             }
         });

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -131,6 +131,33 @@ fn respond(head: &str, ready: &Readiness) -> (&'static str, &'static str) {
 }
 
 async fn answer(mut stream: TcpStream, ready: &Readiness) -> std::io::Result<()> {
+    let (status, body, head_only) = match read_head(&mut stream).await? {
+        Some(Ok(head)) => {
+            let (status, body) = respond(&format!("{} {}", head.method, head.path), ready);
+            (status, body, head.method == "HEAD")
+        }
+        Some(Err(())) => ("400 Bad Request", "bad request\n", false),
+        None => return Ok(()),
+    };
+    write_response(&mut stream, status, "text/plain", body.as_bytes(), head_only).await
+}
+
+/// An HTTP/1.1 request head: what the probe, `/metrics` and the status
+/// page read of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    /// `GET`, `HEAD`, ...
+    pub method: String,
+    /// The path, without the query string.
+    pub path: String,
+    /// The `authorization` header, if any.
+    pub authorization: Option<String>,
+}
+
+/// Reads one request head (at most [`MAX_HEAD_BYTES`], within the read
+/// timeout): `None` when the peer sent nothing in time, `Some(Err(()))`
+/// when what it sent is not a request head.
+pub async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Option<Result<Head, ()>>> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     let complete = tokio::time::timeout(READ_TIMEOUT, async {
@@ -149,24 +176,50 @@ async fn answer(mut stream: TcpStream, ready: &Readiness) -> std::io::Result<()>
         }
     })
     .await;
-    let (status, body) = match complete {
-        Ok(Ok(true)) => {
-            let text = String::from_utf8_lossy(&head);
-            respond(text.lines().next().unwrap_or(""), ready)
-        }
-        Ok(Ok(false)) => ("400 Bad Request", "bad request\n"),
+    match complete {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return Ok(Some(Err(()))),
         Ok(Err(e)) => return Err(e),
-        Err(_) => return Ok(()),
-    };
-    let head_only = head.starts_with(b"HEAD ");
-    let mut response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    if !head_only {
-        response.push_str(body);
+        Err(_) => return Ok(None),
     }
-    stream.write_all(response.as_bytes()).await?;
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.split("\r\n");
+    let mut first = lines.next().unwrap_or("").split_whitespace();
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    if method.is_empty() || path.is_empty() {
+        return Ok(Some(Err(())));
+    }
+    let authorization = lines.find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_owned())
+    });
+    Ok(Some(Ok(Head {
+        method: method.to_owned(),
+        // Probes may add a query string (`/readyz?verbose`); ignore it.
+        path: path.split('?').next().unwrap_or("").to_owned(),
+        authorization,
+    })))
+}
+
+/// Writes a whole response and closes the connection.
+pub async fn write_response<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    status: &str,
+    content_type: &str,
+    body: &[u8],
+    head_only: bool,
+) -> std::io::Result<()> {
+    let mut response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        response.extend_from_slice(body);
+    }
+    stream.write_all(&response).await?;
     stream.shutdown().await
 }
 

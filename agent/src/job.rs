@@ -214,6 +214,10 @@ pub struct Job {
     pub model: Mutex<Option<Arc<dyn AnyModel>>>,
     /// Where the job trains, from [`crate::device::label`].
     pub device: String,
+    /// Its rings' all-reduces, across attempts.
+    pub ring_stats: Arc<crate::collective::RingStats>,
+    /// `DoPut` streams refused, by status code.
+    pub refused_puts: Mutex<std::collections::BTreeMap<String, u64>>,
     data_changed: watch::Sender<u64>,
     env: JobEnv,
 }
@@ -247,6 +251,8 @@ impl Job {
             cancel,
             model: Mutex::new(None),
             device,
+            ring_stats: Arc::default(),
+            refused_puts: Mutex::default(),
             data_changed: watch::channel(0).0,
             env,
         })
@@ -484,7 +490,8 @@ impl Job {
             },
             self.env.inbox.clone(),
             cancel.clone(),
-        )?;
+        )?
+        .with_stats(self.ring_stats.clone());
         let ctx = TrainContext {
             job_id: self.job_id.clone(),
             attempt: gang.attempt(),

@@ -4,10 +4,12 @@
 //!   for the `kindling-agent` binary and agents built from user crates.
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
 //! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
+//! - [`exposition`]: `/metrics` (Prometheus text format) on both binaries' port; the rendezvous' metrics.
 //! - [`cli`]: command-line pieces both binaries share (the token flags).
 //! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
 //! - [`predict`]: inference and the `DoExchange` prediction stream.
 //! - [`registry`]: the jobs on an agent, and starting their tasks.
+//! - [`metrics`]: the agent's metrics.
 //! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
 //! - [`job`]: one job's data, state and lifecycle (gang, train, re-join).
 //! - [`trainer`]: the data-parallel burn training loop.
@@ -39,11 +41,13 @@ pub mod collective;
 pub mod device;
 pub mod error;
 pub mod exchange;
+pub mod exposition;
 pub mod flight;
 pub mod health;
 pub mod ingest;
 pub mod job;
 pub mod launch;
+pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod params;

@@ -316,12 +316,13 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
                 std::io::Error::other(e.to_string()),
             )
         })?;
+    let env_budget = MemoryBudget::new(config.memory_budget);
     let env = JobEnv {
         train_pool: Arc::new(train_pool),
         agent_id: config.agent_id.clone(),
         spill_dir: config.work_dir.join("spill").join(&config.agent_id),
         checkpoint_dir: config.work_dir.join("checkpoints").join(&config.agent_id),
-        budget: MemoryBudget::new(config.memory_budget),
+        budget: env_budget.clone(),
         inbox: inbox.clone(),
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
@@ -345,8 +346,19 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let mut server_builder = collective::server_builder(&config.channel);
     // One port: gRPC (Flight) and the ring data plane, told apart by their
     // first bytes (or TLS ALPN).
-    let (incoming, ring_conns) = kindling_schemas::tls::incoming_routed(listener, tls);
-    tokio::spawn(collective::serve(inbox.clone(), check, ring_conns));
+    let routed = kindling_schemas::tls::incoming_routed(listener, tls);
+    let incoming = routed.grpc;
+    tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
+    let scrape = {
+        let (jobs, budget) = (jobs.clone(), env_budget.clone());
+        move || crate::metrics::agent(&jobs, &budget)
+    };
+    tokio::spawn(crate::exposition::serve(
+        routed.http,
+        check,
+        cancel.clone(),
+        scrape,
+    ));
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: ring connections live as long as
         // their rings, and their peers must see them end at once.

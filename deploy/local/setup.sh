@@ -2,7 +2,8 @@
 # Installs what Kindling needs on a fresh Debian/Ubuntu machine: protoc (the
 # Spark Connect crates generate code at build time), Java 17 for Spark, the
 # pinned pyspark/pyarrow virtualenv, g++ (the C++ Flight contract check builds
-# against the pyarrow wheel's Arrow C++), and the Python package
+# against the pyarrow wheel's Arrow C++), Prometheus (the metrics test
+# scrapes a local cluster with it), and the Python package
 # deploy/python (kindling-client) into that venv. Idempotent; quiet when all
 # is present.
 set -euo pipefail
@@ -14,6 +15,8 @@ command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
 command -v flock >/dev/null 2>&1 || missing+=(util-linux)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
+# The metrics test scrapes a local cluster with a real Prometheus server.
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 # The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)

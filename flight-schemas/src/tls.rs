@@ -282,8 +282,8 @@ fn build(files: &TlsFiles) -> Result<(Option<Arc<ServerConfig>>, Option<Arc<Clie
             let mut config = builder
                 .with_single_cert(certs.clone(), key.clone_key())
                 .map_err(rustls_err("server certificate and key"))?;
-            // gRPC, and the ring data plane on the same port (`ring`).
-            config.alpn_protocols = vec![b"h2".to_vec(), crate::ring::ALPN.to_vec()];
+            // gRPC, the ring data plane (`ring`) and HTTP/1.1 on the same port.
+            config.alpn_protocols = vec![b"h2".to_vec(), crate::ring::ALPN.to_vec(), b"http/1.1".to_vec()];
             Some(Arc::new(config))
         }
         None => None,
@@ -405,24 +405,43 @@ pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::R
     route(listener, tls, None)
 }
 
-/// As [`incoming`], with the ring data plane's connections (a plaintext
-/// connection that starts with [`crate::ring::MAGIC`], a TLS one that
-/// negotiated [`crate::ring::ALPN`]) handed to the second stream instead.
-pub fn incoming_routed(
-    listener: TcpListener,
-    tls: Option<Tls>,
-) -> (
-    ReceiverStream<io::Result<Conn>>,
-    tokio::sync::mpsc::Receiver<Conn>,
-) {
-    let (ring_tx, ring_rx) = tokio::sync::mpsc::channel(64);
-    (route(listener, tls, Some(ring_tx)), ring_rx)
+/// What a server on one port serves besides gRPC, by connection.
+#[derive(Debug)]
+pub struct Routed {
+    /// gRPC connections, for tonic's `serve_with_incoming`.
+    pub grpc: ReceiverStream<io::Result<Conn>>,
+    /// Ring data-plane connections: a plaintext connection that starts with
+    /// [`crate::ring::MAGIC`], a TLS one that negotiated [`crate::ring::ALPN`].
+    pub ring: tokio::sync::mpsc::Receiver<Conn>,
+    /// HTTP/1.1 connections (`/metrics`, the status page): a plaintext one
+    /// that starts with `GET ` or `HEAD `, a TLS one that negotiated `http/1.1`.
+    pub http: tokio::sync::mpsc::Receiver<Conn>,
+}
+
+/// As [`incoming`], with ring and HTTP/1.1 connections handed to streams of
+/// their own ([`Routed`]).
+pub fn incoming_routed(listener: TcpListener, tls: Option<Tls>) -> Routed {
+    let (ring_tx, ring) = tokio::sync::mpsc::channel(64);
+    let (http_tx, http) = tokio::sync::mpsc::channel(64);
+    Routed {
+        grpc: route(listener, tls, Some((ring_tx, http_tx))),
+        ring,
+        http,
+    }
+}
+
+/// Which server a connection is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Grpc,
+    Ring,
+    Http,
 }
 
 fn route(
     listener: TcpListener,
     tls: Option<Tls>,
-    ring: Option<tokio::sync::mpsc::Sender<Conn>>,
+    others: Option<(tokio::sync::mpsc::Sender<Conn>, tokio::sync::mpsc::Sender<Conn>)>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -441,44 +460,45 @@ fn route(
             };
             let _ = tcp.set_nodelay(true);
             let config = tls.as_ref().and_then(Tls::server_config);
-            let (tx, ring) = (tx.clone(), ring.clone());
+            let (tx, others) = (tx.clone(), others.clone());
             tokio::spawn(async move {
-                let conn = match config {
-                    None => match &ring {
-                        // Look at the first bytes without taking them.
-                        Some(_) => {
-                            match tokio::time::timeout(HANDSHAKE_TIMEOUT, starts_with_magic(&tcp)).await {
-                                Ok(Ok(is_ring)) => (Conn::Plain(tcp), is_ring),
-                                Ok(Err(e)) => {
-                                    return tracing::debug!(%peer, error = %e, "reading a connection's first bytes");
-                                }
-                                Err(_) => return tracing::info!(%peer, "a connection sent nothing in time"),
-                            }
+                let (conn, route) = match config {
+                    None if others.is_none() => (Conn::Plain(tcp), Route::Grpc),
+                    // Look at the first bytes without taking them.
+                    None => match tokio::time::timeout(HANDSHAKE_TIMEOUT, sniff(&tcp)).await {
+                        Ok(Ok(route)) => (Conn::Plain(tcp), route),
+                        Ok(Err(e)) => {
+                            return tracing::debug!(%peer, error = %e, "reading a connection's first bytes");
                         }
-                        None => (Conn::Plain(tcp), false),
+                        Err(_) => return tracing::info!(%peer, "a connection sent nothing in time"),
                     },
                     Some(config) => {
                         let acceptor = tokio_rustls::TlsAcceptor::from(config);
                         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                             Ok(Ok(stream)) => {
-                                let is_ring = stream.get_ref().1.alpn_protocol() == Some(crate::ring::ALPN);
-                                (Conn::Tls(Box::new(stream)), is_ring)
+                                let route = match stream.get_ref().1.alpn_protocol() {
+                                    Some(p) if p == crate::ring::ALPN => Route::Ring,
+                                    Some(b"http/1.1") => Route::Http,
+                                    _ => Route::Grpc,
+                                };
+                                (Conn::Tls(Box::new(stream)), route)
                             }
                             Ok(Err(e)) => return tracing::info!(%peer, error = %e, "TLS handshake refused"),
                             Err(_) => return tracing::info!(%peer, "TLS handshake timed out"),
                         }
                     }
                 };
-                match (conn, ring) {
-                    ((conn, true), Some(ring)) => {
-                        let _ = ring.send(conn).await;
-                    }
-                    ((_, true), None) => {
-                        tracing::debug!(%peer, "a ring connection to a server without a ring")
-                    }
-                    ((conn, false), _) => {
+                match (route, others) {
+                    (Route::Grpc, _) => {
                         let _ = tx.send(Ok(conn)).await;
                     }
+                    (Route::Ring, Some((ring, _))) => {
+                        let _ = ring.send(conn).await;
+                    }
+                    (Route::Http, Some((_, http))) => {
+                        let _ = http.send(conn).await;
+                    }
+                    (_, None) => tracing::debug!(%peer, "a ring or HTTP connection to a gRPC-only server"),
                 }
             });
         }
@@ -486,20 +506,28 @@ fn route(
     ReceiverStream::new(rx)
 }
 
-/// Whether a plaintext connection's first bytes are the ring's magic: peeks
-/// until they are, or until they cannot be.
-async fn starts_with_magic(tcp: &TcpStream) -> io::Result<bool> {
-    let magic = &crate::ring::MAGIC;
+/// Which server a plaintext connection is for, from its first bytes: peeks
+/// until they match a known start, or cannot.
+async fn sniff(tcp: &TcpStream) -> io::Result<Route> {
+    let starts: [(&[u8], Route); 3] = [
+        (&crate::ring::MAGIC, Route::Ring),
+        (b"GET ", Route::Http),
+        (b"HEAD ", Route::Http),
+    ];
     let mut buf = [0u8; 8];
     loop {
         let n = tcp.peek(&mut buf).await?;
-        if n == 0 || buf[..n] != magic[..n] {
-            return Ok(false);
+        if n == 0 {
+            return Ok(Route::Grpc);
         }
-        if n == magic.len() {
-            return Ok(true);
+        let seen = &buf[..n];
+        if let Some((_, route)) = starts.iter().find(|(s, _)| seen.starts_with(s)) {
+            return Ok(*route);
         }
-        // A prefix of the magic so far (rare: it is sent in one write).
+        if !starts.iter().any(|(s, _)| s.starts_with(seen)) {
+            return Ok(Route::Grpc);
+        }
+        // A prefix of a known start so far (rare: each is sent in one write).
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

@@ -19,6 +19,7 @@ mod io;
 mod link;
 mod plan;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +75,37 @@ pub enum Precision {
     Bf16,
 }
 
+/// Upper bounds (seconds) of the all-reduce time histogram's buckets.
+pub const ALL_REDUCE_SECONDS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+/// What a job's rings did: all-reduces, their bytes and how long they took
+/// (the agent's `/metrics`). Shared by the job's rings across attempts.
+#[derive(Debug, Default)]
+pub struct RingStats {
+    /// All-reduces done.
+    pub ops: AtomicU64,
+    /// Bytes of the buffers all-reduced, as sent.
+    pub bytes: AtomicU64,
+    /// Their total time, in microseconds.
+    pub micros: AtomicU64,
+    /// How many took at most each of [`ALL_REDUCE_SECONDS`] (not cumulative).
+    pub buckets: [AtomicU64; ALL_REDUCE_SECONDS.len()],
+}
+
+impl RingStats {
+    fn record(&self, bytes: usize, took: Duration) {
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        if let Some(i) = ALL_REDUCE_SECONDS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// How to reach the ring's peers.
 #[derive(Debug, Clone)]
 pub struct RingConfig {
@@ -109,6 +141,8 @@ pub struct Ring {
     failed: Option<AgentError>,
     /// The job, the next and the previous rank's addresses, for errors.
     names: (Arc<str>, Arc<str>, Arc<str>),
+    /// Where its all-reduces are counted.
+    stats: Arc<RingStats>,
     /// A `bf16` part being written.
     send_buf: Vec<f32>,
     /// A part being read.
@@ -140,9 +174,16 @@ impl Ring {
             cancel,
             links: None,
             failed: None,
+            stats: Arc::default(),
             send_buf: Vec::new(),
             recv_buf: Vec::new(),
         })
+    }
+
+    /// Counts this ring's all-reduces in `stats` (a job's, across attempts).
+    pub fn with_stats(mut self, stats: Arc<RingStats>) -> Ring {
+        self.stats = stats;
+        self
     }
 
     /// This rank.
@@ -172,10 +213,15 @@ impl Ring {
         if self.world == 1 {
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let result = match self.ready().await {
             Ok(()) => self.ring_all_reduce(buf, precision).await,
             Err(e) => Err(e),
         };
+        if result.is_ok() {
+            let width = if precision == Precision::Bf16 { 2 } else { 4 };
+            self.stats.record(buf.len() * width, started.elapsed());
+        }
         self.settle(result).await
     }
 
@@ -497,15 +543,15 @@ pub fn listen(
     check: BearerCheck,
     stop: CancellationToken,
 ) {
-    let (_grpc, ring) = kindling_schemas::tls::incoming_routed(listener, tls);
+    let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let closing = inbox.clone();
     tokio::spawn(async move {
-        // Keep the gRPC side's receiver alive (and unused) while serving.
-        let _grpc = _grpc;
+        // Keep the other receivers alive (and unused) while serving.
+        let _unused = (routed.grpc, routed.http);
         stop.cancelled().await;
         closing.close();
     });
-    tokio::spawn(serve(inbox, check, ring));
+    tokio::spawn(serve(inbox, check, routed.ring));
 }
 
 /// A tonic server builder with the flow-control windows bulk `DoPut`

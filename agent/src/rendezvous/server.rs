@@ -97,8 +97,26 @@ pub async fn serve(
         // our own PayloadTooLarge check answers rather than the codec.
         .max_decoding_message_size(max_payload.saturating_add(64 << 10))
         .max_encoding_message_size(usize::MAX);
-    let svc = InterceptedService::new(server, BearerCheck::new(config.token.clone()));
-    let incoming = kindling_schemas::tls::incoming(listener, config.tls.clone());
+    let check = BearerCheck::new(config.token.clone());
+    let svc = InterceptedService::new(server, check.clone());
+    let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
+    let incoming = routed.grpc;
+    let scrape = {
+        let state = state.clone();
+        move || {
+            let jobs = state.list_jobs().unwrap_or_default();
+            let agents = state.list_agents().unwrap_or_default();
+            crate::exposition::rendezvous(&jobs, &agents)
+        }
+    };
+    tasks.spawn(crate::exposition::serve(
+        routed.http,
+        check,
+        shutdown.clone(),
+        scrape,
+    ));
+    // No ring here: its connections are dropped.
+    drop(routed.ring);
     let signal = {
         let shutdown = shutdown.clone();
         let state = state.clone();
