@@ -7,6 +7,7 @@ use kindling::job::JobError;
 use kindling_tests::cluster::tls_cluster;
 use kindling_tests::events::accuracy;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_trains_end_to_end_over_mutual_tls() {
@@ -20,7 +21,7 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
         .local_mode(false)
         .rendezvous(cluster.rendezvous_url())
         .token(token.clone())
-        .channel(channel)
+        .channel(channel.clone())
         .build()
         .expect("job")
         .fit(&df)
@@ -34,7 +35,7 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
     let err = rule_job()
         .local_mode(false)
         .rendezvous(cluster.rendezvous_url())
-        .token(token)
+        .token(token.clone())
         .build()
         .expect("job")
         .fit(&df)
@@ -46,5 +47,36 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
         "{text}"
     );
     assert!(!matches!(err, JobError::NotEnoughAgents { .. }), "{err}");
+
+    // /metrics on the same port and the same mutual TLS (ALPN http/1.1):
+    // the client certificate and the token read it; without the token, 401.
+    let tls = channel
+        .tls
+        .as_ref()
+        .and_then(|t| t.client_config())
+        .expect("client TLS");
+    let mut config = (*tls).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    for url in cluster.agent_urls().iter().chain([&cluster.rendezvous_url()]) {
+        let addr = url.trim_start_matches("https://").to_owned();
+        for (auth, want) in [(Some(token.expose()), "HTTP/1.1 200"), (None, "HTTP/1.1 401")] {
+            let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+            let name = rustls_pki_types::ServerName::try_from("127.0.0.1").expect("name");
+            let mut s = connector.connect(name, tcp).await.expect("TLS handshake");
+            let header = auth
+                .map(|t| format!("authorization: Bearer {t}\r\n"))
+                .unwrap_or_default();
+            s.write_all(format!("GET /metrics HTTP/1.1\r\nhost: x\r\n{header}\r\n").as_bytes())
+                .await
+                .expect("request");
+            let mut page = String::new();
+            s.read_to_string(&mut page).await.expect("response");
+            assert!(page.starts_with(want), "{url}: {page}");
+            if auth.is_some() {
+                assert!(page.contains("kindling_"), "{url}: {page}");
+            }
+        }
+    }
     cluster.shutdown().await;
 }
