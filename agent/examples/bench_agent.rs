@@ -399,32 +399,56 @@ async fn put_all(url: &str, token: Option<&str>, messages: Vec<FlightData>) -> a
     Ok(t.elapsed())
 }
 
-async fn ingest(total_mb: usize) -> anyhow::Result<()> {
-    let (schema, batches) = ingest_batches(total_mb);
-    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
-    let token = Token::new("bench");
+/// An agent (with its rendezvous) for the ingest benchmarks, keeping up to
+/// `budget` bytes of rows in memory.
+async fn ingest_agent(
+    token: &Token,
+    budget: u64,
+) -> anyhow::Result<(
+    EmbeddedRendezvous,
+    kindling_agent::AgentHandle,
+    std::path::PathBuf,
+)> {
     let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
     let dir = tempfile_dir();
     let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
     config.token = Some(token.clone());
     config.rendezvous = Some(rv.url());
-    config.memory_budget = 8 << 30;
+    config.memory_budget = budget;
     let agent = kindling_agent::start(config).await?;
+    Ok((rv, agent, dir))
+}
+
+/// Creates and starts `job` (16 float features, a class label) on `agent`.
+async fn start_ingest_job(
+    rv: &EmbeddedRendezvous,
+    agent: &str,
+    token: &Token,
+    job: &str,
+) -> anyhow::Result<()> {
     let spec = JobSpec::builder()
         .task(Task::Classification { num_classes: 2 })
         .features((0..16).map(|i| format!("f{i}")))
         .label("y")
         .build()?;
-    RendezvousClient::connect(rv.url(), Some(&token))
+    RendezvousClient::connect(rv.url(), Some(token))
         .await?
-        .create_job(&JobConfig::new("ingest", 1))
+        .create_job(&JobConfig::new(job, 1))
         .await?;
     let start = Action::StartJob(StartJob {
-        job_id: "ingest".into(),
+        job_id: job.into(),
         spec,
         rendezvous: rv.url(),
     });
-    kindling_agent_action(agent.url(), &token, start).await?;
+    kindling_agent_action(agent, token, start).await
+}
+
+async fn ingest(total_mb: usize) -> anyhow::Result<()> {
+    let (schema, batches) = ingest_batches(total_mb);
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let token = Token::new("bench");
+    let (rv, agent, dir) = ingest_agent(&token, 8 << 30).await?;
+    start_ingest_job(&rv, agent.url(), &token, "ingest").await?;
     let messages = encode(&schema, &batches, &DataPath::data("ingest", Split::Train));
     let kindling = put_all(agent.url(), Some(token.expose()), messages.clone()).await?;
     agent.shutdown_and_wait().await;
@@ -473,33 +497,13 @@ async fn metrics_cost(total_mb: usize) -> anyhow::Result<()> {
     let (schema, batches) = ingest_batches(total_mb);
     let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     let token = Token::new("bench");
-    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
-    let dir = tempfile_dir();
-    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
-    config.token = Some(token.clone());
-    config.rendezvous = Some(rv.url());
-    config.memory_budget = 16 << 30;
-    let agent = kindling_agent::start(config).await?;
+    let (rv, agent, dir) = ingest_agent(&token, 16 << 30).await?;
     let addr = agent.url().trim_start_matches("http://").to_owned();
     let (mut with, mut without) = (Vec::new(), Vec::new());
     let mut scrapes = 0;
     for turn in 0..6 {
         let job = format!("metrics-{turn}");
-        let spec = JobSpec::builder()
-            .task(Task::Classification { num_classes: 2 })
-            .features((0..16).map(|i| format!("f{i}")))
-            .label("y")
-            .build()?;
-        RendezvousClient::connect(rv.url(), Some(&token))
-            .await?
-            .create_job(&JobConfig::new(&job, 1))
-            .await?;
-        let start = Action::StartJob(StartJob {
-            job_id: job.clone(),
-            spec,
-            rendezvous: rv.url(),
-        });
-        kindling_agent_action(agent.url(), &token, start).await?;
+        start_ingest_job(&rv, agent.url(), &token, &job).await?;
         let messages = encode(&schema, &batches, &DataPath::data(&job, Split::Train));
         let stop = CancellationToken::new();
         let scraper = (turn % 2 == 0).then(|| {
