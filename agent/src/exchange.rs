@@ -97,10 +97,6 @@ impl Exchange {
         take: impl FnOnce(&[f32]) -> Option<f32>,
     ) -> Result<bool, AgentError> {
         times.steps += 1;
-        let width = match self.precision {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
-        };
         if ring.world() == 1 || (grads <= self.bucket_values && self.precision == Precision::F32) {
             let started = Instant::now();
             rt.block_on(ring.all_reduce_sum(buf))?;
@@ -124,7 +120,7 @@ impl Exchange {
         let Some(scale) = take(trailer) else {
             return Ok(false);
         };
-        times.bytes += (grads * width) as u64;
+        times.bytes += (grads * self.precision.width()) as u64;
         optim.begin_step();
         let bucket = self.bucket_values.max(1);
         if !self.overlap {
@@ -146,28 +142,28 @@ impl Exchange {
         }
         let precision = self.precision;
         std::thread::scope(|scope| {
-            let (tx, rx) = std::sync::mpsc::channel::<(usize, &mut [f32])>();
+            // The buckets arrive in order: each steps the weights after the last.
+            let (tx, rx) = std::sync::mpsc::channel::<&mut [f32]>();
             let stepper = scope.spawn(move || {
                 let mut busy = Duration::ZERO;
-                let mut w = &mut weights[..];
-                let mut at = 0;
-                for (offset, g) in rx {
+                let mut rest = &mut weights[..];
+                let mut offset = 0;
+                for g in rx {
                     let started = Instant::now();
-                    let (part, rest) = std::mem::take(&mut w).split_at_mut(g.len());
-                    debug_assert_eq!(offset, at);
+                    let (part, after) = std::mem::take(&mut rest).split_at_mut(g.len());
                     optim.step_part(offset, part, g, scale);
-                    w = rest;
-                    at += g.len();
+                    rest = after;
+                    offset += g.len();
                     busy += started.elapsed();
                 }
                 busy
             });
             let started = Instant::now();
             let reduced = rt.block_on(async {
-                for (i, part) in sums.chunks_mut(bucket).enumerate() {
+                for part in sums.chunks_mut(bucket) {
                     ring.all_reduce(part, precision).await?;
                     // The stepper only ends when this sender is dropped.
-                    let _ = tx.send((i * bucket, part));
+                    let _ = tx.send(part);
                 }
                 Ok::<(), AgentError>(())
             });

@@ -541,18 +541,38 @@ pub(crate) async fn connect(
     port: u16,
     server_name: ServerName<'static>,
 ) -> io::Result<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<TcpStream>>> {
+    let config = dial_config(&tls, None)?;
+    let tcp = dial_tcp(&host, port).await?;
+    let stream = tokio_rustls::TlsConnector::from(config)
+        .connect(server_name, tcp)
+        .await?;
+    Ok(hyper_util::rt::TokioIo::new(stream))
+}
+
+/// The client configuration current now, offering `alpn` instead of `h2`
+/// when given; an error when no CA is set.
+fn dial_config(tls: &Tls, alpn: Option<&[u8]>) -> io::Result<Arc<ClientConfig>> {
     let config = tls.client_config().ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
             "an https:// URL needs a CA to verify the server (--tls-ca)",
         )
     })?;
-    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    Ok(match alpn {
+        None => config,
+        Some(alpn) => {
+            let mut config = (*config).clone();
+            config.alpn_protocols = vec![alpn.to_vec()];
+            Arc::new(config)
+        }
+    })
+}
+
+/// A TCP connection to `host:port` with `TCP_NODELAY`.
+async fn dial_tcp(host: &str, port: u16) -> io::Result<TcpStream> {
+    let tcp = TcpStream::connect((host, port)).await?;
     tcp.set_nodelay(true)?;
-    let stream = tokio_rustls::TlsConnector::from(config)
-        .connect(server_name, tcp)
-        .await?;
-    Ok(hyper_util::rt::TokioIo::new(stream))
+    Ok(tcp)
 }
 
 /// Dials a ring connection ([`crate::ring`]): TCP to `host:port`, and with
@@ -562,20 +582,12 @@ pub(crate) async fn connect_ring(
     host: &str,
     port: u16,
 ) -> io::Result<Conn> {
-    let tcp = TcpStream::connect((host, port)).await?;
-    tcp.set_nodelay(true)?;
+    let tcp = dial_tcp(host, port).await?;
     let Some((tls, server_name)) = tls else {
         return Ok(Conn::Plain(tcp));
     };
-    let config = tls.client_config().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "an https:// URL needs a CA to verify the server (--tls-ca)",
-        )
-    })?;
-    let mut config = (*config).clone();
-    config.alpn_protocols = vec![crate::ring::ALPN.to_vec()];
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+    let config = dial_config(&tls, Some(crate::ring::ALPN))?;
+    let stream = tokio_rustls::TlsConnector::from(config)
         .connect(server_name, tcp)
         .await?;
     if stream.get_ref().1.alpn_protocol() != Some(crate::ring::ALPN) {

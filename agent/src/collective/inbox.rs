@@ -41,6 +41,13 @@ pub struct Inbound {
     _heartbeats: DropGuard,
 }
 
+/// What an admitted connection's heartbeat task holds: when to stop, and
+/// the reason the ring that took it may leave for the sender.
+struct Admitted {
+    stop: CancellationToken,
+    goodbye: Arc<Mutex<Option<String>>>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
     job_id: String,
@@ -171,24 +178,15 @@ impl Inbox {
         }
     }
 
-    /// The fence of a job attempt (made on its first connection).
-    fn fence(&self, job_id: &str, attempt: u32) -> CancellationToken {
-        let closed = self.closed.clone();
-        self.lock()
-            .fences
-            .entry((job_id.to_owned(), attempt))
-            .or_insert_with(|| closed.child_token())
-            .clone()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
         // A poisoned lock only means another thread panicked mid-update of a map
         // that stays structurally valid.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes a checked connection in (or refuses it, saying why).
-    fn admit(&self, hello: &Hello, inbound: Inbound) -> Result<(), Status> {
+    /// Takes a checked connection in (or refuses it, saying why). An
+    /// admitted one gets its attempt's fence (made on the first).
+    fn admit(&self, hello: &Hello, read: ReadHalf<Conn>) -> Result<Admitted, Status> {
         let mut s = self.lock();
         match s.attempts.get(&hello.job_id) {
             Some(&current) if hello.attempt < current => {
@@ -215,24 +213,39 @@ impl Inbox {
             attempt: hello.attempt,
             from_rank: hello.from_rank,
         };
+        if matches!(s.links.get(&key), Some(Slot::Arrived(..) | Slot::Taken)) {
+            return Err(Status::already_exists(format!(
+                "a ring connection from rank {} of job `{}` attempt {} is already open",
+                hello.from_rank, hello.job_id, hello.attempt
+            )));
+        }
+        let closed = &self.closed;
+        let fence = s
+            .fences
+            .entry((hello.job_id.clone(), hello.attempt))
+            .or_insert_with(|| closed.child_token())
+            .clone();
+        let admitted = Admitted {
+            stop: fence.child_token(),
+            goodbye: Arc::default(),
+        };
+        let inbound = Inbound {
+            read,
+            fence,
+            goodbye: admitted.goodbye.clone(),
+            _heartbeats: admitted.stop.clone().drop_guard(),
+        };
         match s.links.remove(&key) {
             Some(Slot::Waiting(tx)) => {
                 s.links.insert(key, Slot::Taken);
                 // The ring may have given up (timeout, cancel): the connection closes.
                 let _ = tx.send(inbound);
             }
-            Some(slot @ (Slot::Arrived(..) | Slot::Taken)) => {
-                s.links.insert(key, slot);
-                return Err(Status::already_exists(format!(
-                    "a ring connection from rank {} of job `{}` attempt {} is already open",
-                    hello.from_rank, hello.job_id, hello.attempt
-                )));
-            }
-            None => {
+            _ => {
                 s.links.insert(key, Slot::Arrived(inbound, Instant::now()));
             }
         }
-        Ok(())
+        Ok(admitted)
     }
 
     /// The connection from `from_rank` for a job attempt, now or once it arrives.
@@ -302,22 +315,14 @@ async fn accept(inbox: Arc<Inbox>, check: BearerCheck, mut conn: Conn) {
         return;
     }
     let (read, mut write) = tokio::io::split(conn);
-    let fence = inbox.fence(&hello.job_id, hello.attempt);
-    let stop = fence.child_token();
-    let goodbye = Arc::new(Mutex::new(None));
-    let inbound = Inbound {
-        read,
-        fence,
-        goodbye: goodbye.clone(),
-        _heartbeats: stop.clone().drop_guard(),
-    };
-    let admitted = inbox.admit(&hello, inbound);
-    if let Err(e) = ring::write_reply(&mut write, &admitted).await {
+    let admitted = inbox.admit(&hello, read);
+    let answer = admitted.as_ref().map(|_| ()).map_err(Status::clone);
+    if let Err(e) = ring::write_reply(&mut write, &answer).await {
         return tracing::debug!(%peer, error = %e, "answering a ring connection");
     }
-    if admitted.is_err() {
+    let Ok(Admitted { stop, goodbye }) = admitted else {
         return;
-    }
+    };
     let every = Duration::from_millis(hello.heartbeat_ms).clamp(HEARTBEAT_BOUNDS.0, HEARTBEAT_BOUNDS.1);
     heartbeats(&mut write, every, &stop).await;
     let ring_failed = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();

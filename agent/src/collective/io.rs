@@ -58,7 +58,6 @@ impl Io {
     pub(super) async fn guard<T>(
         &self,
         side: Side,
-        what: &str,
         step: usize,
         io: impl Future<Output = std::io::Result<T>>,
     ) -> Result<T, AgentError> {
@@ -74,6 +73,10 @@ impl Io {
                 Some(f) => f.cancelled().await,
                 None => std::future::pending().await,
             }
+        };
+        let what = match side {
+            Side::Next => "writing",
+            Side::Prev => "reading",
         };
         let at = || format!("op {} step {step}", self.op);
         tokio::select! {
@@ -131,16 +134,14 @@ impl Io {
         len: usize,
         buf: &mut [u8],
     ) -> Result<(), AgentError> {
-        let header = self
-            .guard(Side::Prev, "reading", step, link::read_header(read))
-            .await?;
+        let header = self.guard(Side::Prev, step, link::read_header(read)).await?;
         let expected = self.header(step, part, kind, len);
         match header {
             Ok(h) if h == expected => {}
             Ok(h) if h.kind == Kind::Abort => {
                 let mut reason = vec![0u8; (h.len as usize).min(kindling_schemas::ring::MAX_REPLY_BYTES)];
                 let _ = self
-                    .guard(Side::Prev, "reading", step, link::read_payload(read, &mut reason))
+                    .guard(Side::Prev, step, link::read_payload(read, &mut reason))
                     .await;
                 return Err(AgentError::PeerUnavailable {
                     peer: self.prev.to_string(),
@@ -161,13 +162,8 @@ impl Io {
                 });
             }
         }
-        self.guard(
-            Side::Prev,
-            "reading",
-            step,
-            link::read_payload(read, &mut buf[..len]),
-        )
-        .await
+        self.guard(Side::Prev, step, link::read_payload(read, &mut buf[..len]))
+            .await
     }
 
     pub(super) fn broken_ring(&self) -> AgentError {

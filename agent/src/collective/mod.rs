@@ -75,6 +75,21 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// The frame kind values travel as.
+    pub fn kind(self) -> Kind {
+        match self {
+            Precision::F32 => Kind::F32,
+            Precision::Bf16 => Kind::Bf16,
+        }
+    }
+
+    /// Bytes per value on the wire.
+    pub fn width(self) -> usize {
+        self.kind().width()
+    }
+}
+
 /// Upper bounds (seconds) of the all-reduce time histogram's buckets.
 pub const ALL_REDUCE_SECONDS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -219,8 +234,8 @@ impl Ring {
             Err(e) => Err(e),
         };
         if result.is_ok() {
-            let width = if precision == Precision::Bf16 { 2 } else { 4 };
-            self.stats.record(buf.len() * width, started.elapsed());
+            self.stats
+                .record(buf.len() * precision.width(), started.elapsed());
         }
         self.settle(result).await
     }
@@ -325,24 +340,17 @@ impl Ring {
 
     async fn ring_all_reduce(&mut self, buf: &mut [f32], precision: Precision) -> Result<(), AgentError> {
         let (w, r) = (self.world as usize, self.config.rank as usize);
-        let kind = match precision {
-            Precision::F32 => Kind::F32,
-            Precision::Bf16 => Kind::Bf16,
-        };
+        let kind = precision.kind();
         let steps = plan(w, r);
         // The buffer cut into its segments' parts, each lockable on its own:
         // the writer sends one part straight from the buffer while the
         // reader reduces another into it.
         let pieces = pieces(buf, if w == 2 { 1 } else { w });
-        let lens: Vec<Vec<usize>> = pieces
-            .iter()
-            .map(|seg| seg.iter().map(|p| p.try_lock().map_or(0, |g| g.len())).collect())
-            .collect();
         // Parts before each step, for the writer's and the reader's counters.
         let offsets = |side: fn(&Step) -> usize| -> Vec<usize> {
             let mut acc = vec![0];
             for s in &steps {
-                acc.push(acc[acc.len() - 1] + lens[side(s)].len());
+                acc.push(acc[acc.len() - 1] + pieces[side(s)].len());
             }
             acc
         };
@@ -360,12 +368,12 @@ impl Ring {
         let writer = async {
             let mut reduced = reduced.clone();
             for (s, step) in steps.iter().enumerate() {
-                for (p, piece) in pieces[step.send].iter().enumerate() {
+                for (p, part) in pieces[step.send].iter().enumerate() {
                     if s > 0 {
                         // This part is the one received (and reduced) in the step before.
                         let _ = reduced.wait_for(|&n| n > roff[s - 1] + p).await;
                     }
-                    let mut values = piece.lock().await;
+                    let mut values = part.values.lock().await;
                     if round_at == Some(s) {
                         values.iter_mut().for_each(|v| *v = bf16_to_f32(f32_to_bf16(*v)));
                     }
@@ -378,7 +386,7 @@ impl Ring {
                             link::write_frame(out, header, payload)
                         }
                     };
-                    io.guard(Side::Next, "writing", s, written).await?;
+                    io.guard(Side::Next, s, written).await?;
                     drop(values);
                     sent_tx.send_replace(woff[s] + p + 1);
                 }
@@ -388,8 +396,8 @@ impl Ring {
         let reader = async {
             let mut sent = sent.clone();
             for (s, step) in steps.iter().enumerate() {
-                for (p, piece) in pieces[step.recv].iter().enumerate() {
-                    let len = lens[step.recv][p] * kind.width();
+                for (p, part) in pieces[step.recv].iter().enumerate() {
+                    let len = part.len * kind.width();
                     // Before changing values the writer still has to send:
                     // two ranks swap the same part; all-gather overwrites
                     // parts the reduce-scatter sent.
@@ -402,14 +410,14 @@ impl Ring {
                     };
                     if step.combine == Combine::Replace && kind == Kind::F32 {
                         let _ = sent.wait_for(|&n| n >= need).await;
-                        let mut values = piece.lock().await;
+                        let mut values = part.values.lock().await;
                         let into = bytemuck::cast_slice_mut::<f32, u8>(&mut values[..]);
                         io.read_frame(&mut inn.read, s, p, kind, len, into).await?;
                     } else {
                         let into = &mut bytemuck::cast_slice_mut::<f32, u8>(recv_buf)[..len];
                         io.read_frame(&mut inn.read, s, p, kind, len, into).await?;
                         let _ = sent.wait_for(|&n| n >= need).await;
-                        let mut values = piece.lock().await;
+                        let mut values = part.values.lock().await;
                         combine(step.combine, kind, &mut values, recv_buf);
                     }
                     reduced_tx.send_replace(roff[s] + p + 1);
@@ -430,13 +438,8 @@ impl Ring {
         let recv_buf = bytemuck::cast_slice_mut::<f32, u8>(&mut self.recv_buf);
         let mut send = async |step: usize, part: usize, payload: &[u8]| {
             let header = io.header(step, part, Kind::Bytes, payload.len());
-            io.guard(
-                Side::Next,
-                "writing",
-                step,
-                link::write_frame(out, header, payload),
-            )
-            .await
+            io.guard(Side::Next, step, link::write_frame(out, header, payload))
+                .await
         };
         if rank == root {
             let data = bytes.ok_or(AgentError::BroadcastWithoutPayload)?;
@@ -505,8 +508,8 @@ impl Drop for Ring {
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>) -> std::sync::MutexGuard<'a, T> {
-    // Never held across an await nor on two threads: poisoning cannot leave
-    // the buffer half-written in a way the ring relies on.
+    // Held only to set or take a goodbye: a poisoned lock still holds a
+    // whole `Option<String>`.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -37,9 +37,16 @@ pub(super) fn plan(w: usize, r: usize) -> Vec<Step> {
     reduce.chain(gather).collect()
 }
 
+/// One part of a segment: its length, and its values, locked by whichever
+/// of the ring's writer and reader is using them.
+pub(super) struct Part<'a> {
+    pub(super) len: usize,
+    pub(super) values: tokio::sync::Mutex<&'a mut [f32]>,
+}
+
 /// `buf` cut into `segments` near-equal segments, each into parts of at
 /// most [`PART_VALUES`] (an empty segment still travels as one empty part).
-pub(super) fn pieces(buf: &mut [f32], segments: usize) -> Vec<Vec<tokio::sync::Mutex<&mut [f32]>>> {
+pub(super) fn pieces(buf: &mut [f32], segments: usize) -> Vec<Vec<Part<'_>>> {
     let len = buf.len();
     let mut rest = buf;
     (0..segments)
@@ -53,7 +60,10 @@ pub(super) fn pieces(buf: &mut [f32], segments: usize) -> Vec<Vec<tokio::sync::M
                     let take = PART_VALUES.min(seg.len());
                     let (part, after) = std::mem::take(&mut seg).split_at_mut(take);
                     seg = after;
-                    tokio::sync::Mutex::new(part)
+                    Part {
+                        len: part.len(),
+                        values: tokio::sync::Mutex::new(part),
+                    }
                 })
                 .collect()
         })
@@ -150,7 +160,7 @@ mod tests {
             let mut buf = vec![0f32; len];
             let pieces = pieces(&mut buf, segments);
             assert_eq!(pieces.len(), segments);
-            let total: usize = pieces.iter().flatten().map(|p| p.try_lock().unwrap().len()).sum();
+            let total: usize = pieces.iter().flatten().map(|p| p.len).sum();
             assert_eq!(total, len);
             assert!(pieces.iter().all(|s| !s.is_empty()));
         }
