@@ -17,8 +17,15 @@
 //!    through a runtime handle; reported is the time each step waits for the
 //!    all-reduce, against the tight loop's.
 //!
+//! 4. What watching costs (`--only metrics`, not run by default): `DoPut`
+//!    ingest with the agent's `/metrics` read 20 times a second against the
+//!    same ingest unread, then training (`--train-mb` MB of rows, 3 epochs)
+//!    with `/metrics` and the rendezvous' `/api/status` read 20 times a
+//!    second against the same training unread; turns alternate on one agent.
+//!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
-//! (`--only allreduce`, `--only ingest` or `--only latency` runs one of them).
+//! (`--only allreduce`, `--only ingest`, `--only latency` or `--only metrics`
+//! runs one of them).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref() == Some("metrics") {
         metrics_cost(ingest_mb).await?;
+        train_metrics_cost(arg("--train-mb", 16)).await?;
     }
     if run("latency") {
         let floats = arg("--floats", 610);
@@ -425,9 +433,11 @@ async fn start_ingest_job(
     agent: &str,
     token: &Token,
     job: &str,
+    epochs: u32,
 ) -> anyhow::Result<()> {
     let spec = JobSpec::builder()
         .task(Task::Classification { num_classes: 2 })
+        .epochs(epochs)
         .features((0..16).map(|i| format!("f{i}")))
         .label("y")
         .build()?;
@@ -440,7 +450,7 @@ async fn start_ingest_job(
         spec,
         rendezvous: rv.url(),
     });
-    kindling_agent_action(agent, token, start).await
+    kindling_agent_action(agent, token, start).await.map(drop)
 }
 
 async fn ingest(total_mb: usize) -> anyhow::Result<()> {
@@ -448,7 +458,7 @@ async fn ingest(total_mb: usize) -> anyhow::Result<()> {
     let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     let token = Token::new("bench");
     let (rv, agent, dir) = ingest_agent(&token, 8 << 30).await?;
-    start_ingest_job(&rv, agent.url(), &token, "ingest").await?;
+    start_ingest_job(&rv, agent.url(), &token, "ingest", 1).await?;
     let messages = encode(&schema, &batches, &DataPath::data("ingest", Split::Train));
     let kindling = put_all(agent.url(), Some(token.expose()), messages.clone()).await?;
     agent.shutdown_and_wait().await;
@@ -503,32 +513,19 @@ async fn metrics_cost(total_mb: usize) -> anyhow::Result<()> {
     let mut scrapes = 0;
     for turn in 0..6 {
         let job = format!("metrics-{turn}");
-        start_ingest_job(&rv, agent.url(), &token, &job).await?;
+        start_ingest_job(&rv, agent.url(), &token, &job, 1).await?;
         let messages = encode(&schema, &batches, &DataPath::data(&job, Split::Train));
         let stop = CancellationToken::new();
-        let scraper = (turn % 2 == 0).then(|| {
-            let (addr, token, stop) = (addr.clone(), token.expose().to_owned(), stop.clone());
-            tokio::spawn(async move {
-                let mut n = 0;
-                let mut tick = tokio::time::interval(Duration::from_millis(50));
-                while !stop.is_cancelled() {
-                    tick.tick().await;
-                    let mut s = TcpStream::connect(&addr).await?;
-                    s.write_all(
-                        format!("GET /metrics HTTP/1.1\r\nauthorization: Bearer {token}\r\n\r\n").as_bytes(),
-                    )
-                    .await?;
-                    let mut page = Vec::new();
-                    s.read_to_end(&mut page).await?;
-                    anyhow::ensure!(page.starts_with(b"HTTP/1.1 200"), "scrape refused");
-                    n += 1;
-                }
-                anyhow::Ok(n)
-            })
+        let reader = (turn % 2 == 0).then(|| {
+            scraper(
+                vec![(addr.clone(), "/metrics")],
+                token.expose().to_owned(),
+                stop.clone(),
+            )
         });
         let took = put_all(agent.url(), Some(token.expose()), messages).await?;
         stop.cancel();
-        match scraper {
+        match reader {
             Some(s) => {
                 scrapes += s.await??;
                 with.push(took);
@@ -552,7 +549,114 @@ async fn metrics_cost(total_mb: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn kindling_agent_action(url: &str, token: &Token, action: Action) -> anyhow::Result<()> {
+/// Reads every `(addr, path)` of `targets` 20 times a second with `token`
+/// until `stop`; returns how many reads it made.
+fn scraper(
+    targets: Vec<(String, &'static str)>,
+    token: String,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<anyhow::Result<u64>> {
+    tokio::spawn(async move {
+        let mut n = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        while !stop.is_cancelled() {
+            tick.tick().await;
+            for (addr, path) in &targets {
+                let mut s = TcpStream::connect(addr).await?;
+                s.write_all(
+                    format!("GET {path} HTTP/1.1\r\nauthorization: Bearer {token}\r\n\r\n").as_bytes(),
+                )
+                .await?;
+                let mut page = Vec::new();
+                s.read_to_end(&mut page).await?;
+                anyhow::ensure!(page.starts_with(b"HTTP/1.1 200"), "read of {path} refused");
+                n += 1;
+            }
+        }
+        anyhow::Ok(n)
+    })
+}
+
+/// What watching costs training: the same job trained on one agent, in
+/// turns, while the agent's `/metrics` and the rendezvous' `/api/status`
+/// (the status page's data) are each read 20 times a second, and while
+/// nothing reads them; samples/s is the mean of the job's epochs, medians
+/// of 3 turns each.
+async fn train_metrics_cost(train_mb: usize) -> anyhow::Result<()> {
+    let (schema, batches) = ingest_batches(train_mb);
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let token = Token::new("bench");
+    let (rv, agent, dir) = ingest_agent(&token, 16 << 30).await?;
+    let agent_addr = agent.url().trim_start_matches("http://").to_owned();
+    let rv_addr = rv.url().trim_start_matches("http://").to_owned();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut reads = 0;
+    for turn in 0..6 {
+        let job = format!("train-{turn}");
+        start_ingest_job(&rv, agent.url(), &token, &job, 3).await?;
+        let stop = CancellationToken::new();
+        let reader = (turn % 2 == 0).then(|| {
+            let targets = vec![(agent_addr.clone(), "/metrics"), (rv_addr.clone(), "/api/status")];
+            scraper(targets, token.expose().to_owned(), stop.clone())
+        });
+        put_all(
+            agent.url(),
+            Some(token.expose()),
+            encode(&schema, &batches, &DataPath::data(&job, Split::Train)),
+        )
+        .await?;
+        let end = Action::EndOfData(kindling_schemas::action::EndOfData {
+            job_id: job.clone(),
+            split: Split::Train,
+            expected_rows: Some(rows as u64),
+        });
+        kindling_agent_action(agent.url(), &token, end).await?;
+        let status = loop {
+            let body = kindling_agent_action(
+                agent.url(),
+                &token,
+                Action::JobStatus(kindling_schemas::action::JobRef { job_id: job.clone() }),
+            )
+            .await?;
+            let status: kindling_schemas::action::AgentJobStatus = serde_json::from_slice(&body)?;
+            if status.state.is_terminal() {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        stop.cancel();
+        anyhow::ensure!(
+            status.state == kindling_schemas::action::AgentJobState::Succeeded,
+            "job {job}: {:?} {:?}",
+            status.state,
+            status.error
+        );
+        let rate =
+            status.history.iter().map(|h| h.samples_per_sec).sum::<f64>() / status.history.len() as f64;
+        match reader {
+            Some(r) => {
+                reads += r.await??;
+                with.push(rate);
+            }
+            None => without.push(rate),
+        }
+    }
+    agent.shutdown_and_wait().await;
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (on, off) = (median(with), median(without));
+    println!(
+        "| training ({rows} rows, MLP, 1 agent) while /metrics and /api/status are each read 20×/s ({reads} reads) | {on:.0} samples/s | {off:.0} samples/s (not read, same agent, turns alternating) | {:.3}× |",
+        on / off
+    );
+    Ok(())
+}
+
+async fn kindling_agent_action(url: &str, token: &Token, action: Action) -> anyhow::Result<Vec<u8>> {
     let channel = tonic::transport::Endpoint::from_shared(url.to_owned())?
         .connect()
         .await?;
@@ -563,10 +667,11 @@ async fn kindling_agent_action(url: &str, token: &Token, action: Action) -> anyh
         Ok(r)
     });
     let mut results = client.do_action(action.to_flight()).await?.into_inner();
+    let mut body = Vec::new();
     while let Some(r) = results.next().await {
-        r?;
+        body = r?.body.to_vec();
     }
-    Ok(())
+    Ok(body)
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

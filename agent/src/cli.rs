@@ -20,9 +20,33 @@ pub struct TokenArgs {
     /// Run without authentication (development on loopback only).
     #[arg(long)]
     pub allow_unauthenticated: bool,
+    /// File holding the *viewer* token: it reads `/metrics` (and, on the
+    /// rendezvous, the status page) and nothing else. Give it to Prometheus
+    /// and to people watching instead of the operator token.
+    #[arg(long, env = "KINDLING_VIEWER_TOKEN_FILE")]
+    pub viewer_token_file: Option<PathBuf>,
 }
 
 impl TokenArgs {
+    /// The viewer token, if a file names one; it must differ from the
+    /// operator token.
+    pub fn read_viewer(&self, operator: Option<&Token>) -> Result<Option<Token>, TokenError> {
+        let Some(path) = &self.viewer_token_file else {
+            return Ok(None);
+        };
+        let viewer = Token::read(Some(path), None)?;
+        if let (Some(v), Some(op)) = (&viewer, operator)
+            && op.matches(v.expose())
+        {
+            return Err(TokenError::Invalid(format!(
+                "the viewer token in {} is the operator token: a viewer must not be able to do what the \
+                 operator does",
+                path.display()
+            )));
+        }
+        Ok(viewer)
+    }
+
     /// The token; `None` only with `--allow-unauthenticated`.
     pub fn read(&self) -> Result<Option<Token>, TokenError> {
         let token = Token::read(self.token_file.as_deref(), self.token.as_deref())?;

@@ -1,8 +1,6 @@
 //! Prometheus metrics at `/metrics` on the agent's and the rendezvous' own
-//! port: HTTP/1.1 told apart from gRPC by its first bytes (or TLS ALPN
-//! `http/1.1`), so the same TLS and the same bearer token guard it as every
-//! other call there; only the operator token reads it (metrics span every
-//! job). Probes stay open on the health port.
+//! port (served by [`crate::http`]: the same TLS as every other call there,
+//! the operator or the viewer token).
 //!
 //! The text exposition format (version 0.0.4), rendered on each scrape from
 //! the live state; no series outlives what it describes — a job's series go
@@ -12,13 +10,7 @@
 
 use std::fmt::Write as _;
 
-use kindling_schemas::auth::{BearerCheck, Caller};
 use kindling_schemas::rendezvous::{AgentInfo, JobStatus};
-use kindling_schemas::tls::Conn;
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-
-use crate::health::{read_head, write_response};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -69,77 +61,6 @@ fn number(v: f64) -> String {
     }
 }
 
-/// Serves `GET /metrics` on the HTTP/1.1 connections of a port, rendering
-/// `scrape()` for each request from the operator.
-pub async fn serve<F>(mut conns: mpsc::Receiver<Conn>, check: BearerCheck, stop: CancellationToken, scrape: F)
-where
-    F: Fn() -> String + Send + Sync + 'static,
-{
-    let scrape = std::sync::Arc::new(scrape);
-    loop {
-        let mut conn = tokio::select! {
-            _ = stop.cancelled() => return,
-            c = conns.recv() => match c {
-                Some(c) => c,
-                None => return,
-            },
-        };
-        let (check, scrape) = (check.clone(), scrape.clone());
-        tokio::spawn(async move {
-            let (status, body, head_only) = match read_head(&mut conn).await {
-                Ok(Some(Ok(head))) => {
-                    let (status, body) = answer(
-                        &head.method,
-                        &head.path,
-                        head.authorization.as_deref(),
-                        &check,
-                        &*scrape,
-                    );
-                    (status, body, head.method == "HEAD")
-                }
-                Ok(Some(Err(()))) => ("400 Bad Request", "bad request\n".to_owned(), false),
-                _ => return,
-            };
-            let content_type = if status.starts_with("200") {
-                CONTENT_TYPE
-            } else {
-                "text/plain"
-            };
-            let _ = write_response(&mut conn, status, content_type, body.as_bytes(), head_only).await;
-        });
-    }
-}
-
-fn answer(
-    method: &str,
-    path: &str,
-    authorization: Option<&str>,
-    check: &BearerCheck,
-    scrape: &(dyn Fn() -> String + Send + Sync),
-) -> (&'static str, String) {
-    if !matches!(method, "GET" | "HEAD") {
-        return ("405 Method Not Allowed", "method not allowed\n".into());
-    }
-    if path != "/metrics" {
-        return (
-            "404 Not Found",
-            "not found: this port serves /metrics over HTTP\n".into(),
-        );
-    }
-    let token = authorization.and_then(|a| a.strip_prefix("Bearer "));
-    match check.caller_of(token) {
-        Ok(Caller::Operator) => ("200 OK", scrape()),
-        Ok(Caller::Job(_)) => (
-            "403 Forbidden",
-            "a job credential cannot read /metrics (they span every job): use the operator token\n".into(),
-        ),
-        Err(status) => (
-            "401 Unauthorized",
-            format!("{}: send `authorization: Bearer <token>`\n", status.message()),
-        ),
-    }
-}
-
 /// The rendezvous' metrics, from its jobs and registered agents.
 pub fn rendezvous(jobs: &[JobStatus], agents: &[AgentInfo]) -> String {
     let mut e = Exposition::default();
@@ -151,10 +72,7 @@ pub fn rendezvous(jobs: &[JobStatus], agents: &[AgentInfo]) -> String {
     e.sample("kindling_rendezvous_agents", &[], agents.len() as f64);
     e.family("kindling_rendezvous_jobs", "gauge", "Jobs by state.");
     for state in ["ganging", "running", "succeeded", "failed", "cancelled"] {
-        let n = jobs
-            .iter()
-            .filter(|j| format!("{:?}", j.state).to_lowercase() == state)
-            .count();
+        let n = jobs.iter().filter(|j| j.state.as_str() == state).count();
         e.sample("kindling_rendezvous_jobs", &[("state", state)], n as f64);
     }
     e.family(
@@ -291,32 +209,6 @@ pub(crate) mod tests {
         assert!(
             page.contains("kindling_rendezvous_jobs{state=\"running\"} 2"),
             "{page}"
-        );
-    }
-
-    #[test]
-    fn only_the_operator_reads_metrics() {
-        let check = BearerCheck::new(Some(kindling_schemas::auth::Token::new("t")));
-        let scrape = || "m 1\n".to_owned();
-        assert_eq!(
-            answer("GET", "/metrics", Some("Bearer t"), &check, &scrape).0,
-            "200 OK"
-        );
-        assert_eq!(
-            answer("GET", "/metrics", None, &check, &scrape).0,
-            "401 Unauthorized"
-        );
-        assert_eq!(
-            answer("GET", "/metrics", Some("Bearer x"), &check, &scrape).0,
-            "401 Unauthorized"
-        );
-        assert_eq!(
-            answer("GET", "/", Some("Bearer t"), &check, &scrape).0,
-            "404 Not Found"
-        );
-        assert_eq!(
-            answer("POST", "/metrics", Some("Bearer t"), &check, &scrape).0,
-            "405 Method Not Allowed"
         );
     }
 }

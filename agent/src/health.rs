@@ -146,8 +146,12 @@ pub struct Head {
     pub method: String,
     /// The path, without the query string.
     pub path: String,
+    /// The query string (after `?`), if any.
+    pub query: Option<String>,
     /// The `authorization` header, if any.
     pub authorization: Option<String>,
+    /// The `cookie` header, if any.
+    pub cookie: Option<String>,
 }
 
 /// Reads one request head (at most [`MAX_HEAD_BYTES`], within the read
@@ -185,17 +189,29 @@ pub async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<
     if method.is_empty() || path.is_empty() {
         return Ok(Some(Err(())));
     }
-    let authorization = lines.find_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("authorization")
-            .then(|| value.trim().to_owned())
-    });
+    let (mut authorization, mut cookie) = (None, None);
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let name = name.trim();
+        if name.eq_ignore_ascii_case("authorization") {
+            authorization = Some(value.trim().to_owned());
+        } else if name.eq_ignore_ascii_case("cookie") {
+            cookie = Some(value.trim().to_owned());
+        }
+    }
+    // Probes may add a query string (`/readyz?verbose`); they ignore it.
+    let (path, query) = match path.split_once('?') {
+        Some((path, query)) => (path, Some(query.to_owned())),
+        None => (path, None),
+    };
     Ok(Some(Ok(Head {
         method: method.to_owned(),
-        // Probes may add a query string (`/readyz?verbose`); ignore it.
-        path: path.split('?').next().unwrap_or("").to_owned(),
+        path: path.to_owned(),
+        query,
         authorization,
+        cookie,
     })))
 }
 
@@ -207,8 +223,26 @@ pub async fn write_response<S: AsyncWrite + Unpin>(
     body: &[u8],
     head_only: bool,
 ) -> std::io::Result<()> {
+    write_response_with(stream, status, content_type, &[], body, head_only).await
+}
+
+/// [`write_response`] with more headers (`name: value` lines, each without
+/// its line end).
+pub async fn write_response_with<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    status: &str,
+    content_type: &str,
+    headers: &[String],
+    body: &[u8],
+    head_only: bool,
+) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
     let mut response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "{head}content-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();

@@ -174,7 +174,10 @@ impl PutStream {
         let cached = match stored {
             Ok(cached) => cached,
             Err(e @ AgentError::SpillFull { .. }) => {
-                tracing::error!(job = %self.job.job_id, error = %e, "spill directory full: the job fails");
+                self.job.report(
+                    kindling_schemas::action::EventLevel::Error,
+                    &format!("spill directory full, the job fails: {e}"),
+                );
                 self.job.fail_and_drop_data(e.to_string());
                 return Err(e);
             }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kindling_schemas::action::{AgentJobState, AgentJobStatus};
+use kindling_schemas::action::{AgentJobState, AgentJobStatus, EventLevel};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::credential::Role;
@@ -193,6 +193,8 @@ pub struct JobData {
     pub ingest: IngestState,
     /// Layout agreed by the first accepted stream of each split.
     pub layout: Option<FeatureLayout>,
+    /// Its warnings, errors and failed attempts.
+    pub log: crate::joblog::JobLog,
 }
 
 /// A job on this agent.
@@ -241,6 +243,7 @@ impl Job {
             error: None,
             ingest: IngestState::new(&spill, env.budget.clone()),
             layout: None,
+            log: Default::default(),
         };
         Arc::new(Job {
             job_id,
@@ -266,6 +269,22 @@ impl Job {
     /// Wakes whoever waits for data (called after commits and end-of-data).
     pub fn notify_data(&self) {
         self.data_changed.send_modify(|v| *v += 1);
+    }
+
+    /// Logs a warning or an error of this job, with its job, rank and
+    /// attempt as fields, and keeps it in the job's log: `job_status`, the
+    /// rendezvous' status page and the client that started the job show it.
+    pub fn report(&self, level: EventLevel, message: &str) {
+        let (rank, attempt) = {
+            let mut d = self.lock();
+            let (rank, attempt) = (d.rank, d.attempt);
+            d.log.push(level, &self.env.agent_id, rank, attempt, message);
+            (rank, attempt)
+        };
+        match level {
+            EventLevel::Warn => tracing::warn!(job = %self.job_id, rank, attempt, "{message}"),
+            EventLevel::Error => tracing::error!(job = %self.job_id, rank, attempt, "{message}"),
+        }
     }
 
     fn set_state(&self, state: AgentJobState) {
@@ -302,6 +321,9 @@ impl Job {
             resumed_from_epoch: p.resumed_from_epoch,
             error: d.error.clone(),
             device: self.device.clone(),
+            failed_attempts: d.log.failed_attempts(),
+            step_losses: p.step_losses.points().to_vec(),
+            events: d.log.events(),
         }
     }
 
@@ -339,10 +361,17 @@ impl Job {
     }
 
     fn fail(&self, cause: String) {
-        let mut d = self.lock();
-        if !d.state.is_terminal() {
-            d.state = AgentJobState::Failed;
-            d.error = Some(cause);
+        let failed = {
+            let mut d = self.lock();
+            let failing = !d.state.is_terminal();
+            if failing {
+                d.state = AgentJobState::Failed;
+                d.error = Some(cause.clone());
+            }
+            failing
+        };
+        if failed {
+            self.report(EventLevel::Error, &format!("the job failed: {cause}"));
         }
     }
 
@@ -418,7 +447,7 @@ impl Job {
                 over = gang.attempt_over() => {
                     match over {
                         Ok(_) => tracing::info!(job = %self.job_id, attempt, "attempt over at the rendezvous"),
-                        Err(e) => tracing::warn!(job = %self.job_id, attempt, error = %e, "lost the watch of the attempt"),
+                        Err(e) => self.report(EventLevel::Warn, &format!("lost the watch of the attempt: {e}")),
                     }
                     attempt_cancel.cancel();
                     work.await
@@ -429,7 +458,10 @@ impl Job {
                 Ok(model) => {
                     *self.model.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(model));
                     if let Err(e) = gang.complete().await {
-                        tracing::warn!(job = %self.job_id, error = %rv_error(e), "could not report completion");
+                        self.report(
+                            EventLevel::Warn,
+                            &format!("could not report completion: {}", rv_error(e)),
+                        );
                     }
                     self.set_state(AgentJobState::Succeeded);
                     return;
@@ -438,7 +470,8 @@ impl Job {
                     if self.cancel.is_cancelled() {
                         return;
                     }
-                    tracing::warn!(job = %self.job_id, attempt, error = %e, "attempt failed");
+                    self.lock().log.attempt_failed(attempt, &e.to_string());
+                    self.report(EventLevel::Error, &format!("attempt {attempt} failed: {e}"));
                     self.set_state(AgentJobState::Recovering);
                     // Tell the rendezvous unless it told us (then this is a no-op there).
                     if let Err(re) = gang.report_failure(&e.to_string()).await {

@@ -164,6 +164,7 @@ impl TryFrom<&Cli> for AgentConfig {
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
         let token = cli.auth.read()?;
+        let viewer_token = cli.auth.read_viewer(token.as_ref())?;
         let node_name = cli
             .node_name
             .clone()
@@ -219,6 +220,7 @@ impl TryFrom<&Cli> for AgentConfig {
             node_name,
             capacity: cli.capacity,
             token,
+            viewer_token,
             rendezvous: Some(rendezvous),
             work_dir: cli.work_dir.clone(),
             memory_budget: cli.memory_budget,

@@ -13,6 +13,38 @@ use crate::exposition::Exposition;
 use crate::registry::JobRegistry;
 
 /// An agent's metrics.
+/// The report an agent's heartbeats carry to the rendezvous' status page
+/// ([`AgentReport`](kindling_schemas::rendezvous::AgentReport) JSON): its
+/// cache and every job it holds, each job's sampled step losses and events
+/// already bounded; the oldest epochs of a very long run are left out to
+/// stay within [`MAX_REPORT_BYTES`](kindling_schemas::rendezvous::MAX_REPORT_BYTES).
+pub fn report(jobs: &JobRegistry, budget: &MemoryBudget) -> Vec<u8> {
+    let mut report = kindling_schemas::rendezvous::AgentReport {
+        cache_budget_bytes: budget.limit(),
+        cache_bytes_memory: 0,
+        cache_bytes_disk: 0,
+        jobs: jobs.all().iter().map(|j| j.status()).collect(),
+    };
+    for s in &report.jobs {
+        report.cache_bytes_memory += s.cache_bytes_memory;
+        report.cache_bytes_disk += s.cache_bytes_disk;
+    }
+    let mut keep = usize::MAX;
+    loop {
+        for s in &mut report.jobs {
+            let drop = s.history.len().saturating_sub(keep);
+            s.history.drain(..drop);
+            let drop = s.rows_trained_per_epoch.len().saturating_sub(keep);
+            s.rows_trained_per_epoch.drain(..drop);
+        }
+        let json = serde_json::to_vec(&report).unwrap_or_default();
+        if json.len() <= kindling_schemas::rendezvous::MAX_REPORT_BYTES || keep == 0 {
+            return json;
+        }
+        keep = report.jobs.iter().map(|s| s.history.len()).max().unwrap_or(0) / 2;
+    }
+}
+
 pub fn agent(jobs: &JobRegistry, budget: &MemoryBudget) -> String {
     let agent = jobs.agent_id().to_owned();
     let mut e = Exposition::default();

@@ -317,10 +317,14 @@ mod tests {
                 .build()
                 .expect("spec");
             let device = Device::flex().autodiff();
-            let mut ours = vec![
-                LinearConfig::new(4, 8).init(&device),
-                LinearConfig::new(8, 3).init(&device),
-            ];
+            // Drawn under the registry's init lock: a seeded build in another
+            // test of this process must not see these draws.
+            let mut ours = crate::params::drawn(|| {
+                vec![
+                    LinearConfig::new(4, 8).init(&device),
+                    LinearConfig::new(8, 3).init(&device),
+                ]
+            });
             let mut theirs = ours.clone();
             let mut weights = params::flat_weights(&ours);
             let mut flat = FlatOptimizer::new(&spec.optimizer, weights.len());

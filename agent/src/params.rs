@@ -2,9 +2,10 @@
 //! gradients into one `f32` buffer for the all-reduce; weights into one
 //! buffer for the optimizer (the `optim` module) and back into the model; and
 //! weights into an Arrow table (name, shape, values) that any language can
-//! read, and back.
+//! read, and back. Also the lock every model construction holds while it
+//! draws its initial weights from burn's process-wide RNG.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow::array::{Array, AsArray, Float32Array, ListArray, RecordBatch, StringArray, UInt64Array};
 use arrow::buffer::OffsetBuffer;
@@ -14,6 +15,39 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Tensor, TensorData};
 
 use crate::error::AgentError;
+
+/// burn's CPU backend draws every random tensor from one process-wide RNG.
+/// Every model construction holds this lock, so a seeded construction
+/// (`ModelRegistry::build_seeded`) cannot have another one (a model built
+/// to load weights into, another job's init) draw from the RNG between
+/// seeding and building.
+static INIT: Mutex<()> = Mutex::new(());
+
+pub(crate) fn init_lock() -> MutexGuard<'static, ()> {
+    INIT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Builds burn modules outside the registry (tests) the way the registry
+/// does: under the init lock, every parameter drawn before it is released,
+/// so they cannot draw from the process-wide RNG while a seeded build runs.
+#[cfg(test)]
+pub(crate) fn drawn<M: Module>(build: impl FnOnce() -> M) -> M {
+    let _guard = init_lock();
+    materialized(build())
+}
+
+/// burn initialises parameters lazily, on first use; draw them all now,
+/// while the caller holds the init lock.
+pub(crate) fn materialized<M: Module>(model: M) -> M {
+    struct Draw;
+    impl ModuleVisitor for Draw {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let _ = param.val();
+        }
+    }
+    model.visit(&mut Draw);
+    model
+}
 
 struct Flatten<'a> {
     grads: &'a GradientsParams,

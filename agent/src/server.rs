@@ -46,6 +46,8 @@ pub struct AgentConfig {
     pub capacity: u32,
     /// Bearer token required from callers and sent to peers.
     pub token: Option<Token>,
+    /// A token that reads `/metrics` and nothing else (for Prometheus).
+    pub viewer_token: Option<Token>,
     /// Rendezvous to register with (none: not registered, only reachable directly).
     pub rendezvous: Option<String>,
     /// Node-local directory for spill files and checkpoints.
@@ -94,6 +96,7 @@ impl AgentConfig {
             advertise_host: None,
             capacity: 1,
             token: None,
+            viewer_token: None,
             rendezvous: None,
             work_dir: work_dir.into(),
             memory_budget: 1 << 30,
@@ -298,7 +301,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .clone()
         .unwrap_or_else(|| addr.ip().to_string());
     let tls = config.channel.tls.clone().filter(|t| t.serves());
-    let scheme = if tls.is_some() { "https" } else { "http" };
+    let secure = tls.is_some();
+    let scheme = if secure { "https" } else { "http" };
     let url = format!("{scheme}://{host}:{}", addr.port());
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -349,16 +353,17 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
-    let scrape = {
+    let pages: crate::http::Pages = {
         let (jobs, budget) = (jobs.clone(), env_budget.clone());
-        move || crate::metrics::agent(&jobs, &budget)
+        Arc::new(move |path: &str| {
+            (path == "/metrics").then(|| crate::http::Page {
+                content_type: crate::exposition::CONTENT_TYPE,
+                body: crate::metrics::agent(&jobs, &budget).into_bytes(),
+            })
+        })
     };
-    tokio::spawn(crate::exposition::serve(
-        routed.http,
-        check,
-        cancel.clone(),
-        scrape,
-    ));
+    let auth = crate::http::HttpAuth::new(check, config.viewer_token.clone(), secure);
+    tokio::spawn(crate::http::serve(routed.http, auth, cancel.clone(), pages));
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: ring connections live as long as
         // their rings, and their peers must see them end at once.
@@ -390,7 +395,14 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         {
             Ok(client) => {
                 let client = client.with_outage_bound(config.rendezvous_outage);
-                client.register(info).await.map(|lease| (client, lease))
+                let report: kindling_schemas::rendezvous::ReportFn = {
+                    let (jobs, budget) = (jobs.clone(), env_budget.clone());
+                    Arc::new(move || crate::metrics::report(&jobs, &budget))
+                };
+                client
+                    .register_reporting(info, Some(report))
+                    .await
+                    .map(|lease| (client, lease))
             }
             Err(e) => Err(e),
         };

@@ -64,6 +64,8 @@ pub struct Progress {
     pub resumed_from_epoch: Option<u32>,
     /// Where this rank's step time went, this attempt.
     pub step_times: StepTimes,
+    /// The loss per step, sampled over the whole run.
+    pub step_losses: crate::joblog::StepSamples,
 }
 
 /// Everything one rank needs to train one attempt.
@@ -317,6 +319,9 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             let mut p = lock(&ctx.progress);
             p.step = step;
             p.loss = (n_total > 0.0).then(|| step_loss / n_total);
+            if let Some(loss) = p.loss {
+                p.step_losses.push(epoch, step, loss);
+            }
             p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
             p.step_times = times.clone();
         }
@@ -335,6 +340,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
             eval_loss,
             eval_accuracy,
             samples_per_sec: rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            wall_secs: Some(started.elapsed().as_secs_f64()),
         };
         tracing::info!(job = %ctx.job_id, rank, epoch, loss = metrics.train_loss, ?eval_accuracy, "epoch done");
         history.push(metrics);

@@ -29,6 +29,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 const TOKEN: &str = "deploy-test-token";
+/// The viewer token the manifests mount: reads `/metrics` and the status page only.
+const VIEWER_TOKEN: &str = "deploy-test-viewer-token";
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-agent");
 const RENDEZVOUS_BIN: &str = env!("CARGO_BIN_EXE_kindling-rendezvous");
 
@@ -222,6 +224,8 @@ impl Cluster {
             "deploy-test-credential-key-0123456789\n",
         )
         .expect("credential key file");
+        std::fs::write(dir.path().join("viewer-token"), format!("{VIEWER_TOKEN}\n"))
+            .expect("viewer token file");
         let port = free_port();
         let cluster = Cluster {
             dir,
@@ -278,6 +282,10 @@ impl Cluster {
             ),
             ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.clone()),
             ("KINDLING_TOKEN_FILE".to_owned(), token_file.display().to_string()),
+            (
+                "KINDLING_VIEWER_TOKEN_FILE".to_owned(),
+                dir.join("viewer-token").display().to_string(),
+            ),
             ("KINDLING_RENDEZVOUS_LEASE_MS".to_owned(), "600".to_owned()),
             (
                 "KINDLING_RENDEZVOUS_STATE_DIR".to_owned(),
@@ -328,6 +336,10 @@ impl Cluster {
             (
                 "KINDLING_TOKEN_FILE".to_owned(),
                 self.token_file.display().to_string(),
+            ),
+            (
+                "KINDLING_VIEWER_TOKEN_FILE".to_owned(),
+                self.dir.path().join("viewer-token").display().to_string(),
             ),
             ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
             ("KINDLING_MEMORY_BUDGET".to_owned(), budget.to_owned()),

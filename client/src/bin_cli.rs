@@ -449,21 +449,25 @@ async fn job_status(
         println!("  no epoch completed yet");
         return Ok(());
     }
-    println!("  epoch  train loss   eval loss   accuracy   samples/s       rows");
+    println!("  epoch  train loss   eval loss   accuracy   samples/s     wall s       rows");
     for h in &s.history {
         let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.4}"));
         println!(
-            "  {:>5}  {:>10.4}  {:>10}  {:>9}  {:>10.0}  {:>9}",
+            "  {:>5}  {:>10.4}  {:>10}  {:>9}  {:>10.0}  {:>9}  {:>9}",
             h.epoch,
             h.train_loss,
             opt(h.eval_loss),
             opt(h.eval_accuracy),
             h.samples_per_sec,
+            h.wall_secs.map_or("-".to_owned(), |w| format!("{w:.2}")),
             h.rows
         );
     }
     let losses: Vec<f64> = s.history.iter().map(|h| h.train_loss).collect();
     println!("  train loss {}", sparkline(&losses));
+    for e in &s.events {
+        println!("  {}", kindling::job::agent_log_line(job, e));
+    }
     Ok(())
 }
 

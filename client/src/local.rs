@@ -42,6 +42,9 @@ pub struct LocalClusterConfig {
     /// The agents' job-credential key (a random one by default): executor
     /// push then hands the executors a producer credential, not the token.
     pub credentials: Option<kindling_schemas::credential::CredentialKey>,
+    /// A token that reads the rendezvous' status page and every `/metrics`
+    /// and nothing else; `None` (the default): only the operator token does.
+    pub viewer_token: Option<Token>,
 }
 
 impl LocalClusterConfig {
@@ -65,6 +68,7 @@ impl LocalClusterConfig {
             tls: None,
             finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
             credentials: Some(kindling_schemas::credential::CredentialKey::generate()),
+            viewer_token: None,
         }
     }
 }
@@ -104,6 +108,7 @@ impl LocalCluster {
         };
         let rendezvous = EmbeddedRendezvous::start_with(ServerConfig {
             tls: config.tls.clone(),
+            viewer_token: config.viewer_token.clone(),
             ..ServerConfig::new(rv_config, config.token.clone())
         })
         .await?;
@@ -144,6 +149,7 @@ impl LocalCluster {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let mut c = AgentConfig::local(format!("local-agent-{}", &id[..8]), self.config.work_dir.clone());
         c.token = self.config.token.clone();
+        c.viewer_token = self.config.viewer_token.clone();
         c.rendezvous = Some(self.rendezvous_url());
         c.memory_budget = self.config.memory_budget;
         c.collective_timeout = self.config.collective_timeout;

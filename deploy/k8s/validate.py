@@ -7,16 +7,26 @@ of named DaemonSets). Schemas: kubernetes-validate, strict (unknown fields
 are errors), offline.
 
 On each rendered overlay also: TLS files lie in mounted Secrets (made by
-Certificates under cert-manager), and the NetworkPolicies admit to each gRPC
-port of the agents and the rendezvous exactly the pods in GRPC_PEERS, resolved
-through the labels of the rendered pod templates (check_network_policies).
+Certificates under cert-manager), the NetworkPolicies admit to each gRPC
+port of the agents and the rendezvous exactly the pods in GRPC_PEERS (and the
+overlay's EXTERNAL_PEERS), resolved through the labels of the rendered pod
+templates (check_network_policies), every namespaced object lies in the
+base's namespace, and each server reads its operator and viewer tokens from
+two different rendered Secrets (check_tokens). Where an overlay monitors
+(overlays/monitoring): the ServiceMonitor and PodMonitor reach the servers'
+metrics port with the viewer token and TLS (check_monitors); the Grafana dashboard and the alerts name
+only metrics and labels the agent exports (agent/src/metrics.rs,
+agent/src/exposition.rs), and, with promtool installed, parse as PromQL and
+pass overlays/monitoring/alerts.test.yaml (check_promql_with_promtool).
 
 Usage: validate.py [--k8s-version 1.31.0] [--renderer auto|kubectl|builtin]
 """
 
 import argparse
 import copy
+import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,10 +36,12 @@ import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent
+REPO = ROOT.parents[1]
 # Each overlay and the image variant (tag suffix) its agents must run.
-OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu"}
-# Not Kubernetes objects on their own: kustomize inputs and partial patches.
-NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml"}
+OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu", "monitoring": "cpu"}
+# Not Kubernetes objects on their own: kustomize inputs, partial patches,
+# promtool's unit tests of the alerts.
+NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml", "alerts.test.yaml"}
 
 
 def docs(path):
@@ -71,10 +83,140 @@ def check_cert_manager(obj, where, name, errors):
         bad("unexpected cert-manager kind")
 
 
+# prometheus-operator's CRDs (monitoring.coreos.com/v1) have no schema here
+# either: the fields these manifests may use, as in its Go types (v0.58 or
+# later: `enableHttp2` on scrape endpoints). An unknown field is an error, as
+# strict validation makes it for the built-in kinds (`enableHTTP2` is the
+# ScrapeConfig CRD's spelling, ignored here).
+MONITOR_SPEC_FIELDS = {
+    "jobLabel", "podTargetLabels", "selector", "selectorMechanism", "namespaceSelector", "sampleLimit",
+    "targetLimit", "scrapeProtocols", "fallbackScrapeProtocol", "labelLimit", "labelNameLengthLimit",
+    "labelValueLengthLimit", "keepDroppedTargets", "attachMetadata", "scrapeClass", "bodySizeLimit",
+}
+MONITOR_KINDS = {
+    # kind: (its endpoints' field, fields of its spec only, fields of its endpoints only)
+    "ServiceMonitor": ("endpoints", {"targetLabels", "serviceDiscoveryRole"}, {"bearerTokenFile"}),
+    "PodMonitor": ("podMetricsEndpoints", set(), {"portNumber"}),
+}
+ENDPOINT_FIELDS = {
+    "port", "targetPort", "path", "scheme", "params", "interval", "scrapeTimeout", "honorLabels",
+    "honorTimestamps", "trackTimestampsStaleness", "metricRelabelings", "relabelings", "filterRunning",
+    "authorization", "basicAuth", "oauth2", "bearerTokenSecret", "followRedirects", "enableHttp2",
+    "enableCompression", "tlsConfig", "proxyUrl", "noProxy", "proxyFromEnvironment", "proxyConnectHeader",
+}
+TLS_FIELDS = {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify", "minVersion", "maxVersion"}
+RULE_GROUP_FIELDS = {"name", "labels", "interval", "query_offset", "rules", "partial_response_strategy", "limit"}
+RULE_FIELDS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
+SEVERITIES = {"critical", "warning", "info"}
+DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")
+
+
+def secret_key(ref):
+    """A SecretKeySelector as (name, key), or None if it lacks either."""
+    if isinstance(ref, dict) and ref.get("name") and ref.get("key"):
+        return ref["name"], ref["key"]
+    return None
+
+
+def check_prometheus_operator(obj, where, name, errors):
+    """The monitoring.coreos.com kinds these manifests use, on their own;
+    check_monitors checks what they point at in a rendered overlay."""
+    spec = obj.get("spec") or {}
+    bad = lambda msg: errors.append(f"{where}: {name}: {msg}")  # noqa: E731
+    if obj.get("apiVersion") != "monitoring.coreos.com/v1":
+        bad(f"apiVersion {obj.get('apiVersion')!r} is not monitoring.coreos.com/v1")
+    kind = obj.get("kind")
+    if kind in MONITOR_KINDS:
+        field, spec_only, endpoint_only = MONITOR_KINDS[kind]
+        unknown = set(spec) - MONITOR_SPEC_FIELDS - spec_only - {field}
+        if unknown:
+            bad(f"unknown fields {sorted(unknown)}")
+        selector = spec.get("selector") or {}
+        if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+            bad("no selector: it would scrape every pod or Service of its namespaces")
+        if (spec.get("namespaceSelector") or {}).get("any"):
+            bad("namespaceSelector.any: scrapes every namespace")
+        endpoints = spec.get(field) or []
+        if not endpoints:
+            bad(f"no {field}")
+        for i, ep in enumerate(endpoints):
+            at = f"{field}[{i}]"
+            unknown = set(ep) - ENDPOINT_FIELDS - endpoint_only
+            if unknown:
+                bad(f"{at}: unknown fields {sorted(unknown)}")
+            if not isinstance(ep.get("port"), str):
+                bad(f"{at}: no port name")
+            if str(ep.get("scheme", "http")).lower() not in ("http", "https"):
+                bad(f"{at}: scheme {ep.get('scheme')!r} is not http or https")
+            for d in ("interval", "scrapeTimeout"):
+                if d in ep and not DURATION.match(str(ep[d])):
+                    bad(f"{at}: {d} {ep[d]!r} is not a duration")
+            auth = ep.get("authorization")
+            if auth is not None:
+                if set(auth) - {"type", "credentials"}:
+                    bad(f"{at}.authorization: unknown fields {sorted(set(auth) - {'type', 'credentials'})}")
+                if str(auth.get("type", "Bearer")).lower() == "basic":
+                    bad(f"{at}.authorization: type Basic is not supported there")
+                if secret_key(auth.get("credentials")) is None:
+                    bad(f"{at}.authorization: credentials needs a Secret name and key")
+            tls = ep.get("tlsConfig")
+            if tls is not None:
+                if set(tls) - TLS_FIELDS:
+                    bad(f"{at}.tlsConfig: unknown fields {sorted(set(tls) - TLS_FIELDS)}")
+                if tls.get("insecureSkipVerify"):
+                    bad(f"{at}.tlsConfig: insecureSkipVerify sends the token to whoever answers")
+                for k in ("ca", "cert"):
+                    if k in tls and (set(tls[k]) != {"secret"} or secret_key(tls[k]["secret"]) is None):
+                        bad(f"{at}.tlsConfig.{k}: needs secret: {{name, key}}")
+                if "keySecret" in tls and secret_key(tls["keySecret"]) is None:
+                    bad(f"{at}.tlsConfig.keySecret: needs a Secret name and key")
+    elif kind == "PrometheusRule":
+        if set(spec) - {"groups"}:
+            bad(f"unknown fields {sorted(set(spec) - {'groups'})}")
+        groups = spec.get("groups") or []
+        if not groups:
+            bad("no groups")
+        seen_groups, seen_alerts = set(), set()
+        for g in groups:
+            gname = g.get("name")
+            if not gname or gname in seen_groups:
+                bad(f"group name {gname!r} missing or repeated")
+            seen_groups.add(gname)
+            if set(g) - RULE_GROUP_FIELDS:
+                bad(f"group {gname}: unknown fields {sorted(set(g) - RULE_GROUP_FIELDS)}")
+            if not g.get("rules"):
+                bad(f"group {gname}: no rules")
+            for r in g.get("rules") or []:
+                rname = r.get("alert") or r.get("record")
+                at = f"group {gname}: {rname}"
+                if set(r) - RULE_FIELDS:
+                    bad(f"{at}: unknown fields {sorted(set(r) - RULE_FIELDS)}")
+                if ("alert" in r) == ("record" in r):
+                    bad(f"{at}: needs exactly one of alert, record")
+                if not isinstance(r.get("expr"), str) or not r["expr"].strip():
+                    bad(f"{at}: no expr")
+                for d in ("for", "keep_firing_for"):
+                    if d in r and not DURATION.match(str(r[d])):
+                        bad(f"{at}: {d} {r[d]!r} is not a duration")
+                if "alert" in r:
+                    if r["alert"] in seen_alerts:
+                        bad(f"{at}: alert named twice")
+                    seen_alerts.add(r["alert"])
+                    if (r.get("labels") or {}).get("severity") not in SEVERITIES:
+                        bad(f"{at}: labels.severity must be one of {sorted(SEVERITIES)}")
+                    if not (r.get("annotations") or {}).get("summary"):
+                        bad(f"{at}: no summary annotation")
+    else:
+        bad("unexpected monitoring.coreos.com kind")
+
+
 def check(obj, where, version, errors):
     name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
         check_cert_manager(obj, where, name, errors)
+        return name
+    if str(obj.get("apiVersion", "")).startswith("monitoring.coreos.com/"):
+        check_prometheus_operator(obj, where, name, errors)
         return name
     try:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -85,12 +227,22 @@ def check(obj, where, version, errors):
     return name
 
 
+# The files base/secrets must hold (git-ignored; each operator makes their
+# own): throwaway stand-ins, so validation never reads the real ones. The
+# viewer token differs from the token, as the servers require.
+PLACEHOLDER_SECRETS = {
+    "token": "validate-only-not-a-secret\n",
+    "credential-key": "validate-only-not-a-secret-key-of-32-bytes\n",
+    "viewer-token": "validate-only-not-a-secret-viewer\n",
+}
+
+
 def with_dummy_token(tmp):
-    """A copy of deploy/k8s whose secret generator has a (throwaway) token file."""
+    """A copy of deploy/k8s whose secret generators have (throwaway) files."""
     copy_root = pathlib.Path(tmp) / "k8s"
-    shutil.copytree(ROOT, copy_root, ignore=shutil.ignore_patterns("token", "credential-key"))
-    (copy_root / "base" / "secrets" / "token").write_text("validate-only-not-a-secret\n")
-    (copy_root / "base" / "secrets" / "credential-key").write_text("validate-only-not-a-secret-key-of-32-bytes\n")
+    shutil.copytree(ROOT, copy_root, ignore=shutil.ignore_patterns(*PLACEHOLDER_SECRETS))
+    for name, text in PLACEHOLDER_SECRETS.items():
+        (copy_root / "base" / "secrets" / name).write_text(text)
     return copy_root
 
 
@@ -151,15 +303,16 @@ def render_builtin(root, overlay):
                 raise SystemExit(f"secretGenerator {gen['name']}: missing {rel}")
         objs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]},
                      "type": "Opaque", "stringData": data})
-    for gen in base.get("configMapGenerator", []):
-        data = {pathlib.Path(f).name: (base_dir / f).read_text() for f in gen["files"]}
-        objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]},
-                     "data": data})
+    objs += generated_config_maps(base_dir, base)
+    for o in objs:
+        if o["kind"] != "Namespace":
+            o["metadata"]["namespace"] = base["namespace"]
     over_dir = root / "overlays" / overlay
     over = docs(over_dir / "kustomization.yaml")[0]
     for r in over.get("resources", []):
         if not r.startswith(".."):
             objs += docs(over_dir / r)
+    objs += generated_config_maps(over_dir, over)
     for p in over.get("patches", []):
         patch = docs(over_dir / p["path"])[0]
         target = p.get("target", {})
@@ -171,9 +324,33 @@ def render_builtin(root, overlay):
     for o in objs:
         set_images(o, base.get("images", []))
         set_images(o, over.get("images", []))
-        if o["kind"] != "Namespace":
-            o["metadata"]["namespace"] = base["namespace"]
+        # As kustomize: the base's namespace is the base's objects'; the
+        # overlay's own objects have none unless the overlay sets one.
+        if o["kind"] != "Namespace" and over.get("namespace"):
+            o["metadata"]["namespace"] = over["namespace"]
+        for pairs in over.get("labels", []):
+            o["metadata"].setdefault("labels", {}).update(pairs["pairs"])
     return objs
+
+
+def generated_config_maps(directory, kustomization):
+    for gen in kustomization.get("configMapGenerator", []):
+        meta = {"name": gen["name"]}
+        if (gen.get("options") or {}).get("labels"):
+            meta["labels"] = dict(gen["options"]["labels"])
+        data = {pathlib.Path(f).name: (directory / f).read_text() for f in gen["files"]}
+        yield {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def check_namespaces(objs, overlay, namespace, errors):
+    """Everything lands in the base's namespace: an overlay's own objects
+    get none from the base's `namespace:` (kustomize applies it to the
+    base's objects only), and `kubectl apply -k` would put them in the
+    context's namespace."""
+    for o in objs:
+        if o["kind"] != "Namespace" and o["metadata"].get("namespace") != namespace:
+            errors.append(f"overlays/{overlay}: {o['kind']}/{o['metadata']['name']} is in namespace "
+                          f"{o['metadata'].get('namespace')!r}, not {namespace!r} (set `namespace:` in the overlay)")
 
 
 def containers(objs, kind, name):
@@ -197,7 +374,9 @@ def check_tls(objs, overlay, errors):
     env_of = {}
     pods = [(o, pod_spec(o)) for o in objs]
     for cm in (o for o in objs if o["kind"] == "ConfigMap"):
-        for text in cm.get("data", {}).values():
+        for key, text in cm.get("data", {}).items():
+            if not key.endswith((".yaml", ".yml")):
+                continue
             for d in yaml.safe_load_all(text):
                 if isinstance(d, dict) and d.get("kind") == "Pod":
                     pods.append((d, d["spec"]))
@@ -257,6 +436,14 @@ GRPC_PEERS = {
 # traffic (driver <-> executors, the API server) no policy here allows.
 ISOLATED = {"agent", "rendezvous"}
 ANYONE = "anyone"
+# Peers outside the namespace, by overlay, and the gRPC ports they may reach,
+# exactly: Prometheus scrapes /metrics there (overlays/monitoring,
+# prometheus-network-policy.yaml).
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+EXTERNAL_PEERS = {
+    "monitoring": {("agent", 50051): [PROMETHEUS], ("rendezvous", 7070): [PROMETHEUS]},
+}
 
 
 def pod_templates(objs):
@@ -300,7 +487,7 @@ def pod_templates(objs):
                     if port is not None:
                         probe_ports.add(port)
         pods.append({"who": who, "role": role, "namespace": ns, "labels": meta.get("labels") or {},
-                     "ports": ports,
+                     "ports": ports, "spec": spec,
                      "probe_ports": {ports.get(p) if isinstance(p, str) else p for p in probe_ports}})
     return pods
 
@@ -356,11 +543,18 @@ def ingress_peers(policies, pod, number):
     return peers if isolated else None
 
 
+def canonical(peer):
+    return json.dumps(peer, sort_keys=True)
+
+
 def check_network_policies(objs, overlay, errors):
-    """The agents' and the rendezvous' gRPC ports admit exactly GRPC_PEERS,
-    their probe ports every source, and every selector in a policy matches
-    the labels of a pod the manifests make (a renamed label fails here)."""
+    """The agents' and the rendezvous' gRPC ports admit exactly GRPC_PEERS
+    and the overlay's EXTERNAL_PEERS, their probe ports every source, and
+    every selector in a policy matches the labels of a pod the manifests
+    make (a renamed label fails here)."""
     bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    external = EXTERNAL_PEERS.get(overlay, {})
+    known_external = [p for peers in external.values() for p in peers]
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     if not policies:
         bad("no NetworkPolicy")
@@ -389,8 +583,11 @@ def check_network_policies(objs, overlay, errors):
                 bad(f"{where} selects {name(t)}: only {sorted(ISOLATED)} may be isolated")
         for rule in spec.get("ingress") or []:
             for peer in rule.get("from") or []:
+                if peer in known_external:
+                    continue
                 if set(peer) != {"podSelector"}:
-                    bad(f"{where}: peer {peer} is not a podSelector of the namespace")
+                    bad(f"{where}: peer {peer} is not a podSelector of the namespace"
+                        " (nor in EXTERNAL_PEERS for this overlay)")
                 elif not matched(peer["podSelector"], ns):
                     bad(f"{where}: peer podSelector {peer['podSelector']} matches no pod template")
 
@@ -404,9 +601,12 @@ def check_network_policies(objs, overlay, errors):
         if peers is None:
             bad(f"{pod['who']}: no NetworkPolicy isolates it: every pod may connect to {number}")
             continue
-        if ANYONE in peers or any(set(p) != {"podSelector"} for p in peers):
-            bad(f"{pod['who']}: port {number} admits peers beyond the namespace's pods: {peers}")
-        allowed = {name(p) for peer in peers if peer != ANYONE and "podSelector" in peer
+        outside = [p for p in peers if p == ANYONE or set(p) != {"podSelector"}]
+        wanted_outside = external.get((role, number), [])
+        if sorted(map(canonical, outside)) != sorted(map(canonical, wanted_outside)):
+            bad(f"{pod['who']}: port {number} admits from outside the namespace {outside}, "
+                f"not {wanted_outside} (EXTERNAL_PEERS)")
+        allowed = {name(p) for peer in peers if peer not in outside
                    for p in matched(peer["podSelector"], pod["namespace"])}
         if allowed != wanted:
             bad(f"{pod['who']}: port {number} admits {sorted(allowed)}, not {sorted(wanted)}"
@@ -428,6 +628,471 @@ def check_network_policies(objs, overlay, errors):
                     f"cannot be named in a NetworkPolicy); admits {peers}")
 
 
+# Monitoring (overlays/monitoring). The metrics the servers export are read
+# from their source: a metric or label renamed there fails here.
+METRIC_SOURCES = ("agent/src/metrics.rs", "agent/src/exposition.rs")
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+# Labels Prometheus gives every series it scrapes through a PodMonitor or a
+# ServiceMonitor, and the metrics of its own the dashboard and alerts may use.
+TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint", "service"}
+PROMETHEUS_METRICS = {"up"}
+# Grafana's own variables, and what stands for them when promtool parses.
+GRAFANA_VARIABLES = {"__rate_interval": "5m", "__interval": "1m", "__range": "1h"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Overlays that must scrape both servers and carry the alerts and a dashboard.
+MONITORED = {"monitoring"}
+DASHBOARD_LABEL = ("grafana_dashboard", "1")
+ALERTS_TESTS = "alerts.test.yaml"
+# Every alert is explained there.
+ALERTS_DOC = "docs/operations.md"
+STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+
+
+def exported_metrics():
+    """(metric names, label names) the agents and the rendezvous export: the
+    `"kindling_…"` literals of METRIC_SOURCES (outside their tests), each
+    histogram's series, and the keys of the samples' labels."""
+    names, labels = set(), set()
+    for rel in METRIC_SOURCES:
+        text = (REPO / rel).read_text().split("#[cfg(test)]")[0]
+        names |= set(re.findall(r'"(kindling_[a-z_]+)"', text))
+        for h in re.findall(r'family\(\s*"(kindling_[a-z_]+)",\s*"histogram"', text):
+            names |= {h + s for s in HISTOGRAM_SUFFIXES}
+        # ("job_id", &job), ("agent", a), ("le", le.as_str()): a key, then a variable.
+        labels |= set(re.findall(r'\(\s*"([a-z_]+)"\s*,\s*(?:[&*][\w.]+|\w+|\w+\.as_str\(\))\s*\)', text))
+    labels = {name for name in labels if not name.startswith("kindling_")}
+    if not names or not labels:
+        raise SystemExit(f"no metrics found in {', '.join(METRIC_SOURCES)}: did the exposition move?")
+    return names, labels
+
+
+def promql_names(expr):
+    """The metric names, the label names and the `by (…)` labels of a PromQL
+    expression (string literals left out)."""
+    bare = STRING.sub('""', expr)
+    metrics = set(re.findall(r"(?<![\w:])kindling_[\w:]*", bare))
+    metrics |= set(re.findall(r"(?<![\w:])([A-Za-z_:][\w:]*)\s*\{", bare))
+    labels = set()
+    for body in re.findall(r"\{([^}]*)\}", bare):
+        labels |= set(re.findall(r"([A-Za-z_]\w*)\s*(?:=~|!~|!=|=)", body))
+    by = set()
+    for op, body in re.findall(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", bare):
+        names = {n.strip() for n in body.split(",") if n.strip()}
+        labels |= names
+        if op == "by":
+            by |= names
+    return metrics, labels, by
+
+
+def template_labels(text):
+    """Labels a Grafana legend (`{{job_id}}`) or an alert annotation
+    (`{{ $labels.job_id }}`) prints."""
+    return set(re.findall(r"\{\{\s*(?:\$labels\.)?([A-Za-z_]\w*)\s*\}\}", text or ""))
+
+
+def check_promql(expr, where, exported, errors, printed="", jobs=None):
+    """Only exported metrics and labels; what `printed` (a legend, the
+    annotations) prints is a label the result can have; `job` matchers name
+    the jobs the monitors give their series (`jobs`, where known)."""
+    metrics, labels = exported
+    for op, value in re.findall(r'(?<![\w])job\s*(=~|=)\s*"([^"]*)"', expr):
+        for job in (value.split("|") if op == "=~" else [value]):
+            if jobs is not None and job not in jobs:
+                errors.append(f"{where}: job {job!r} is not a job the monitors scrape ({sorted(jobs)})")
+    used, used_labels, by = promql_names(expr)
+    for m in sorted(used - metrics - PROMETHEUS_METRICS):
+        errors.append(f"{where}: {m} is not a metric the agents or the rendezvous export "
+                      f"({', '.join(METRIC_SOURCES)}) nor one of Prometheus' {sorted(PROMETHEUS_METRICS)}")
+    for name in sorted(used_labels - labels - TARGET_LABELS):
+        errors.append(f"{where}: label {name!r} is on no series the agents or the rendezvous export")
+    shown = template_labels(printed)
+    for name in sorted(shown - labels - TARGET_LABELS):
+        errors.append(f"{where}: prints label {name!r}, which no exported series has")
+    if by and shown - by:
+        errors.append(f"{where}: prints {sorted(shown - by)}, which `by ({', '.join(sorted(by))})` drops")
+
+
+def grafana_to_promql(expr):
+    """The expression as Prometheus gets it: Grafana's variables replaced."""
+    def value(m):
+        name = m.group(1) or m.group(2) or m.group(3)
+        return GRAFANA_VARIABLES.get(name, ".*")
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", value, expr)
+
+
+def check_dashboard(text, where, exported, errors, jobs=None):
+    """A Grafana dashboard: parses; a `datasource` variable every query goes
+    through; panels with unique ids and gridPos that do not overlap; every
+    query names exported metrics and labels and defined variables. Returns
+    (record name, PromQL) of every query, for promtool."""
+    bad = lambda msg: errors.append(f"{where}: {msg}")  # noqa: E731
+    try:
+        dash = json.loads(text)
+    except json.JSONDecodeError as e:
+        bad(f"not JSON: {e}")
+        return []
+    for key in ("uid", "title", "schemaVersion", "templating", "panels"):
+        if key not in dash:
+            bad(f"no {key}")
+    variables = {v.get("name"): v for v in (dash.get("templating") or {}).get("list", [])}
+    ds = variables.get("datasource") or {}
+    if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        bad("needs a variable `datasource` of type datasource, query prometheus")
+
+    def through_variable(obj, at):
+        if obj.get("datasource") is not None and obj["datasource"] != DATASOURCE:
+            bad(f"{at}: datasource {obj['datasource']} is not {DATASOURCE}")
+
+    def variables_of(expr, at):
+        for m in re.finditer(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", expr):
+            name = m.group(1) or m.group(2) or m.group(3)
+            if name not in variables and name not in GRAFANA_VARIABLES:
+                bad(f"{at}: variable ${name} is not defined")
+
+    queries = []
+    for name, v in variables.items():
+        if v.get("type") != "query":
+            continue
+        through_variable(v, f"variable {name}")
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        m = re.fullmatch(r"\s*label_values\(\s*(?:(.+?)\s*,\s*)?(\w+)\s*\)\s*", q or "")
+        if not m:
+            bad(f"variable {name}: {q!r} is not label_values(series, label)")
+            continue
+        series, label = m.groups()
+        at = f"{where}: variable {name}"
+        check_promql(series or "", at, exported, errors, printed=f"{{{{{label}}}}}")
+        variables_of(series or "", at)
+        if series:
+            queries.append((f"dashboard:variable_{name}", grafana_to_promql(series)))
+
+    panels = list(dash.get("panels") or [])
+    for p in list(panels):
+        panels += p.get("panels") or []  # inside collapsed rows
+    ids, placed = set(), []
+    for p in panels:
+        at = f"panel {p.get('id')} {p.get('title')!r}"
+        if not isinstance(p.get("id"), int) or p["id"] in ids:
+            bad(f"{at}: id missing or repeated")
+        ids.add(p.get("id"))
+        gp = p.get("gridPos") or {}
+        if not all(isinstance(gp.get(k), int) for k in "hwxy") or gp["w"] < 1 or gp["h"] < 1 \
+                or gp["x"] < 0 or gp["x"] + gp["w"] > 24:
+            bad(f"{at}: gridPos {gp} is not h, w, x, y within 24 columns")
+        elif p in (dash.get("panels") or []):
+            for other, ogp in placed:
+                if gp["x"] < ogp["x"] + ogp["w"] and ogp["x"] < gp["x"] + gp["w"] \
+                        and gp["y"] < ogp["y"] + ogp["h"] and ogp["y"] < gp["y"] + gp["h"]:
+                    bad(f"{at}: overlaps {other}")
+            placed.append((at, gp))
+        if p.get("type") == "row":
+            continue
+        through_variable(p, at)
+        targets = p.get("targets") or []
+        if not targets:
+            bad(f"{at}: no targets")
+        refs = [t.get("refId") for t in targets]
+        if len(set(refs)) != len(refs) or not all(refs):
+            bad(f"{at}: refIds {refs} missing or repeated")
+        for t in targets:
+            tat = f"{at} target {t.get('refId')}"
+            through_variable(t, tat)
+            expr = t.get("expr")
+            if not isinstance(expr, str) or not expr.strip():
+                bad(f"{tat}: no expr")
+                continue
+            check_promql(expr, f"{where}: {tat}", exported, errors, printed=t.get("legendFormat", ""), jobs=jobs)
+            variables_of(expr, tat)
+            queries.append((f"dashboard:panel_{p.get('id')}_{t.get('refId')}", grafana_to_promql(expr)))
+    return queries
+
+
+def documented_expressions(doc):
+    """Alert name -> expression (whitespace collapsed) in the doc's ```promql
+    blocks, where each expression follows a comment line `# AlertName …`."""
+    shown = {}
+    for block in re.findall(r"```promql\n(.*?)```", doc, re.S):
+        name = None
+        for line in block.splitlines():
+            m = re.match(r"#\s*(\w+)", line)
+            if m and line.startswith("# ") and m.group(1)[0].isupper():
+                name = m.group(1)
+                shown[name] = ""
+            elif name and not line.startswith("#"):
+                shown[name] = " ".join((shown[name] + " " + line).split())
+    return shown
+
+
+def check_rules(rule, where, exported, errors, jobs=None):
+    """A PrometheusRule's expressions and annotations name exported metrics
+    and labels, and ALERTS_DOC names each alert and shows its expression
+    (whitespace aside)."""
+    doc = (REPO / ALERTS_DOC).read_text()
+    shown = documented_expressions(doc)
+    for g in rule["spec"].get("groups") or []:
+        for r in g.get("rules") or []:
+            name = r.get("alert") or r.get("record")
+            at = f"{where}: {rule['kind']}/{rule['metadata']['name']}: {name}"
+            printed = " ".join((r.get("annotations") or {}).values())
+            expr = str(r.get("expr", ""))
+            check_promql(expr, at, exported, errors, printed=printed, jobs=jobs)
+            if r.get("alert") and f"`{r['alert']}`" not in doc:
+                errors.append(f"{at}: {ALERTS_DOC} does not explain it")
+            elif r.get("alert") and shown.get(r["alert"]) != " ".join(expr.split()):
+                errors.append(f"{at}: {ALERTS_DOC}'s promql block shows another expression for it: "
+                              f"{shown.get(r['alert'])!r}")
+
+
+def mounted_file(spec, container, path):
+    """The (Secret, key) a container's file lies in, or None."""
+    volumes = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+    for m in container.get("volumeMounts", []):
+        mount = m["mountPath"].rstrip("/") + "/"
+        if path and path.startswith(mount) and m["name"] in volumes:
+            return volumes[m["name"]], path[len(mount):]
+    return None
+
+
+def env_of(container):
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def check_tokens(objs, overlay, errors):
+    """Each server (agent, rendezvous) reads its operator token and its
+    viewer token from mounted Secrets the overlay renders, and not the same
+    file: a server whose viewer token equals its operator token refuses to
+    start."""
+    secrets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
+    for p in pod_templates(objs):
+        if p["role"] not in ISOLATED:
+            continue
+        for c in p["spec"].get("containers", []):
+            env = env_of(c)
+            files = {}
+            for variable in ("KINDLING_TOKEN_FILE", "KINDLING_VIEWER_TOKEN_FILE"):
+                if not env.get(variable):
+                    errors.append(f"overlays/{overlay}: {p['who']}: no {variable}")
+                    continue
+                files[variable] = mounted_file(p["spec"], c, env[variable])
+                if files[variable] is None:
+                    errors.append(f"overlays/{overlay}: {p['who']}: {variable} {env[variable]} "
+                                  "is not in a mounted Secret")
+                    continue
+                name, key = files[variable]
+                if key not in {**(secrets.get(name, {}).get("data") or {}),
+                               **(secrets.get(name, {}).get("stringData") or {})}:
+                    errors.append(f"overlays/{overlay}: {p['who']}: {variable}: "
+                                  f"the overlay renders no Secret {name} with key {key}")
+            operator = files.get("KINDLING_TOKEN_FILE")
+            if operator is not None and operator == files.get("KINDLING_VIEWER_TOKEN_FILE"):
+                errors.append(f"overlays/{overlay}: {p['who']}: the viewer token is the operator token "
+                              f"{operator}: the server refuses to start")
+
+
+def check_monitors(objs, overlay, exported, errors):
+    """Each ServiceMonitor and PodMonitor selects a Kindling server and
+    scrapes /metrics on its main port with the viewer token the server
+    reads (never the operator token), TLS as
+    the server speaks it (the client identity the manifests mount, the name
+    its certificate carries), through a NetworkPolicy peer in
+    EXTERNAL_PEERS; rules and dashboards are checked as check_rules and
+    check_dashboard say. Returns the PrometheusRules and the dashboards'
+    queries, for promtool."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    monitors = [o for o in objs if o["kind"] in MONITOR_KINDS]
+    rules = [o for o in objs if o["kind"] == "PrometheusRule"]
+    dashboards = [o for o in objs if o["kind"] == "ConfigMap"
+                  and (o["metadata"].get("labels") or {}).get(DASHBOARD_LABEL[0]) == DASHBOARD_LABEL[1]]
+    if overlay in MONITORED and not rules:
+        bad("no PrometheusRule")
+    if overlay in MONITORED and not dashboards:
+        bad(f"no ConfigMap labelled {'='.join(DASHBOARD_LABEL)} (a Grafana dashboard)")
+    pods = pod_templates(objs)
+    by_role = {p["role"]: p for p in pods if p["role"]}
+    # Client identities (CA, certificate, key), each a (Secret, key): what
+    # the manifests' clients mount.
+    identities = set()
+    for p in pods:
+        if p["role"] in ISOLATED:
+            continue
+        for c in p["spec"].get("containers", []):
+            env = env_of(c)
+            files = tuple(mounted_file(p["spec"], c, env.get(k))
+                          for k in ("KINDLING_TLS_CA", "KINDLING_TLS_CERT", "KINDLING_TLS_KEY"))
+            if all(files):
+                identities.add(files)
+    agent_env = env_of(by_role["agent"]["spec"]["containers"][0]) if "agent" in by_role else {}
+    # The names clients check on the servers' certificates (check_tls checks
+    # the certificates carry them).
+    dialled = {"agent": agent_env.get("KINDLING_TLS_SERVER_NAME"),
+               "rendezvous": (agent_env.get("KINDLING_RENDEZVOUS") or "").split("://")[-1].rsplit(":", 1)[0]}
+    secrets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
+    scraped = set()
+    # The `job` label of each monitor's series: its jobLabel's value, else
+    # the Service's name, or namespace/name for a PodMonitor.
+    jobs = set()
+    for m in monitors:
+        kind, spec = m["kind"], m.get("spec") or {}
+        mname = f"{kind}/{m['metadata']['name']}"
+        namespaces = (spec.get("namespaceSelector") or {}).get("matchNames") or [m["metadata"].get("namespace")]
+        selector = spec.get("selector") or {}
+        service = None
+        if kind == "ServiceMonitor":
+            services = [o for o in objs if o["kind"] == "Service" and o["metadata"].get("namespace") in namespaces
+                        and selects(selector, o["metadata"].get("labels") or {})]
+            if len(services) != 1:
+                bad(f"{mname}: selector {selector} matches Services "
+                    f"{[s['metadata']['name'] for s in services]}, not exactly one")
+                continue
+            service = services[0]
+            targets = [p for p in pods if p["namespace"] == service["metadata"].get("namespace")
+                       and service["spec"].get("selector")
+                       and selects({"matchLabels": service["spec"]["selector"]}, p["labels"])]
+        else:
+            targets = [p for p in pods if p["namespace"] in namespaces and selects(selector, p["labels"])]
+        if not targets:
+            bad(f"{mname}: selects no pod template")
+            continue
+        job_label = spec.get("jobLabel")
+        sources = [service["metadata"].get("labels") or {}] if service else [t["labels"] for t in targets]
+        if job_label and any(job_label not in labels for labels in sources):
+            bad(f"{mname}: jobLabel {job_label} is not a label of the {'Service' if service else 'pods'}")
+        elif job_label:
+            jobs |= {labels[job_label] for labels in sources}
+        elif service:
+            jobs.add(service["metadata"]["name"])
+        else:
+            jobs.add(f"{m['metadata'].get('namespace')}/{m['metadata']['name']}")
+        for ep in spec.get(MONITOR_KINDS[kind][0]) or []:
+            for t in targets:
+                at = f"{mname} -> {t['who']}"
+                if t["role"] not in ISOLATED:
+                    bad(f"{at}: not a Kindling server ({sorted(ISOLATED)})")
+                    continue
+                if service:
+                    sp = next((q for q in service["spec"].get("ports", []) if q.get("name") == ep.get("port")), None)
+                    if sp is None:
+                        bad(f"{at}: Service {service['metadata']['name']} has no port {ep.get('port')!r}")
+                        continue
+                    target = sp.get("targetPort", sp["port"])
+                    number = t["ports"].get(target) if isinstance(target, str) else target
+                else:
+                    number = t["ports"].get(ep.get("port"))
+                if number is None:
+                    bad(f"{at}: no container port {ep.get('port')!r}")
+                    continue
+                if (t["role"], number) not in GRPC_PEERS:
+                    bad(f"{at}: port {number} is not the server's main port, where /metrics is served")
+                    continue
+                scraped.add(t["role"])
+                if ep.get("path", "/metrics") != "/metrics":
+                    bad(f"{at}: path {ep.get('path')!r} is not /metrics")
+                if (t["role"], number) not in EXTERNAL_PEERS.get(overlay, {}):
+                    bad(f"{at}: no peer in EXTERNAL_PEERS[{overlay!r}] admits Prometheus to {number}")
+                c = next(c for c in t["spec"]["containers"]
+                         if number in [q.get("containerPort") for q in c.get("ports", [])])
+                env = env_of(c)
+                # Prometheus holds the viewer token (it reads /metrics and
+                # the status page, and calls nothing), never the operator
+                # token: the server must read one, from a Secret, and the
+                # monitor must send that one.
+                variable = "KINDLING_VIEWER_TOKEN_FILE"
+                token = mounted_file(t["spec"], c, env.get(variable))
+                credentials = secret_key((ep.get("authorization") or {}).get("credentials"))
+                operator = mounted_file(t["spec"], c, env.get("KINDLING_TOKEN_FILE"))
+                if token is None:
+                    bad(f"{at}: the server reads no viewer token from a Secret ({variable}): "
+                        "Prometheus would need the operator token")
+                elif credentials is not None and credentials == operator:
+                    bad(f"{at}: authorization.credentials {credentials} is the operator token: "
+                        f"scrape with the viewer token {token}")
+                elif credentials != token:
+                    bad(f"{at}: authorization.credentials {credentials} is not the server's {variable} {token}")
+                elif token[1] not in {**(secrets.get(token[0], {}).get("data") or {}),
+                                      **(secrets.get(token[0], {}).get("stringData") or {})}:
+                    bad(f"{at}: the rendered base has no Secret {token[0]} with key {token[1]}")
+                tls = ep.get("tlsConfig") or {}
+                scheme = str(ep.get("scheme", "http")).lower()
+                if not env.get("KINDLING_TLS_CERT"):
+                    if scheme == "https" or tls:
+                        bad(f"{at}: the server speaks no TLS")
+                    continue
+                if scheme != "https":
+                    bad(f"{at}: the server speaks TLS: scheme must be https")
+                if ep.get("enableHttp2") is not False:
+                    bad(f"{at}: enableHttp2 must be false: HTTP/2 on that port is gRPC")
+                if tls.get("serverName") != dialled[t["role"]]:
+                    bad(f"{at}: tlsConfig.serverName {tls.get('serverName')!r} is not {dialled[t['role']]!r}, "
+                        "the name clients check on its certificate")
+                files = (secret_key((tls.get("ca") or {}).get("secret")),
+                         secret_key((tls.get("cert") or {}).get("secret")), secret_key(tls.get("keySecret")))
+                if env.get("KINDLING_TLS_CLIENT_AUTH") == "true":
+                    if files not in identities:
+                        bad(f"{at}: the server requires a client certificate: tlsConfig (ca, cert, keySecret) "
+                            f"{files} is not a client identity the manifests mount: {sorted(identities)}")
+                elif files[0] not in {i[0] for i in identities}:
+                    bad(f"{at}: tlsConfig.ca {files[0]} is not the CA the manifests' clients trust")
+    if overlay in MONITORED:
+        for role in sorted(ISOLATED - scraped):
+            bad(f"no ServiceMonitor or PodMonitor scrapes the {role}")
+    queries = []
+    for r in rules:
+        check_rules(r, f"overlays/{overlay}", exported, errors, jobs=jobs)
+    for cm in dashboards:
+        for key, text in (cm.get("data") or {}).items():
+            where = f"overlays/{overlay}: ConfigMap/{cm['metadata']['name']}:{key}"
+            if not key.endswith(".json"):
+                errors.append(f"{where}: a dashboard's key must end in .json")
+                continue
+            queries += check_dashboard(text, where, exported, errors, jobs=jobs)
+    return rules, queries
+
+
+def check_promql_with_promtool(root, overlay, rules, queries, tmp, errors):
+    """promtool parses every alert and dashboard query and runs the
+    overlay's ALERTS_TESTS against its PrometheusRules. Returns what it did,
+    for the summary; None without promtool."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        return None
+    work = pathlib.Path(tmp) / f"promtool-{overlay}"
+    work.mkdir()
+    groups = [g for r in rules for g in r["spec"]["groups"]]
+    rule_file = work / "rules.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": groups}))
+    # The rule file the tests name (rule_files): the alerts with their
+    # summary as their only annotation, so the tests need not repeat the
+    # descriptions.
+    summaries = copy.deepcopy(groups)
+    for g in summaries:
+        for r in g.get("rules") or []:
+            if "annotations" in r:
+                r["annotations"] = {k: v for k, v in r["annotations"].items() if k == "summary"}
+    (work / "kindling-rules.yaml").write_text(yaml.safe_dump({"groups": summaries}))
+    query_file = work / "dashboard-queries.yaml"
+    query_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [
+        {"record": name, "expr": expr} for name, expr in queries]}]}))
+    done = []
+    run = lambda *args: subprocess.run([promtool, *args], capture_output=True, text=True)  # noqa: E731
+    checked = run("check", "rules", str(rule_file), str(query_file))
+    if checked.returncode != 0:
+        errors.append(f"overlays/{overlay}: promtool check rules:\n{checked.stdout}{checked.stderr}")
+    else:
+        done.append(f"{len(queries)} dashboard queries and the alerts parsed")
+    tests = root / "overlays" / overlay / ALERTS_TESTS
+    if tests.exists():
+        shutil.copy(tests, work / ALERTS_TESTS)
+        tested = run("test", "rules", str(work / ALERTS_TESTS))
+        if tested.returncode != 0:
+            errors.append(f"overlays/{overlay}: promtool test rules {ALERTS_TESTS}:\n{tested.stdout}{tested.stderr}")
+        else:
+            done.append(f"{ALERTS_TESTS} passed")
+    elif overlay in MONITORED:
+        errors.append(f"overlays/{overlay}: no {ALERTS_TESTS}")
+    return "; ".join(done)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k8s-version", default="1.31.0")
@@ -441,6 +1106,8 @@ def main():
     renderer = args.renderer
     if renderer == "auto":
         renderer = "kubectl" if shutil.which("kubectl") else "builtin"
+    namespace = docs(ROOT / "base" / "kustomization.yaml")[0]["namespace"]
+    exported = exported_metrics()
     with tempfile.TemporaryDirectory() as tmp:
         root = with_dummy_token(tmp)
         for overlay, variant in OVERLAYS.items():
@@ -454,9 +1121,19 @@ def main():
             gpus = agent["resources"].get("limits", {}).get("nvidia.com/gpu")
             if (variant == "gpu") != (gpus is not None):
                 errors.append(f"overlays/{overlay}: agent nvidia.com/gpu limit is {gpus!r}")
+            check_namespaces(objs, overlay, namespace, errors)
             check_tls(objs, overlay, errors)
             check_network_policies(objs, overlay, errors)
+            check_tokens(objs, overlay, errors)
+            rules, queries = check_monitors(objs, overlay, exported, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
+            if rules or queries:
+                alerts = sum(1 for r in rules for g in r["spec"]["groups"] for x in g["rules"] if "alert" in x)
+                print(f"overlays/{overlay}: {alerts} alerts and {len(queries)} dashboard queries name only "
+                      f"the {len(exported[0])} exported metrics and their labels")
+                done = check_promql_with_promtool(root, overlay, rules, queries, tmp, errors)
+                print(f"overlays/{overlay}: promtool: {done}" if done is not None else
+                      f"overlays/{overlay}: promtool not installed: PromQL not parsed, {ALERTS_TESTS} not run")
     print(f"{len(files)} manifest files checked against Kubernetes {args.k8s_version}")
     if errors:
         print("\n".join(errors), file=sys.stderr)

@@ -17,6 +17,8 @@ command -v cc >/dev/null 2>&1 || missing+=(build-essential)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 # The metrics test scrapes a local cluster with a real Prometheus server.
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+# The status page test renders the rendezvous' page in headless Chromium.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)

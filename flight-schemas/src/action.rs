@@ -389,6 +389,72 @@ pub struct EpochMetrics {
     /// Samples per second on this rank.
     #[serde(default)]
     pub samples_per_sec: f64,
+    /// Wall time of the epoch on this rank (training and evaluation), in
+    /// seconds; absent in statuses from before it was recorded.
+    #[serde(default)]
+    pub wall_secs: Option<f64>,
+}
+
+/// The training loss at one step, as sampled for a job's loss curve
+/// ([`AgentJobStatus::step_losses`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepLoss {
+    /// Epoch, from 1.
+    pub epoch: u32,
+    /// Step within the epoch, from 1.
+    pub step: u64,
+    /// Mean loss of the step across ranks.
+    pub loss: f64,
+}
+
+/// An attempt of a job that failed, as one agent saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedAttempt {
+    /// The attempt (from 1).
+    pub attempt: u32,
+    /// Why it failed.
+    pub cause: String,
+}
+
+/// How serious a [`JobEvent`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum EventLevel {
+    /// Something went wrong and was recovered from (or may be).
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+impl std::fmt::Display for EventLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EventLevel::Warn => "WARN",
+            EventLevel::Error => "ERROR",
+        })
+    }
+}
+
+/// A warning or error an agent logged for a job, kept with the job so that
+/// it reaches the user wherever the agent runs (`job_status`, the
+/// rendezvous' status page, the client's output).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// Numbers the job's events on this agent, from 1: a reader asks for
+    /// nothing, it shows the events past the last number it showed.
+    pub seq: u64,
+    /// When, in Unix milliseconds.
+    pub at_ms: u64,
+    /// Warning or error.
+    pub level: EventLevel,
+    /// The agent that logged it.
+    pub agent_id: String,
+    /// Its rank in the attempt, once the gang formed.
+    pub rank: Option<u32>,
+    /// The attempt.
+    pub attempt: u32,
+    /// What happened.
+    pub message: String,
 }
 
 /// A job as one agent sees it (`job_status`).
@@ -440,7 +506,24 @@ pub struct AgentJobStatus {
     /// `gpu (wgpu: <adapter> (<api>, <kind>, <driver>))`.
     #[serde(default)]
     pub device: String,
+    /// Attempts that failed on this agent, with their causes (oldest first).
+    #[serde(default)]
+    pub failed_attempts: Vec<FailedAttempt>,
+    /// The training loss per step, sampled: at most
+    /// [`STEP_LOSS_SAMPLES`] points spread over the whole run.
+    #[serde(default)]
+    pub step_losses: Vec<StepLoss>,
+    /// The job's latest warnings and errors on this agent (at most
+    /// [`JOB_EVENTS_KEPT`], oldest first).
+    #[serde(default)]
+    pub events: Vec<JobEvent>,
 }
+
+/// Most [`AgentJobStatus::step_losses`] a status carries.
+pub const STEP_LOSS_SAMPLES: usize = 256;
+
+/// Most [`AgentJobStatus::events`] a status carries.
+pub const JOB_EVENTS_KEPT: usize = 32;
 
 impl AgentJobStatus {
     /// Rows the agent holds for `split`.
@@ -554,12 +637,32 @@ mod tests {
                 eval_loss: Some(0.6),
                 eval_accuracy: Some(0.9),
                 samples_per_sec: 1e4,
+                wall_secs: Some(1.5),
             }],
             resumed_from_epoch: Some(2),
             error: None,
             device: "cpu (flex)".into(),
+            failed_attempts: vec![FailedAttempt {
+                attempt: 1,
+                cause: "peer b lost".into(),
+            }],
+            step_losses: vec![StepLoss {
+                epoch: 1,
+                step: 4,
+                loss: 0.8,
+            }],
+            events: vec![JobEvent {
+                seq: 1,
+                at_ms: 1,
+                level: EventLevel::Error,
+                agent_id: "a".into(),
+                rank: Some(1),
+                attempt: 1,
+                message: "attempt failed: peer b lost".into(),
+            }],
         };
         let json = serde_json::to_string(&s).expect("json");
+        assert!(json.contains(r#""level":"ERROR""#), "{json}");
         assert_eq!(serde_json::from_str::<AgentJobStatus>(&json).expect("parse"), s);
     }
 }

@@ -40,6 +40,11 @@ impl Token {
     pub fn header_value(&self) -> String {
         format!("Bearer {}", self.0)
     }
+
+    /// Whether `presented` is this token, compared in constant time.
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq(self.0.as_bytes(), presented.as_bytes())
+    }
 }
 
 /// A token that could not be read.
@@ -63,6 +68,9 @@ pub enum TokenError {
         /// The file.
         path: std::path::PathBuf,
     },
+    /// A token that must not be used as given (the message says why).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 impl Token {
@@ -207,7 +215,7 @@ impl BearerCheck {
         let Some(presented) = token else {
             return Err(Status::unauthenticated("missing bearer token"));
         };
-        if constant_time_eq(expected.expose().as_bytes(), presented.as_bytes()) {
+        if expected.matches(presented) {
             return Ok(Caller::Operator);
         }
         match &self.credentials {

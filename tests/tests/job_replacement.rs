@@ -9,7 +9,7 @@ use std::time::Duration;
 use kindling::SparkSession;
 use kindling::job::{ExecutorPush, Feed, JobError, TrainingEvent, TrainingJobBuilder};
 use kindling::local::{LocalCluster, LocalClusterConfig};
-use kindling_schemas::action::{Action, AgentJobState, JobList};
+use kindling_schemas::action::{Action, AgentJobState, EventLevel, JobList};
 use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 use tokio::sync::mpsc::Receiver;
@@ -89,20 +89,44 @@ async fn a_lost_agent_without_a_spare_is_replaced_by_one_that_registers_later() 
         let df = df.clone();
         tokio::spawn(async move { job.fit(&df).await })
     };
-    kill_second_agent_in_epoch_2(&cluster, &mut rx).await;
+    let victim_id = kill_second_agent_in_epoch_2(&cluster, &mut rx).await;
     // The only live agent is the survivor: the client is waiting now. A new
     // agent registers (as a DaemonSet's restarted pod would).
     let late = cluster.add_agent().await.expect("late agent");
     let late_url = cluster.agent_url(late).expect("late url");
     let mut recovered = false;
+    let mut agent_errors = Vec::new();
     while let Some(e) = rx.recv().await {
-        if let TrainingEvent::Recovering { resent_shards, .. } = &e {
-            assert_eq!(resent_shards, &vec![1]);
-            recovered = true;
+        match &e {
+            TrainingEvent::Recovering { resent_shards, .. } => {
+                assert_eq!(resent_shards, &vec![1]);
+                recovered = true;
+            }
+            TrainingEvent::AgentLog { job_id, event } if event.level == EventLevel::Error => {
+                agent_errors.push((job_id.clone(), event.clone()));
+            }
+            _ => {}
         }
     }
     let model = fit.await.expect("task").expect("fit waits for the replacement");
     assert!(recovered, "the client re-sent the lost shard");
+    // The survivor's error (its ring lost the killed peer) reached the
+    // client that started the job, with job, rank and attempt.
+    let (job_id, error) = agent_errors
+        .iter()
+        .find(|(_, e)| e.attempt == 1 && e.message.starts_with("attempt 1 failed"))
+        .unwrap_or_else(|| panic!("the survivor's error reached the client: {agent_errors:?}"));
+    assert_eq!(job_id, model.job_id());
+    assert_eq!(error.rank, Some(0), "the survivor was rank 0: {error:?}");
+    assert_ne!(error.agent_id, victim_id);
+    let line = kindling::job::agent_log_line(job_id, error);
+    assert!(
+        line.starts_with(&format!(
+            "ERROR agent {} (job {job_id}, rank 0, attempt 1): attempt 1 failed",
+            error.agent_id
+        )),
+        "{line}"
+    );
     assert_eq!(model.history().len(), 5);
     let rows = df.count().await.expect("count") as u64;
     let late_client = kindling::feed::AgentClient::connect(&late_url, cluster.token()).expect("client");

@@ -64,6 +64,7 @@ impl TryFrom<&Cli> for ServerConfig {
 
     fn try_from(cli: &Cli) -> anyhow::Result<Self> {
         let token = cli.auth.read()?;
+        let viewer_token = cli.auth.read_viewer(token.as_ref())?;
         let rendezvous = RendezvousConfig {
             lease: Duration::from_millis(cli.lease_ms),
             gang_timeout: Duration::from_millis(cli.gang_timeout_ms),
@@ -81,6 +82,7 @@ impl TryFrom<&Cli> for ServerConfig {
         Ok(ServerConfig {
             state_dir: cli.state_dir.clone(),
             tls,
+            viewer_token,
             ..ServerConfig::new(rendezvous, token)
         })
     }

@@ -4,29 +4,7 @@
 
 use super::*;
 
-/// burn's CPU backend draws every random tensor from one process-wide RNG.
-/// Every model construction holds this lock, so a seeded construction
-/// ([`ModelRegistry::build_seeded`]) cannot have another one (a model built
-/// to load weights into, another job's init) draw from the RNG between
-/// seeding and building.
-static INIT: Mutex<()> = Mutex::new(());
-
-fn init_lock() -> MutexGuard<'static, ()> {
-    INIT.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// burn initialises parameters lazily, on first use; draw them all now,
-/// while the caller holds the init lock.
-fn materialized<M: Module>(model: M) -> M {
-    struct Draw;
-    impl ModuleVisitor for Draw {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let _ = param.val();
-        }
-    }
-    model.visit(&mut Draw);
-    model
-}
+use crate::params::{init_lock, materialized};
 
 /// A registered model type, behind its name.
 trait Factory: Send + Sync {
@@ -238,8 +216,12 @@ impl ModelRegistry {
     }
 
     /// `spec`'s model with the initial weights `seed` gives, on the CPU with
-    /// autodiff: the same weights for the same seed whatever else the process
-    /// is doing (move them to another device with the record bytes).
+    /// autodiff: the same weights for the same seed whatever models the
+    /// process builds meanwhile (every build takes the init lock; move them
+    /// to another device with the record bytes). A forward pass that draws
+    /// random numbers (dropout) on another thread at that moment still moves
+    /// burn's RNG; ranks agree anyway, as rank 0 sends its initial weights to
+    /// the others.
     pub fn build_seeded(
         &self,
         spec: &JobSpec,

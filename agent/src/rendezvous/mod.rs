@@ -11,12 +11,15 @@
 //! - [`state`]: the pure state machine of agents, jobs and attempts (no gRPC).
 //! - [`store`]: the state file that lets a restarted rendezvous lose nothing.
 //! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`].
+//! - [`page`]: the status page and its data (`/`, `/api/status`), from the
+//!   state and the agents' heartbeat reports.
 //! - [`embedded`]: the same server in-process on `127.0.0.1:0` ([`EmbeddedRendezvous`]).
 //! - [`error`]: [`RendezvousError`] (server side); [`ClientError`] is re-exported.
 //! - [`client`]: re-export of `kindling_schemas::rendezvous::client`.
 
 pub mod embedded;
 pub mod error;
+pub mod page;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -60,6 +60,8 @@ pub struct ServerConfig {
     /// TLS (and, with client-certificate verification, mutual TLS); `None`:
     /// plaintext.
     pub tls: Option<kindling_schemas::tls::Tls>,
+    /// A token that reads the status page and `/metrics` and nothing else.
+    pub viewer_token: Option<Token>,
 }
 
 impl ServerConfig {
@@ -71,6 +73,7 @@ impl ServerConfig {
             max_concurrent_streams: 16_384,
             state_dir: None,
             tls: None,
+            viewer_token: None,
         }
     }
 }
@@ -88,9 +91,11 @@ pub async fn serve(
     tasks.spawn(run_reaper(state.clone(), shutdown.clone()));
 
     let max_payload = config.rendezvous.max_payload_bytes;
+    let reports = super::page::Reports::default();
     let service = RendezvousService {
         state: state.clone(),
         shutdown: shutdown.clone(),
+        reports: reports.clone(),
     };
     let server = RendezvousServer::new(service)
         // Room for the largest payload plus the request's other fields, so
@@ -101,19 +106,12 @@ pub async fn serve(
     let svc = InterceptedService::new(server, check.clone());
     let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
     let incoming = routed.grpc;
-    let scrape = {
-        let state = state.clone();
-        move || {
-            let jobs = state.list_jobs().unwrap_or_default();
-            let agents = state.list_agents().unwrap_or_default();
-            crate::exposition::rendezvous(&jobs, &agents)
-        }
-    };
-    tasks.spawn(crate::exposition::serve(
+    let auth = crate::http::HttpAuth::new(check, config.viewer_token.clone(), config.tls.is_some());
+    tasks.spawn(crate::http::serve(
         routed.http,
-        check,
+        auth,
         shutdown.clone(),
-        scrape,
+        super::page::pages(state.clone(), reports),
     ));
     // No ring here: its connections are dropped.
     drop(routed.ring);
@@ -155,12 +153,17 @@ async fn run_reaper(state: RendezvousState, shutdown: CancellationToken) {
 pub struct RendezvousService {
     state: RendezvousState,
     shutdown: CancellationToken,
+    reports: super::page::Reports,
 }
 
 impl RendezvousService {
     /// A service over `state`; `shutdown` ends its watch streams.
     pub fn new(state: RendezvousState, shutdown: CancellationToken) -> Self {
-        RendezvousService { state, shutdown }
+        RendezvousService {
+            state,
+            shutdown,
+            reports: Default::default(),
+        }
     }
 }
 
@@ -213,7 +216,12 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        let reply = self.state.heartbeat(&request.into_inner().agent_id)?;
+        let request = request.into_inner();
+        let reply = self.state.heartbeat(&request.agent_id)?;
+        // A bad report costs the page its update, never the agent its lease.
+        if let Err(e) = self.reports.store(&request.agent_id, &request.report) {
+            tracing::warn!(agent = %request.agent_id, error = %e, "heartbeat report dropped");
+        }
         Ok(Response::new(pb::HeartbeatResponse {
             lease_ms: duration_ms(reply.lease),
             failed_attempts: reply.failed_attempts,

@@ -168,7 +168,17 @@ impl TrainingJob {
 
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
-        let reporter = Reporter::new(self.progress, self.events.clone());
+        let mut reporter = Reporter::new(self.progress, self.events.clone());
+        // In local mode the in-process rendezvous serves the status page on
+        // loopback, under this run's own token.
+        #[cfg(feature = "local")]
+        if let Target::Local(cluster) = &target {
+            let token = cluster
+                .token()
+                .map(|t| format!("?token={}", t.expose()))
+                .unwrap_or_default();
+            reporter.note(&format!("status page: {}/{token}", cluster.rendezvous_url()));
+        }
         let job_id = self
             .job_id
             .clone()
@@ -331,6 +341,7 @@ impl TrainingJob {
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen_epochs = 0;
+        let mut seen_events = std::collections::HashMap::<String, u64>::new();
         let winner = loop {
             tokio::select! {
                 status = follow.next() => {
@@ -356,6 +367,17 @@ impl TrainingJob {
                     }
                     Err(e) => return Err(e.into()),
                 }
+            }
+            // Agents' warnings and errors reach the user before a failure ends the job.
+            for st in &statuses {
+                let seen = seen_events.entry(st.agent_id.clone()).or_insert(0);
+                for event in st.events.iter().filter(|e| e.seq > *seen) {
+                    reporter.emit(TrainingEvent::AgentLog {
+                        job_id: job_id.clone(),
+                        event: event.clone(),
+                    });
+                }
+                *seen = st.events.last().map_or(*seen, |e| e.seq.max(*seen));
             }
             for st in &statuses {
                 if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {

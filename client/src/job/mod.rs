@@ -21,7 +21,7 @@ use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec
 use tokio::sync::mpsc;
 
 pub use model::TrainedModel;
-pub use progress::{ProgressMode, TrainingEvent};
+pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
 pub use crate::feed::{ExecutorPush, PushedPartition};

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::time::Instant;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use kindling_schemas::action::EpochMetrics;
+use kindling_schemas::action::{EpochMetrics, JobEvent};
 use tokio::sync::mpsc;
 
 use crate::feed::PushedPartition;
@@ -99,6 +99,14 @@ pub enum TrainingEvent {
         /// Shards re-sent to replacement agents.
         resent_shards: Vec<usize>,
     },
+    /// An agent logged a warning or an error for the job (a failed attempt,
+    /// a lost peer, a full spill disk): seen here wherever the agent runs.
+    AgentLog {
+        /// The job.
+        job_id: String,
+        /// What the agent logged, with its agent, rank and attempt.
+        event: JobEvent,
+    },
     /// Training finished.
     Finished {
         /// The job.
@@ -160,6 +168,15 @@ impl Reporter {
                     );
                 }
             }
+        }
+    }
+
+    /// Shows a line that is no event (where to watch the job), unless silent.
+    pub(crate) fn note(&mut self, line: &str) {
+        if let Some(bars) = &self.bars {
+            let _ = bars.println(line);
+        } else if self.log {
+            eprintln!("[kindling] {line}");
         }
     }
 
@@ -226,6 +243,9 @@ impl Reporter {
                         "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
                     ));
                 }
+                TrainingEvent::AgentLog { job_id, event } => {
+                    let _ = bars.println(agent_log_line(job_id, event));
+                }
                 TrainingEvent::Finished { .. } => {
                     if let Some(b) = self.train_bar.take() {
                         b.finish_and_clear();
@@ -283,6 +303,7 @@ impl Reporter {
                 } => Some(format!(
                     "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
                 )),
+                TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
                 TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
             };
             if let Some(line) = line {
@@ -291,6 +312,16 @@ impl Reporter {
             }
         }
     }
+}
+
+/// How `kindling train` and `kindling status` print an agent's warning or
+/// error: `ERROR agent a (job j, rank 1, attempt 2): <message>`.
+pub fn agent_log_line(job_id: &str, e: &JobEvent) -> String {
+    let rank = e.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+    format!(
+        "{} agent {} (job {job_id}, rank {rank}, attempt {}): {}",
+        e.level, e.agent_id, e.attempt, e.message
+    )
 }
 
 fn shrunk_line(lost: &[String], world_size: u32) -> String {
@@ -337,6 +368,7 @@ mod tests {
             eval_loss: None,
             eval_accuracy: None,
             samples_per_sec: 1.0,
+            wall_secs: Some(0.1),
         })
     }
 

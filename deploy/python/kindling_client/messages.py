@@ -47,6 +47,35 @@ class EpochMetrics(TypedDict):
     eval_loss: Optional[float]
     eval_accuracy: Optional[float]
     samples_per_sec: float
+    wall_secs: Optional[float]
+
+
+class FailedAttempt(TypedDict):
+    """An attempt that failed on the agent, in a status' ``failed_attempts``."""
+
+    attempt: int
+    cause: str
+
+
+class StepLoss(TypedDict):
+    """One sampled step's loss, in a status' ``step_losses``."""
+
+    epoch: int
+    step: int
+    loss: float
+
+
+class JobEvent(TypedDict):
+    """A warning or error the agent logged for the job (``events``): show those
+    whose ``seq`` is past the last one shown."""
+
+    seq: int
+    at_ms: int
+    level: str
+    agent_id: str
+    rank: Optional[int]
+    attempt: int
+    message: str
 
 
 class JobStatus(TypedDict):
@@ -73,6 +102,9 @@ class JobStatus(TypedDict):
     resumed_from_epoch: Optional[int]
     error: Optional[str]
     device: str
+    failed_attempts: List[FailedAttempt]
+    step_losses: List[StepLoss]
+    events: List[JobEvent]
 
 
 class _PutAckBase(TypedDict):

@@ -215,6 +215,13 @@ impl RendezvousClient {
     /// stopped or dropped. If the server forgot the agent (its lease lapsed)
     /// the heartbeat registers it again.
     pub async fn register(&self, agent: AgentInfo) -> Result<AgentLease> {
+        self.register_reporting(agent, None).await
+    }
+
+    /// [`register`](Self::register), each heartbeat carrying what `report`
+    /// returns then ([`AgentReport`](super::AgentReport) JSON, for the
+    /// rendezvous' status page).
+    pub async fn register_reporting(&self, agent: AgentInfo, report: Option<ReportFn>) -> Result<AgentLease> {
         let lease = self.register_once(agent.clone()).await?;
         let (failed_tx, failed_rx) = watch::channel(Vec::new());
         let cancel = CancellationToken::new();
@@ -223,6 +230,7 @@ impl RendezvousClient {
             self.clone(),
             agent.clone(),
             lease,
+            report,
             failed_tx,
             cancel.clone(),
         ));
@@ -251,10 +259,16 @@ impl RendezvousClient {
 
     /// One heartbeat (the [`AgentLease`] sends them for you).
     pub async fn heartbeat(&self, agent_id: &str) -> Result<HeartbeatReply> {
+        self.heartbeat_reporting(agent_id, Vec::new()).await
+    }
+
+    /// One heartbeat carrying a report (see [`register_reporting`](Self::register_reporting)).
+    pub async fn heartbeat_reporting(&self, agent_id: &str, report: Vec<u8>) -> Result<HeartbeatReply> {
         let reply = self
             .grpc()
             .heartbeat(pb::HeartbeatRequest {
                 agent_id: agent_id.to_owned(),
+                report: report.into(),
             })
             .await
             .map_err(ClientError::rpc("heartbeat"))?
@@ -606,10 +620,15 @@ impl Drop for AgentLease {
     }
 }
 
+/// What an agent's heartbeats carry: called on each one (see
+/// [`RendezvousClient::register_reporting`]).
+pub type ReportFn = std::sync::Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 async fn heartbeat_loop(
     client: RendezvousClient,
     agent: AgentInfo,
     lease: Duration,
+    report: Option<ReportFn>,
     failed: watch::Sender<Vec<AttemptRef>>,
     cancel: CancellationToken,
 ) {
@@ -621,7 +640,10 @@ async fn heartbeat_loop(
         }
         let beat = tokio::select! {
             _ = cancel.cancelled() => return,
-            beat = tokio::time::timeout(lease, client.heartbeat(&agent.agent_id)) => beat,
+            beat = tokio::time::timeout(
+                lease,
+                client.heartbeat_reporting(&agent.agent_id, report.as_ref().map(|r| r()).unwrap_or_default()),
+            ) => beat,
         };
         match beat {
             Ok(Ok(reply)) => {

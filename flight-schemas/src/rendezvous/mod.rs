@@ -21,13 +21,13 @@ pub mod retry;
 pub mod types;
 pub mod wire;
 
-pub use client::{AgentLease, JobWatch, RendezvousClient};
+pub use client::{AgentLease, JobWatch, RendezvousClient, ReportFn};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
 pub use gang::Gang;
 pub use job_lease::JobLease;
 pub use retry::DEFAULT_OUTAGE_BOUND;
 pub use types::{
-    AgentInfo, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus, Membership,
-    RENDEZVOUS_REPORTER,
+    AgentInfo, AgentReport, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus,
+    MAX_REPORT_BYTES, Membership, RENDEZVOUS_REPORTER,
 };
 pub use wire::UnknownJobState;

@@ -99,6 +99,18 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// The state's name in lower case (`ganging`, `running`, ...), as
+    /// metrics labels and the status page spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Ganging => "ganging",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
     /// Succeeded, failed or cancelled.
     pub fn is_terminal(self) -> bool {
         matches!(self, JobState::Succeeded | JobState::Failed | JobState::Cancelled)
@@ -160,3 +172,23 @@ pub struct HeartbeatReply {
     /// Attempts this agent joined that failed (latest per job).
     pub failed_attempts: Vec<AttemptRef>,
 }
+
+/// What an agent tells the rendezvous with each heartbeat, for the status
+/// page: its cache and its jobs as it sees them. JSON in the heartbeat's
+/// `report` field, at most [`MAX_REPORT_BYTES`]; the rendezvous keeps the
+/// latest per agent, in memory only.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AgentReport {
+    /// The agent's cache budget.
+    pub cache_budget_bytes: u64,
+    /// Cached Arrow bytes in memory, every job.
+    pub cache_bytes_memory: u64,
+    /// Cached Arrow bytes spilled to disk, every job.
+    pub cache_bytes_disk: u64,
+    /// Every job the agent holds.
+    pub jobs: Vec<crate::action::AgentJobStatus>,
+}
+
+/// Largest heartbeat report the rendezvous keeps; a larger one is dropped
+/// (the heartbeat itself still renews the lease).
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
