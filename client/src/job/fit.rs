@@ -168,6 +168,7 @@ impl TrainingJob {
 
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
+        #[cfg_attr(not(feature = "local"), allow(unused_mut))]
         let mut reporter = Reporter::new(self.progress, self.events.clone());
         // In local mode the in-process rendezvous serves the status page on
         // loopback, under this run's own token.

@@ -172,6 +172,7 @@ impl Reporter {
     }
 
     /// Shows a line that is no event (where to watch the job), unless silent.
+    #[cfg(feature = "local")]
     pub(crate) fn note(&mut self, line: &str) {
         if let Some(bars) = &self.bars {
             let _ = bars.println(line);

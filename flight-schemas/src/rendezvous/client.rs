@@ -268,7 +268,7 @@ impl RendezvousClient {
             .grpc()
             .heartbeat(pb::HeartbeatRequest {
                 agent_id: agent_id.to_owned(),
-                report: report.into(),
+                report,
             })
             .await
             .map_err(ClientError::rpc("heartbeat"))?
