@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use kindling_schemas::auth::{BearerCheck, Caller, Token};
+use kindling_schemas::credential::{hex, unhex};
 use kindling_schemas::tls::Conn;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -221,20 +222,6 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,40 +254,22 @@ mod tests {
     #[test]
     fn the_operator_and_the_viewer_read_and_nobody_else() {
         let a = auth();
-        assert_eq!(
-            respond(&head("/metrics", None, Some("Bearer op"), None), &a, &pages).status,
-            "200 OK"
-        );
-        assert_eq!(
-            respond(&head("/metrics", None, Some("Bearer view er"), None), &a, &pages).status,
-            "200 OK"
-        );
-        assert_eq!(
-            respond(&head("/metrics", None, None, None), &a, &pages).status,
-            "401 Unauthorized"
-        );
-        assert_eq!(
-            respond(&head("/metrics", None, Some("Bearer x"), None), &a, &pages).status,
-            "401 Unauthorized"
-        );
-        assert_eq!(
-            respond(&head("/nope", None, Some("Bearer op"), None), &a, &pages).status,
-            "404 Not Found"
-        );
+        // Without a viewer token configured, nothing else is a viewer.
+        let plain = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
+        for (auth, path, bearer, status) in [
+            (&a, "/metrics", Some("Bearer op"), "200 OK"),
+            (&a, "/metrics", Some("Bearer view er"), "200 OK"),
+            (&a, "/metrics", None, "401 Unauthorized"),
+            (&a, "/metrics", Some("Bearer x"), "401 Unauthorized"),
+            (&a, "/nope", Some("Bearer op"), "404 Not Found"),
+            (&plain, "/metrics", Some("Bearer view er"), "401 Unauthorized"),
+        ] {
+            let got = respond(&head(path, None, bearer, None), auth, &pages).status;
+            assert_eq!(got, status, "{path} with {bearer:?}");
+        }
         let mut post = head("/metrics", None, Some("Bearer op"), None);
         post.method = "POST".into();
         assert_eq!(respond(&post, &a, &pages).status, "405 Method Not Allowed");
-        // Without a viewer token configured, nothing else is a viewer.
-        let plain = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
-        assert_eq!(
-            respond(
-                &head("/metrics", None, Some("Bearer view er"), None),
-                &plain,
-                &pages
-            )
-            .status,
-            "401 Unauthorized"
-        );
     }
 
     #[test]

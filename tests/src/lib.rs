@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod events;
+pub mod http;
 pub mod proxy;
 pub mod ring;
 pub mod spark;

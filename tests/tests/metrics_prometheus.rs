@@ -8,31 +8,13 @@ use std::time::{Duration, Instant};
 
 use kindling_schemas::descriptor::Split;
 use kindling_tests::cluster::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
-/// `GET path` over HTTP/1.1 on `addr`, with an optional bearer token:
-/// (status code, body).
+/// `GET path` on `addr`, with an optional bearer token: (status code, body).
 async fn get(addr: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let auth = token
-        .map(|t| format!("authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}connection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("request");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("response");
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
+    let headers: Vec<String> = token.map(kindling_tests::http::bearer).into_iter().collect();
+    let r = kindling_tests::http::get(addr, path, &headers).await;
+    (r.code, r.body)
 }
 
 struct Prometheus {

@@ -12,27 +12,10 @@ use std::time::{Duration, Instant};
 
 use kindling_schemas::descriptor::Split;
 use kindling_tests::cluster::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// `GET path` on `addr` with optional headers: (status code, headers, body).
 async fn get(addr: &str, path: &str, headers: &[String]) -> (u16, String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\n{extra}connection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .expect("request");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("response");
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (code, head.to_owned(), body.to_owned())
+    let r = kindling_tests::http::get(addr, path, headers).await;
+    (r.code, r.head, r.body)
 }
 
 /// The page's data, polled until `done` (60 s at most).
