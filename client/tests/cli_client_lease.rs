@@ -1,8 +1,11 @@
-//! A `kindling train` process SIGKILLed in the middle of its job leaves
-//! nothing behind: its client lease lapses at the rendezvous, which cancels
-//! the job; every agent drops the job's rows, and the same agents then train
-//! a new job to the end. (The `kindling` binary as a real process; agents and
-//! rendezvous in this test's process; a real Spark Connect server.)
+//! `kindling train` as a real process against a local cluster (agents and
+//! rendezvous in this test's process; a real Spark Connect server):
+//!
+//! - SIGKILLed in the middle of its job it leaves nothing behind: its client
+//!   lease lapses at the rendezvous, which cancels the job; every agent drops
+//!   the job's rows, and the same agents then train a new job to the end.
+//! - An agent's errors during the job appear in its output, with the job,
+//!   the agent's rank and the attempt.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -35,8 +38,16 @@ fn spark_remote() -> String {
     format!("sc://{addr}")
 }
 
-/// `kindling train` on `rows` rows of a rule (y = x1 + x2 > 1) on the cluster.
-fn train(cluster: &LocalCluster, dir: &Path, name: &str, rows: u64, epochs: u32) -> (Child, PathBuf) {
+/// `kindling train` on `rows` rows of a rule (y = x1 + x2 > 1) on the
+/// cluster, with `extra` arguments.
+fn train(
+    cluster: &LocalCluster,
+    dir: &Path,
+    name: &str,
+    rows: u64,
+    epochs: u32,
+    extra: &[&str],
+) -> (Child, PathBuf) {
     let token_file = dir.join("token");
     std::fs::write(&token_file, cluster.token().expect("token").expose()).expect("token file");
     let log = dir.join(format!("{name}.log"));
@@ -63,6 +74,7 @@ fn train(cluster: &LocalCluster, dir: &Path, name: &str, rows: u64, epochs: u32)
         .args(["--client-lease-secs", &CLIENT_LEASE_SECS.to_string()])
         .arg("--output")
         .arg(dir.join(name))
+        .args(extra)
         .stdout(Stdio::from(std::fs::File::create(&log).expect("log")))
         .stderr(Stdio::from(
             std::fs::File::create(dir.join(format!("{name}.err"))).expect("log"),
@@ -99,7 +111,7 @@ async fn a_killed_client_s_job_is_cancelled_within_its_lease_and_its_agents_trai
         .collect();
 
     // Far more epochs than can train before the kill: the job is never done.
-    let (mut client, _log) = train(&cluster, dir.path(), "killed", 400_000, 1000);
+    let (mut client, _log) = train(&cluster, dir.path(), "killed", 400_000, 1000, &[]);
     let job_id = wait_for("the job to be created", Duration::from_secs(120), async || {
         rv.list_jobs().await.ok()?.into_iter().next().map(|j| j.job_id)
     })
@@ -148,12 +160,52 @@ async fn a_killed_client_s_job_is_cancelled_within_its_lease_and_its_agents_trai
     eprintln!("cancelled everywhere {:?} after the kill", killed.elapsed());
 
     // The same two agents train a new job to the end.
-    let (mut next, log) = train(&cluster, dir.path(), "next", 4_000, 2);
+    let (mut next, log) = train(&cluster, dir.path(), "next", 4_000, 2, &[]);
     let exit = next.wait().expect("kindling train");
     let out = std::fs::read_to_string(&log).unwrap_or_default();
     let err = std::fs::read_to_string(dir.path().join("next.err")).unwrap_or_default();
     assert!(exit.success(), "{exit}\n{out}\n{err}");
     assert!(out.contains("trained 2 epochs"), "{out}");
     assert!(dir.path().join("next").exists());
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_s_error_appears_in_the_client_s_output_with_job_rank_and_attempt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = LocalClusterConfig::new(dir.path().join("cluster"));
+    config.lease = Duration::from_millis(600);
+    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    // A learning rate no loss survives: every attempt fails on the agents
+    // ("the loss became NaN"), and the job fails after its attempts.
+    let (mut client, _) = train(
+        &cluster,
+        dir.path(),
+        "diverging",
+        4_000,
+        2,
+        &["--optimizer", "sgd:1e30"],
+    );
+    let exit = client.wait().expect("kindling train");
+    assert!(!exit.success(), "a job that cannot train fails");
+    let err = std::fs::read_to_string(dir.path().join("diverging.err")).unwrap_or_default();
+    let line = err
+        .lines()
+        .find(|l| {
+            l.contains("ERROR agent ")
+                && l.contains(", attempt 1): attempt 1 failed: training failed: loss became")
+        })
+        .unwrap_or_else(|| panic!("no agent error in the client's output:\n{err}"));
+    // `[kindling] ERROR agent <id> (job <job>, rank <r>, attempt 1): ...`
+    let job = line
+        .split("(job ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .expect("the job in the line");
+    assert!(job.starts_with("kindling-"), "{line}");
+    assert!(
+        line.contains(", rank 0, attempt 1)") || line.contains(", rank 1, attempt 1)"),
+        "{line}"
+    );
     cluster.shutdown().await;
 }

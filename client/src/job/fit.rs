@@ -348,6 +348,12 @@ impl TrainingJob {
                 status = follow.next() => {
                     let status = status?;
                     if matches!(status.state, JobState::Failed | JobState::Cancelled) {
+                        // What the agents logged on the way reaches the user first.
+                        for &s in &holders.members() {
+                            if let Ok(st) = holders.clients[s].job_status(&job_id).await {
+                                emit_agent_events(&mut reporter, &job_id, &st, &mut seen_events);
+                            }
+                        }
                         let cause = status.first_cause().unwrap_or("cancelled").to_owned();
                         return Err(JobError::TrainingFailed { job_id, cause });
                     }
@@ -371,14 +377,7 @@ impl TrainingJob {
             }
             // Agents' warnings and errors reach the user before a failure ends the job.
             for st in &statuses {
-                let seen = seen_events.entry(st.agent_id.clone()).or_insert(0);
-                for event in st.events.iter().filter(|e| e.seq > *seen) {
-                    reporter.emit(TrainingEvent::AgentLog {
-                        job_id: job_id.clone(),
-                        event: event.clone(),
-                    });
-                }
-                *seen = st.events.last().map_or(*seen, |e| e.seq.max(*seen));
+                emit_agent_events(&mut reporter, &job_id, st, &mut seen_events);
             }
             for st in &statuses {
                 if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {
@@ -560,4 +559,22 @@ fn arrow_source_pushed() -> JobError {
         setting: "feed",
         reason: "fit_arrow feeds from this process: executor push needs a DataFrame (use fit)".into(),
     }
+}
+
+/// Sends the agent's events for the job that were not sent yet (by their
+/// sequence number, per agent).
+fn emit_agent_events(
+    reporter: &mut Reporter,
+    job_id: &str,
+    status: &kindling_schemas::action::AgentJobStatus,
+    seen: &mut std::collections::HashMap<String, u64>,
+) {
+    let last = seen.entry(status.agent_id.clone()).or_insert(0);
+    for event in status.events.iter().filter(|e| e.seq > *last) {
+        reporter.emit(TrainingEvent::AgentLog {
+            job_id: job_id.to_owned(),
+            event: event.clone(),
+        });
+    }
+    *last = status.events.last().map_or(*last, |e| e.seq.max(*last));
 }
