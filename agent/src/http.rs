@@ -11,7 +11,11 @@
 //! and an `HttpOnly`, `SameSite=Strict` cookie holding the token (`Secure`
 //! over TLS), which the page's own requests then carry.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use kindling_schemas::auth::{BearerCheck, Caller, Token};
 use kindling_schemas::credential::{hex, unhex};
@@ -76,11 +80,39 @@ pub struct Page {
     /// The content type.
     pub content_type: &'static str,
     /// The body.
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 /// The pages of a port: `None` for a path it does not serve.
 pub type Pages = Arc<dyn Fn(&str) -> Option<Page> + Send + Sync>;
+
+/// How long a rendered page is served again: `/metrics` and the status
+/// page's data are at most this old.
+pub const RENDER_TTL: Duration = Duration::from_millis(200);
+
+/// `pages`, each path's body rendered at most once per `ttl`: a dashboard
+/// or scraper polling a page many times a second costs the process one
+/// rendering per `ttl`, not one per read (rendering walks every job).
+pub fn cached(pages: Pages, ttl: Duration) -> Pages {
+    let rendered: Mutex<HashMap<String, (Instant, &'static str, Bytes)>> = Mutex::default();
+    Arc::new(move |path: &str| {
+        let mut rendered = rendered.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, content_type, body)) = rendered.get(path)
+            && at.elapsed() < ttl
+        {
+            return Some(Page {
+                content_type,
+                body: body.clone(),
+            });
+        }
+        let page = pages(path)?;
+        rendered.insert(
+            path.to_owned(),
+            (Instant::now(), page.content_type, page.body.clone()),
+        );
+        Some(page)
+    })
+}
 
 /// Serves `pages` on the HTTP/1.1 connections of a port until `stop`.
 pub async fn serve(mut conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: CancellationToken, pages: Pages) {
@@ -118,7 +150,7 @@ pub(crate) struct Answer {
     pub status: &'static str,
     pub content_type: &'static str,
     pub headers: Vec<String>,
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 impl Answer {
@@ -127,7 +159,7 @@ impl Answer {
             status,
             content_type: "text/plain; charset=utf-8",
             headers: Vec::new(),
-            body: body.into_bytes(),
+            body: Bytes::from(body),
         }
     }
 }
@@ -156,7 +188,7 @@ pub(crate) fn respond(
                         if auth.secure { "; Secure" } else { "" }
                     ),
                 ],
-                body: Vec::new(),
+                body: Bytes::new(),
             },
             Err((status, message)) => Answer::text(status, message),
         };
@@ -239,7 +271,7 @@ mod tests {
     fn pages(path: &str) -> Option<Page> {
         (path == "/metrics").then(|| Page {
             content_type: "text/plain",
-            body: b"m 1\n".to_vec(),
+            body: Bytes::from_static(b"m 1\n"),
         })
     }
 
@@ -305,7 +337,7 @@ mod tests {
             &pages,
         );
         assert_eq!(r.status, "200 OK");
-        assert_eq!(r.body, b"m 1\n");
+        assert_eq!(&r.body[..], b"m 1\n");
         // A wrong token in the query sets nothing.
         let r = respond(&head("/metrics", Some("token=nope"), None, None), &a, &pages);
         assert_eq!(r.status, "401 Unauthorized");
@@ -323,5 +355,36 @@ mod tests {
         assert_eq!(query_param("token=a%2", "token"), None);
         assert_eq!(query_param("token=%zz", "token"), None);
         assert_eq!(query_param("other=1", "token"), None);
+    }
+
+    #[test]
+    fn a_cached_page_is_rendered_once_per_ttl_and_per_path() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let renders = Arc::new(AtomicU64::new(0));
+        let counted: Pages = {
+            let renders = renders.clone();
+            Arc::new(move |path: &str| {
+                let n = renders.fetch_add(1, Ordering::SeqCst) + 1;
+                (path != "/missing").then(|| Page {
+                    content_type: "text/plain",
+                    body: Bytes::from(format!("{path} {n}")),
+                })
+            })
+        };
+        let hour = cached(counted.clone(), Duration::from_secs(3600));
+        let body = |p: &Pages, path: &str| p(path).map(|page| page.body);
+        assert_eq!(body(&hour, "/metrics").as_deref(), Some(&b"/metrics 1"[..]));
+        assert_eq!(body(&hour, "/metrics").as_deref(), Some(&b"/metrics 1"[..]));
+        assert_eq!(body(&hour, "/api/status").as_deref(), Some(&b"/api/status 2"[..]));
+        assert_eq!(body(&hour, "/missing"), None);
+        assert_eq!(
+            body(&hour, "/missing"),
+            None,
+            "a path it does not serve is asked again"
+        );
+        assert_eq!(renders.load(Ordering::SeqCst), 4);
+        let none = cached(counted, Duration::ZERO);
+        assert_eq!(body(&none, "/metrics").as_deref(), Some(&b"/metrics 5"[..]));
+        assert_eq!(body(&none, "/metrics").as_deref(), Some(&b"/metrics 6"[..]));
     }
 }

@@ -358,11 +358,12 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         Arc::new(move |path: &str| {
             (path == "/metrics").then(|| crate::http::Page {
                 content_type: crate::exposition::CONTENT_TYPE,
-                body: crate::metrics::agent(&jobs, &budget).into_bytes(),
+                body: crate::metrics::agent(&jobs, &budget).into(),
             })
         })
     };
     let auth = crate::http::HttpAuth::new(check, config.viewer_token.clone(), secure);
+    let pages = crate::http::cached(pages, crate::http::RENDER_TTL);
     tokio::spawn(crate::http::serve(routed.http, auth, cancel.clone(), pages));
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: ring connections live as long as

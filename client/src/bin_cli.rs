@@ -87,6 +87,10 @@ pub struct TrainArgs {
     /// Run the rendezvous and agents in this process.
     #[arg(long)]
     pub local: bool,
+    /// With --local: where the in-process rendezvous and its status page
+    /// listen (a loopback address, e.g. 127.0.0.1:8080; default a free port).
+    #[arg(long)]
+    pub status_addr: Option<std::net::SocketAddr>,
     /// Train on GPUs.
     #[arg(long)]
     pub gpu: bool,
@@ -301,6 +305,9 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .local_mode(args.local || args.rendezvous.is_none());
     if let Some(r) = &args.rendezvous {
         builder = builder.rendezvous(r.clone());
+    }
+    if let Some(addr) = args.status_addr {
+        builder = builder.status_addr(addr);
     }
     if let Some(m) = args.min_slots {
         builder = builder.min_slots(m);

@@ -45,6 +45,10 @@ pub struct LocalClusterConfig {
     /// A token that reads the rendezvous' status page and every `/metrics`
     /// and nothing else; `None` (the default): only the operator token does.
     pub viewer_token: Option<Token>,
+    /// Where the rendezvous listens — its gRPC, status page and `/metrics`
+    /// (`None`: a free port on 127.0.0.1). Without TLS it must be a loopback
+    /// address: the page's token would otherwise cross the network in the clear.
+    pub rendezvous_addr: Option<std::net::SocketAddr>,
 }
 
 impl LocalClusterConfig {
@@ -69,6 +73,7 @@ impl LocalClusterConfig {
             finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
             credentials: Some(kindling_schemas::credential::CredentialKey::generate()),
             viewer_token: None,
+            rendezvous_addr: None,
         }
     }
 }
@@ -92,6 +97,12 @@ pub enum LocalError {
     /// An agent did not start.
     #[error("local agent: {0}")]
     Agent(#[from] AgentError),
+    /// The rendezvous was asked to listen off loopback without TLS.
+    #[error(
+        "local rendezvous address {0} is not a loopback address: without TLS the status page's \
+         token would cross the network in the clear; use 127.0.0.1:<port> (and an SSH tunnel)"
+    )]
+    NotLoopback(std::net::SocketAddr),
 }
 
 impl LocalCluster {
@@ -106,11 +117,20 @@ impl LocalCluster {
             gang_timeout: config.gang_timeout,
             ..RendezvousConfig::default()
         };
-        let rendezvous = EmbeddedRendezvous::start_with(ServerConfig {
-            tls: config.tls.clone(),
-            viewer_token: config.viewer_token.clone(),
-            ..ServerConfig::new(rv_config, config.token.clone())
-        })
+        let addr = config
+            .rendezvous_addr
+            .unwrap_or((std::net::Ipv4Addr::LOCALHOST, 0).into());
+        if !addr.ip().is_loopback() && config.tls.is_none() {
+            return Err(LocalError::NotLoopback(addr));
+        }
+        let rendezvous = EmbeddedRendezvous::start_on(
+            addr,
+            ServerConfig {
+                tls: config.tls.clone(),
+                viewer_token: config.viewer_token.clone(),
+                ..ServerConfig::new(rv_config, config.token.clone())
+            },
+        )
         .await?;
         let cluster = LocalCluster {
             config,

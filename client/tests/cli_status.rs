@@ -109,3 +109,40 @@ async fn status_of_a_job_shows_every_epoch_and_a_sparkline_of_its_loss() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("job `nope`"));
     cluster.shutdown().await;
 }
+
+/// `--status-addr`: the local cluster's rendezvous (its gRPC, status page and
+/// `/metrics`) listens where asked, on loopback only without TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_cluster_serves_its_status_page_on_the_chosen_loopback_address_only() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.rendezvous_addr = Some(addr);
+    let cluster = LocalCluster::start(1, config).await.expect("cluster");
+    assert_eq!(cluster.rendezvous_url(), format!("http://{addr}"));
+    let token = cluster.token().expect("token").expose().to_owned();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(
+        format!("GET /api/status HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .expect("request");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).await.expect("answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"jobs\""), "{answer}");
+    cluster.shutdown().await;
+
+    let mut open = LocalClusterConfig::new(dir.path().join("open"));
+    open.rendezvous_addr = Some(([0, 0, 0, 0], 0).into());
+    let err = LocalCluster::start(1, open)
+        .await
+        .expect_err("plaintext off loopback");
+    assert!(err.to_string().contains("not a loopback address"), "{err}");
+}

@@ -44,10 +44,16 @@ impl EmbeddedRendezvous {
 
     /// Like [`start`](Self::start) with every server setting.
     pub async fn start_with(config: ServerConfig) -> Result<Self, RendezvousError> {
+        Self::start_on((std::net::Ipv4Addr::LOCALHOST, 0).into(), config).await
+    }
+
+    /// Like [`start_with`](Self::start_with), bound to `addr` (port 0: any
+    /// free port).
+    pub async fn start_on(addr: SocketAddr, config: ServerConfig) -> Result<Self, RendezvousError> {
         config.rendezvous.validate()?;
-        let listener = TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        let listener = TcpListener::bind(addr)
             .await
-            .map_err(|e| RendezvousError::transport("binding 127.0.0.1:0", e))?;
+            .map_err(|e| RendezvousError::transport(format!("binding {addr}"), e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| RendezvousError::transport("reading the bound address", e))?;

@@ -62,21 +62,24 @@ impl Reports {
 pub fn pages(state: RendezvousState, reports: Reports) -> crate::http::Pages {
     Arc::new(move |path: &str| {
         let (content_type, body) = match path {
-            "/" | "/index.html" => ("text/html; charset=utf-8", INDEX_HTML.as_bytes().to_vec()),
+            "/" | "/index.html" => (
+                "text/html; charset=utf-8",
+                bytes::Bytes::from_static(INDEX_HTML.as_bytes()),
+            ),
             "/api/status" => {
                 let jobs = state.list_jobs().unwrap_or_default();
                 let agents = state.list_agents().unwrap_or_default();
                 // Reports of agents gone for longer than finished jobs are kept.
                 reports.prune(state.config().retention);
                 let body = status(&jobs, &agents, &reports.lock(), now_ms());
-                ("application/json", body.to_string().into_bytes())
+                ("application/json", body.to_string().into())
             }
             "/metrics" => {
                 let jobs = state.list_jobs().unwrap_or_default();
                 let agents = state.list_agents().unwrap_or_default();
                 (
                     crate::exposition::CONTENT_TYPE,
-                    crate::exposition::rendezvous(&jobs, &agents).into_bytes(),
+                    crate::exposition::rendezvous(&jobs, &agents).into(),
                 )
             }
             _ => return None,

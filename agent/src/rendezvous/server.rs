@@ -111,7 +111,10 @@ pub async fn serve(
         routed.http,
         auth,
         shutdown.clone(),
-        super::page::pages(state.clone(), reports),
+        crate::http::cached(
+            super::page::pages(state.clone(), reports),
+            crate::http::RENDER_TTL,
+        ),
     ));
     // No ring here: its connections are dropped.
     drop(routed.ring);

@@ -20,6 +20,28 @@ pub use agent::{AgentClient, MAX_MESSAGE_BYTES};
 pub use push::{ExecutorPush, PushedPartition};
 pub use writer::{CommittingWriter, ShardReceipt, ShardWriter};
 
+/// How the DataFrame's rows reach the agents.
+///
+/// ```
+/// use kindling::job::{ExecutorPush, Feed};
+/// let relay = Feed::default();
+/// assert_eq!(relay, Feed::DriverRelay);
+/// let push = Feed::ExecutorPush(ExecutorPush::new().python_version("3.12"));
+/// # let _ = push;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Feed {
+    /// The client executes the DataFrame through Spark Connect and streams its
+    /// Arrow batches to the agents (needs nothing on the executors; every row
+    /// crosses the client).
+    #[default]
+    DriverRelay,
+    /// Every Spark task pushes its own partition straight to an agent with
+    /// `mapInArrow` and the shipped `kindling_push.py` (rows never cross the
+    /// client; the executors need Python with pyarrow). See docs/executor-push.md.
+    ExecutorPush(ExecutorPush),
+}
+
 /// Everything that can go wrong moving rows into agents.
 #[derive(Debug, thiserror::Error)]
 pub enum FeedError {

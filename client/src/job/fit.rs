@@ -139,6 +139,7 @@ impl TrainingJob {
             }
             config.gang_timeout = self.gang_timeout;
             config.models = self.models.clone();
+            config.rendezvous_addr = self.status_addr;
             let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
             let result = self.run(Target::Local(&cluster), rows).await;
             cluster.shutdown().await;

@@ -24,7 +24,7 @@ pub use model::TrainedModel;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
-pub use crate::feed::{ExecutorPush, PushedPartition};
+pub use crate::feed::{ExecutorPush, Feed, PushedPartition};
 
 /// How long `fit` waits for a lost agent's replacement by default.
 pub const DEFAULT_REPLACEMENT_WAIT: Duration = Duration::from_secs(120);
@@ -250,6 +250,8 @@ pub struct TrainingJob {
     eval_fraction: f64,
     #[cfg_attr(not(feature = "local"), allow(dead_code))]
     work_dir: PathBuf,
+    #[cfg_attr(not(feature = "local"), allow(dead_code))]
+    status_addr: Option<std::net::SocketAddr>,
     max_attempts: u32,
     window_bytes: usize,
     commit_bytes: usize,
@@ -265,28 +267,6 @@ pub struct TrainingJob {
     feed: Feed,
     #[cfg(feature = "local")]
     models: kindling_agent::model::ModelRegistry,
-}
-
-/// How the DataFrame's rows reach the agents.
-///
-/// ```
-/// use kindling::job::{ExecutorPush, Feed};
-/// let relay = Feed::default();
-/// assert_eq!(relay, Feed::DriverRelay);
-/// let push = Feed::ExecutorPush(ExecutorPush::new().python_version("3.12"));
-/// # let _ = push;
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Feed {
-    /// The client executes the DataFrame through Spark Connect and streams its
-    /// Arrow batches to the agents (needs nothing on the executors; every row
-    /// crosses the client).
-    #[default]
-    DriverRelay,
-    /// Every Spark task pushes its own partition straight to an agent with
-    /// `mapInArrow` and the shipped `kindling_push.py` (rows never cross the
-    /// client; the executors need Python with pyarrow). See docs/executor-push.md.
-    ExecutorPush(ExecutorPush),
 }
 
 impl TrainingJob {
@@ -321,6 +301,7 @@ pub struct TrainingJobBuilder {
     token: Option<Token>,
     eval_fraction: f64,
     work_dir: Option<PathBuf>,
+    status_addr: Option<std::net::SocketAddr>,
     max_attempts: u32,
     window_bytes: usize,
     commit_bytes: usize,
@@ -348,6 +329,7 @@ impl Default for TrainingJobBuilder {
             token: None,
             eval_fraction: 0.0,
             work_dir: None,
+            status_addr: None,
             max_attempts: 3,
             window_bytes: 32 << 20,
             commit_bytes: 4 << 20,
@@ -447,6 +429,14 @@ impl TrainingJobBuilder {
     /// when no rendezvous is given).
     pub fn local_mode(mut self, local: bool) -> Self {
         self.local_mode = Some(local);
+        self
+    }
+
+    /// In local mode, where the in-process rendezvous — and so its status
+    /// page — listens (a loopback address unless the cluster has TLS; by
+    /// default a free port on 127.0.0.1). `fit` prints the page's address.
+    pub fn status_addr(mut self, addr: std::net::SocketAddr) -> Self {
+        self.status_addr = Some(addr);
         self
     }
 
@@ -665,6 +655,7 @@ impl TrainingJobBuilder {
             token: self.token,
             eval_fraction: self.eval_fraction,
             work_dir,
+            status_addr: self.status_addr,
             max_attempts: self.max_attempts,
             window_bytes: self.window_bytes,
             commit_bytes: self.commit_bytes,
