@@ -43,6 +43,9 @@ pub enum AgentError {
     /// A model was asked for at a path that names no model.
     #[error("{0:?} is not a model: use [job_id, model] or [job_id, checkpoint]")]
     NotAModel(Vec<String>),
+    /// A `serve_model` body whose model cannot be built (id, weights, inputs).
+    #[error("invalid input: serve_model: {0}")]
+    BadServedModel(String),
     /// `GetSchema` for a path that has no fixed schema.
     #[error("no schema for {0:?}")]
     NoSchema(Vec<String>),
@@ -145,6 +148,17 @@ pub enum AgentError {
     /// The job is not known to this agent.
     #[error("unknown job `{0}` on this agent: start it with the `start_job` action first")]
     UnknownJob(String),
+    /// Prediction named neither a job nor a served model.
+    #[error(
+        "agent `{agent_id}` has no job and serves no model `{model_id}`: serve it there first \
+         (the `serve_model` action; `TrainedModel::transform` serves on every live agent)"
+    )]
+    UnknownModel {
+        /// This agent.
+        agent_id: String,
+        /// What was asked for.
+        model_id: String,
+    },
     /// `start_job` named a job the rendezvous does not know.
     #[error(
         "job `{job_id}` does not exist at the rendezvous {rendezvous}: create it there first \
@@ -297,6 +311,16 @@ pub enum AgentError {
         /// The cap.
         cap: usize,
     },
+    /// The agent serves as many models as it may.
+    #[error(
+        "agent `{agent_id}` already serves {cap} models, its cap: drop one first (the `drop_model` action)"
+    )]
+    TooManyModels {
+        /// This agent.
+        agent_id: String,
+        /// The cap.
+        cap: usize,
+    },
     /// A model over the agent's parameter cap (nothing was allocated).
     #[error(
         "model `{model}` has {params} parameters, over this agent's cap of {cap} \
@@ -419,6 +443,7 @@ impl From<AgentError> for Status {
             | AgentError::Path(_)
             | AgentError::WrongPath { .. }
             | AgentError::NotAModel(_)
+            | AgentError::BadServedModel(_)
             | AgentError::NoSchema(_)
             | AgentError::Action(_)
             | AgentError::BatchMetadata(_)
@@ -437,9 +462,10 @@ impl From<AgentError> for Status {
             | AgentError::RankOutsideWorld { .. }
             | AgentError::BroadcastWithoutPayload
             | AgentError::Token(_) => Status::invalid_argument(msg),
-            AgentError::UnknownJob(_) | AgentError::NotAtRendezvous { .. } | AgentError::NoCheckpoint(_) => {
-                Status::not_found(msg)
-            }
+            AgentError::UnknownJob(_)
+            | AgentError::UnknownModel { .. }
+            | AgentError::NotAtRendezvous { .. }
+            | AgentError::NoCheckpoint(_) => Status::not_found(msg),
             AgentError::WrongState { .. }
             | AgentError::UnknownLayout
             | AgentError::NoData
@@ -466,6 +492,7 @@ impl From<AgentError> for Status {
             AgentError::PutStreamBroke(_) => Status::invalid_argument(msg),
             AgentError::SpillFull { .. }
             | AgentError::TooManyJobs { .. }
+            | AgentError::TooManyModels { .. }
             | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::Status(status) => *status,

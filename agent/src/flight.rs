@@ -236,19 +236,41 @@ impl FlightService for AgentFlightService {
             .into());
         };
         caller.allow(job_id, &[Role::Reader], "predict")?;
-        let model = self
-            .model_for(&DataPath::Model {
-                job_id: job_id.clone(),
-            })
-            .await?;
-        let spec = self.jobs.get(job_id)?.spec.clone();
+        // A job's own model, else a model served under that id.
+        let (model, spec, served) = match self.jobs.get(job_id) {
+            Ok(job) => {
+                let model = self
+                    .model_for(&DataPath::Model {
+                        job_id: job_id.clone(),
+                    })
+                    .await?;
+                (model, job.spec.clone(), None)
+            }
+            Err(_) => {
+                let served = self
+                    .jobs
+                    .served()
+                    .get(job_id)
+                    .ok_or_else(|| AgentError::UnknownModel {
+                        agent_id: self.jobs.agent_id().to_owned(),
+                        model_id: job_id.clone(),
+                    })?;
+                served.stream_opened();
+                (served.model.clone(), served.spec.clone(), Some(served))
+            }
+        };
         // Arrow C++ (pyarrow) and Java clients open DoExchange with a message that
         // carries only the descriptor; it has no IPC header for the decoder.
         let first = (!first.data_header.is_empty()).then_some(first);
         let messages = futures::stream::iter(first.map(Ok))
             .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))))
             .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())));
-        let batches = predict::predict_stream(kindling_schemas::ipc::decode(messages), model, spec);
+        let batches = predict::predict_stream(kindling_schemas::ipc::decode(messages), model, spec)
+            .inspect_ok(move |b| {
+                if let Some(s) = &served {
+                    s.predicted(b.num_rows());
+                }
+            });
         let out = FlightDataEncoderBuilder::new()
             .build(batches)
             .map_err(flight_status);
@@ -297,6 +319,23 @@ impl FlightService for AgentFlightService {
                 jobs: self.jobs.all().iter().map(|j| j.status()).collect(),
             }),
             Action::IssueCredential(i) => ok_json(&self.jobs.issue_credential(&i)?),
+            Action::ServeModel(serve) => {
+                let jobs = self.jobs.clone();
+                let answer = tokio::task::spawn_blocking(move || {
+                    jobs.served().serve(jobs.agent_id(), jobs.models(), &serve)
+                })
+                .await
+                .map_err(|source| AgentError::Panicked {
+                    task: "loading a served model",
+                    source,
+                })??;
+                ok_json(&answer)
+            }
+            Action::DropModel(d) => {
+                self.jobs.served().drop_model(self.jobs.agent_id(), &d.model_id)?;
+                ok_json(&self.served_list())
+            }
+            Action::ServedModels => ok_json(&self.served_list()),
         }
     }
 
@@ -318,6 +357,13 @@ impl FlightService for AgentFlightService {
 }
 
 impl AgentFlightService {
+    fn served_list(&self) -> kindling_schemas::serving::ServedList {
+        kindling_schemas::serving::ServedList {
+            agent_id: self.jobs.agent_id().to_owned(),
+            models: self.jobs.served().list(),
+        }
+    }
+
     /// The model `path` names: the trained one (in memory), or the latest
     /// checkpoint's, read and decoded on the blocking pool.
     async fn model_for(&self, path: &DataPath) -> Result<Arc<dyn AnyModel>, AgentError> {

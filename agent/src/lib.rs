@@ -57,6 +57,7 @@ pub mod predict;
 pub mod registry;
 pub mod rendezvous;
 pub mod server;
+pub mod serving;
 pub mod tensorize;
 pub mod trainer;
 

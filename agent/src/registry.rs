@@ -21,6 +21,7 @@ pub struct JobRegistry {
     env: JobEnv,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    served: crate::serving::ServedModels,
 }
 
 impl JobRegistry {
@@ -31,11 +32,17 @@ impl JobRegistry {
             env,
             tracker,
             cancel,
+            served: Default::default(),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Job>>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The models this agent serves (`serve_model`).
+    pub fn served(&self) -> &crate::serving::ServedModels {
+        &self.served
     }
 
     /// This agent's id.

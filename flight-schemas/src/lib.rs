@@ -28,7 +28,9 @@ pub mod metadata;
 pub mod rendezvous;
 pub mod ring;
 pub mod schema;
+pub mod serving;
 pub mod spec;
+pub mod status;
 pub mod tls;
 
 /// Generated protobuf messages and tonic services.

@@ -16,7 +16,7 @@ use super::{AgentClient, FeedError};
 use crate::spark::{DataFrame, MapInArrowUdf};
 
 /// The executor-push module, shipped to the executors as a session Python file.
-const KINDLING_PUSH_PY: &str = include_str!("../../python/kindling_push.py");
+pub(crate) const KINDLING_PUSH_PY: &str = include_str!("../../python/kindling_push.py");
 /// `kindling_push.SUMMARY_DDL`: one row per pushed partition.
 pub(crate) const PUSH_SUMMARY_DDL: &str = "partition_id int, attempt int, agent string, agent_id string, \
      producer string, batches long, rows long, committed_rows long, duplicate boolean";

@@ -50,6 +50,16 @@ impl Target<'_> {
         false
     }
 
+    /// The cluster serving the model trained here (`transform`).
+    fn serving(&self, channel: &kindling_schemas::channel::ChannelConfig) -> super::ServingCluster {
+        super::ServingCluster {
+            rendezvous: self.rendezvous(),
+            token: self.token(),
+            channel: channel.clone(),
+            local: self.is_local(),
+        }
+    }
+
     pub(super) fn token(&self) -> Option<Token> {
         match self {
             #[cfg(feature = "local")]
@@ -141,7 +151,11 @@ impl TrainingJob {
             config.models = self.models.clone();
             config.rendezvous_addr = self.status_addr;
             let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
-            let result = self.run(Target::Local(&cluster), rows).await;
+            // The cluster ends here: nothing is left to serve the model.
+            let result = self.run(Target::Local(&cluster), rows).await.map(|mut m| {
+                m.serving = None;
+                m
+            });
             cluster.shutdown().await;
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
@@ -449,7 +463,7 @@ impl TrainingJob {
             seen_epochs += 1;
         }
         let weights = holders.clients[0].fetch_model(&job_id).await?;
-        let model = TrainedModel::from_weights(
+        let mut model = TrainedModel::from_weights(
             spec.clone(),
             job_id.clone(),
             &layout,
@@ -458,6 +472,7 @@ impl TrainingJob {
             #[cfg(feature = "local")]
             &self.models,
         )?;
+        model.serving = Some(target.serving(&self.channel));
         guard.armed = false;
         reporter.emit(TrainingEvent::Finished {
             job_id: job_id.clone(),

@@ -7,21 +7,25 @@
 //! - [`TrainedModel`]: metrics, weights, save/load, predict (also back into Spark).
 //! - [`TrainingEvent`]: progress, as a stream for the application and as bars/log lines.
 
+mod error;
 mod fit;
 mod model;
 mod progress;
 mod recover;
+mod transform;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
-use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, SpecError, Task};
+use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
 use tokio::sync::mpsc;
 
+pub use error::JobError;
 pub use model::TrainedModel;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
+pub use transform::{Served, ServingCluster, Transform};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
 pub use crate::feed::{ExecutorPush, Feed, PushedPartition};
@@ -32,193 +36,6 @@ pub const DEFAULT_REPLACEMENT_WAIT: Duration = Duration::from_secs(120);
 /// The client lease a job is created with by default
 /// ([`TrainingJobBuilder::client_lease`]).
 pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(30);
-
-/// Everything that can make a training job fail.
-#[derive(Debug, thiserror::Error)]
-pub enum JobError {
-    /// The job was configured wrongly.
-    #[error(transparent)]
-    Spec(#[from] SpecError),
-    /// A setting is invalid, or does not fit how the job is run.
-    #[error("invalid training job: {setting}: {reason}")]
-    Setting {
-        /// The setting (builder method).
-        setting: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The job id cannot name a job on the agents.
-    #[error("invalid training job: job_id: {0}")]
-    JobId(#[source] kindling_schemas::descriptor::PathError),
-    /// The DataFrame's columns or values do not fit the spec (nothing was trained).
-    #[error("the data does not fit the job: {0}")]
-    Data(#[from] kindling_schemas::schema::SchemaError),
-    /// Spark failed.
-    #[error(transparent)]
-    Spark(crate::spark::Error),
-    /// The Spark Connect server stopped a query whose result passed its
-    /// `spark.driver.maxResultSize`: a query's whole result goes through it.
-    #[error(
-        "{source} — a query's whole result goes through the Spark Connect server, which caps it at \
-         spark.driver.maxResultSize. Persist the DataFrame so it is relayed in slices (fit persists \
-         by default; TrainingJob::relay_slice_bytes sizes them), raise spark.driver.maxResultSize on \
-         the server, or train with executor push (Feed::ExecutorPush), which never sends rows through it"
-    )]
-    DriverResultLimit {
-        /// Spark's error.
-        #[source]
-        source: crate::spark::Error,
-    },
-    /// Too few live agents have the job's model registered (the others
-    /// would refuse the job): nothing was started or fed.
-    #[error(
-        "model `{model}` is registered on {with_model} live agent(s), the job needs {needed}; the others \
-         lack it ({others}): run agents built with it (kindling_agent::run with your registry)"
-    )]
-    ModelUnavailable {
-        /// The model the job names.
-        model: String,
-        /// Slots asked for.
-        needed: u32,
-        /// Live agents that have it.
-        with_model: usize,
-        /// What each agent without it has.
-        others: String,
-    },
-    /// An agent was lost, no spare was live, none registered within the
-    /// wait, and too few agents survived to go on without it (`min_slots`).
-    #[error(
-        "lost agent(s) {lost} and no replacement registered at {rendezvous} within {waited:?} \
-         ({live} other live agent(s)); {survivors} agent(s) survive and the job needs at least \
-         {min_slots} (min_slots): raise TrainingJobBuilder::replacement_wait, lower min_slots, or add \
-         agents"
-    )]
-    NoReplacement {
-        /// The lost agents' ids.
-        lost: String,
-        /// How long fit waited.
-        waited: Duration,
-        /// Live agents that could not take the place.
-        live: usize,
-        /// The job's agents still training.
-        survivors: usize,
-        /// The fewest agents the job may go on with.
-        min_slots: u32,
-        /// The rendezvous asked.
-        rendezvous: String,
-    },
-    /// Fewer live agents than slots.
-    #[error("the job needs {needed} agents but only {live} are live at {rendezvous}")]
-    NotEnoughAgents {
-        /// Slots asked for.
-        needed: u32,
-        /// Live agents.
-        live: usize,
-        /// Where they were counted.
-        rendezvous: String,
-    },
-    /// Moving rows into the agents failed, or an agent refused or failed a call.
-    #[error(transparent)]
-    Feed(crate::feed::FeedError),
-    /// The rendezvous refused or failed.
-    #[error("rendezvous: {0}")]
-    Rendezvous(#[from] kindling_schemas::rendezvous::ClientError),
-    /// Local mode could not start.
-    #[cfg(feature = "local")]
-    #[error(transparent)]
-    Local(#[from] crate::local::LocalError),
-    /// Training failed on the agents.
-    #[error("training of job `{job_id}` failed: {cause}")]
-    TrainingFailed {
-        /// The job.
-        job_id: String,
-        /// The first cause.
-        cause: String,
-    },
-    /// The input to predict has no rows.
-    #[error("{what} is empty: there is nothing to predict")]
-    EmptyInput {
-        /// What was empty.
-        what: &'static str,
-    },
-    /// The features to predict do not have the width the model was trained on.
-    #[error("the features give an input of width {features}, the model was trained on {model}")]
-    InputWidth {
-        /// Width of the features given.
-        features: usize,
-        /// Width the model takes.
-        model: usize,
-    },
-    /// The features to predict are not the kinds of input the model was trained on.
-    #[error("the features to predict are {features}, the model was trained on {model}")]
-    InputMismatch {
-        /// The inputs given.
-        features: String,
-        /// The inputs the model was trained on.
-        model: String,
-    },
-    /// The model to predict with is not registered in this process.
-    #[error(
-        "model `{model}` is not registered in this process: pass a registry with it \
-         (TrainingJobBuilder::models, TrainedModel::load_with) to predict here"
-    )]
-    ModelNotLinked {
-        /// The model.
-        model: String,
-    },
-    /// A prediction thread panicked or was cancelled.
-    #[error("prediction thread failed: {0}")]
-    PredictionThread(#[source] tokio::task::JoinError),
-    /// A model file or directory could not be read or written.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The model could not be built or loaded.
-    #[cfg(feature = "local")]
-    #[error(transparent)]
-    Model(#[from] kindling_agent::AgentError),
-}
-
-impl From<crate::spark::Error> for JobError {
-    fn from(e: crate::spark::Error) -> Self {
-        match &e {
-            crate::spark::Error::Spark { message, .. } if message.contains("spark.driver.maxResultSize") => {
-                JobError::DriverResultLimit { source: e }
-            }
-            _ => JobError::Spark(e),
-        }
-    }
-}
-
-impl From<crate::feed::FeedError> for JobError {
-    /// Spark's and the data's errors read the same whether they arose while
-    /// checking the job or while feeding it.
-    fn from(e: crate::feed::FeedError) -> Self {
-        match e {
-            crate::feed::FeedError::Spark(e) => e.into(),
-            crate::feed::FeedError::Data(e) => JobError::Data(e),
-            other => JobError::Feed(other),
-        }
-    }
-}
-
-impl JobError {
-    /// Whether running the job again could help.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            JobError::Spark(e) => e.is_retryable(),
-            JobError::Feed(e) => e.is_retryable(),
-            JobError::Rendezvous(e) => e.is_retryable(),
-            JobError::NotEnoughAgents { .. } => true,
-            _ => false,
-        }
-    }
-}
 
 /// A validated training job.
 ///

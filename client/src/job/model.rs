@@ -18,9 +18,12 @@ use kindling_agent::model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
 use kindling_agent::{predict, trainer};
 use kindling_schemas::action::EpochMetrics;
+use kindling_schemas::schema::FeatureLayout;
 #[cfg(feature = "local")]
 use kindling_schemas::schema::{self, StreamKind};
-use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
+#[cfg(feature = "local")]
+use kindling_schemas::serving::model_layout;
+use kindling_schemas::serving::{ModelInput, model_inputs};
 use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 
@@ -35,103 +38,13 @@ use crate::spark::{DataFrame, SparkSession};
 pub type PredictionStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, JobError>> + Send>>;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct ModelMeta {
+pub(super) struct ModelMeta {
     job_id: String,
-    input_dim: usize,
+    pub(super) input_dim: usize,
     history: Vec<EpochMetrics>,
     /// The feature columns the model was trained on.
     #[serde(default)]
-    inputs: Vec<SavedInput>,
-}
-
-/// A feature column as the model saw it (no Arrow types: a float column of
-/// any numeric type is the same input).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum SavedInput {
-    Float {
-        name: String,
-        width: usize,
-    },
-    Categorical {
-        name: String,
-        vocabulary: usize,
-    },
-    Sequence {
-        name: String,
-        vocabulary: usize,
-        max_len: usize,
-    },
-}
-
-fn saved_inputs(layout: &FeatureLayout) -> Vec<SavedInput> {
-    layout
-        .features
-        .iter()
-        .map(|f| {
-            let name = f.name.clone();
-            match f.kind {
-                FeatureKind::Categorical { vocabulary } => SavedInput::Categorical { name, vocabulary },
-                FeatureKind::Sequence { vocabulary, max_len } => SavedInput::Sequence {
-                    name,
-                    vocabulary,
-                    max_len,
-                },
-                ref float => SavedInput::Float {
-                    name,
-                    width: float.float_width(),
-                },
-            }
-        })
-        .collect()
-}
-
-/// The layout a model was built for, from what was saved with it.
-#[cfg_attr(not(feature = "local"), allow(dead_code))]
-fn saved_layout(spec: &JobSpec, meta: &ModelMeta) -> FeatureLayout {
-    let mut offset = 0;
-    let features = meta
-        .inputs
-        .iter()
-        .map(|input| {
-            let (name, kind) = match input {
-                SavedInput::Float { name, width: 1 } => {
-                    (name, FeatureKind::Scalar(arrow::datatypes::DataType::Float32))
-                }
-                SavedInput::Float { name, width } => (name, FeatureKind::Vector { len: *width }),
-                SavedInput::Categorical { name, vocabulary } => (
-                    name,
-                    FeatureKind::Categorical {
-                        vocabulary: *vocabulary,
-                    },
-                ),
-                SavedInput::Sequence {
-                    name,
-                    vocabulary,
-                    max_len,
-                } => (
-                    name,
-                    FeatureKind::Sequence {
-                        vocabulary: *vocabulary,
-                        max_len: *max_len,
-                    },
-                ),
-            };
-            let column = FeatureColumn {
-                name: name.clone(),
-                offset,
-                kind,
-            };
-            offset += column.kind.float_width();
-            column
-        })
-        .collect();
-    FeatureLayout {
-        features,
-        input_dim: meta.input_dim,
-        label: None,
-        outputs: spec.output_dim(),
-    }
+    pub(super) inputs: Vec<ModelInput>,
 }
 
 /// A trained model: its spec, metrics and weights; with the `local` feature
@@ -140,11 +53,13 @@ fn saved_layout(spec: &JobSpec, meta: &ModelMeta) -> FeatureLayout {
 /// [`TrainingJobBuilder::models`](super::TrainingJobBuilder::models)).
 #[derive(Debug, Clone)]
 pub struct TrainedModel {
-    spec: JobSpec,
-    meta: ModelMeta,
-    weights: RecordBatch,
+    pub(super) spec: JobSpec,
+    pub(super) meta: ModelMeta,
+    pub(super) weights: RecordBatch,
     #[cfg(feature = "local")]
     net: Option<Arc<dyn AnyModel>>,
+    /// The cluster that serves it for `transform`.
+    pub(super) serving: Option<super::transform::ServingCluster>,
 }
 
 impl TrainedModel {
@@ -160,7 +75,7 @@ impl TrainedModel {
             job_id,
             input_dim: layout.input_dim,
             history,
-            inputs: saved_inputs(layout),
+            inputs: model_inputs(layout),
         };
         #[cfg(feature = "local")]
         let net = match models.contains(spec.model.name()) {
@@ -173,7 +88,26 @@ impl TrainedModel {
             weights,
             #[cfg(feature = "local")]
             net,
+            serving: None,
         })
+    }
+
+    /// Whether prediction input of `layout` is what the model was trained on.
+    pub(super) fn check_layout(&self, layout: &FeatureLayout) -> Result<(), JobError> {
+        if layout.input_dim != self.meta.input_dim {
+            return Err(JobError::InputWidth {
+                features: layout.input_dim,
+                model: self.meta.input_dim,
+            });
+        }
+        let given = model_inputs(layout);
+        if !self.meta.inputs.is_empty() && given != self.meta.inputs {
+            return Err(JobError::InputMismatch {
+                features: format!("{given:?}"),
+                model: format!("{:?}", self.meta.inputs),
+            });
+        }
+        Ok(())
     }
 
     /// The spec it was trained with.
@@ -257,13 +191,15 @@ impl TrainedModel {
         #[cfg(feature = "local")]
         if models.contains(spec.model.name()) {
             let bytes = read("model.bpk")?;
-            let net = empty_net(models, &spec, &saved_layout(&spec, &meta))?.from_record_bytes(bytes)?;
+            let net = empty_net(models, &spec, &model_layout(&spec, &meta.inputs, meta.input_dim))?
+                .from_record_bytes(bytes)?;
             let weights = net.to_arrow()?;
             return Ok(TrainedModel {
                 spec,
                 meta,
                 weights,
                 net: Some(Arc::from(net)),
+                serving: None,
             });
         }
         let weights = read_weights(&dir.join("weights.arrow"))?;
@@ -273,6 +209,7 @@ impl TrainedModel {
             weights,
             #[cfg(feature = "local")]
             net: None,
+            serving: None,
         })
     }
 }
@@ -321,19 +258,7 @@ impl TrainedModel {
     /// spec and the width the model was trained on.
     fn check_input(&self, schema: &arrow::datatypes::Schema) -> Result<schema::FeatureLayout, JobError> {
         let layout = schema::validate(schema, &self.spec, StreamKind::Predict)?;
-        if layout.input_dim != self.meta.input_dim {
-            return Err(JobError::InputWidth {
-                features: layout.input_dim,
-                model: self.meta.input_dim,
-            });
-        }
-        let given = saved_inputs(&layout);
-        if !self.meta.inputs.is_empty() && given != self.meta.inputs {
-            return Err(JobError::InputMismatch {
-                features: format!("{given:?}"),
-                model: format!("{:?}", self.meta.inputs),
-            });
-        }
+        self.check_layout(&layout)?;
         Ok(layout)
     }
 

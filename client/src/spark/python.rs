@@ -8,6 +8,7 @@ use spark_connect_proto::data_type::{Kind, Unparsed};
 use spark_connect_proto::relation::RelType;
 use spark_connect_proto::{self as proto, CommonInlineUserDefinedFunction, DataType};
 
+use super::column::Column;
 use super::dataframe::DataFrame;
 use super::error::{Error, Result};
 use super::session::SparkSession;
@@ -38,6 +39,7 @@ pub struct MapInArrowUdf {
     args: Vec<String>,
     output_ddl: String,
     python_version: String,
+    inputs: Vec<String>,
 }
 
 impl MapInArrowUdf {
@@ -57,12 +59,22 @@ impl MapInArrowUdf {
             args: Vec::new(),
             output_ddl: output_ddl.into(),
             python_version: python_version.into(),
+            inputs: Vec::new(),
         }
     }
 
     /// Appends a string argument of the factory call.
     pub fn arg(mut self, value: impl Into<String>) -> Self {
         self.args.push(value.into());
+        self
+    }
+
+    /// The input columns, as PySpark's `mapInArrow` names every column of its
+    /// DataFrame: the plan then says the function reads them. Without them
+    /// Spark may hand the function batches with no columns (and no rows)
+    /// when a query needs none of its output, e.g. `count(*)` over it.
+    pub fn inputs<S: Into<String>>(mut self, columns: impl IntoIterator<Item = S>) -> Self {
+        self.inputs = columns.into_iter().map(Into::into).collect();
         self
     }
 
@@ -159,7 +171,11 @@ impl DataFrame {
         let func = CommonInlineUserDefinedFunction {
             function_name: udf.factory.clone(),
             deterministic: true,
-            arguments: Vec::new(),
+            arguments: udf
+                .inputs
+                .iter()
+                .map(|c| Column::attribute(&format!("`{}`", c.replace('`', "``")), None).expr)
+                .collect(),
             function: Some(Function::PythonUdf(proto::PythonUdf {
                 output_type: Some(DataType {
                     kind: Some(Kind::Unparsed(Unparsed {

@@ -1,0 +1,159 @@
+//! `TrainedModel::transform` on the shared Spark Connect server (`local[2]`:
+//! its tasks have no node-local agent, so they spread over the serving
+//! agents): predictions computed by real agents inside Spark tasks, equal to
+//! the driver-side `predict`, with no rows through the client; the model
+//! loaded once per agent; precise errors for what cannot work.
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Float32Type, Int64Type};
+use kindling::SparkSession;
+use kindling::job::{JobError, Transform};
+use kindling_tests::cluster::cluster;
+use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+
+/// Every transformed row's prediction and probabilities, checked against
+/// `predict_batch` of its own features in this process.
+pub fn assert_same_as_predict(model: &kindling::job::TrainedModel, batches: &[RecordBatch]) -> usize {
+    let mut rows = 0;
+    for b in batches {
+        let features = b.project(&[0, 1]).expect("features");
+        let expected = model.predict_batch(&features).expect("predict");
+        let got_class = b
+            .column_by_name("prediction")
+            .expect("prediction")
+            .as_primitive::<Int64Type>();
+        let want_class = expected
+            .column_by_name("prediction")
+            .expect("prediction")
+            .as_primitive::<Int64Type>();
+        assert_eq!(got_class, want_class);
+        let got = b
+            .column_by_name("probabilities")
+            .expect("probabilities")
+            .as_list::<i32>();
+        let want = expected
+            .column_by_name("probabilities")
+            .expect("probabilities")
+            .as_list::<i32>();
+        for i in 0..b.num_rows() {
+            let (g, w) = (got.value(i), want.value(i));
+            let (g, w) = (g.as_primitive::<Float32Type>(), w.as_primitive::<Float32Type>());
+            assert_eq!(g.len(), 2);
+            for k in 0..g.len() {
+                assert!((g.value(k) - w.value(k)).abs() <= 1e-6, "row {i}: {g:?} vs {w:?}");
+            }
+        }
+        rows += b.num_rows();
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transform_predicts_inside_spark_like_predict_with_no_rows_through_the_client() {
+    const ROWS: usize = 20_000;
+    let (cluster, _dir) = cluster(2).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, ROWS).await;
+    let model = rule_job()
+        .eval_fraction(0.0)
+        .epochs(2)
+        .build()
+        .expect("job")
+        .fit_on(&cluster, &df)
+        .await
+        .expect("fit");
+
+    let scored = model.transform(&df).await.expect("transform");
+    let names: Vec<String> = scored
+        .schema()
+        .await
+        .expect("schema")
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["x1", "x2", "y", "prediction", "probabilities"]);
+
+    // An aggregate over the predictions: every row predicted on the agents,
+    // one row back to the client.
+    let before = spark.data_bytes();
+    let summary = scored
+        .select_expr(["count(*) AS n", "sum(prediction) AS positives"])
+        .collect()
+        .await
+        .expect("aggregate");
+    let received = spark.data_bytes().received - before.received;
+    let n = summary[0].column(0).as_primitive::<Int64Type>().value(0);
+    assert_eq!(n, ROWS as i64);
+    assert!(received < 4096, "{received} bytes reached the client for one row");
+
+    // The model was loaded once per agent; its streams (one per task) and
+    // rows add up to the query's.
+    let serving = model.serving_cluster().expect("fit_on keeps the cluster").clone();
+    let (mut streams, mut rows) = (0, 0);
+    for i in 0..2 {
+        let list = kindling::job::TrainedModel::served_on(&serving, &cluster.agent_url(i).expect("agent"))
+            .await
+            .expect("served models");
+        assert_eq!(list.models.len(), 1, "{list:?}");
+        assert_eq!(list.models[0].loads, 1, "{list:?}");
+        streams += list.models[0].streams;
+        rows += list.models[0].rows;
+    }
+    assert_eq!(rows, ROWS as u64);
+    assert_eq!(streams, 4, "one stream per partition");
+
+    // The same predictions as the driver-side model, to 1e-6.
+    let batches = scored.collect().await.expect("collect");
+    assert_eq!(assert_same_as_predict(&model, &batches), ROWS);
+
+    // Serving again loads nothing.
+    let again = model.serve().await.expect("serve");
+    assert!(again.agents.iter().all(|(_, a)| !a.loaded), "{again:?}");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transform_says_precisely_what_cannot_work() {
+    let (cluster, _dir) = cluster(1).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 2_000).await;
+    let job = rule_job()
+        .num_slots(1)
+        .eval_fraction(0.0)
+        .epochs(1)
+        .build()
+        .expect("job");
+    let model = job.fit_on(&cluster, &df).await.expect("fit");
+
+    // A column it would add is there already.
+    let taken = df.with_column("prediction", kindling::spark::functions::lit(1));
+    let err = model.transform(&taken).await.expect_err("column taken");
+    assert!(
+        matches!(err, JobError::PredictionColumnTaken { column: "prediction" }),
+        "{err}"
+    );
+
+    // A feature is missing: named before anything runs.
+    let err = model.transform(&df.drop(["x2"])).await.expect_err("no x2");
+    assert!(err.to_string().contains("x2"), "{err}");
+
+    // A task with no agent on its node, where one is required: the query
+    // fails naming the node, it does not hang.
+    let strict = model
+        .transform_with(&df, &Transform::new().require_node_local(true))
+        .await
+        .expect("lazy");
+    let err = strict.collect().await.expect_err("no node-local agent");
+    assert!(
+        err.to_string()
+            .contains("no Kindling agent on this executor's node"),
+        "{err}"
+    );
+
+    // A model trained by plain local-mode `fit` has no cluster left.
+    let local = job.fit(&df).await.expect("local fit");
+    let err = local.transform(&df).await.expect_err("no cluster");
+    assert!(matches!(err, JobError::NoServingCluster), "{err}");
+    cluster.shutdown().await;
+}
