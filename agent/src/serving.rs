@@ -82,7 +82,7 @@ impl ServedModels {
         serve: &ServeModel,
     ) -> Result<ServeModelResponse, AgentError> {
         // An empty id asks the agent to name the version.
-        let id = model_id(serve);
+        let id = model_id(serve).map_err(AgentError::BadServedModel)?;
         if !serve.model_id.is_empty() && serve.model_id != id {
             return Err(AgentError::BadServedModel(format!(
                 "model_id `{}` is not its content's id `{id}` (kindling_schemas::serving::model_id; \

@@ -149,22 +149,15 @@ impl ServeModel {
         inputs: Vec<ModelInput>,
         weights: &RecordBatch,
     ) -> Result<Self, String> {
-        let mut ipc = Vec::new();
-        {
-            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &weights.schema())
-                .map_err(|e| e.to_string())?;
-            w.write(weights).map_err(|e| e.to_string())?;
-            w.finish().map_err(|e| e.to_string())?;
-        }
-        let weights = base64::engine::general_purpose::STANDARD.encode(ipc);
+        let ipc = ipc_stream(weights)?;
         let mut serve = ServeModel {
             model_id: String::new(),
             spec,
             input_dim,
             inputs,
-            weights,
+            weights: base64::engine::general_purpose::STANDARD.encode(&ipc),
         };
-        serve.model_id = model_id(&serve);
+        serve.model_id = version_id(&serve, &ipc);
         Ok(serve)
     }
 
@@ -190,8 +183,13 @@ impl ServeModel {
 
 /// The id of a model version: `<model name>-<16 hex digits>` of a SHA-256
 /// over its spec, inputs and weights — the same model gets the same id from
-/// any client, a retrained one another.
-pub fn model_id(serve: &ServeModel) -> String {
+/// any client (the weights count as this crate encodes the decoded table,
+/// whichever Arrow library wrote them), a retrained one another.
+pub fn model_id(serve: &ServeModel) -> Result<String, String> {
+    Ok(version_id(serve, &ipc_stream(&serve.weights_table()?)?))
+}
+
+fn version_id(serve: &ServeModel, weights_ipc: &[u8]) -> String {
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     digest.update(serve.spec.to_json().as_bytes());
     digest.update(
@@ -200,13 +198,24 @@ pub fn model_id(serve: &ServeModel) -> String {
             .as_bytes(),
     );
     digest.update(&(serve.input_dim as u64).to_le_bytes());
-    digest.update(serve.weights.as_bytes());
+    digest.update(weights_ipc);
     let hash = digest.finish();
     format!(
         "{}-{}",
         serve.spec.model.name(),
         crate::credential::hex(&hash.as_ref()[..8])
     )
+}
+
+/// `table` as an Arrow IPC stream.
+fn ipc_stream(table: &RecordBatch) -> Result<Vec<u8>, String> {
+    let mut ipc = Vec::new();
+    let mut w =
+        arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &table.schema()).map_err(|e| e.to_string())?;
+    w.write(table).map_err(|e| e.to_string())?;
+    w.finish().map_err(|e| e.to_string())?;
+    drop(w);
+    Ok(ipc)
 }
 
 /// Answer to `serve_model`.
@@ -310,7 +319,7 @@ mod tests {
         let back: ServeModel = serde_json::from_slice(&json).expect("parse");
         assert_eq!(back, serve);
         assert_eq!(back.weights_table().expect("weights"), weights(0.5));
-        assert_eq!(model_id(&back), serve.model_id);
+        assert_eq!(model_id(&back).expect("id"), serve.model_id);
         let again = ServeModel::new(spec(), 2, inputs(), &weights(0.5)).expect("serve");
         assert_eq!(again.model_id, serve.model_id, "the same model, the same id");
         let other = ServeModel::new(spec(), 2, inputs(), &weights(0.25)).expect("serve");

@@ -11,6 +11,8 @@ use kindling::job::{JobError, Transform};
 use kindling_tests::cluster::cluster;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 
+mod python_common;
+
 /// Every transformed row's prediction and probabilities, checked against
 /// `predict_batch` of its own features in this process.
 pub fn assert_same_as_predict(model: &kindling::job::TrainedModel, batches: &[RecordBatch]) -> usize {
@@ -156,4 +158,102 @@ async fn transform_says_precisely_what_cannot_work() {
     let err = local.transform(&df).await.expect_err("no cluster");
     assert!(matches!(err, JobError::NoServingCluster), "{err}");
     cluster.shutdown().await;
+}
+
+/// A saved model served by agents that did not train it: from Rust
+/// (`TrainedModel::load` + `serve_on`) and from PySpark
+/// (`kindling_predict.serve_model` + `transform_fn`), the same predictions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_saved_model_is_served_by_other_agents_from_rust_and_from_pyspark() {
+    let (trainer, _dir) = cluster(1).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 4_000).await;
+    let trained = rule_job()
+        .num_slots(1)
+        .eval_fraction(0.0)
+        .epochs(1)
+        .build()
+        .expect("job")
+        .fit_on(&trainer, &df)
+        .await
+        .expect("fit");
+    trainer.shutdown().await;
+    let saved = tempfile::tempdir().expect("tempdir");
+    trained.save(saved.path()).expect("save");
+
+    let (servers, _dir2) = cluster(2).await;
+    let serving = kindling::job::ServingCluster {
+        rendezvous: servers.rendezvous_url(),
+        token: servers.token().cloned(),
+        channel: servers.channel(),
+        local: true,
+    };
+    let loaded = kindling::job::TrainedModel::load(saved.path())
+        .expect("load")
+        .serve_on(serving);
+    let batches = loaded
+        .transform(&df)
+        .await
+        .expect("transform")
+        .collect()
+        .await
+        .expect("collect");
+    assert_eq!(assert_same_as_predict(&trained, &batches), 4_000);
+
+    let args = serde_json::json!({
+        "remote": spark_remote(),
+        "agents": servers.agent_urls(),
+        "token": servers.token().expect("token").expose(),
+        "model_dir": saved.path(),
+        "modules": [
+            python_common::repo_root().join("client/python/kindling_push.py"),
+            python_common::repo_root().join("client/python/kindling_predict.py"),
+        ],
+        "rows": 1_000,
+    });
+    let out = python_common::run_script("transform_spark.py", &args).await;
+    let served = loaded.serve().await.expect("serve");
+    assert_eq!(
+        out["model_id"],
+        serde_json::json!(served.model_id),
+        "the same version, the same id"
+    );
+    assert_eq!(
+        out["columns"],
+        serde_json::json!(["x1", "x2", "prediction", "probabilities"])
+    );
+    let rows = out["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1_000);
+    let x1: Vec<f64> = rows.iter().map(|r| r[0].as_f64().expect("x1")).collect();
+    let x2: Vec<f32> = rows.iter().map(|r| r[1].as_f64().expect("x2") as f32).collect();
+    let features = RecordBatch::try_from_iter([
+        (
+            "x1",
+            std::sync::Arc::new(arrow::array::Float64Array::from(x1)) as arrow::array::ArrayRef,
+        ),
+        (
+            "x2",
+            std::sync::Arc::new(arrow::array::Float32Array::from(x2)) as arrow::array::ArrayRef,
+        ),
+    ])
+    .expect("features");
+    let expected = trained.predict_batch(&features).expect("predict");
+    let classes = expected
+        .column_by_name("prediction")
+        .expect("prediction")
+        .as_primitive::<Int64Type>();
+    let probs = expected
+        .column_by_name("probabilities")
+        .expect("probabilities")
+        .as_list::<i32>();
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r[2].as_i64(), Some(classes.value(i)), "row {i}: {r}");
+        let want = probs.value(i);
+        let want = want.as_primitive::<Float32Type>();
+        for k in 0..2 {
+            let got = r[3][k].as_f64().expect("probability") as f32;
+            assert!((got - want.value(k)).abs() <= 1e-6, "row {i}: {r} vs {want:?}");
+        }
+    }
+    servers.shutdown().await;
 }
