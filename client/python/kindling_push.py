@@ -144,7 +144,7 @@ def _choose_agent(partition_id, agents, *, node_local=False, job_id=None, token=
 
 
 def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
-                 columns=None, timeout=None, fail_after_batches=None):
+                 columns=None, timeout=None, fail_after_batches=None, after_batch=None):
     """Streams ``batches`` to one agent as ``producer`` and commits them.
 
     Returns ``(batches, rows, final_ack)``; ``final_ack`` is ``None`` when there
@@ -178,6 +178,8 @@ def push_batches(address, job_id, batches, *, producer, token=None, split="train
                 raise PushError(f"{producer}: agent {address} closed the stream before acking batch {seq}")
             seq += 1
             rows += batch.num_rows
+            if after_batch is not None:
+                after_batch(seq)
         if writer is None:
             return 0, 0, None
         writer.done_writing()
@@ -247,7 +249,7 @@ def agent_id(address, job_id, token=None, timeout=60.0):
 
 
 def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,
-                      node_local=False, routes=None, fail=None, task_info=None):
+                      node_local=False, routes=None, fail=None, stall=None, task_info=None):
     """A ``mapInArrow`` function pushing each partition to its agent.
 
     - ``agents``: list of Flight addresses; partition ``p`` goes to
@@ -262,6 +264,10 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
     - ``columns``: the columns to send (default: every column of the input).
     - ``fail``: tests only, ``{"partition": p, "attempt": a, "after_batches": k}``
       makes that task attempt fail after ``k`` batches, mid-stream.
+    - ``stall``: tests only, ``{"partition": p, "attempt": a, "after_batches": k,
+      "marker": path}``: that task attempt writes its pid to ``path`` after
+      ``k`` acked batches and then waits (an hour) mid-stream, for a test to
+      kill its executor.
     - ``task_info``: tests only, a callable returning ``(partition_id, attempt)``
       instead of Spark's ``TaskContext``.
 
@@ -286,9 +292,18 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
         fail_after = None
         if fail and fail.get("partition") == partition_id and fail.get("attempt", 0) == attempt:
             fail_after = int(fail["after_batches"])
+        after_batch = None
+        if stall and stall.get("partition") == partition_id and stall.get("attempt", 0) == attempt:
+            def after_batch(sent, k=int(stall["after_batches"]), marker=stall["marker"]):
+                if sent == k:
+                    import time
+                    with open(marker + ".tmp", "w") as f:
+                        f.write(str(os.getpid()))
+                    os.replace(marker + ".tmp", marker)
+                    time.sleep(3600)
         n_batches, rows, final = push_batches(
             address, job_id, iterator, producer=producer, token=secret, split=split, attempt=attempt,
-            columns=columns, timeout=timeout, fail_after_batches=fail_after,
+            columns=columns, timeout=timeout, fail_after_batches=fail_after, after_batch=after_batch,
         )
         duplicate = bool(final and final.get("duplicate"))
         committed = 0 if final is None or duplicate else int(final["rows"])
@@ -309,12 +324,13 @@ def udf_command(config):
     For a driver that builds the ``mapInArrow`` plan itself (the Rust client's
     MapPartitions relation pickles the call ``udf_command("<json>")``):
     ``config`` holds ``job_id`` and optionally ``token``, ``agents``, ``split``,
-    ``columns``, ``timeout``, ``node_local``, ``routes`` and the test hook
-    ``fail`` (see :func:`push_partition_fn`).
+    ``columns``, ``timeout``, ``node_local``, ``routes`` and the test hooks
+    ``fail`` and ``stall`` (see :func:`push_partition_fn`).
     """
     if isinstance(config, (str, bytes)):
         config = json.loads(config)
-    allowed = {"job_id", "token", "agents", "split", "columns", "timeout", "node_local", "routes", "fail"}
+    allowed = {"job_id", "token", "agents", "split", "columns", "timeout", "node_local", "routes", "fail",
+               "stall"}
     unknown = set(config) - allowed
     if unknown:
         raise PushError(f"udf_command: unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")

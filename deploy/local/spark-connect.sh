@@ -3,13 +3,48 @@
 # pyspark wheel) bound to 127.0.0.1. Idempotent: a server that already answers
 # on the port is reused. Works from any working directory.
 #
-#   deploy/local/spark-connect.sh start|stop|status|install
+#   deploy/local/spark-connect.sh start|stop|status|install|python|executors
+#
+# `executors` prints one line per live executor JVM of this instance (standalone
+# cluster only): `<pid> <node name>`.
 #
 # Environment:
 #   KINDLING_SPARK_PORT   port to bind (default 15002)
 #   KINDLING_SPARK_MASTER Spark master (default local[2]; local[2,2] lets a failed
 #                         task run again once, as spark.task.maxFailures does on a
-#                         cluster — local[N] never retries a task)
+#                         cluster — local[N] never retries a task). `standalone`
+#                         starts a real standalone cluster first: a master and
+#                         KINDLING_SPARK_WORKERS workers on 127.0.0.1 (free ports,
+#                         web UIs on free ports, no REST server), each worker
+#                         launching its own executor JVM (1 core each), and attaches
+#                         the server to it; `start` returns once a query ran on the
+#                         executors (on every worker's executor unless dynamic).
+#                         The pids (master.pid, worker-<i>.pid, server.pid), logs
+#                         and work dirs live in the run dir, $KINDLING_HOME/spark-<port>.
+#   Standalone only:
+#   KINDLING_SPARK_WORKERS
+#                         number of workers (default: the number of entries of
+#                         KINDLING_SPARK_NODE_AGENTS when set, else 2)
+#   KINDLING_SPARK_NODE_AGENTS
+#                         comma-separated agent addresses, one per worker in order:
+#                         worker i's executors see KINDLING_AGENT_ADDRESS=<entry i>;
+#                         an empty entry (e.g. "grpc://127.0.0.1:7001,") leaves it
+#                         unset for that worker. Every worker i's executors see
+#                         KINDLING_NODE_NAME=node-<i> regardless.
+#   KINDLING_SPARK_EXECUTOR_MEMORY
+#                         spark.executor.memory, and each worker's --memory (default 1g)
+#   KINDLING_SPARK_TASK_MAX_FAILURES
+#                         spark.task.maxFailures (default 4, Spark's own)
+#   KINDLING_SPARK_DYNAMIC
+#                         1: dynamic allocation (shuffle tracking, 0..workers
+#                         executors, 1 initially, idle executors go after 3 s);
+#                         `start` then waits for one executor only
+#   KINDLING_SPARK_DAEMON_MEMORY
+#                         heap of the master and worker JVMs (default 512m)
+#   KINDLING_SPARK_START_TIMEOUT
+#                         seconds `start` waits for the server (default 180)
+#   KINDLING_SPARK_DRIVER_MEMORY
+#                         the server's (driver's) heap (default 4g)
 #   KINDLING_SPARK_MAX_RESULT_SIZE
 #                         spark.driver.maxResultSize (default 1g, Spark's own):
 #                         the most a query's result may hold. Spark Connect sends
@@ -29,6 +64,17 @@ PIDFILE="$RUN/server.pid"
 LOG="$RUN/server.log"
 PY="${KINDLING_PYTHON:-python3}"
 MASTER="${KINDLING_SPARK_MASTER:-local[2]}"
+STANDALONE=0; [ "$MASTER" = standalone ] && STANDALONE=1
+NODE_AGENTS="${KINDLING_SPARK_NODE_AGENTS-}"
+if [ -n "${KINDLING_SPARK_WORKERS:-}" ]; then
+  WORKERS="$KINDLING_SPARK_WORKERS"
+elif [ -n "${KINDLING_SPARK_NODE_AGENTS+set}" ]; then
+  commas="${NODE_AGENTS//[^,]/}"; WORKERS=$(( ${#commas} + 1 ))
+else
+  WORKERS=2
+fi
+EXECUTOR_MEMORY="${KINDLING_SPARK_EXECUTOR_MEMORY:-1g}"
+DYNAMIC="${KINDLING_SPARK_DYNAMIC:-0}"
 
 log() { echo "[spark-connect] $*" >&2; }
 
@@ -63,6 +109,158 @@ assert s.sql("select 1 + 1 as two").collect()[0].two == 2
 PY
 }
 
+# Standalone cluster -------------------------------------------------------
+
+# Entry $1 (1-based) of KINDLING_SPARK_NODE_AGENTS; empty when absent or empty.
+agent_of() {
+  [ -n "${KINDLING_SPARK_NODE_AGENTS+set}" ] || return 0
+  local list="$NODE_AGENTS," i=1 entry
+  while [ -n "$list" ]; do
+    entry="${list%%,*}"; list="${list#*,}"
+    if [ "$i" -eq "$1" ]; then
+      entry="${entry#"${entry%%[![:space:]]*}"}"; printf '%s' "${entry%"${entry##*[![:space:]]}"}"
+      return 0
+    fi
+    i=$((i + 1))
+  done
+}
+
+# Does process $1 belong to this instance? A JVM whose command line names the
+# run dir (work dirs, -Dkindling.run=, spark.local.dir) or that runs in it, or
+# any process that inherited a worker's KINDLING_SPARK_RUN (executors and their
+# Python workers).
+belongs() {
+  local p="/proc/$1" args cwd
+  [ "$1" != "$$" ] && [ "$1" != "$BASHPID" ] || return 1
+  mapfile -d '' -t args <"$p/cmdline" 2>/dev/null || return 1
+  [ "${#args[@]}" -gt 0 ] || return 1
+  if [ "${args[0]##*/}" = java ]; then
+    case " ${args[*]} " in *"$RUN/"*) return 0 ;; esac
+    cwd="$(readlink "$p/cwd" 2>/dev/null)" || cwd=""
+    case "$cwd/" in "$RUN/"*) return 0 ;; esac
+  fi
+  grep -qzxF "KINDLING_SPARK_RUN=$RUN" "$p/environ" 2>/dev/null
+}
+
+# Pids of this instance's processes; with $1, only those whose command line has $1.
+instance_pids() {
+  local d pid args
+  for d in /proc/[0-9]*; do
+    pid="${d#/proc/}"
+    if [ -n "${1:-}" ]; then
+      mapfile -d '' -t args <"$d/cmdline" 2>/dev/null || continue
+      case " ${args[*]} " in *"$1"*) ;; *) continue ;; esac
+    fi
+    belongs "$pid" && echo "$pid"
+  done
+  return 0
+}
+
+executors() {
+  local pid node
+  for pid in $(instance_pids CoarseGrainedExecutorBackend); do
+    node="$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^KINDLING_NODE_NAME=//p' | head -1)" || true
+    if [ -d "/proc/$pid" ]; then echo "$pid ${node:-?}"; fi
+  done | sort -k2,2V -k1,1n
+}
+
+# Last lines of every log of this instance.
+log_tails() {
+  local f
+  for f in "$LOG" "$RUN/ready.log" "$RUN/master.log" "$RUN"/worker-*.log "$RUN"/worker-*/work/*/*/stderr; do
+    [ -f "$f" ] || continue
+    log "last lines of $f:"; tail -"${1:-30}" "$f" >&2
+  done
+}
+
+# A query that runs tasks on the executors: prints the node names that
+# answered; succeeds once at least $1 distinct nodes did. A query waits while
+# no executor is registered: it gives up at the deadline.
+on_executors() {
+  local t=$((DEADLINE - SECONDS))
+  [ "$t" -lt 1 ] && t=1
+  timeout "$t" "$VENV/bin/python" - "$PORT" "$1" "$((2 * WORKERS))" <<'PY' 2>>"$RUN/ready.log"
+import sys
+from pyspark.sql import SparkSession
+port, need, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+def where(batches):
+    import os, pyarrow as pa
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict(
+        {"pid": [os.getpid()], "node": [os.environ.get("KINDLING_NODE_NAME", "")]})
+rows = s.range(0, parts, 1, parts).mapInArrow(where, "pid long, node string").collect()
+nodes = sorted({r.node for r in rows if r.node})
+print(" ".join(nodes))
+sys.exit(0 if len(nodes) >= need else 3)
+PY
+}
+
+start_cluster() {
+  case "$WORKERS" in ''|*[!0-9]*|0) log "KINDLING_SPARK_WORKERS must be a positive number, got '$WORKERS'"; exit 2 ;; esac
+  if [ -n "${KINDLING_SPARK_NODE_AGENTS+set}" ]; then
+    local commas="${NODE_AGENTS//[^,]/}"
+    if [ $(( ${#commas} + 1 )) -ne "$WORKERS" ]; then
+      log "KINDLING_SPARK_NODE_AGENTS has $(( ${#commas} + 1 )) entries for $WORKERS workers"; exit 2
+    fi
+  fi
+  # Leftovers of an earlier cluster on this port whose server is gone.
+  local f
+  for f in "$RUN"/worker-*.pid "$RUN/master.pid"; do
+    if [ -f "$f" ]; then stop_pidfile "$f" || true; fi
+  done
+  rm -rf "$RUN"/worker-* "$RUN/master.log" "$RUN/master.url" "$RUN/ready.log" "$RUN/ready.out"
+  export SPARK_LOCAL_IP=127.0.0.1
+  export SPARK_DAEMON_MEMORY="${KINDLING_SPARK_DAEMON_MEMORY:-512m}"
+  SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false -Dkindling.run=$RUN/" \
+    nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
+      --host 127.0.0.1 --port 0 --webui-port 0 >"$RUN/master.log" 2>&1 9>&- &
+  echo $! >"$RUN/master.pid"
+  local url=""
+  until url="$(grep -o 'Starting Spark master at spark://[^ ]*' "$RUN/master.log" 2>/dev/null | head -1)" && [ -n "$url" ]; do
+    if ! kill -0 "$(cat "$RUN/master.pid")" 2>/dev/null; then
+      log "master exited during start-up"; log_tails; exit 1
+    fi
+    if [ $SECONDS -ge "$DEADLINE" ]; then
+      log "master did not start within the start timeout"; log_tails; exit 1
+    fi
+    sleep 1
+  done
+  MASTER_URL="${url##* }"
+  echo "$MASTER_URL" >"$RUN/master.url"
+  local i dir agent
+  for i in $(seq 1 "$WORKERS"); do
+    dir="$RUN/worker-$i"
+    mkdir -p "$dir/work" "$dir/local"
+    agent="$(agent_of "$i")"
+    # Executors inherit the worker's environment (KINDLING_SPARK_RUN marks
+    # them, and their Python workers, as this instance's for `stop`).
+    local -a env_args=(-u KINDLING_AGENT_ADDRESS
+      "KINDLING_NODE_NAME=node-$i" "KINDLING_SPARK_RUN=$RUN"
+      "SPARK_LOCAL_DIRS=$dir/local" "SPARK_WORKER_OPTS=-Dkindling.run=$RUN/")
+    if [ -n "$agent" ]; then env_args+=("KINDLING_AGENT_ADDRESS=$agent"); fi
+    nohup env "${env_args[@]}" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+      --host 127.0.0.1 --port 0 --webui-port 0 --cores 1 --memory "$EXECUTOR_MEMORY" \
+      --work-dir "$dir/work" "$MASTER_URL" >"$RUN/worker-$i.log" 2>&1 9>&- &
+    echo $! >"$RUN/worker-$i.pid"
+  done
+  log "standalone master $MASTER_URL, $WORKERS workers (run dir $RUN)"
+}
+
+# Kills the process in pid file $1 (TERM, then KILL after 30 s).
+stop_pidfile() {
+  local pid; pid="$(cat "$1" 2>/dev/null)" || return 1
+  rm -f "$1"
+  kill -0 "$pid" 2>/dev/null || return 1
+  log "stopping $(basename "$1" .pid) pid $pid"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# Server ---------------------------------------------------------------------
+
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
 start() {
@@ -80,16 +278,45 @@ start() {
     return 0
   fi
   mkdir -p "$RUN"
+  local started=$SECONDS
+  DEADLINE=$((SECONDS + ${KINDLING_SPARK_START_TIMEOUT:-180}))
   export SPARK_HOME; SPARK_HOME="$(spark_home)"
   export PYSPARK_PYTHON="$VENV/bin/python"
   export SPARK_LOG_DIR="$RUN/logs" SPARK_PID_DIR="$RUN"
   export SPARK_IDENT_STRING="kindling-$PORT"
-  log "starting Spark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)') ($MASTER) on 127.0.0.1:$PORT"
+  local master="$MASTER"
+  local -a cluster=()
+  if [ "$STANDALONE" = 1 ]; then
+    start_cluster
+    master="$MASTER_URL"
+    cluster=(
+      --conf spark.driver.host=127.0.0.1
+      --conf spark.driver.bindAddress=127.0.0.1
+      --conf spark.executor.cores=1
+      --conf "spark.executor.memory=$EXECUTOR_MEMORY"
+      --conf "spark.task.maxFailures=${KINDLING_SPARK_TASK_MAX_FAILURES:-4}"
+      --conf "spark.pyspark.python=$VENV/bin/python"
+      --conf "spark.executorEnv.PYSPARK_PYTHON=$VENV/bin/python"
+      --conf "spark.executor.extraJavaOptions=-Dkindling.run=$RUN/"
+    )
+    if [ "$DYNAMIC" = 1 ]; then
+      cluster+=(
+        --conf spark.dynamicAllocation.enabled=true
+        --conf spark.dynamicAllocation.shuffleTracking.enabled=true
+        --conf spark.dynamicAllocation.minExecutors=0
+        --conf spark.dynamicAllocation.initialExecutors=1
+        --conf "spark.dynamicAllocation.maxExecutors=$WORKERS"
+        --conf spark.dynamicAllocation.executorIdleTimeout=3s
+        --conf spark.dynamicAllocation.schedulerBacklogTimeout=1s
+      )
+    fi
+  fi
+  log "starting Spark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)') ($master) on 127.0.0.1:$PORT"
   # Run in the foreground under nohup so the pid we record is the JVM's.
   nohup "$SPARK_HOME/bin/spark-submit" \
     --class org.apache.spark.sql.connect.service.SparkConnectServer \
     --name "kindling-connect-$PORT" \
-    --master "$MASTER" \
+    --master "$master" \
     --driver-memory "${KINDLING_SPARK_DRIVER_MEMORY:-4g}" \
     --conf spark.connect.grpc.binding.address=127.0.0.1 \
     --conf "spark.connect.grpc.binding.port=$PORT" \
@@ -100,14 +327,45 @@ start() {
     --conf "spark.local.dir=$RUN/tmp" \
     --conf "spark.sql.warehouse.dir=$RUN/warehouse" \
     --conf "spark.driver.extraJavaOptions=-Dderby.system.home=$RUN/derby" \
+    "${cluster[@]}" \
     spark-internal >"$LOG" 2>&1 9>&- &
   echo $! >"$PIDFILE"
-  local deadline=$((SECONDS + ${KINDLING_SPARK_START_TIMEOUT:-180}))
+  if [ "$STANDALONE" = 1 ]; then
+    # Every worker's executor answers (one with dynamic allocation, which
+    # starts with one), so tests see all nodes from the first query on.
+    # The query runs in the background while this loop watches the JVMs.
+    local need="$WORKERS" nodes="" f attempt="" out="$RUN/ready.out"
+    [ "$DYNAMIC" = 1 ] && need=1
+    while :; do
+      if [ -z "$attempt" ] && port_open; then
+        on_executors "$need" >"$out" 9>&- &
+        attempt=$!
+      fi
+      if [ -n "$attempt" ] && ! kill -0 "$attempt" 2>/dev/null; then
+        if wait "$attempt"; then nodes="$(cat "$out")"; break; fi
+        nodes="$(cat "$out")"; attempt=""
+      fi
+      for f in "$PIDFILE" "$RUN/master.pid" "$RUN"/worker-*.pid; do
+        if ! kill -0 "$(cat "$f")" 2>/dev/null; then
+          [ -n "$attempt" ] && kill "$attempt" 2>/dev/null
+          log "$(basename "$f" .pid) exited during start-up"; log_tails; exit 1
+        fi
+      done
+      if [ $SECONDS -ge "$DEADLINE" ]; then
+        [ -n "$attempt" ] && kill "$attempt" 2>/dev/null
+        log "no query ran on $need executor(s) within the start timeout${nodes:+ (only on $nodes)}"
+        log_tails; exit 1
+      fi
+      sleep 1
+    done
+    log "ready: sc://127.0.0.1:$PORT on $MASTER_URL, tasks ran on $nodes in $((SECONDS - started)) s (server pid $(cat "$PIDFILE"), log $LOG)"
+    return 0
+  fi
   until port_open && answers; do
     if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
       log "server exited during start-up; last lines of $LOG:"; tail -30 "$LOG" >&2; exit 1
     fi
-    if [ $SECONDS -ge $deadline ]; then
+    if [ $SECONDS -ge "$DEADLINE" ]; then
       log "server did not answer within the start timeout; see $LOG"; exit 1
     fi
     sleep 1
@@ -116,16 +374,33 @@ start() {
 }
 
 stop() {
-  if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-    local pid; pid="$(cat "$PIDFILE")"
-    log "stopping pid $pid"
-    kill "$pid"
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$PIDFILE"
-  else
-    log "no server started by this script on port $PORT"
+  local stopped=0 f pid
+  # The server first (its executors go with the application), then the
+  # workers (they kill their executors), then the master.
+  for f in "$PIDFILE" "$RUN"/worker-*.pid "$RUN/master.pid"; do
+    if [ -f "$f" ] && stop_pidfile "$f"; then stopped=1; fi
+  done
+  # Whatever of this instance outlived them (an executor of a worker that was
+  # SIGKILLed, its Python workers): TERM, then KILL.
+  local left; left="$(instance_pids | tr '\n' ' ')"
+  if [ -n "${left// /}" ]; then
+    log "stopping leftovers of $RUN: $left"
+    # shellcheck disable=SC2086
+    kill $left 2>/dev/null || true
+    for _ in $(seq 1 20); do
+      left="$(for pid in $left; do if kill -0 "$pid" 2>/dev/null; then echo "$pid"; fi; done | tr '\n' ' ')"
+      [ -z "${left// /}" ] && break
+      sleep 0.5
+    done
+    # shellcheck disable=SC2086
+    if [ -n "${left// /}" ]; then kill -9 $left 2>/dev/null || true; fi
+    stopped=1
   fi
+  left="$(instance_pids CoarseGrainedExecutorBackend | tr '\n' ' ')"
+  if [ -n "${left// /}" ]; then
+    log "executor JVMs of $RUN survived: $left"; return 1
+  fi
+  [ "$stopped" = 1 ] || log "no server started by this script on port $PORT"
 }
 
 status() {
@@ -138,5 +413,6 @@ case "${1:-start}" in
   status) status ;;
   install) install ;;
   python) echo "$VENV/bin/python" ;;
-  *) echo "usage: $0 start|stop|status|install|python" >&2; exit 2 ;;
+  executors) executors ;;
+  *) echo "usage: $0 start|stop|status|install|python|executors" >&2; exit 2 ;;
 esac

@@ -334,7 +334,12 @@ mod tests {
     fn bad_weights_are_named() {
         let mut serve = ServeModel::new(spec(), 2, inputs(), &weights(0.5)).expect("serve");
         serve.weights = "not base64!".into();
-        assert!(serve.weights_table().expect_err("bad weights").contains("not base64"));
+        assert!(
+            serve
+                .weights_table()
+                .expect_err("bad weights")
+                .contains("not base64")
+        );
         serve.weights = base64::engine::general_purpose::STANDARD.encode(b"abc");
         assert!(
             serve

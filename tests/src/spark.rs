@@ -111,6 +111,89 @@ impl Drop for PrivateSpark {
     }
 }
 
+/// A real standalone Spark cluster of the caller's own: a master and one
+/// worker per entry of `node_agents`, each worker launching its own executor
+/// JVM (1 core, 1 GiB), with a Spark Connect server attached, on free ports;
+/// started with `deploy/local/spark-connect.sh` (`KINDLING_SPARK_MASTER=standalone`)
+/// and stopped, executors included, when dropped.
+///
+/// Worker `i` (1-based) and its executors see `KINDLING_NODE_NAME=node-<i>`
+/// and, where `node_agents[i - 1]` is `Some(address)`, `KINDLING_AGENT_ADDRESS=address`
+/// (`None`: a node without an agent, the variable unset). Starting takes a
+/// while (five JVMs); `start` returns once tasks ran on every worker's executor.
+///
+/// ```no_run
+/// let spark = kindling_tests::spark::StandaloneSpark::start(
+///     &[Some("grpc://127.0.0.1:7001".to_owned()), None],
+///     &[("KINDLING_SPARK_TASK_MAX_FAILURES", "2")],
+/// );
+/// assert!(spark.remote().starts_with("sc://127.0.0.1:"));
+/// let nodes: Vec<String> = spark.executors().into_iter().map(|(_, node)| node).collect();
+/// assert_eq!(nodes, ["node-1", "node-2"]);
+/// ```
+#[derive(Debug)]
+pub struct StandaloneSpark {
+    spark: PrivateSpark,
+}
+
+impl StandaloneSpark {
+    /// Starts the master, `node_agents.len()` workers and the server; `env`
+    /// adds more of `spark-connect.sh`'s settings (e.g.
+    /// `("KINDLING_SPARK_DYNAMIC", "1")`, `("KINDLING_SPARK_EXECUTOR_MEMORY", "2g")`).
+    pub fn start(node_agents: &[Option<String>], env: &[(&str, &str)]) -> StandaloneSpark {
+        assert!(
+            !node_agents.is_empty(),
+            "a standalone cluster needs at least one worker"
+        );
+        let agents = node_agents
+            .iter()
+            .map(|a| {
+                let a = a.as_deref().unwrap_or("");
+                assert!(!a.contains(','), "agent address `{a}` contains a comma");
+                a
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let workers = node_agents.len().to_string();
+        let mut all: Vec<(&str, &str)> = vec![
+            ("KINDLING_SPARK_WORKERS", &workers),
+            ("KINDLING_SPARK_NODE_AGENTS", &agents),
+        ];
+        all.extend_from_slice(env);
+        StandaloneSpark {
+            spark: PrivateSpark::start_with("standalone", &all),
+        }
+    }
+
+    /// `sc://127.0.0.1:<port>`.
+    pub fn remote(&self) -> String {
+        self.spark.remote()
+    }
+
+    /// The live executor JVMs of this cluster, `(pid, node name)`, sorted by
+    /// node (`spark-connect.sh executors`).
+    pub fn executors(&self) -> Vec<(u32, String)> {
+        let out = self
+            .spark
+            .script("executors")
+            .output()
+            .expect("run spark-connect.sh executors");
+        assert!(
+            out.status.success(),
+            "spark-connect.sh executors failed: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| {
+                let (pid, node) = line.trim().split_once(' ')?;
+                Some((pid.parse().ok()?, node.trim().to_owned()))
+            })
+            .collect()
+    }
+}
+
 const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
      (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
 

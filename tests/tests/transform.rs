@@ -9,46 +9,10 @@ use arrow::datatypes::{Float32Type, Int64Type};
 use kindling::SparkSession;
 use kindling::job::{JobError, Transform};
 use kindling_tests::cluster::cluster;
+use kindling_tests::events::assert_same_as_predict;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 
 mod python_common;
-
-/// Every transformed row's prediction and probabilities, checked against
-/// `predict_batch` of its own features in this process.
-pub fn assert_same_as_predict(model: &kindling::job::TrainedModel, batches: &[RecordBatch]) -> usize {
-    let mut rows = 0;
-    for b in batches {
-        let features = b.project(&[0, 1]).expect("features");
-        let expected = model.predict_batch(&features).expect("predict");
-        let got_class = b
-            .column_by_name("prediction")
-            .expect("prediction")
-            .as_primitive::<Int64Type>();
-        let want_class = expected
-            .column_by_name("prediction")
-            .expect("prediction")
-            .as_primitive::<Int64Type>();
-        assert_eq!(got_class, want_class);
-        let got = b
-            .column_by_name("probabilities")
-            .expect("probabilities")
-            .as_list::<i32>();
-        let want = expected
-            .column_by_name("probabilities")
-            .expect("probabilities")
-            .as_list::<i32>();
-        for i in 0..b.num_rows() {
-            let (g, w) = (got.value(i), want.value(i));
-            let (g, w) = (g.as_primitive::<Float32Type>(), w.as_primitive::<Float32Type>());
-            assert_eq!(g.len(), 2);
-            for k in 0..g.len() {
-                assert!((g.value(k) - w.value(k)).abs() <= 1e-6, "row {i}: {g:?} vs {w:?}");
-            }
-        }
-        rows += b.num_rows();
-    }
-    rows
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transform_predicts_inside_spark_like_predict_with_no_rows_through_the_client() {

@@ -47,6 +47,8 @@ pub struct ExecutorPush {
     token_in_plan: Option<bool>,
     #[cfg(feature = "test-hooks")]
     fail_task: Option<(u32, u32)>,
+    #[cfg(feature = "test-hooks")]
+    stall_task: Option<(u32, u32, std::path::PathBuf)>,
 }
 
 /// The executors' Python when none is set: the Python of the Kindling executor
@@ -62,6 +64,8 @@ impl Default for ExecutorPush {
             token_in_plan: None,
             #[cfg(feature = "test-hooks")]
             fail_task: None,
+            #[cfg(feature = "test-hooks")]
+            stall_task: None,
         }
     }
 }
@@ -85,10 +89,10 @@ impl ExecutorPush {
         &self.python_version
     }
 
-    /// On a cluster, push each partition to the agent of the executor's node
+    /// Push each partition to the agent of the executor's node
     /// (`KINDLING_AGENT_ADDRESS`) when that agent runs the job (default on);
-    /// otherwise, and always in local mode, partition `p` goes to shard
-    /// `p mod num_slots`.
+    /// otherwise — off, or executors without the variable, as `local[N]`'s
+    /// — partition `p` goes to shard `p mod num_slots`.
     pub fn node_local(mut self, on: bool) -> Self {
         self.node_local = on;
         self
@@ -116,6 +120,21 @@ impl ExecutorPush {
     #[cfg(feature = "test-hooks")]
     pub fn fail_first_attempt_for_test(mut self, partition: u32, after_batches: u32) -> Self {
         self.fail_task = Some((partition, after_batches));
+        self
+    }
+
+    /// **Test hook** (feature `test-hooks`). Makes attempt 0 of the task of
+    /// `partition` write its Python worker's pid to `marker` after
+    /// `after_batches` acknowledged batches and then wait mid-stream, so a
+    /// test can SIGKILL its executor while the push is open.
+    #[cfg(feature = "test-hooks")]
+    pub fn stall_first_attempt_for_test(
+        mut self,
+        partition: u32,
+        after_batches: u32,
+        marker: std::path::PathBuf,
+    ) -> Self {
+        self.stall_task = Some((partition, after_batches, marker));
         self
     }
 }
@@ -186,7 +205,9 @@ pub(crate) async fn push(
         "split": split.as_str(),
         "agents": agents,
         "timeout": opts.timeout.as_secs_f64(),
-        "node_local": opts.node_local && !ctx.local,
+        // Executors without KINDLING_AGENT_ADDRESS (local mode's `local[N]`)
+        // spread by partition anyway.
+        "node_local": opts.node_local,
     });
     // Executors get a producer credential: it can put rows into this job
     // and nothing else, and expires; it may travel in the plan. Agents
@@ -214,6 +235,10 @@ pub(crate) async fn push(
     #[cfg(feature = "test-hooks")]
     if let Some((partition, after)) = opts.fail_task {
         config["fail"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after});
+    }
+    #[cfg(feature = "test-hooks")]
+    if let Some((partition, after, marker)) = &opts.stall_task {
+        config["stall"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after, "marker": marker});
     }
     let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
         .arg(config.to_string());

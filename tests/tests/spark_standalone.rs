@@ -1,0 +1,307 @@
+//! Kindling on a real standalone Spark cluster (`StandaloneSpark`: a master,
+//! two workers, one executor JVM per worker, the Spark Connect server
+//! attached), each worker's node with its own agent: tasks run in separate
+//! executor JVMs that carry their node's environment (`KINDLING_NODE_NAME`,
+//! `KINDLING_AGENT_ADDRESS`); executor push survives a task that fails
+//! mid-stream and an executor JVM SIGKILLed mid-push with every row trained
+//! exactly once per epoch; `transform` predicts 100,000 rows on the executors
+//! like `predict` does, with none through the client. One cluster for the
+//! whole scenario: it takes over a minute to start.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Int64Type};
+use kindling::SparkSession;
+use kindling::spark::MapInArrowUdf;
+use kindling_tests::spark::StandaloneSpark;
+
+/// Per partition: the Python worker's pid and its node's environment.
+const WHERE_PY: &str = r#"
+import os
+import pyarrow as pa
+
+
+def where():
+    def run(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({
+            "pid": pa.array([os.getpid()], pa.int64()),
+            "node": pa.array([os.environ.get("KINDLING_NODE_NAME", "")], pa.string()),
+            "agent": pa.array([os.environ.get("KINDLING_AGENT_ADDRESS", "")], pa.string()),
+        })
+    return run, "pid long, node string, agent string"
+"#;
+
+#[derive(Debug)]
+struct Row {
+    pid: i64,
+    node: String,
+    agent: String,
+}
+
+/// The venv's Python `major.minor`: the executors' Python.
+fn executor_python() -> String {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/spark-connect.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg("python")
+        .output()
+        .expect("spark-connect.sh python");
+    let python = String::from_utf8(out.stdout).expect("utf-8");
+    let out = Command::new(python.trim())
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .expect("the venv's python");
+    String::from_utf8(out.stdout).expect("utf-8").trim().to_owned()
+}
+
+fn rows(batches: &[RecordBatch]) -> Vec<Row> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let col = |name: &str, ty: &DataType| {
+            let c = batch
+                .column_by_name(name)
+                .unwrap_or_else(|| panic!("column {name}"));
+            arrow::compute::cast(c, ty).expect("cast")
+        };
+        let (pid, node, agent) = (
+            col("pid", &DataType::Int64),
+            col("node", &DataType::Utf8),
+            col("agent", &DataType::Utf8),
+        );
+        let (pid, node, agent) = (
+            pid.as_primitive::<Int64Type>(),
+            node.as_string::<i32>(),
+            agent.as_string::<i32>(),
+        );
+        for i in 0..batch.num_rows() {
+            assert!(!node.is_null(i) && !agent.is_null(i));
+            out.push(Row {
+                pid: pid.value(i),
+                node: node.value(i).to_owned(),
+                agent: agent.value(i).to_owned(),
+            });
+        }
+    }
+    out
+}
+
+async fn where_tasks_ran(spark: &SparkSession, udf: &MapInArrowUdf) -> Vec<Row> {
+    let batches = spark
+        .range_partitions(0, 8, 1, Some(8))
+        .map_in_arrow(udf)
+        .expect("mapInArrow")
+        .collect()
+        .await
+        .expect("the mapInArrow query");
+    rows(&batches)
+}
+
+/// The process ids from `pid` up to the root: `pid`, its parent, ….
+fn ancestors(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let mut pid = pid;
+    while pid > 1 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            break;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let (comm, rest) = stat
+            .split_once(" (")
+            .and_then(|(_, r)| r.rsplit_once(") "))
+            .expect("a /proc stat line");
+        out.push((pid, comm.to_owned()));
+        pid = rest.split(' ').nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn push_survives_task_failures_and_executor_loss_and_transform_predicts_on_the_executors() {
+    use kindling::job::{ExecutorPush, Feed};
+    use kindling_tests::events::{assert_same_as_predict, fed_events};
+    use kindling_tests::spark::{rule_df, rule_job};
+
+    let (agents, _dir) = kindling_tests::cluster::cluster(2).await;
+    let urls = agents.agent_urls();
+    let started = Instant::now();
+    let cluster = StandaloneSpark::start(&[Some(urls[0].clone()), Some(urls[1].clone())], &[]);
+    eprintln!(
+        "standalone cluster up in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let spark = SparkSession::connect(&cluster.remote()).await.expect("spark");
+    spark
+        .add_python_file("kindling_where.py", WHERE_PY)
+        .await
+        .expect("add python file");
+    let udf = MapInArrowUdf::new(
+        "kindling_where",
+        "where",
+        "pid long, node string, agent string",
+        executor_python(),
+    );
+
+    // Each task runs in its node's executor and sees its node's agent.
+    let found = where_tasks_ran(&spark, &udf).await;
+    assert_eq!(found.len(), 8, "one row per partition: {found:#?}");
+    let mut per_node: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for row in &found {
+        match row.node.as_str() {
+            "node-1" => assert_eq!(row.agent, urls[0], "{row:?}"),
+            "node-2" => assert_eq!(row.agent, urls[1], "{row:?}"),
+            other => panic!("a task ran outside the workers' executors (node `{other}`): {row:?}"),
+        }
+        per_node.entry(&row.node).or_default().push(row.pid);
+    }
+    assert_eq!(
+        per_node.keys().copied().collect::<Vec<_>>(),
+        ["node-1", "node-2"],
+        "{found:#?}"
+    );
+    let executors = cluster.executors();
+    assert_eq!(
+        executors
+            .iter()
+            .map(|(_, node)| node.as_str())
+            .collect::<Vec<_>>(),
+        ["node-1", "node-2"],
+        "{executors:?}"
+    );
+
+    // Executor push (node-local) with two faults in one job: partition 2's
+    // first attempt fails after 1 batch; partition 1's first attempt stalls
+    // after 2 batches and its executor JVM is SIGKILLed mid-stream.
+    const ROWS: usize = 40_000;
+    spark
+        .conf_set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+        .await
+        .expect("conf");
+    let df = rule_df(&spark, ROWS).await;
+    let marker = _dir.path().join("stalled.pid");
+    let push = ExecutorPush::new()
+        .python_version(executor_python())
+        .fail_first_attempt_for_test(2, 1)
+        .stall_first_attempt_for_test(1, 2, marker.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let job = rule_job()
+        .eval_fraction(0.0)
+        .epochs(3)
+        .feed(Feed::ExecutorPush(push))
+        .events(tx)
+        .build()
+        .expect("job");
+    let model = {
+        let fit = job.fit_on(&agents, &df);
+        tokio::pin!(fit);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let mut killed = None;
+        loop {
+            tokio::select! {
+                done = &mut fit => break done.expect("fit with a failed task and a lost executor"),
+                _ = tokio::time::sleep(Duration::from_millis(100)), if killed.is_none() => {
+                    assert!(Instant::now() < deadline, "partition 1 never stalled");
+                    let Ok(pid) = std::fs::read_to_string(&marker) else { continue };
+                    let chain = ancestors(pid.trim().parse().expect("a pid"));
+                    let (jvm, _) = chain
+                        .iter()
+                        .find(|(_, comm)| comm == "java")
+                        .unwrap_or_else(|| panic!("no executor JVM above the Python worker: {chain:?}"))
+                        .clone();
+                    assert!(executors.iter().any(|(p, _)| *p == jvm), "{jvm} is not an executor: {executors:?}");
+                    let status = Command::new("kill").args(["-9", &jvm.to_string()]).status().expect("kill");
+                    assert!(status.success());
+                    eprintln!("SIGKILLed executor JVM {jvm} in the middle of partition 1's push");
+                    killed = Some(jvm);
+                }
+            }
+        }
+    };
+    let fed = fed_events(&mut rx);
+    assert_eq!(fed.len(), 1, "{fed:#?}");
+    let train = &fed[0];
+    assert_eq!(train.feed, "executor-push");
+    assert_eq!(
+        train.rows_per_shard.iter().sum::<u64>(),
+        ROWS as u64,
+        "{train:#?}"
+    );
+    let mut partitions: Vec<u32> = train.partitions.iter().map(|p| p.partition).collect();
+    partitions.sort();
+    assert_eq!(
+        partitions,
+        [0, 1, 2, 3],
+        "each partition summarised once: {train:#?}"
+    );
+    for p in &train.partitions {
+        assert_eq!(p.committed_rows, p.rows, "{p:?}");
+        if p.partition == 1 || p.partition == 2 {
+            assert!(p.attempt >= 1, "partition {} was retried: {p:?}", p.partition);
+        }
+    }
+    // Every epoch trained every row exactly once, over both agents (the
+    // count is the gang's, all-reduced).
+    for i in 0..2 {
+        let s = kindling_tests::cluster::status(
+            &kindling_tests::cluster::agent_client(&agents, i),
+            model.job_id(),
+        )
+        .await;
+        assert_eq!(s.rows_trained_per_epoch, vec![ROWS as u64; 3], "agent {i}");
+    }
+    assert_eq!(model.history().len(), 3);
+
+    // transform: 100,000 rows over 8 partitions, predicted on the executors
+    // by their nodes' agents, one prediction per row, as `predict` gives.
+    const SCORED: usize = 100_000;
+    let big = spark
+        .sql(&format!(
+            "SELECT CAST(rand(21) * 2 - 1 AS DOUBLE) AS x1, CAST(rand(22) * 2 - 1 AS FLOAT) AS x2 \
+             FROM range(0, {SCORED}, 1, 8)"
+        ))
+        .await
+        .expect("sql");
+    let strict = kindling::job::Transform::new()
+        .python_version(executor_python())
+        .require_node_local(true);
+    let scored = model.transform_with(&big, &strict).await.expect("transform");
+    let before = spark.data_bytes();
+    let summary = scored
+        .select_expr(["count(*) AS n", "count(DISTINCT x1, x2) AS distinct_rows"])
+        .collect()
+        .await
+        .expect("aggregate");
+    let received = spark.data_bytes().received - before.received;
+    assert_eq!(
+        summary[0].column(0).as_primitive::<Int64Type>().value(0),
+        SCORED as i64
+    );
+    assert!(received < 4096, "{received} bytes reached the client for one row");
+    let serving = model.serving_cluster().expect("cluster").clone();
+    let (mut streams, mut rows) = (0, 0);
+    for url in &urls {
+        let list = kindling::job::TrainedModel::served_on(&serving, url)
+            .await
+            .expect("served");
+        assert_eq!(list.models.len(), 1, "{list:?}");
+        assert_eq!(list.models[0].loads, 1, "loaded once per agent: {list:?}");
+        streams += list.models[0].streams;
+        rows += list.models[0].rows;
+    }
+    assert_eq!(
+        (streams, rows),
+        (8, SCORED as u64),
+        "one stream per task, every row once"
+    );
+    let batches = scored.collect().await.expect("collect");
+    assert_eq!(assert_same_as_predict(&model, &batches), SCORED);
+    drop(spark);
+    drop(cluster);
+    agents.shutdown().await;
+}
