@@ -307,6 +307,8 @@ start() {
         --conf spark.dynamicAllocation.initialExecutors=1
         --conf "spark.dynamicAllocation.maxExecutors=$WORKERS"
         --conf spark.dynamicAllocation.executorIdleTimeout=3s
+        --conf spark.dynamicAllocation.cachedExecutorIdleTimeout=5s
+        --conf spark.dynamicAllocation.shuffleTracking.timeout=10s
         --conf spark.dynamicAllocation.schedulerBacklogTimeout=1s
       )
     fi

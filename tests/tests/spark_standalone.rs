@@ -127,6 +127,7 @@ async fn push_survives_task_failures_and_executor_loss_and_transform_predicts_on
     use kindling_tests::events::{assert_same_as_predict, fed_events};
     use kindling_tests::spark::{rule_df, rule_job};
 
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().await;
     let (agents, _dir) = kindling_tests::cluster::cluster(2).await;
     let urls = agents.agent_urls();
     let started = Instant::now();
@@ -305,3 +306,84 @@ async fn push_survives_task_failures_and_executor_loss_and_transform_predicts_on
     drop(cluster);
     agents.shutdown().await;
 }
+
+/// Dynamic allocation on the standalone cluster: the job starts on one
+/// executor, Spark adds the second while tasks queue and removes idle ones;
+/// every row is still trained exactly once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn push_trains_every_row_once_while_dynamic_allocation_adds_and_removes_executors() {
+    use kindling::job::{ExecutorPush, Feed};
+    use kindling_tests::events::fed_events;
+    use kindling_tests::spark::rule_job;
+
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().await;
+    let (agents, _dir) = kindling_tests::cluster::cluster(2).await;
+    let urls = agents.agent_urls();
+    let cluster = StandaloneSpark::start(
+        &[Some(urls[0].clone()), Some(urls[1].clone())],
+        &[("KINDLING_SPARK_DYNAMIC", "1")],
+    );
+    let spark = SparkSession::connect(&cluster.remote()).await.expect("spark");
+    // Enough small tasks that they queue behind one executor.
+    const ROWS: usize = 40_000;
+    let df = spark
+        .sql(&format!(
+            "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM (SELECT rand(31) * 2 - 1 AS x1, \
+             CAST(rand(32) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {ROWS}, 1, 16))"
+        ))
+        .await
+        .expect("sql");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let job = rule_job()
+        .eval_fraction(0.0)
+        .epochs(2)
+        .feed(Feed::ExecutorPush(
+            ExecutorPush::new().python_version(executor_python()),
+        ))
+        .events(tx)
+        .build()
+        .expect("job");
+    let mut seen = Vec::new();
+    let model = {
+        let fit = job.fit_on(&agents, &df);
+        tokio::pin!(fit);
+        loop {
+            tokio::select! {
+                done = &mut fit => break done.expect("fit under dynamic allocation"),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                    let n = cluster.executors().len();
+                    if seen.last() != Some(&n) {
+                        seen.push(n);
+                    }
+                }
+            }
+        }
+    };
+    eprintln!("executors over the job: {seen:?}");
+    assert!(
+        seen.contains(&2),
+        "a second executor was added during the job: {seen:?}"
+    );
+    let fed = fed_events(&mut rx);
+    assert_eq!(fed[0].rows_per_shard.iter().sum::<u64>(), ROWS as u64, "{fed:#?}");
+    for i in 0..2 {
+        let s = kindling_tests::cluster::status(
+            &kindling_tests::cluster::agent_client(&agents, i),
+            model.job_id(),
+        )
+        .await;
+        assert_eq!(s.rows_trained_per_epoch, vec![ROWS as u64; 2], "agent {i}");
+    }
+    // Idle executors go (executorIdleTimeout 3 s).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cluster.executors().len() == 2 {
+        assert!(Instant::now() < deadline, "idle executors were never removed");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(spark);
+    drop(cluster);
+    agents.shutdown().await;
+}
+
+/// Each test's cluster is five JVMs: one at a time on a small machine.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
