@@ -221,3 +221,109 @@ async fn a_saved_model_is_served_by_other_agents_from_rust_and_from_pyspark() {
     }
     servers.shutdown().await;
 }
+
+/// `serve_model`, `drop_model` and prediction on a served id, through the
+/// Flight actions: ids must match the content, the per-agent cap holds, and
+/// an id nobody serves is refused saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn served_models_are_bounded_named_by_content_and_dropped() {
+    use kindling_schemas::action::Action;
+    use kindling_schemas::serving::{
+        DropModel, MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedList,
+    };
+
+    let (cluster, _dir) = cluster(1).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 1_000).await;
+    let model = rule_job()
+        .num_slots(1)
+        .eval_fraction(0.0)
+        .epochs(1)
+        .build()
+        .expect("job")
+        .fit_on(&cluster, &df)
+        .await
+        .expect("fit");
+    let agent = kindling_tests::cluster::agent_client(&cluster, 0);
+    let inputs = kindling_schemas::serving::model_inputs(
+        &kindling_schemas::schema::validate(
+            &df.schema().await.expect("schema"),
+            model.spec(),
+            kindling_schemas::schema::StreamKind::Predict,
+        )
+        .expect("layout"),
+    );
+    // A version per seed: the same weights, another spec, another id.
+    let version = |seed: u64| {
+        let mut spec = model.spec().clone();
+        spec.seed = seed;
+        ServeModel::new(spec, 2, inputs.clone(), &model.weights().expect("weights")).expect("serve")
+    };
+
+    let mut wrong = version(1);
+    wrong.model_id = "mlp-0000000000000000".into();
+    let err = agent
+        .action::<ServeModelResponse>(&Action::ServeModel(wrong))
+        .await
+        .expect_err("wrong id");
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("is not its content's id"), "{err}");
+
+    for seed in 0..MAX_SERVED_MODELS as u64 {
+        let v = version(seed);
+        let r: ServeModelResponse = agent.action(&Action::ServeModel(v.clone())).await.expect("serve");
+        assert_eq!((r.model_id, r.loaded), (v.model_id, true));
+    }
+    let again: ServeModelResponse = agent
+        .action(&Action::ServeModel(version(0)))
+        .await
+        .expect("again");
+    assert!(!again.loaded, "a served version loads nothing");
+    let over = version(MAX_SERVED_MODELS as u64);
+    let err = agent
+        .action::<ServeModelResponse>(&Action::ServeModel(over.clone()))
+        .await
+        .expect_err("cap");
+    assert_eq!(err.code(), Some(tonic::Code::ResourceExhausted), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("already serves {MAX_SERVED_MODELS} models")),
+        "{err}"
+    );
+
+    let left: ServedList = agent
+        .action(&Action::DropModel(DropModel {
+            model_id: version(0).model_id,
+        }))
+        .await
+        .expect("drop");
+    assert_eq!(left.models.len(), MAX_SERVED_MODELS - 1);
+    agent
+        .action::<ServeModelResponse>(&Action::ServeModel(over))
+        .await
+        .expect("room again");
+
+    // Predicting with a dropped (or never served) id names the fix.
+    let rows = kindling_tests::cluster::rule_batch(10, 1);
+    let features = rows.project(&[0, 1]).expect("features");
+    let err = match agent
+        .predict(
+            &version(0).model_id,
+            features.schema(),
+            futures::stream::iter([features]),
+        )
+        .await
+    {
+        Err(e) => e.to_string(),
+        Ok(out) => {
+            use futures::StreamExt;
+            let mut out = Box::pin(out);
+            match out.next().await {
+                Some(Err(e)) => e.to_string(),
+                other => panic!("predicted with a dropped model: {other:?}"),
+            }
+        }
+    };
+    assert!(err.contains("serve it there first"), "{err}");
+    cluster.shutdown().await;
+}
