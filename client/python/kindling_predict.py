@@ -90,16 +90,25 @@ def predict_batches(address, model_id, batches, *, columns, token=None, timeout=
                 writer, reader = client.do_exchange(descriptor, options=options)
                 writer.begin(features.schema)
             writer.write_batch(features)
-            chunk = reader.read_chunk()
-            predicted = chunk.data
-            if predicted is None or predicted.num_rows != batch.num_rows:
-                raise PredictError(
-                    f"agent {address} answered {0 if predicted is None else predicted.num_rows} rows "
-                    f"for a batch of {batch.num_rows}"
-                )
-            extra = predicted.schema.names[features.num_columns:]
-            arrays = list(batch.columns) + [predicted.column(n) for n in extra]
-            fields = list(batch.schema) + [predicted.schema.field(n) for n in extra]
+            # The agent may answer one batch in several messages (its
+            # encoder splits large ones): read until every row is back.
+            parts, got = [], 0
+            while got < batch.num_rows:
+                chunk = reader.read_chunk()
+                if chunk.data is None:
+                    raise PredictError(
+                        f"agent {address} ended the stream after {got} of a batch's {batch.num_rows} rows"
+                    )
+                parts.append(chunk.data)
+                got += chunk.data.num_rows
+            if got != batch.num_rows:
+                raise PredictError(f"agent {address} answered {got} rows for a batch of {batch.num_rows}")
+            schema = parts[0].schema
+            extra = schema.names[features.num_columns:]
+            arrays = list(batch.columns) + [
+                pa.concat_arrays([p.column(n) for p in parts]) for n in extra
+            ]
+            fields = list(batch.schema) + [schema.field(n) for n in extra]
             yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
         if writer is not None:
             writer.done_writing()

@@ -16,9 +16,16 @@ mod python_common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transform_predicts_inside_spark_like_predict_with_no_rows_through_the_client() {
-    const ROWS: usize = 20_000;
+    // 10,000 rows per partition, in one Arrow batch each (Spark's default
+    // size): the Python side reads a batch's answer until every row is back,
+    // however many messages the agent sends it in.
+    const ROWS: usize = 40_000;
     let (cluster, _dir) = cluster(2).await;
     let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    spark
+        .conf_set("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+        .await
+        .expect("conf");
     let df = rule_df(&spark, ROWS).await;
     let model = rule_job()
         .eval_fraction(0.0)
