@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kindling_schemas::serving::{MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedModel, model_id};
+use kindling_schemas::serving::{
+    MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedModel, model_id_of,
+};
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
@@ -73,8 +75,9 @@ impl ServedModels {
     }
 
     /// Loads `serve` unless its version is served already. The id must be
-    /// the one its content gives ([`model_id`]; empty: the agent names it),
-    /// so two versions never share one. Building runs on the caller's thread (call it on the blocking pool).
+    /// the one its content gives ([`model_id_of`]; empty: the agent names it),
+    /// so two versions never share one. Building runs on the caller's thread
+    /// (call it on the blocking pool).
     pub fn serve(
         &self,
         agent_id: &str,
@@ -82,7 +85,8 @@ impl ServedModels {
         serve: &ServeModel,
     ) -> Result<ServeModelResponse, AgentError> {
         // An empty id asks the agent to name the version.
-        let id = model_id(serve).map_err(AgentError::BadServedModel)?;
+        let weights = serve.weights_table().map_err(AgentError::BadServedModel)?;
+        let id = model_id_of(serve, &weights).map_err(AgentError::BadServedModel)?;
         if !serve.model_id.is_empty() && serve.model_id != id {
             return Err(AgentError::BadServedModel(format!(
                 "model_id `{}` is not its content's id `{id}` (kindling_schemas::serving::model_id; \
@@ -98,13 +102,15 @@ impl ServedModels {
         if self.get(&id).is_some() {
             return Ok(answer(false));
         }
+        let full = || AgentError::TooManyModels {
+            agent_id: agent_id.to_owned(),
+            cap: MAX_SERVED_MODELS,
+        };
+        // Checked before building (not to build for nothing) and again when
+        // inserting (another call may have filled the room meanwhile).
         if self.lock().len() >= MAX_SERVED_MODELS {
-            return Err(AgentError::TooManyModels {
-                agent_id: agent_id.to_owned(),
-                cap: MAX_SERVED_MODELS,
-            });
+            return Err(full());
         }
-        let weights = serve.weights_table().map_err(AgentError::BadServedModel)?;
         let device = trainer::device_for(&serve.spec)?;
         let model = models
             .build(&serve.spec, &serve.layout(), &device)?
@@ -114,10 +120,7 @@ impl ServedModels {
             return Ok(answer(false)); // a concurrent call loaded it first
         }
         if served.len() >= MAX_SERVED_MODELS {
-            return Err(AgentError::TooManyModels {
-                agent_id: agent_id.to_owned(),
-                cap: MAX_SERVED_MODELS,
-            });
+            return Err(full());
         }
         let loads = {
             let mut loads = self.loads.lock().unwrap_or_else(|p| p.into_inner());

@@ -18,13 +18,14 @@ Needs only pyarrow and ``kindling_push`` (ship both files with
 ``spark.addArtifacts(path, pyfile=True)`` or ``--py-files``).
 """
 
+import base64
 import json
 import os
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from kindling_push import _flight_client, _task_info
+from kindling_push import _call_options, _flight_client, _task_info
 
 __all__ = ["PredictError", "choose_agent", "output_ddl", "predict_batches", "serve_model", "transform_fn",
            "udf_command"]
@@ -76,8 +77,7 @@ def choose_agent(partition_id, agents, *, require_node_local=False):
 def predict_batches(address, model_id, batches, *, columns, token=None, timeout=60.0):
     """Yields each of ``batches`` with the model's prediction columns appended,
     predicted by the agent at ``address`` over one ``DoExchange``."""
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    options = fl.FlightCallOptions(headers=headers, timeout=timeout)
+    options = _call_options(token, timeout)
     client = writer = None
     try:
         for batch in batches:
@@ -159,14 +159,12 @@ def serve_model(address, model_dir, *, token=None, timeout=60.0):
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
-    import base64
     weights = base64.b64encode(sink.getvalue().to_pybytes()).decode()
     body = {"model_id": "", "spec": spec, "input_dim": meta["input_dim"],
             "inputs": meta["inputs"], "weights": weights}
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     client = _flight_client(address, token)
     try:
-        opts = fl.FlightCallOptions(headers=headers, timeout=timeout)
+        opts = _call_options(token, timeout)
         [res] = list(client.do_action(fl.Action("serve_model", json.dumps(body).encode()), options=opts))
         return json.loads(res.body.to_pybytes())["model_id"]
     except fl.FlightError as e:

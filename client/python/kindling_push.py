@@ -106,6 +106,12 @@ def _flight_client(address, token):
     return fl.FlightClient(location)
 
 
+def _call_options(token, timeout):
+    """Flight call options carrying ``token`` as a bearer header (if any)."""
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    return fl.FlightCallOptions(headers=headers, timeout=timeout)
+
+
 def _task_info():
     """(partition id, attempt number) of the running Spark task."""
     try:
@@ -151,8 +157,7 @@ def push_batches(address, job_id, batches, *, producer, token=None, split="train
     was nothing to send (no stream is opened for an empty partition). A failure
     aborts the stream so the agent keeps none of its rows, then raises.
     """
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    options = fl.FlightCallOptions(headers=headers, timeout=timeout)
+    options = _call_options(token, timeout)
     client = None
     writer = reader = None
     seq = rows = 0
@@ -235,8 +240,7 @@ def agent_id(address, job_id, token=None, timeout=60.0):
     A node-local Service address names a different agent on every node; the id
     tells the driver which agent holds a partition's rows.
     """
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    options = fl.FlightCallOptions(headers=headers, timeout=timeout)
+    options = _call_options(token, timeout)
     client = _flight_client(address, token)
     try:
         body = json.dumps({"job_id": job_id}).encode()

@@ -186,7 +186,12 @@ impl ServeModel {
 /// any client (the weights count as this crate encodes the decoded table,
 /// whichever Arrow library wrote them), a retrained one another.
 pub fn model_id(serve: &ServeModel) -> Result<String, String> {
-    Ok(version_id(serve, &ipc_stream(&serve.weights_table()?)?))
+    model_id_of(serve, &serve.weights_table()?)
+}
+
+/// [`model_id`] of `serve` whose weights were decoded already (`weights`).
+pub fn model_id_of(serve: &ServeModel, weights: &RecordBatch) -> Result<String, String> {
+    Ok(version_id(serve, &ipc_stream(weights)?))
 }
 
 fn version_id(serve: &ServeModel, weights_ipc: &[u8]) -> String {

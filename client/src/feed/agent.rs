@@ -13,11 +13,12 @@ use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::{Stream, StreamExt, TryStreamExt};
 use kindling_schemas::action::{
-    Action, AgentJobStatus, CancelJob, CreateJob, CreateJobResponse, EndOfData, EndOfDataResponse, JobRef,
-    StartJob, StartJobResponse,
+    Action, AgentJobStatus, CancelJob, CreateJob, CreateJobResponse, CredentialResponse, EndOfData,
+    EndOfDataResponse, IssueCredential, JobRef, StartJob, StartJobResponse,
 };
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::JobSpec;
 use serde::de::DeserializeOwned;
@@ -185,6 +186,28 @@ impl AgentClient {
             rendezvous: rendezvous.into(),
         }))
         .await
+    }
+
+    /// A signed credential for `role` in `job_id` (a job, or a served
+    /// model's id) living `ttl_secs`, for callers that must not hold the
+    /// operator token (executors); `None` when the agent has no credential
+    /// key and so issues none.
+    pub async fn issue_credential(
+        &self,
+        job_id: &str,
+        role: Role,
+        ttl_secs: u64,
+    ) -> Result<Option<String>, FeedError> {
+        let issue = Action::IssueCredential(IssueCredential {
+            job_id: job_id.to_owned(),
+            role,
+            ttl_secs,
+        });
+        match self.action::<CredentialResponse>(&issue).await {
+            Ok(r) => Ok(Some(r.credential)),
+            Err(e) if e.code() == Some(tonic::Code::FailedPrecondition) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The agent's status of `job_id`.

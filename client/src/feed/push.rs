@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use arrow::array::RecordBatch;
-use kindling_schemas::action::{Action, CredentialResponse, IssueCredential};
 use kindling_schemas::auth::Token;
 use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::Split;
 
+use super::FeedError;
 use super::relay::Shards;
-use super::{AgentClient, FeedError};
 use crate::spark::{DataFrame, MapInArrowUdf};
 
 /// The executor-push module, shipped to the executors as a session Python file.
@@ -214,7 +213,10 @@ pub(crate) async fn push(
     // without a credential key issue none: then the operator token, in the
     // plan only where allowed (local mode by default), else from the
     // executors' environment.
-    match producer_credential(&clients[0], ctx.job_id).await? {
+    match clients[0]
+        .issue_credential(ctx.job_id, Role::Producer, PRODUCER_CREDENTIAL_TTL_SECS)
+        .await?
+    {
         Some(credential) => config["token"] = credential.into(),
         None => {
             if opts.token_in_plan.unwrap_or(ctx.local)
@@ -429,18 +431,3 @@ fn python_version_hint(e: crate::spark::Error, configured: &str) -> FeedError {
 
 /// How long the executors' producer credential lives.
 const PRODUCER_CREDENTIAL_TTL_SECS: u64 = 24 * 3600;
-
-/// A producer credential for `job_id` from `agent`; `None` when the agent
-/// has no credential key.
-async fn producer_credential(agent: &AgentClient, job_id: &str) -> Result<Option<String>, FeedError> {
-    let issue = Action::IssueCredential(IssueCredential {
-        job_id: job_id.to_owned(),
-        role: Role::Producer,
-        ttl_secs: PRODUCER_CREDENTIAL_TTL_SECS,
-    });
-    match agent.action::<CredentialResponse>(&issue).await {
-        Ok(r) => Ok(Some(r.credential)),
-        Err(e) if e.code() == Some(tonic::Code::FailedPrecondition) => Ok(None),
-        Err(e) => Err(e),
-    }
-}

@@ -18,9 +18,7 @@ use kindling_agent::model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
 use kindling_agent::{predict, trainer};
 use kindling_schemas::action::EpochMetrics;
-use kindling_schemas::schema::FeatureLayout;
-#[cfg(feature = "local")]
-use kindling_schemas::schema::{self, StreamKind};
+use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 #[cfg(feature = "local")]
 use kindling_schemas::serving::model_layout;
 use kindling_schemas::serving::{ModelInput, model_inputs};
@@ -92,22 +90,24 @@ impl TrainedModel {
         })
     }
 
-    /// Whether prediction input of `layout` is what the model was trained on.
-    pub(super) fn check_layout(&self, layout: &FeatureLayout) -> Result<(), JobError> {
+    /// The layout of prediction input with `schema`, checked against the
+    /// spec and the inputs the model was trained on.
+    pub(super) fn check_input(&self, schema: &arrow::datatypes::Schema) -> Result<FeatureLayout, JobError> {
+        let layout = schema::validate(schema, &self.spec, StreamKind::Predict)?;
         if layout.input_dim != self.meta.input_dim {
             return Err(JobError::InputWidth {
                 features: layout.input_dim,
                 model: self.meta.input_dim,
             });
         }
-        let given = model_inputs(layout);
+        let given = model_inputs(&layout);
         if !self.meta.inputs.is_empty() && given != self.meta.inputs {
             return Err(JobError::InputMismatch {
                 features: format!("{given:?}"),
                 model: format!("{:?}", self.meta.inputs),
             });
         }
-        Ok(())
+        Ok(layout)
     }
 
     /// The spec it was trained with.
@@ -252,14 +252,6 @@ impl TrainedModel {
     pub fn predict_batch(&self, batch: &RecordBatch) -> Result<RecordBatch, JobError> {
         let layout = self.check_input(&batch.schema())?;
         self.predict_checked(&layout, batch)
-    }
-
-    /// The layout of prediction input with `schema`, checked against the
-    /// spec and the width the model was trained on.
-    fn check_input(&self, schema: &arrow::datatypes::Schema) -> Result<schema::FeatureLayout, JobError> {
-        let layout = schema::validate(schema, &self.spec, StreamKind::Predict)?;
-        self.check_layout(&layout)?;
-        Ok(layout)
     }
 
     /// Predicts a batch whose schema [`check_input`](Self::check_input) gave `layout`.

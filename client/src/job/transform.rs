@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use kindling_schemas::action::{Action, IssueCredential};
+use kindling_schemas::action::Action;
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::credential::Role;
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::serving::{ServeModel, ServeModelResponse, ServedList};
 use kindling_schemas::spec::Task;
 
@@ -156,7 +155,7 @@ impl TrainedModel {
             .list_agents()
             .await?
             .into_iter()
-            .filter(|a| a.models.is_empty() || a.models.iter().any(|m| m == model))
+            .filter(|a| a.models.iter().any(|m| m == model))
             .collect();
         if agents.is_empty() {
             return Err(JobError::NotEnoughAgents {
@@ -165,7 +164,8 @@ impl TrainedModel {
                 rendezvous: cluster.rendezvous.clone(),
             });
         }
-        let action = Action::ServeModel(serve.clone());
+        let model_id = serve.model_id.clone();
+        let action = Action::ServeModel(serve);
         let mut served = Vec::with_capacity(agents.len());
         for a in agents {
             let client =
@@ -174,7 +174,7 @@ impl TrainedModel {
             served.push((client.url().to_owned(), answer));
         }
         Ok(Served {
-            model_id: serve.model_id,
+            model_id,
             agents: served,
         })
     }
@@ -194,8 +194,7 @@ impl TrainedModel {
     pub async fn transform_with(&self, df: &DataFrame, opts: &Transform) -> Result<DataFrame, JobError> {
         let cluster = self.cluster()?;
         let input = df.schema().await?;
-        let layout = schema::validate(&input, &self.spec, StreamKind::Predict)?;
-        self.check_layout(&layout)?;
+        let layout = self.check_input(&input)?;
         for taken in ["prediction", "probabilities"] {
             if input.index_of(taken).is_ok() {
                 return Err(JobError::PredictionColumnTaken { column: taken });
@@ -203,25 +202,19 @@ impl TrainedModel {
         }
         let served = self.serve().await?;
         let first = AgentClient::connect_with(&served.agents[0].0, cluster.token.as_ref(), &cluster.channel)?;
-        let issue = Action::IssueCredential(IssueCredential {
-            job_id: served.model_id.clone(),
-            role: Role::Reader,
-            ttl_secs: READER_CREDENTIAL_TTL_SECS,
-        });
         // A reader credential of this model can predict with it and do
         // nothing else, so it may travel in the plan; agents without a
         // credential key issue none: then the token in local mode, else the
         // executors' own KINDLING_TOKEN.
         let token = match first
-            .action::<kindling_schemas::action::CredentialResponse>(&issue)
-            .await
+            .issue_credential(&served.model_id, Role::Reader, READER_CREDENTIAL_TTL_SECS)
+            .await?
         {
-            Ok(r) => Some(r.credential),
-            Err(e) if e.code() == Some(tonic::Code::FailedPrecondition) => cluster
+            Some(credential) => Some(credential),
+            None => cluster
                 .local
                 .then(|| cluster.token.as_ref().map(|t| t.expose().to_owned()))
                 .flatten(),
-            Err(e) => return Err(e.into()),
         };
         let output = format!(
             "{}, {}",
