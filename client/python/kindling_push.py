@@ -20,12 +20,13 @@ self-contained: ship this one file to the executors with
 
 import json
 import os
+import socket
 
 import pyarrow as pa
 import pyarrow.flight as fl
 
 __all__ = [
-    "SUMMARY_SCHEMA", "SUMMARY_DDL", "PushError", "abort_stream", "agent_id", "push_batches",
+    "SUMMARY_SCHEMA", "SUMMARY_DDL", "PushError", "abort_stream", "agent_id", "node_name", "push_batches",
     "push_partition_fn", "udf_command",
 ]
 
@@ -40,12 +41,14 @@ SUMMARY_SCHEMA = pa.schema([
     pa.field("rows", pa.int64(), nullable=False),
     pa.field("committed_rows", pa.int64(), nullable=False),
     pa.field("duplicate", pa.bool_(), nullable=False),
+    pa.field("node", pa.string(), nullable=False),
+    pa.field("node_local", pa.bool_(), nullable=False),
 ])
 
 #: The same schema as a Spark DDL string, for ``mapInArrow(fn, SUMMARY_DDL)``.
 SUMMARY_DDL = (
     "partition_id int, attempt int, agent string, agent_id string, producer string, batches long, "
-    "rows long, committed_rows long, duplicate boolean"
+    "rows long, committed_rows long, duplicate boolean, node string, node_local boolean"
 )
 
 
@@ -110,6 +113,12 @@ def _call_options(token, timeout):
     """Flight call options carrying ``token`` as a bearer header (if any)."""
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     return fl.FlightCallOptions(headers=headers, timeout=timeout)
+
+
+def node_name():
+    """The node this task runs on: ``KINDLING_NODE_NAME`` (set on executors by
+    the pod template or the worker), else the host name."""
+    return os.environ.get("KINDLING_NODE_NAME") or socket.gethostname()
 
 
 def _task_info():
@@ -316,6 +325,7 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
             "partition_id": partition_id, "attempt": attempt, "agent": address, "agent_id": holder,
             "producer": producer,
             "batches": n_batches, "rows": rows, "committed_rows": committed, "duplicate": duplicate,
+            "node": node_name(), "node_local": address == os.environ.get("KINDLING_AGENT_ADDRESS"),
         }], schema=SUMMARY_SCHEMA)
 
     return push_partition

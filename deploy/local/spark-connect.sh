@@ -35,6 +35,15 @@
 #                         spark.executor.memory, and each worker's --memory (default 1g)
 #   KINDLING_SPARK_TASK_MAX_FAILURES
 #                         spark.task.maxFailures (default 4, Spark's own)
+#   KINDLING_SPARK_NETNS  nodes in network namespaces: the prefix of nodes made by
+#                         `deploy/local/netns.sh up N --prefix <prefix>`. Worker i
+#                         runs in namespace <prefix>-node-<i> on that node's address
+#                         (its executors and their Python workers with it); the
+#                         master and the driver listen on the bridge's address
+#                         (<prefix>-br), so executors reach the driver across the
+#                         bridge; the Connect server still answers on 127.0.0.1.
+#                         Needs root; put each node's agent in its namespace, on its
+#                         node address (KINDLING_SPARK_NODE_AGENTS=http://<ip>:<port>,…).
 #   KINDLING_SPARK_DYNAMIC
 #                         1: dynamic allocation (shuffle tracking, 0..workers
 #                         executors, 1 initially, idle executors go after 3 s);
@@ -75,6 +84,7 @@ else
 fi
 EXECUTOR_MEMORY="${KINDLING_SPARK_EXECUTOR_MEMORY:-1g}"
 DYNAMIC="${KINDLING_SPARK_DYNAMIC:-0}"
+NETNS="${KINDLING_SPARK_NETNS:-}"
 
 log() { echo "[spark-connect] $*" >&2; }
 
@@ -197,6 +207,37 @@ sys.exit(0 if len(nodes) >= need else 3)
 PY
 }
 
+# The IPv4 address of device $2 in namespace $1 (the root namespace when $1
+# is empty), without its prefix length.
+address_of() {
+  local -a ip=(ip)
+  [ -z "$1" ] || ip=(ip -n "$1")
+  "${ip[@]}" -4 -o addr show dev "$2" 2>/dev/null | awk '{ split($4, a, "/"); print a[1]; exit }'
+}
+
+# With KINDLING_SPARK_NETNS: HOST_IP (the bridge's address, where the master
+# and the driver listen) and NODE_IPS[i] (worker i's namespace address).
+netns_addresses() {
+  HOST_IP=127.0.0.1
+  NODE_IPS=()
+  [ -n "$NETNS" ] || return 0
+  [ "$(id -u)" -eq 0 ] || { log "KINDLING_SPARK_NETNS: not root (running in a namespace needs root)"; exit 1; }
+  HOST_IP="$(address_of "" "$NETNS-br")"
+  if [ -z "$HOST_IP" ]; then
+    log "KINDLING_SPARK_NETNS=$NETNS: no bridge $NETNS-br with an address (run \`deploy/local/netns.sh up $WORKERS --prefix $NETNS\` first)"
+    exit 1
+  fi
+  local i ip
+  for i in $(seq 1 "$WORKERS"); do
+    ip="$(address_of "$NETNS-node-$i" eth0)"
+    if [ -z "$ip" ]; then
+      log "KINDLING_SPARK_NETNS=$NETNS: no namespace $NETNS-node-$i with an address on eth0 for worker $i of $WORKERS"
+      exit 1
+    fi
+    NODE_IPS[i]="$ip"
+  done
+}
+
 start_cluster() {
   case "$WORKERS" in ''|*[!0-9]*|0) log "KINDLING_SPARK_WORKERS must be a positive number, got '$WORKERS'"; exit 2 ;; esac
   if [ -n "${KINDLING_SPARK_NODE_AGENTS+set}" ]; then
@@ -211,11 +252,12 @@ start_cluster() {
     if [ -f "$f" ]; then stop_pidfile "$f" || true; fi
   done
   rm -rf "$RUN"/worker-* "$RUN/master.log" "$RUN/master.url" "$RUN/ready.log" "$RUN/ready.out"
-  export SPARK_LOCAL_IP=127.0.0.1
+  netns_addresses
+  export SPARK_LOCAL_IP="$HOST_IP"
   export SPARK_DAEMON_MEMORY="${KINDLING_SPARK_DAEMON_MEMORY:-512m}"
   SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false -Dkindling.run=$RUN/" \
     nohup "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.master.Master \
-      --host 127.0.0.1 --port 0 --webui-port 0 >"$RUN/master.log" 2>&1 9>&- &
+      --host "$HOST_IP" --port 0 --webui-port 0 >"$RUN/master.log" 2>&1 9>&- &
   echo $! >"$RUN/master.pid"
   local url=""
   until url="$(grep -o 'Starting Spark master at spark://[^ ]*' "$RUN/master.log" 2>/dev/null | head -1)" && [ -n "$url" ]; do
@@ -229,23 +271,34 @@ start_cluster() {
   done
   MASTER_URL="${url##* }"
   echo "$MASTER_URL" >"$RUN/master.url"
-  local i dir agent
+  local i dir agent host
+  local -a netns=()
   for i in $(seq 1 "$WORKERS"); do
     dir="$RUN/worker-$i"
     mkdir -p "$dir/work" "$dir/local"
     agent="$(agent_of "$i")"
+    host=127.0.0.1
+    netns=()
+    if [ -n "$NETNS" ]; then
+      host="${NODE_IPS[i]}"
+      netns=(ip netns exec "$NETNS-node-$i")
+    fi
     # Executors inherit the worker's environment (KINDLING_SPARK_RUN marks
     # them, and their Python workers, as this instance's for `stop`).
     local -a env_args=(-u KINDLING_AGENT_ADDRESS
       "KINDLING_NODE_NAME=node-$i" "KINDLING_SPARK_RUN=$RUN"
-      "SPARK_LOCAL_DIRS=$dir/local" "SPARK_WORKER_OPTS=-Dkindling.run=$RUN/")
+      "SPARK_LOCAL_IP=$host" "SPARK_LOCAL_DIRS=$dir/local" "SPARK_WORKER_OPTS=-Dkindling.run=$RUN/")
     if [ -n "$agent" ]; then env_args+=("KINDLING_AGENT_ADDRESS=$agent"); fi
-    nohup env "${env_args[@]}" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
-      --host 127.0.0.1 --port 0 --webui-port 0 --cores 1 --memory "$EXECUTOR_MEMORY" \
+    nohup "${netns[@]}" env "${env_args[@]}" "$SPARK_HOME/bin/spark-class" org.apache.spark.deploy.worker.Worker \
+      --host "$host" --port 0 --webui-port 0 --cores 1 --memory "$EXECUTOR_MEMORY" \
       --work-dir "$dir/work" "$MASTER_URL" >"$RUN/worker-$i.log" 2>&1 9>&- &
     echo $! >"$RUN/worker-$i.pid"
   done
-  log "standalone master $MASTER_URL, $WORKERS workers (run dir $RUN)"
+  if [ -n "$NETNS" ]; then
+    log "standalone master $MASTER_URL on bridge $NETNS-br, $WORKERS workers in namespaces $NETNS-node-1..$WORKERS (${NODE_IPS[*]}) (run dir $RUN)"
+  else
+    log "standalone master $MASTER_URL, $WORKERS workers (run dir $RUN)"
+  fi
 }
 
 # Kills the process in pid file $1 (TERM, then KILL after 30 s).
@@ -264,6 +317,9 @@ stop_pidfile() {
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
 start() {
+  if [ -n "$NETNS" ] && [ "$STANDALONE" != 1 ]; then
+    log "KINDLING_SPARK_NETNS needs KINDLING_SPARK_MASTER=standalone"; exit 2
+  fi
   mkdir -p "$STATE"
   if [ -x "$VENV/bin/python" ] && port_open && answers; then
     log "already running on 127.0.0.1:$PORT"
@@ -290,8 +346,8 @@ start() {
     start_cluster
     master="$MASTER_URL"
     cluster=(
-      --conf spark.driver.host=127.0.0.1
-      --conf spark.driver.bindAddress=127.0.0.1
+      --conf "spark.driver.host=$HOST_IP"
+      --conf "spark.driver.bindAddress=$HOST_IP"
       --conf spark.executor.cores=1
       --conf "spark.executor.memory=$EXECUTOR_MEMORY"
       --conf "spark.task.maxFailures=${KINDLING_SPARK_TASK_MAX_FAILURES:-4}"

@@ -11,6 +11,7 @@ rows_per_partition, batch_rows. Prints one JSON object.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -85,6 +86,7 @@ def main():
     # The last partition through udf_command and the executor's KINDLING_AGENT_ADDRESS.
     last = args["partitions"] - 1
     os.environ["KINDLING_AGENT_ADDRESS"] = args["agents"][last % len(args["agents"])]
+    os.environ["KINDLING_NODE_NAME"] = "node-a"
     fn, ddl = udf_command(json.dumps({"job_id": args["job_id"], "token": args["token"]}))
     out["udf_ddl"] = ddl
     fn = push_partition_fn(args["job_id"], token=args["token"], task_info=lambda: (last, 0))
@@ -104,6 +106,7 @@ def main():
     except PushError:
         pass
     out["summaries"] = summaries
+    out["hostname"] = socket.gethostname()
     out["rows_final"] = rows_train(args)
     print(json.dumps(out))
 

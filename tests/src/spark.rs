@@ -194,6 +194,24 @@ impl StandaloneSpark {
     }
 }
 
+/// The venv's Python `major.minor` (`spark-connect.sh python`): the
+/// executors' Python on the clusters this script starts.
+pub fn executor_python() -> String {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/spark-connect.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .arg("python")
+        .output()
+        .expect("spark-connect.sh python");
+    let python = String::from_utf8(out.stdout).expect("utf-8");
+    let out = std::process::Command::new(python.trim())
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .output()
+        .expect("the venv's python");
+    String::from_utf8(out.stdout).expect("utf-8").trim().to_owned()
+}
+
 const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
      (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
 

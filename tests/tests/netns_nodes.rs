@@ -17,10 +17,6 @@
 //! `KINDLING_AGENT_BIN` / `KINDLING_RENDEZVOUS_BIN`.
 
 use std::collections::BTreeSet;
-use std::net::TcpListener as StdListener;
-use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,302 +32,14 @@ use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::{JobState, RendezvousClient};
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use kindling_tests::netns::{self, DELAY, HEALTH_PORT, NodeCluster, Nodes, sent_bytes};
 
 const TOKEN: &str = "netns-nodes-test-token";
-/// The agents' port: the same on every node, each on its own IP.
-const AGENT_PORT: u16 = 50051;
-/// The agents' probe port, on the node IP (reached over the bridge).
-const HEALTH_PORT: u16 = 8080;
 const NODES: usize = 2;
-const RATE: &str = "500mbit";
-const DELAY: &str = "2ms";
 const JOB_ID: &str = "netns-job";
 const ROWS_PER_BATCH: usize = 1_000;
 const BATCHES: u64 = 4;
 const EPOCHS: u32 = 3;
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/netns.sh")
-}
-
-/// The script's message (its stderr, without the `netns.sh: ` prefixes).
-fn message(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .map(|l| l.strip_prefix("netns.sh: ").unwrap_or(l))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Why `netns.sh check <args>` says nodes cannot be made here, or `None`.
-fn unavailable(args: &[&str]) -> Option<String> {
-    match Command::new(script()).arg("check").args(args).output() {
-        Err(e) => Some(format!("cannot run {}: {e}", script().display())),
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(message(&out)),
-    }
-}
-
-/// `netns.sh up` nodes, brought `down` when dropped (also on a panic): drop
-/// it after every process in its namespaces is gone.
-#[derive(Debug)]
-struct Nodes {
-    prefix: String,
-    /// The bridge's address in the root namespace: `<subnet>.1`.
-    gateway: String,
-    /// Node `i`'s (1-based) IP is `ips[i - 1]`.
-    ips: Vec<String>,
-}
-
-impl Nodes {
-    /// `up` with a fresh short prefix and subnet (others are tried when
-    /// one is in use); `netem` false shapes the rate alone with tbf.
-    fn up(n: usize, netem: bool) -> Nodes {
-        let mut last = String::new();
-        for _ in 0..5 {
-            let tag: u16 = rand::random();
-            let prefix = format!("kt{tag:04x}");
-            let subnet = format!("10.77.{}", tag % 250);
-            let mut up = Command::new(script());
-            up.args(["up", &n.to_string(), "--prefix", &prefix, "--subnet", &subnet])
-                .args(["--rate", RATE, "--delay", DELAY]);
-            if !netem {
-                up.args(["--if-no-netem", "tbf"]);
-            }
-            let out = up.output().expect("running netns.sh up");
-            if !out.status.success() {
-                last = message(&out);
-                if last.contains("is in use") || last.contains("already on an interface") {
-                    continue;
-                }
-                panic!("netns.sh up failed: {last}");
-            }
-            if !netem {
-                eprintln!("{}", message(&out));
-            }
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let ips: Vec<String> = stdout
-                .lines()
-                .enumerate()
-                .map(|(i, line)| {
-                    let (ns, ip) = line.split_once(' ').expect("`<namespace> <ip>` lines");
-                    assert_eq!(ns, format!("{prefix}-node-{}", i + 1), "{stdout}");
-                    ip.to_owned()
-                })
-                .collect();
-            assert_eq!(ips.len(), n, "one line per node: {stdout}");
-            return Nodes {
-                gateway: format!("{subnet}.1"),
-                prefix,
-                ips,
-            };
-        }
-        panic!("no free prefix and subnet for netns.sh up: {last}");
-    }
-
-    fn ip(&self, node: usize) -> &str {
-        &self.ips[node - 1]
-    }
-
-    /// A command running `program` in node `node`'s namespace; the process
-    /// spawned becomes `program` (the script and `ip netns exec` exec it).
-    fn command(&self, node: usize, program: &Path) -> Command {
-        let mut c = Command::new(script());
-        c.args(["exec", &node.to_string(), "--prefix", &self.prefix, "--"])
-            .arg(program);
-        c
-    }
-
-    /// `tc -s qdisc` of node `node`'s eth0.
-    fn qdisc(&self, node: usize) -> String {
-        let out = self
-            .command(node, Path::new("tc"))
-            .args(["-s", "qdisc", "show", "dev", "eth0"])
-            .output()
-            .expect("tc");
-        assert!(out.status.success(), "tc: {}", message(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn down(&self) -> Result<(), String> {
-        let out = Command::new(script())
-            .args(["down", "--prefix", &self.prefix])
-            .output()
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(message(&out))
-        }
-    }
-
-    /// Namespaces and links named `<prefix>-...` that exist.
-    fn leftovers(&self) -> Vec<String> {
-        let named = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().expect("ip");
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let mine = format!("{}-", self.prefix);
-        let namespaces = named(&["netns", "list"]);
-        let links = named(&["-o", "link", "show"]);
-        namespaces
-            .lines()
-            .filter_map(|l| l.split_whitespace().next())
-            .chain(
-                links
-                    .lines()
-                    .filter_map(|l| l.split(": ").nth(1))
-                    .map(|name| name.split('@').next().unwrap_or(name)),
-            )
-            .filter(|name| name.starts_with(&mine))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        if let Err(e) = self.down() {
-            eprintln!("netns.sh down --prefix {}: {e}", self.prefix);
-        }
-    }
-}
-
-/// A server binary built next to this test (`target/<profile>/`), or the
-/// one `env` names.
-fn binary(name: &str, env: &str) -> PathBuf {
-    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
-        let exe = std::env::current_exe().expect("test executable");
-        // target/<profile>/deps/netns_nodes-<hash> → target/<profile>/<name>
-        exe.parent()
-            .and_then(Path::parent)
-            .expect("target dir")
-            .join(name)
-    });
-    assert!(
-        path.is_file(),
-        "{} not found: build it first with `cargo build -p kindling-agent --bins` (same \
-         CARGO_TARGET_DIR), or set {env}",
-        path.display()
-    );
-    path
-}
-
-/// A spawned server, SIGKILLed when dropped.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    /// `/readyz` address.
-    health: String,
-}
-
-impl Proc {
-    /// Spawns `command` with only `PATH` from this process's environment
-    /// (the flags say everything; no stray `KINDLING_*` variable), its stderr
-    /// in `<dir>/<name>.log`.
-    fn spawn(name: &str, mut command: Command, health: String, dir: &Path) -> Proc {
-        let log = dir.join(format!("{name}.log"));
-        command
-            .env_clear()
-            .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"));
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning {name} ({command:?}): {e}"));
-        Proc {
-            name: name.into(),
-            child,
-            log,
-            health,
-        }
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Polls `/readyz` until it answers 200 (the agent: registered with the
-    /// rendezvous); panics with the logs if the process exits first.
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if tokio::time::timeout(Duration::from_secs(2), ready(&self.health))
-                .await
-                .unwrap_or(false)
-            {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited ({status}) before ready:\n{}", self.name, self.logs());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} not ready at {}:\n{}",
-                self.name,
-                self.health,
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// SIGKILLs the process and asserts it died of it.
-    fn sigkill(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        let status = self.child.wait().expect("wait");
-        assert_eq!(status.signal(), Some(9), "{} died of SIGKILL", self.name);
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Whether `GET /readyz` on `addr` answers 200 (false while nothing answers).
-async fn ready(addr: &str) -> bool {
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    let request = format!("GET /readyz HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    let mut answer = String::new();
-    s.write_all(request.as_bytes()).await.is_ok()
-        && s.read_to_string(&mut answer).await.is_ok()
-        && answer.split_whitespace().nth(1) == Some("200")
-}
-
-/// A port free on `ip` (in this namespace) now.
-fn free_port(ip: &str) -> u16 {
-    let l = StdListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"));
-    l.local_addr().expect("addr").port()
-}
-
-/// The fastest of a few TCP connects to `addr`: one round trip.
-async fn connect_rtt(addr: &str) -> Duration {
-    let mut best = Duration::MAX;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        best = best.min(start.elapsed());
-        drop(s);
-    }
-    best
-}
-
-/// Bytes a node's root qdisc sent (`Sent N bytes` of `tc -s qdisc`).
-fn sent_bytes(qdisc: &str) -> u64 {
-    qdisc
-        .split_once("Sent ")
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no `Sent N bytes` in {qdisc}"))
-}
 
 fn rows() -> Vec<RecordBatch> {
     (0..BATCHES)
@@ -351,20 +59,23 @@ fn replay(
     .boxed()
 }
 
+/// The fastest of a few TCP connects to `addr`: one round trip.
+async fn connect_rtt(addr: &str) -> Duration {
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        best = best.min(start.elapsed());
+        drop(s);
+    }
+    best
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_in_node_namespaces_train_over_the_bridge_known_by_their_node_ips() {
-    if let Some(reason) = unavailable(&[]) {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true") || reason.starts_with("not root"),
-            "CI is expected to have network namespaces: {reason}"
-        );
-        eprintln!("skipped: nodes in network namespaces: {reason}");
+    let Some(netem) = netns::available("nodes in network namespaces") else {
         return;
-    }
-    // Without netem, `up` shapes the rate alone and warns so.
-    let netem = unavailable(&["--netem"]).is_none();
-    let agent_bin = binary("kindling-agent", "KINDLING_AGENT_BIN");
-    let rendezvous_bin = binary("kindling-rendezvous", "KINDLING_RENDEZVOUS_BIN");
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).expect("token file");
@@ -375,55 +86,15 @@ async fn agents_in_node_namespaces_train_over_the_bridge_known_by_their_node_ips
         "nodes: prefix {}, bridge {}, node IPs {:?}",
         nodes.prefix, nodes.gateway, nodes.ips
     );
-
-    let rendezvous_addr = format!("{}:{}", nodes.gateway, free_port(&nodes.gateway));
-    let rendezvous_url = format!("http://{rendezvous_addr}");
-    let mut rendezvous = {
-        let health = format!("127.0.0.1:{}", free_port("127.0.0.1"));
-        let mut c = Command::new(&rendezvous_bin);
-        c.args(["--listen", &rendezvous_addr, "--health-listen", &health])
-            .arg("--token-file")
-            .arg(&token_file)
-            // The bridge is not loopback: the token crosses it in plaintext.
-            .arg("--allow-plaintext-token")
-            .args(["--lease-ms", "2000", "--gang-timeout-ms", "30000"]);
-        Proc::spawn("rendezvous", c, health, dir.path())
-    };
-    rendezvous.wait_ready().await;
-
-    let mut agents: Vec<Proc> = (1..=NODES)
-        .map(|node| {
-            let ip = nodes.ip(node);
-            let mut c = nodes.command(node, &agent_bin);
-            c.args(["--node-name", &format!("node-{node}")])
-                .args(["--listen", &format!("{ip}:{AGENT_PORT}")])
-                .args(["--advertise-host", ip])
-                .args(["--health-listen", &format!("{ip}:{HEALTH_PORT}")])
-                .args(["--rendezvous", &rendezvous_url])
-                .arg("--token-file")
-                .arg(&token_file)
-                .arg("--allow-plaintext-token")
-                .arg("--work-dir")
-                .arg(dir.path().join(format!("node-{node}")))
-                .args(["--memory-budget", "64MiB", "--train-threads", "1"])
-                .args(["--collective-timeout-ms", "20000", "--log-level", "info"]);
-            Proc::spawn(
-                &format!("agent-node-{node}"),
-                c,
-                format!("{ip}:{HEALTH_PORT}"),
-                dir.path(),
-            )
-        })
-        .collect();
-    for agent in &mut agents {
-        agent.wait_ready().await;
-    }
-    let logs = |agents: &[Proc], rendezvous: &Proc| -> String {
-        std::iter::once(rendezvous)
-            .chain(agents)
-            .map(|p| format!("--- {} ---\n{}", p.name, p.logs()))
-            .collect()
-    };
+    let mut cluster = NodeCluster::start(
+        &nodes,
+        dir.path(),
+        &token_file,
+        &["--memory-budget", "64MiB", "--train-threads", "1"],
+    )
+    .await;
+    let rendezvous_url = cluster.rendezvous_url.clone();
+    let expected = cluster.agent_urls.clone();
 
     // The rendezvous knows each agent by its node's address.
     let token = Token::new(TOKEN);
@@ -433,11 +104,6 @@ async fn agents_in_node_namespaces_train_over_the_bridge_known_by_their_node_ips
         .expect("rendezvous");
     let mut registered = rv.list_agents().await.expect("list agents");
     registered.sort_by(|a, b| a.node_name.cmp(&b.node_name));
-    let expected: Vec<String> = nodes
-        .ips
-        .iter()
-        .map(|ip| format!("http://{ip}:{AGENT_PORT}"))
-        .collect();
     assert_eq!(registered.len(), NODES, "{registered:#?}");
     for (i, agent) in registered.iter().enumerate() {
         assert_eq!(agent.node_name, format!("node-{}", i + 1), "{agent:#?}");
@@ -488,8 +154,8 @@ async fn agents_in_node_namespaces_train_over_the_bridge_known_by_their_node_ips
         job.fit_arrow(rule_schema(), || replay(data.clone())),
     )
     .await
-    .unwrap_or_else(|_| panic!("fit took over 300 s\n{}", logs(&agents, &rendezvous)))
-    .unwrap_or_else(|e| panic!("fit failed: {e}\n{}", logs(&agents, &rendezvous)));
+    .unwrap_or_else(|_| panic!("fit took over 300 s\n{}", cluster.logs()))
+    .unwrap_or_else(|e| panic!("fit failed: {e}\n{}", cluster.logs()));
     eprintln!(
         "trained {EPOCHS} epochs in {:?}: {:?}",
         started.elapsed(),
@@ -549,10 +215,7 @@ async fn agents_in_node_namespaces_train_over_the_bridge_known_by_their_node_ips
     }
 
     // SIGKILL everything, then nothing named <prefix>- is left.
-    for agent in &mut agents {
-        agent.sigkill();
-    }
-    rendezvous.sigkill();
+    cluster.sigkill();
     nodes.down().expect("netns.sh down");
     let left = nodes.leftovers();
     assert!(left.is_empty(), "netns.sh down left {left:?}");

@@ -153,7 +153,8 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
         out["udf_ddl"],
         json!(
             "partition_id int, attempt int, agent string, agent_id string, producer string, \
-             batches long, rows long, committed_rows long, duplicate boolean"
+             batches long, rows long, committed_rows long, duplicate boolean, node string, \
+             node_local boolean"
         )
     );
     assert!(
@@ -172,6 +173,15 @@ async fn failed_retried_and_speculative_attempts_count_rows_once() {
         assert_eq!(u64_of(s, "committed_rows"), ROWS_PER_PARTITION, "{s}");
         // The last partition found its agent through KINDLING_AGENT_ADDRESS.
         assert_eq!(s["agent"], json!(agents[p % 2]), "{s}");
+        // Where the task ran, and whether it pushed to its node's agent.
+        let last = p as u64 == PARTITIONS - 1;
+        assert_eq!(s["node_local"], json!(last), "{s}");
+        let node = if last {
+            json!("node-a")
+        } else {
+            out["hostname"].clone()
+        };
+        assert_eq!(s["node"], node, "{s}");
         per_agent[p % 2] += ROWS_PER_PARTITION;
     }
     assert_eq!(out["rows_after_retries"], json!(per_agent));

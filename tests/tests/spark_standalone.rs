@@ -9,7 +9,6 @@
 //! whole scenario: it takes over a minute to start.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int64Type};
 use kindling::SparkSession;
 use kindling::spark::MapInArrowUdf;
-use kindling_tests::spark::StandaloneSpark;
+use kindling_tests::spark::{StandaloneSpark, executor_python};
 
 /// Per partition: the Python worker's pid and its node's environment.
 const WHERE_PY: &str = r#"
@@ -42,22 +41,6 @@ struct Row {
     pid: i64,
     node: String,
     agent: String,
-}
-
-/// The venv's Python `major.minor`: the executors' Python.
-fn executor_python() -> String {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/spark-connect.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg("python")
-        .output()
-        .expect("spark-connect.sh python");
-    let python = String::from_utf8(out.stdout).expect("utf-8");
-    let out = Command::new(python.trim())
-        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
-        .output()
-        .expect("the venv's python");
-    String::from_utf8(out.stdout).expect("utf-8").trim().to_owned()
 }
 
 fn rows(batches: &[RecordBatch]) -> Vec<Row> {

@@ -18,7 +18,8 @@ use crate::spark::{DataFrame, MapInArrowUdf};
 pub(crate) const KINDLING_PUSH_PY: &str = include_str!("../../python/kindling_push.py");
 /// `kindling_push.SUMMARY_DDL`: one row per pushed partition.
 pub(crate) const PUSH_SUMMARY_DDL: &str = "partition_id int, attempt int, agent string, agent_id string, \
-     producer string, batches long, rows long, committed_rows long, duplicate boolean";
+     producer string, batches long, rows long, committed_rows long, duplicate boolean, node string, \
+     node_local boolean";
 
 /// Where each pushed partition's rows are held: (split, partition, shard, rows).
 pub(crate) type Placements = Vec<(Split, u32, usize, u64)>;
@@ -178,6 +179,13 @@ pub struct PushedPartition {
     pub committed_rows: u64,
     /// The agent already held the partition from an earlier attempt.
     pub duplicate: bool,
+    /// The node the reporting task ran on: the executor's
+    /// `KINDLING_NODE_NAME`, else its host name.
+    pub node: String,
+    /// The task pushed to its node's agent (`KINDLING_AGENT_ADDRESS`);
+    /// false when it spread by partition (no agent on its node, or that
+    /// agent not in the job) or re-sent to a route.
+    pub node_local: bool,
 }
 
 /// Executor push: every Spark task pushes its partition to its agent
@@ -270,6 +278,8 @@ pub(crate) async fn push(
             rows: s.rows,
             committed_rows: s.committed_rows,
             duplicate: s.duplicate,
+            node: s.node.clone(),
+            node_local: s.node_local,
         };
         let Some(holder) = &s.agent_id else {
             report.push(line); // an empty partition: nothing was sent
@@ -365,6 +375,8 @@ struct PushSummary {
     rows: u64,
     committed_rows: u64,
     duplicate: bool,
+    node: String,
+    node_local: bool,
 }
 
 fn parse_summaries(batches: &[RecordBatch]) -> Result<Vec<PushSummary>, FeedError> {
@@ -386,13 +398,16 @@ fn parse_summaries(batches: &[RecordBatch]) -> Result<Vec<PushSummary>, FeedErro
         let rows = column("rows", &DataType::Int64)?;
         let committed = column("committed_rows", &DataType::Int64)?;
         let duplicate = column("duplicate", &DataType::Boolean)?;
+        let node = column("node", &DataType::Utf8)?;
+        let node_local = column("node_local", &DataType::Boolean)?;
         let (partition, attempt, rows, committed) = (
             partition.as_primitive::<Int64Type>(),
             attempt.as_primitive::<Int64Type>(),
             rows.as_primitive::<Int64Type>(),
             committed.as_primitive::<Int64Type>(),
         );
-        let duplicate = duplicate.as_boolean();
+        let (duplicate, node_local) = (duplicate.as_boolean(), node_local.as_boolean());
+        let node = node.as_string::<i32>();
         let (agent, agent_id) = (agent.as_string::<i32>(), agent_id.as_string::<i32>());
         for i in 0..batch.num_rows() {
             out.push(PushSummary {
@@ -405,6 +420,8 @@ fn parse_summaries(batches: &[RecordBatch]) -> Result<Vec<PushSummary>, FeedErro
                 committed_rows: u64::try_from(committed.value(i))
                     .map_err(|e| bad("committed_rows", e.to_string()))?,
                 duplicate: duplicate.value(i),
+                node: node.value(i).to_owned(),
+                node_local: node_local.value(i),
             });
         }
     }

@@ -273,15 +273,16 @@ impl Reporter {
                     client_bytes,
                     seconds,
                     queries,
-                    ..
+                    partitions,
                 } => Some(format!(
                     "{split}: every row landed once ({feed}, {seconds:.1} s, {client_bytes} bytes through \
-                     the client{}), rows per shard {rows_per_shard:?}",
+                     the client{}{}), rows per shard {rows_per_shard:?}",
                     if *queries > 1 {
                         format!(", {queries} Spark queries")
                     } else {
                         String::new()
-                    }
+                    },
+                    node_local_part(partitions),
                 )),
                 TrainingEvent::Step {
                     epoch,
@@ -330,6 +331,16 @@ fn shrunk_line(lost: &[String], world_size: u32) -> String {
         "no replacement for {}: the job goes on with {world_size} agents, which took over the lost shards",
         lost.join(", ")
     )
+}
+
+/// `, k of n partitions from their node's agent` for executor push.
+fn node_local_part(partitions: &[PushedPartition]) -> String {
+    let sent: Vec<&PushedPartition> = partitions.iter().filter(|p| p.shard.is_some()).collect();
+    if sent.is_empty() {
+        return String::new();
+    }
+    let local = sent.iter().filter(|p| p.node_local).count();
+    format!(", {local} of {} partitions pushed node-local", sent.len())
 }
 
 fn epoch_line(m: &EpochMetrics) -> String {
@@ -412,5 +423,29 @@ mod tests {
         let mut reporter = Reporter::new(ProgressMode::Silent, Some(tx));
         reporter.emit(epoch(1));
         assert_eq!(reporter.dropped, 0);
+    }
+
+    #[test]
+    fn the_fed_line_counts_node_local_partitions_among_those_sent() {
+        let part = |partition, shard, node_local| super::PushedPartition {
+            partition,
+            attempt: 0,
+            shard,
+            rows: 10,
+            committed_rows: 10,
+            duplicate: false,
+            node: "node-1".into(),
+            node_local,
+        };
+        let pushed = [
+            part(0, Some(0), true),
+            part(1, Some(1), false),
+            part(2, None, false),
+        ];
+        assert_eq!(
+            super::node_local_part(&pushed),
+            ", 1 of 2 partitions pushed node-local"
+        );
+        assert_eq!(super::node_local_part(&[]), "", "the driver relay says nothing");
     }
 }
