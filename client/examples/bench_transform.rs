@@ -29,7 +29,8 @@
 //! Env: `KINDLING_BENCH_RELAY_MAX_ROWS` (default 2,000,000): larger sizes
 //! skip `predict_into_spark` — at 10M rows its local relation took the
 //! server of `deploy/local/spark-connect.sh` (4 GiB heap) down with an
-//! `OutOfMemoryError`; `KINDLING_BENCH_ARROW_BATCH_ROWS` (default 5,000):
+//! `OutOfMemoryError`; with `KINDLING_SPARK_DRIVER_MEMORY=12g` it completes
+//! (docs/benchmarks.md); `KINDLING_BENCH_ARROW_BATCH_ROWS` (default 5,000):
 //! rows per Arrow batch handed to the executors' Python, in both sessions.
 
 use std::collections::BTreeMap;
