@@ -244,3 +244,96 @@ pub fn rule_job() -> kindling::job::TrainingJobBuilder {
         .local_mode(true)
         .progress(kindling::job::ProgressMode::Silent)
 }
+
+/// Per partition: the Python worker's pid, its node's environment and the
+/// address it sends from towards `toward` (a UDP socket's source address).
+const WHERE_PY: &str = r#"
+import os
+import socket
+import pyarrow as pa
+
+
+def where(toward):
+    def run(batches):
+        for _ in batches:
+            pass
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.connect((toward, 9))
+            ip = s.getsockname()[0]
+        finally:
+            s.close()
+        yield pa.RecordBatch.from_pydict({
+            "pid": pa.array([os.getpid()], pa.int64()),
+            "node": pa.array([os.environ.get("KINDLING_NODE_NAME", "")], pa.string()),
+            "agent": pa.array([os.environ.get("KINDLING_AGENT_ADDRESS", "")], pa.string()),
+            "ip": pa.array([ip], pa.string()),
+        })
+    return run, "pid long, node string, agent string, ip string"
+"#;
+
+/// Where one Spark task ran ([`where_tasks_ran`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskPlace {
+    /// The Python worker's pid.
+    pub pid: i64,
+    /// `KINDLING_NODE_NAME` ("" when unset).
+    pub node: String,
+    /// `KINDLING_AGENT_ADDRESS` ("" when unset).
+    pub agent: String,
+    /// The task's source address towards the `toward` of the call.
+    pub ip: String,
+}
+
+/// Runs `partitions` tasks (`range` over `mapInArrow`, executors' Python
+/// from [`executor_python`]) and says where each ran: one row per task.
+pub async fn where_tasks_ran(
+    spark: &kindling::SparkSession,
+    partitions: i64,
+    toward: &str,
+) -> Vec<TaskPlace> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{DataType, Int64Type};
+    spark
+        .add_python_file("kindling_where.py", WHERE_PY)
+        .await
+        .expect("add kindling_where.py");
+    let udf = kindling::spark::MapInArrowUdf::new(
+        "kindling_where",
+        "where",
+        "pid long, node string, agent string, ip string",
+        executor_python(),
+    )
+    .arg(toward.to_owned());
+    let batches = spark
+        .range_partitions(0, partitions, 1, Some(partitions as i32))
+        .map_in_arrow(&udf)
+        .expect("mapInArrow")
+        .collect()
+        .await
+        .expect("the mapInArrow query");
+    let mut out = Vec::new();
+    for b in &batches {
+        let col = |name: &str, ty: &DataType| {
+            let c = b.column_by_name(name).unwrap_or_else(|| panic!("column {name}"));
+            arrow::compute::cast(c, ty).expect("cast")
+        };
+        let pid = col("pid", &DataType::Int64);
+        let text = [
+            col("node", &DataType::Utf8),
+            col("agent", &DataType::Utf8),
+            col("ip", &DataType::Utf8),
+        ];
+        let pid = pid.as_primitive::<Int64Type>();
+        let [node, agent, ip] = text.each_ref().map(|c| c.as_string::<i32>());
+        for i in 0..b.num_rows() {
+            out.push(TaskPlace {
+                pid: pid.value(i),
+                node: node.value(i).to_owned(),
+                agent: agent.value(i).to_owned(),
+                ip: ip.value(i).to_owned(),
+            });
+        }
+    }
+    out
+}

@@ -28,16 +28,15 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::DataType;
 use kindling::SparkSession;
 use kindling::job::{ExecutorPush, Feed, TrainedModel, TrainingEvent, Transform};
-use kindling::spark::MapInArrowUdf;
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_tests::events::assert_same_as_predict;
 use kindling_tests::netns::{self, NodeCluster, Nodes, sent_bytes};
-use kindling_tests::spark::{StandaloneSpark, executor_python, rule_df, rule_job};
+use kindling_tests::spark::{
+    StandaloneSpark, TaskPlace, executor_python, rule_df, rule_job, where_tasks_ran,
+};
 
 const TOKEN: &str = "spark-netns-test-token";
 const NODES: usize = 2;
@@ -46,57 +45,6 @@ const ROWS: usize = 20_000;
 const EPOCHS: u32 = 2;
 /// Rows predicted by `transform`, over 8 partitions.
 const SCORED: usize = 40_000;
-
-/// Per partition: its node's name and agent, and the task's own address
-/// (the source address of a socket towards the bridge).
-const WHERE_PY: &str = r#"
-import os
-import socket
-import pyarrow as pa
-
-
-def where(gateway):
-    def run(batches):
-        for _ in batches:
-            pass
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            s.connect((gateway, 9))
-            ip = s.getsockname()[0]
-        finally:
-            s.close()
-        yield pa.RecordBatch.from_pydict({
-            "node": pa.array([os.environ.get("KINDLING_NODE_NAME", "")], pa.string()),
-            "agent": pa.array([os.environ.get("KINDLING_AGENT_ADDRESS", "")], pa.string()),
-            "ip": pa.array([ip], pa.string()),
-        })
-    return run, "node string, agent string, ip string"
-"#;
-
-/// `(node, agent, ip)` of each row.
-fn rows(batches: &[RecordBatch]) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    for b in batches {
-        let col = |name: &str| {
-            let c = b.column_by_name(name).unwrap_or_else(|| panic!("column {name}"));
-            arrow::compute::cast(c, &DataType::Utf8).expect("cast")
-        };
-        let (node, agent, ip) = (col("node"), col("agent"), col("ip"));
-        let (node, agent, ip) = (
-            node.as_string::<i32>(),
-            agent.as_string::<i32>(),
-            ip.as_string::<i32>(),
-        );
-        for i in 0..b.num_rows() {
-            out.push((
-                node.value(i).to_owned(),
-                agent.value(i).to_owned(),
-                ip.value(i).to_owned(),
-            ));
-        }
-    }
-    out
-}
 
 /// Pids of the processes in node `node`'s namespace (`ip netns pids`).
 fn pids_in(nodes: &Nodes, node: usize) -> Vec<String> {
@@ -165,29 +113,10 @@ async fn spark_workers_in_node_namespaces_push_to_and_predict_with_their_nodes_a
     let spark = SparkSession::connect(&cluster.remote()).await.expect("spark");
 
     // Every task runs in its node's namespace and sees its node's agent.
-    spark
-        .add_python_file("kindling_where.py", WHERE_PY)
-        .await
-        .expect("add python file");
-    let udf = MapInArrowUdf::new(
-        "kindling_where",
-        "where",
-        "node string, agent string, ip string",
-        executor_python(),
-    )
-    .arg(nodes.gateway.clone());
-    let found = rows(
-        &spark
-            .range_partitions(0, 8, 1, Some(8))
-            .map_in_arrow(&udf)
-            .expect("mapInArrow")
-            .collect()
-            .await
-            .expect("the mapInArrow query"),
-    );
+    let found = where_tasks_ran(&spark, 8, &nodes.gateway).await;
     assert_eq!(found.len(), 8, "{found:?}");
     let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-    for (node, agent, ip) in &found {
+    for TaskPlace { node, agent, ip, .. } in &found {
         let i: usize = node
             .strip_prefix("node-")
             .and_then(|n| n.parse().ok())

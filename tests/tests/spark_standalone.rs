@@ -12,78 +12,10 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Int64Type};
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
 use kindling::SparkSession;
-use kindling::spark::MapInArrowUdf;
-use kindling_tests::spark::{StandaloneSpark, executor_python};
-
-/// Per partition: the Python worker's pid and its node's environment.
-const WHERE_PY: &str = r#"
-import os
-import pyarrow as pa
-
-
-def where():
-    def run(batches):
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_pydict({
-            "pid": pa.array([os.getpid()], pa.int64()),
-            "node": pa.array([os.environ.get("KINDLING_NODE_NAME", "")], pa.string()),
-            "agent": pa.array([os.environ.get("KINDLING_AGENT_ADDRESS", "")], pa.string()),
-        })
-    return run, "pid long, node string, agent string"
-"#;
-
-#[derive(Debug)]
-struct Row {
-    pid: i64,
-    node: String,
-    agent: String,
-}
-
-fn rows(batches: &[RecordBatch]) -> Vec<Row> {
-    let mut out = Vec::new();
-    for batch in batches {
-        let col = |name: &str, ty: &DataType| {
-            let c = batch
-                .column_by_name(name)
-                .unwrap_or_else(|| panic!("column {name}"));
-            arrow::compute::cast(c, ty).expect("cast")
-        };
-        let (pid, node, agent) = (
-            col("pid", &DataType::Int64),
-            col("node", &DataType::Utf8),
-            col("agent", &DataType::Utf8),
-        );
-        let (pid, node, agent) = (
-            pid.as_primitive::<Int64Type>(),
-            node.as_string::<i32>(),
-            agent.as_string::<i32>(),
-        );
-        for i in 0..batch.num_rows() {
-            assert!(!node.is_null(i) && !agent.is_null(i));
-            out.push(Row {
-                pid: pid.value(i),
-                node: node.value(i).to_owned(),
-                agent: agent.value(i).to_owned(),
-            });
-        }
-    }
-    out
-}
-
-async fn where_tasks_ran(spark: &SparkSession, udf: &MapInArrowUdf) -> Vec<Row> {
-    let batches = spark
-        .range_partitions(0, 8, 1, Some(8))
-        .map_in_arrow(udf)
-        .expect("mapInArrow")
-        .collect()
-        .await
-        .expect("the mapInArrow query");
-    rows(&batches)
-}
+use kindling_tests::spark::{StandaloneSpark, executor_python, where_tasks_ran};
 
 /// The process ids from `pid` up to the root: `pid`, its parent, ….
 fn ancestors(pid: u32) -> Vec<(u32, String)> {
@@ -121,19 +53,9 @@ async fn push_survives_task_failures_and_executor_loss_and_transform_predicts_on
     );
 
     let spark = SparkSession::connect(&cluster.remote()).await.expect("spark");
-    spark
-        .add_python_file("kindling_where.py", WHERE_PY)
-        .await
-        .expect("add python file");
-    let udf = MapInArrowUdf::new(
-        "kindling_where",
-        "where",
-        "pid long, node string, agent string",
-        executor_python(),
-    );
 
     // Each task runs in its node's executor and sees its node's agent.
-    let found = where_tasks_ran(&spark, &udf).await;
+    let found = where_tasks_ran(&spark, 8, "127.0.0.1").await;
     assert_eq!(found.len(), 8, "one row per partition: {found:#?}");
     let mut per_node: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for row in &found {
