@@ -7,36 +7,19 @@
 //! - An agent's errors during the job appear in its output, with the job,
 //!   the agent's rank and the attempt.
 
-use std::net::{SocketAddr, TcpStream};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::spark_remote;
 use kindling::feed::AgentClient;
 use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::rendezvous::{JobState, RendezvousClient};
 
 const CLIENT_LEASE_SECS: u64 = 2;
-
-/// The local Spark Connect server (`deploy/local/spark-connect.sh start` is
-/// idempotent and returns once a query answers; a server already listening
-/// is reused as is).
-fn spark_remote() -> String {
-    let port = std::env::var("KINDLING_SPARK_PORT").unwrap_or_else(|_| "15002".into());
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
-    if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/spark-connect.sh");
-        let status = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .env("KINDLING_SPARK_PORT", &port)
-            .status()
-            .expect("spark-connect.sh");
-        assert!(status.success(), "spark-connect.sh start: {status}");
-    }
-    format!("sc://{addr}")
-}
 
 /// `kindling train` on `rows` rows of a rule (y = x1 + x2 > 1) on the
 /// cluster, with `extra` arguments.
