@@ -151,3 +151,43 @@ async fn a_task_retried_after_a_failure_mid_stream_does_not_double_rows() {
 fn accuracy_or_loss_finite(m: &kindling::job::TrainedModel) -> bool {
     m.history().last().is_some_and(|h| h.train_loss.is_finite())
 }
+
+/// A shard no partition reaches — here one partition for two agents
+/// (`p mod 2`); on a cluster, node-local push while only some nodes run
+/// executors — still gets the split's schema, so its agent trains with no
+/// rows of its own beside the other, and the job learns every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_no_partition_reaches_trains_with_no_rows_beside_the_others() {
+    const ROWS: usize = 4_000;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = spark
+        .sql(&format!(
+            "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM (SELECT rand(51) * 2 - 1 AS x1, \
+             CAST(rand(52) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {ROWS}, 1, 1))"
+        ))
+        .await
+        .expect("sql");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let model = job(Feed::ExecutorPush(ExecutorPush::new()))
+        .eval_fraction(0.0)
+        .epochs(3)
+        .events(tx)
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("fit with an empty shard");
+    let fed = fed_events(&mut rx);
+    assert_eq!(fed.len(), 1, "{fed:#?}");
+    assert_eq!(fed[0].rows_per_shard, [ROWS as u64, 0], "{fed:#?}");
+    assert_eq!(fed[0].partitions.len(), 1, "{fed:#?}");
+    let history = model.history();
+    assert_eq!(history.len(), 3);
+    for epoch in history {
+        assert_eq!(epoch.rows, ROWS as u64, "every row trained each epoch: {epoch:?}");
+    }
+    assert!(
+        history[2].train_loss < history[0].train_loss,
+        "it learns: {history:?}"
+    );
+}

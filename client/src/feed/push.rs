@@ -339,6 +339,12 @@ pub(crate) async fn push(
         }
     }
     placed.extend(placements);
+    // An agent no partition reached (one partition for two shards; node-local
+    // push while only some nodes run executors) still needs the split's
+    // schema: its rank then trains with no rows of its own beside the others.
+    if split == Split::Train {
+        send_schema_where_nothing_landed(ctx.job_id, split, df, shards, placed).await?;
+    }
     // What each agent fed now holds must be what the partitions of all its
     // shards report.
     let mut checked = std::collections::BTreeSet::new();
@@ -363,6 +369,46 @@ pub(crate) async fn push(
         }
     }
     Ok((rows, report))
+}
+
+/// Opens and commits an empty `DoPut` stream (the schema alone, producer
+/// `schema`) on every agent fed now that holds no partition of `split`.
+async fn send_schema_where_nothing_landed(
+    job_id: &str,
+    split: Split,
+    df: &DataFrame,
+    shards: Shards<'_>,
+    placed: &Placements,
+) -> Result<(), FeedError> {
+    let holding: std::collections::BTreeSet<&str> = placed
+        .iter()
+        .filter(|(sp, _, _, _)| *sp == split)
+        .map(|(_, _, shard, _)| shards.agent_ids[*shard].as_str())
+        .collect();
+    let mut schema = None;
+    let mut sent = std::collections::BTreeSet::new();
+    for (s, client) in shards.clients.iter().enumerate() {
+        let agent = shards.agent_ids[s].as_str();
+        if !shards.feeds(s) || holding.contains(agent) || !sent.insert(agent) {
+            continue;
+        }
+        if schema.is_none() {
+            schema = Some(df.schema().await?);
+        }
+        let Some(schema) = &schema else { continue };
+        tracing::warn!(
+            shard = s,
+            agent = client.url(),
+            "no partition reached this agent: it trains with no rows of its own"
+        );
+        let path = kindling_schemas::descriptor::DataPath::data(job_id, split);
+        client
+            .put(&path, "schema", schema, 1 << 20)
+            .await?
+            .finish()
+            .await?;
+    }
+    Ok(())
 }
 
 /// One partition's summary row from `kindling_push`.
