@@ -212,17 +212,49 @@ pub fn executor_python() -> String {
     String::from_utf8(out.stdout).expect("utf-8").trim().to_owned()
 }
 
-const RULE_SQL: &str = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-     (SELECT rand(11) * 2 - 1 AS x1, CAST(rand(12) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {rows}, 1, 4))";
-
 /// `rows` rows in 4 partitions, computed in Spark: float features `x1`, `x2`
 /// in [-1, 1) (seeded) and the label `y = x1 + 2·x2 > 0.1`, a linear rule a
 /// model can learn to > 95 %.
 pub async fn rule_df(spark: &kindling::SparkSession, rows: usize) -> kindling::DataFrame {
+    rule_df_in(spark, rows, 4).await
+}
+
+/// [`rule_df`] over `partitions` partitions.
+pub async fn rule_df_in(
+    spark: &kindling::SparkSession,
+    rows: usize,
+    partitions: usize,
+) -> kindling::DataFrame {
     spark
-        .sql(&RULE_SQL.replace("{rows}", &rows.to_string()))
+        .sql(&format!(
+            "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM ({})",
+            features_sql(rows, partitions, 11)
+        ))
         .await
         .expect("sql")
+}
+
+/// The features of [`rule_df`] alone — `x1` double, `x2` float, in [-1, 1)
+/// from `rand(seed)` and `rand(seed + 1)` — `rows` rows over `partitions`
+/// partitions: the input `predict` and `transform` take.
+pub async fn features_df(
+    spark: &kindling::SparkSession,
+    rows: usize,
+    partitions: usize,
+    seed: u64,
+) -> kindling::DataFrame {
+    spark
+        .sql(&features_sql(rows, partitions, seed))
+        .await
+        .expect("sql")
+}
+
+fn features_sql(rows: usize, partitions: usize, seed: u64) -> String {
+    format!(
+        "SELECT CAST(rand({seed}) * 2 - 1 AS DOUBLE) AS x1, CAST(rand({}) * 2 - 1 AS FLOAT) AS x2 \
+         FROM range(0, {rows}, 1, {partitions})",
+        seed + 1
+    )
 }
 
 /// The job the rule DataFrame trains ([`rule_df`]): an MLP with 16 hidden

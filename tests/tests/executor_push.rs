@@ -6,7 +6,7 @@
 use kindling::SparkSession;
 use kindling::job::{ExecutorPush, Feed, JobError, PushedPartition};
 use kindling_tests::events::{accuracy, fed_events};
-use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, spark_remote};
+use kindling_tests::spark::{PrivateSpark, rule_df, rule_df_in, rule_job, spark_remote};
 
 fn job(feed: Feed) -> kindling::job::TrainingJobBuilder {
     rule_job().feed(feed)
@@ -160,13 +160,7 @@ fn accuracy_or_loss_finite(m: &kindling::job::TrainedModel) -> bool {
 async fn a_shard_no_partition_reaches_trains_with_no_rows_beside_the_others() {
     const ROWS: usize = 4_000;
     let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
-    let df = spark
-        .sql(&format!(
-            "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM (SELECT rand(51) * 2 - 1 AS x1, \
-             CAST(rand(52) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {ROWS}, 1, 1))"
-        ))
-        .await
-        .expect("sql");
+    let df = rule_df_in(&spark, ROWS, 1).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let model = job(Feed::ExecutorPush(ExecutorPush::new()))
         .eval_fraction(0.0)

@@ -35,7 +35,7 @@ use kindling_schemas::channel::ChannelConfig;
 use kindling_tests::events::assert_same_as_predict;
 use kindling_tests::netns::{self, NodeCluster, Nodes, sent_bytes};
 use kindling_tests::spark::{
-    StandaloneSpark, TaskPlace, executor_python, rule_df, rule_job, where_tasks_ran,
+    StandaloneSpark, TaskPlace, executor_python, features_df, rule_df, rule_job, where_tasks_ran,
 };
 
 const TOKEN: &str = "spark-netns-test-token";
@@ -208,13 +208,7 @@ async fn spark_workers_in_node_namespaces_push_to_and_predict_with_their_nodes_a
     }
 
     // transform on the executors, each task through its node's agent.
-    let big = spark
-        .sql(&format!(
-            "SELECT CAST(rand(41) * 2 - 1 AS DOUBLE) AS x1, CAST(rand(42) * 2 - 1 AS FLOAT) AS x2 \
-             FROM range(0, {SCORED}, 1, 8)"
-        ))
-        .await
-        .expect("sql");
+    let big = features_df(&spark, SCORED, 8, 41).await;
     let strict = Transform::new()
         .python_version(executor_python())
         .require_node_local(true);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use kindling::SparkSession;
-use kindling_tests::spark::{StandaloneSpark, executor_python, where_tasks_ran};
+use kindling_tests::spark::{StandaloneSpark, executor_python, features_df, rule_df_in, where_tasks_ran};
 
 /// The process ids from `pid` up to the root: `pid`, its parent, ….
 fn ancestors(pid: u32) -> Vec<(u32, String)> {
@@ -166,13 +166,7 @@ async fn push_survives_task_failures_and_executor_loss_and_transform_predicts_on
     // transform: 100,000 rows over 8 partitions, predicted on the executors
     // by their nodes' agents, one prediction per row, as `predict` gives.
     const SCORED: usize = 100_000;
-    let big = spark
-        .sql(&format!(
-            "SELECT CAST(rand(21) * 2 - 1 AS DOUBLE) AS x1, CAST(rand(22) * 2 - 1 AS FLOAT) AS x2 \
-             FROM range(0, {SCORED}, 1, 8)"
-        ))
-        .await
-        .expect("sql");
+    let big = features_df(&spark, SCORED, 8, 21).await;
     let strict = kindling::job::Transform::new()
         .python_version(executor_python())
         .require_node_local(true);
@@ -231,13 +225,7 @@ async fn push_trains_every_row_once_while_dynamic_allocation_adds_and_removes_ex
     let spark = SparkSession::connect(&cluster.remote()).await.expect("spark");
     // Enough small tasks that they queue behind one executor.
     const ROWS: usize = 40_000;
-    let df = spark
-        .sql(&format!(
-            "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM (SELECT rand(31) * 2 - 1 AS x1, \
-             CAST(rand(32) * 2 - 1 AS FLOAT) AS x2 FROM range(0, {ROWS}, 1, 16))"
-        ))
-        .await
-        .expect("sql");
+    let df = rule_df_in(&spark, ROWS, 16).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let job = rule_job()
         .eval_fraction(0.0)

@@ -372,7 +372,9 @@ pub(crate) async fn push(
 }
 
 /// Opens and commits an empty `DoPut` stream (the schema alone, producer
-/// `schema`) on every agent fed now that holds no partition of `split`.
+/// `schema`) on every agent fed now that holds no partition of `split` — as
+/// the driver relay's `CommittingWriter::finish` does for a shard it wrote
+/// nothing to.
 async fn send_schema_where_nothing_landed(
     job_id: &str,
     split: Split,
@@ -380,30 +382,29 @@ async fn send_schema_where_nothing_landed(
     shards: Shards<'_>,
     placed: &Placements,
 ) -> Result<(), FeedError> {
-    let holding: std::collections::BTreeSet<&str> = placed
+    let mut holding: std::collections::BTreeSet<&str> = placed
         .iter()
         .filter(|(sp, _, _, _)| *sp == split)
         .map(|(_, _, shard, _)| shards.agent_ids[*shard].as_str())
         .collect();
-    let mut schema = None;
-    let mut sent = std::collections::BTreeSet::new();
-    for (s, client) in shards.clients.iter().enumerate() {
-        let agent = shards.agent_ids[s].as_str();
-        if !shards.feeds(s) || holding.contains(agent) || !sent.insert(agent) {
-            continue;
-        }
-        if schema.is_none() {
-            schema = Some(df.schema().await?);
-        }
-        let Some(schema) = &schema else { continue };
+    // Once per agent (an agent may hold several shards).
+    let empty: Vec<usize> = (0..shards.clients.len())
+        .filter(|&s| shards.feeds(s) && holding.insert(shards.agent_ids[s].as_str()))
+        .collect();
+    if empty.is_empty() {
+        return Ok(());
+    }
+    let schema = df.schema().await?;
+    let path = kindling_schemas::descriptor::DataPath::data(job_id, split);
+    for s in empty {
+        let client = &shards.clients[s];
         tracing::warn!(
             shard = s,
             agent = client.url(),
             "no partition reached this agent: it trains with no rows of its own"
         );
-        let path = kindling_schemas::descriptor::DataPath::data(job_id, split);
         client
-            .put(&path, "schema", schema, 1 << 20)
+            .put(&path, "schema", &schema, 1 << 20)
             .await?
             .finish()
             .await?;
