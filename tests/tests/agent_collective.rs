@@ -218,6 +218,53 @@ async fn broadcast_reaches_every_rank_and_a_dead_peer_fails_fast() {
     );
 }
 
+/// A next rank that answers the hello and then goes away (as an agent
+/// killed between rendezvous and its first operation) fails the ring while
+/// it still waits for its previous rank, naming the next rank, instead of
+/// after the ring's timeout. The next rank is a listener speaking the hello
+/// by hand: a real agent cannot be stopped on demand between those two
+/// moments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_next_rank_gone_after_its_hello_fails_the_wait_for_the_previous_rank() {
+    let token = Token::new("t");
+    let ps = peers(1, &token).await;
+    let next = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let next_url = format!("http://{}", next.local_addr().expect("addr"));
+    let answered_then_gone = tokio::spawn(async move {
+        let (mut conn, _) = next.accept().await.expect("accept");
+        let hello = kindling_schemas::ring::read_hello(&mut conn)
+            .await
+            .expect("hello");
+        kindling_schemas::ring::write_reply(&mut conn, &Ok(()))
+            .await
+            .expect("reply");
+        hello
+    });
+    // Rank 1 of 3: its previous rank (0) never connects; its next (2) goes.
+    let urls = vec![
+        "http://127.0.0.1:9".to_owned(),
+        ps[0].url.clone(),
+        next_url.clone(),
+    ];
+    let mut r = ring(&urls, 1, &token, "gone", &ps[0].inbox);
+    let mut buf = vec![1.0f32; 10];
+    let op = tokio::spawn(async move { r.all_reduce_sum(&mut buf).await });
+    let hello = answered_then_gone.await.expect("the next rank");
+    assert_eq!((hello.from_rank, hello.to_rank), (1, 2));
+    // Far below the ring's 20 s wait for rank 0.
+    let err = tokio::time::timeout(Duration::from_secs(10), op)
+        .await
+        .expect("fails at once, not after waiting for rank 0")
+        .expect("task")
+        .expect_err("the next rank is gone");
+    assert!(err.to_string().contains("unavailable"), "{err}");
+    assert!(
+        err.to_string().contains(&next_url),
+        "the next rank is named: {err}"
+    );
+    assert!(!err.to_string().contains("did not connect"), "{err}");
+}
+
 /// A ring of two whose connections are open (one all-reduce done).
 async fn two_open_rings(ps: &[Peer], token: &Token, job: &str) -> (Ring, Ring) {
     let mut rs = rings(ps, token, job).into_iter();

@@ -188,6 +188,14 @@ impl Inbox {
     /// admitted one gets its attempt's fence (made on the first).
     fn admit(&self, hello: &Hello, read: ReadHalf<Conn>) -> Result<Admitted, Status> {
         let mut s = self.lock();
+        // Checked under the lock `close` clears the links under, after it
+        // cancels: a connection admitted before that is cleared with them.
+        if self.closed.is_cancelled() {
+            return Err(Status::unavailable(format!(
+                "ring connection for job `{}` refused: the receiving agent is shutting down",
+                hello.job_id
+            )));
+        }
         match s.attempts.get(&hello.job_id) {
             Some(&current) if hello.attempt < current => {
                 return Err(Status::failed_precondition(format!(

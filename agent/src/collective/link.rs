@@ -67,6 +67,26 @@ pub(super) async fn connect(
     })
 }
 
+/// Awaits `wait` unless the connection to the next rank at `url` breaks
+/// first (its agent stopped or died after answering the hello).
+pub(super) async fn unless_broken<T>(
+    out: &Outbound,
+    url: &str,
+    wait: impl Future<Output = Result<T, AgentError>>,
+) -> Result<T, AgentError> {
+    let mut broken = out.broken.clone();
+    tokio::select! {
+        r = wait => r,
+        cause = broken.wait_for(Option::is_some) => {
+            let reason = match cause {
+                Ok(cause) => cause.clone().unwrap_or_default(),
+                Err(_) => "it closed the connection".to_owned(),
+            };
+            Err(AgentError::PeerUnavailable { peer: url.to_owned(), reason })
+        }
+    }
+}
+
 impl Outbound {
     fn write(&mut self) -> std::io::Result<&mut WriteHalf<Conn>> {
         self.write

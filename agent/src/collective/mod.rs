@@ -325,8 +325,22 @@ impl Ring {
                 },
             }
         };
+        // Once the next rank has answered, it going away fails the wait for
+        // the previous one at once, naming it (not after the timeout).
+        let opened = async {
+            let (mut connect, mut accept) = (std::pin::pin!(connect), std::pin::pin!(accept));
+            let out = tokio::select! {
+                out = &mut connect => out?,
+                inn = &mut accept => {
+                    let inn = inn?;
+                    return Ok::<_, AgentError>((connect.await?, inn));
+                }
+            };
+            let inn = link::unless_broken(&out, next_url, accept).await?;
+            Ok((out, inn))
+        };
         let links = tokio::select! {
-            r = async { tokio::try_join!(connect, accept) } => r?,
+            r = opened => r?,
             _ = self.cancel.cancelled() => return Err(self.cancelled()),
             _ = self.inbox.closed().cancelled() => return Err(self.shutting_down()),
         };
