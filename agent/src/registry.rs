@@ -181,6 +181,7 @@ impl JobRegistry {
     pub fn reap_finished(&self, ended: &mut HashMap<String, (Arc<Job>, Instant)>) -> Vec<String> {
         let now = Instant::now();
         let mut removed = Vec::new();
+        let mut trash = Vec::new();
         {
             let mut jobs = self.lock();
             ended.retain(|id, (job, _)| jobs.get(id).is_some_and(|j| Arc::ptr_eq(j, job)));
@@ -189,26 +190,34 @@ impl JobRegistry {
                     ended.entry(id.clone()).or_insert_with(|| (job.clone(), now));
                 }
             }
-            for (id, (_, since)) in ended.iter() {
-                if now.duration_since(*since) >= self.env.finished_retention {
-                    jobs.remove(id);
-                    removed.push(id.clone());
+            ended.retain(|id, (job, since)| {
+                if now.duration_since(*since) < self.env.finished_retention {
+                    return true;
                 }
+                jobs.remove(id);
+                job.lock().ingest.clear();
+                // Moved aside while the id is still held: once the job is
+                // unknown its files are gone from their place, and a job
+                // started again under the id cannot lose its own to this.
+                for dir in [self.env.checkpoint_dir.join(id), self.env.spill_dir.join(id)] {
+                    let aside = dir.with_file_name(format!(".removing-{id}-{}", uuid::Uuid::new_v4()));
+                    match std::fs::rename(&dir, &aside) {
+                        Ok(()) => trash.push((id.clone(), aside)),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        // Removed in place below (which says why if it cannot be).
+                        Err(_) => trash.push((id.clone(), dir)),
+                    }
+                }
+                removed.push(id.clone());
+                false
+            });
+        }
+        for (id, dir) in trash {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(job = %id, dir = %dir.display(), error = %e, "could not remove a finished job's files");
             }
         }
         for id in &removed {
-            if let Some((job, _)) = ended.remove(id) {
-                job.lock().ingest.clear();
-            }
-            for dir in [self.env.checkpoint_dir.join(id), self.env.spill_dir.join(id)] {
-                match std::fs::remove_dir_all(&dir) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        tracing::warn!(job = %id, dir = %dir.display(), error = %e, "could not remove a finished job's files")
-                    }
-                }
-            }
             tracing::info!(job = %id, "finished job removed after its retention");
         }
         removed
