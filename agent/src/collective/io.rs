@@ -64,7 +64,7 @@ impl Io {
         let mut broken = self.broken.clone();
         let next_broke = async {
             match broken.as_mut() {
-                Some(b) => b.wait_for(Option::is_some).await.ok().and_then(|c| c.clone()),
+                Some(b) => link::broke(b).await,
                 None => std::future::pending().await,
             }
         };
@@ -95,10 +95,10 @@ impl Io {
                     // about to read why (the next rank's goodbye), if it sent one.
                     let known = match self.broken.clone() {
                         Some(mut b) if matches!(side, Side::Next) => {
-                            tokio::time::timeout(CAUSE_WAIT, b.wait_for(Option::is_some))
+                            tokio::time::timeout(CAUSE_WAIT, link::broke(&mut b))
                                 .await
                                 .ok()
-                                .and_then(|r| r.ok().and_then(|c| c.clone()))
+                                .flatten()
                         }
                         Some(b) => b.borrow().clone(),
                         None => None,

@@ -77,14 +77,21 @@ pub(super) async fn unless_broken<T>(
     let mut broken = out.broken.clone();
     tokio::select! {
         r = wait => r,
-        cause = broken.wait_for(Option::is_some) => {
-            let reason = match cause {
-                Ok(cause) => cause.clone().unwrap_or_default(),
-                Err(_) => "it closed the connection".to_owned(),
-            };
-            Err(AgentError::PeerUnavailable { peer: url.to_owned(), reason })
-        }
+        cause = broke(&mut broken) => Err(AgentError::PeerUnavailable {
+            peer: url.to_owned(),
+            reason: cause.unwrap_or_else(|| "it closed the connection".to_owned()),
+        }),
     }
+}
+
+/// Why the connection to the next rank broke, once its monitor says; `None`
+/// if the monitor ended without a cause (the next rank closed it).
+pub(super) async fn broke(broken: &mut watch::Receiver<Option<String>>) -> Option<String> {
+    broken
+        .wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|cause| cause.clone())
 }
 
 impl Outbound {
