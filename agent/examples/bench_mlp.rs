@@ -7,6 +7,11 @@
 //!   (Arrow batch → tensors, forward, backward, gradients flattened into the
 //!   all-reduce buffer, the flat Adam step on the master weights, weights
 //!   written back into the model);
+//! - `kindling step, AdamW + cosine + clipping`: the same step path with the
+//!   training options a tuned job uses — AdamW with biases exempt from
+//!   decay, a warmup + cosine schedule setting the rate every step, and
+//!   clipping by global norm (one more pass over the gradient) — against the
+//!   plain Adam step in the same rounds;
 //! - `burn alone`: the same model and batch as tensors already, forward,
 //!   backward and burn's Adam straight from burn's gradients (no Arrow, no
 //!   flattening);
@@ -33,11 +38,13 @@ use arrow::datatypes::{DataType, Field, Schema};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
+use kindling_agent::exchange::Exchange;
 use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
 use kindling_agent::optim::FlatOptimizer;
+use kindling_agent::schedule::LrSchedule;
 use kindling_agent::{params, tensorize, trainer};
 use kindling_schemas::schema::{self, StreamKind};
-use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{GradientClip, JobSpec, ModelSpec, OptimizerSpec, Schedule, Task};
 use rand::{Rng, SeedableRng};
 
 mod common;
@@ -117,6 +124,30 @@ fn main() -> anyhow::Result<()> {
     let mut k_model = ModelRegistry::builtin().build(&spec, &layout, &device)?;
     let mut k_weights = k_model.flat_weights();
     let mut k_optim = FlatOptimizer::new(&spec.optimizer, k_weights.len());
+    // The same path with the options of a tuned job, over 10 "epochs".
+    let tuned = JobSpec::builder()
+        .optimizer(OptimizerSpec::adamw(1e-3, 0.01))
+        .no_weight_decay(["bias"])
+        .schedule(Schedule::Cosine {
+            warmup_epochs: 1.0,
+            min_factor: 0.0,
+        })
+        .clip(GradientClip::Norm { max_norm: 1.0 })
+        .epochs(10)
+        .task(spec.task)
+        .model(spec.model.clone())
+        .batch_size(BATCH)
+        .features(["x"])
+        .label("y")
+        .build()?;
+    let mut t_model = ModelRegistry::builtin().build(&tuned, &layout, &device)?;
+    let mut t_weights = t_model.flat_weights();
+    let mut t_optim = FlatOptimizer::for_job(&tuned, &t_model.param_layout())?;
+    let (t_schedule, t_exchange) = (LrSchedule::of(&tuned), Exchange::for_spec(&tuned));
+    let t_steps_per_epoch = ((steps.div_ceil(rounds) * rounds + warmup) as u64)
+        .div_ceil(10)
+        .max(1);
+    let mut t_step = 0u64;
     let mlp = |device: &Device| {
         let config = MlpModelConfig::new(vec![256, 128]);
         MlpModel::init(&config, &Inputs::new(&layout), device)
@@ -133,6 +164,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect::<Result<_, _>>()?;
     let mut kindling = Duration::ZERO;
+    let mut kindling_tuned = Duration::ZERO;
     let mut burn_alone = Duration::ZERO;
     let mut torch_time: Vec<(&str, Duration)> = Vec::new();
     for round in 0..=rounds {
@@ -140,7 +172,7 @@ fn main() -> anyhow::Result<()> {
         // in a rotated order, so none always follows the same neighbour.
         let n = if round == 0 { warmup } else { per_round };
         let mut line = format!("round {round}:");
-        for who in (0..3).map(|k| (k + round) % 3) {
+        for who in (0..4).map(|k| (k + round) % 4) {
             let t = Instant::now();
             match who {
                 0 => {
@@ -157,6 +189,31 @@ fn main() -> anyhow::Result<()> {
                     if round > 0 {
                         kindling += t.elapsed();
                         line += &format!(" kindling {:.0}", (n * BATCH) as f64 / t.elapsed().as_secs_f64());
+                    }
+                }
+                3 => {
+                    t_model = k_pool.install(|| {
+                        let mut m = t_model;
+                        for i in 0..n {
+                            let mut buf = m
+                                .gradients(&Batch::new(&data[i % data.len()], &layout, &tuned, &device))
+                                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                            let _loss = buf.pop();
+                            let rows = buf.pop().unwrap_or(1.0);
+                            let scale = t_exchange.clipped(&buf, 1.0 / rows);
+                            let epoch = (t_step / t_steps_per_epoch) as u32 + 1;
+                            let lr =
+                                t_schedule.rate(epoch, t_step % t_steps_per_epoch, t_steps_per_epoch, &[]);
+                            t_optim.set_learning_rate(lr);
+                            t_optim.step(&mut t_weights, &buf, scale);
+                            m = m.load_flat(&t_weights);
+                            t_step += 1;
+                        }
+                        anyhow::Ok(m)
+                    })?;
+                    if round > 0 {
+                        kindling_tuned += t.elapsed();
+                        line += &format!(" tuned {:.0}", (n * BATCH) as f64 / t.elapsed().as_secs_f64());
                     }
                 }
                 1 => {
@@ -193,7 +250,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("{line} samples/s");
         }
     }
-    std::hint::black_box((&k_model, &b_model));
+    std::hint::black_box((&k_model, &b_model, &t_model));
 
     // 3. Where a kindling step goes.
     let mut phases: [Vec<Duration>; 6] = Default::default();
@@ -251,6 +308,12 @@ fn main() -> anyhow::Result<()> {
         "| kindling step (trainer path, {k_threads} threads) | {:.0} | {} |",
         sps(kindling),
         vs(sps(kindling))
+    );
+    println!(
+        "| kindling step, AdamW + warmup-cosine + norm clipping | {:.0} | {} ({:.3}× the Adam step) |",
+        sps(kindling_tuned),
+        vs(sps(kindling_tuned)),
+        sps(kindling_tuned) / sps(kindling)
     );
     println!(
         "| burn alone (tensors ready, no flatten) | {:.0} | {} |",

@@ -100,6 +100,8 @@ async fn run(
                 let mut buf = model
                     .gradients(&Batch::new(&data, &layout, &spec, &device))
                     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                // The step's trailer is [rows, loss sum, not ready, exhausted].
+                buf.extend([0.0, 0.0]);
                 t.compute += started.elapsed();
                 let taken = exchange.run(
                     &rt,
@@ -109,7 +111,7 @@ async fn run(
                     &mut optim,
                     &mut weights,
                     &mut t,
-                    |tr| (tr[0] > 0.0).then(|| 1.0 / tr[0]),
+                    |tr| (tr.rows > 0.0).then(|| 1.0 / tr.rows),
                 )?;
                 if taken {
                     model = model.load_flat(&weights);
@@ -153,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
                 precision,
                 bucket_values: BUCKET_VALUES,
                 overlap,
+                clip_norm: None,
             };
             let (t, params) = run(world, steps, rows, exchange).await?;
             let per = |d: Duration| d.as_secs_f64() * 1e3 / t.steps.max(1) as f64;

@@ -2,7 +2,10 @@
 //! spec, in `<root>/<job_id>/attempt-<n>/epoch-<e>/`.
 //!
 //! A checkpoint is written to a temporary directory and renamed into place,
-//! so a directory named `epoch-<e>` is always complete.
+//! so a directory named `epoch-<e>` is always complete. A job that keeps
+//! its best epoch (early stopping with `restore_best`) writes that epoch's
+//! weights into every checkpoint beside the last's, so the store keeps the
+//! best and the last, and a resumed job still returns the best.
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +25,9 @@ pub struct CheckpointMeta {
     pub rows_trained_per_epoch: Vec<u64>,
     /// Metrics of the completed epochs (JSON of `EpochMetrics`).
     pub history: Vec<kindling_schemas::action::EpochMetrics>,
+    /// The epoch whose weights `best.bpk` holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_epoch: Option<u32>,
 }
 
 /// A loaded checkpoint.
@@ -33,6 +39,8 @@ pub struct Checkpoint {
     pub weights: Vec<u8>,
     /// The optimizer state ([`crate::optim::FlatOptimizer::to_bytes`]).
     pub optimizer: Vec<u8>,
+    /// burn record bytes of the best epoch's model (`meta.best_epoch`).
+    pub best: Option<Vec<u8>>,
 }
 
 /// The checkpoints of one job on this agent.
@@ -69,6 +77,9 @@ impl CheckpointStore {
         };
         write("model.bpk", &ckpt.weights)?;
         write("optimizer.bpk", &ckpt.optimizer)?;
+        if let Some(best) = &ckpt.best {
+            write("best.bpk", best)?;
+        }
         write(
             "meta.json",
             &serde_json::to_vec_pretty(&ckpt.meta).unwrap_or_default(),
@@ -126,10 +137,15 @@ impl CheckpointStore {
                 place: format!("{}/meta.json", dir.display()),
                 source,
             })?;
+        let best = match meta.best_epoch {
+            Some(_) => Some(read("best.bpk")?),
+            None => None,
+        };
         Ok(Some(Checkpoint {
             meta,
             weights: read("model.bpk")?,
             optimizer: read("optimizer.bpk")?,
+            best,
         }))
     }
 
@@ -147,8 +163,10 @@ impl CheckpointStore {
 /// Packs a checkpoint into one byte buffer (for a ring broadcast).
 pub fn pack(ckpt: &Checkpoint) -> Vec<u8> {
     let meta = serde_json::to_vec(&ckpt.meta).unwrap_or_default();
-    let mut out = Vec::with_capacity(24 + meta.len() + ckpt.weights.len() + ckpt.optimizer.len());
-    for part in [&meta, &ckpt.weights, &ckpt.optimizer] {
+    let best = ckpt.best.as_deref().unwrap_or_default();
+    let mut out =
+        Vec::with_capacity(32 + meta.len() + ckpt.weights.len() + ckpt.optimizer.len() + best.len());
+    for part in [meta.as_slice(), &ckpt.weights, &ckpt.optimizer, best] {
         out.extend_from_slice(&(part.len() as u64).to_le_bytes());
         out.extend_from_slice(part);
     }
@@ -158,27 +176,31 @@ pub fn pack(ckpt: &Checkpoint) -> Vec<u8> {
 /// Unpacks [`pack`]'s output.
 pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, AgentError> {
     let bad = || AgentError::TruncatedCheckpoint;
-    let mut parts = Vec::with_capacity(3);
+    let mut parts = Vec::with_capacity(4);
     let mut rest = bytes;
-    for _ in 0..3 {
+    for _ in 0..4 {
         let (len, tail) = rest.split_at_checked(8).ok_or_else(bad)?;
         let len = u64::from_le_bytes(len.try_into().map_err(|_| bad())?) as usize;
         let (part, tail) = tail.split_at_checked(len).ok_or_else(bad)?;
         parts.push(part.to_vec());
         rest = tail;
     }
+    let best = parts.pop().unwrap_or_default();
     let optimizer = parts.pop().unwrap_or_default();
     let weights = parts.pop().unwrap_or_default();
-    let meta = serde_json::from_slice(&parts.pop().unwrap_or_default()).map_err(|source| {
-        AgentError::CheckpointMeta {
-            place: "in a broadcast".into(),
-            source,
-        }
-    })?;
+    let meta: CheckpointMeta =
+        serde_json::from_slice(&parts.pop().unwrap_or_default()).map_err(|source| {
+            AgentError::CheckpointMeta {
+                place: "in a broadcast".into(),
+                source,
+            }
+        })?;
+    let best = meta.best_epoch.map(|_| best);
     Ok(Checkpoint {
         meta,
         weights,
         optimizer,
+        best,
     })
 }
 
@@ -194,9 +216,11 @@ mod tests {
                 attempt,
                 rows_trained_per_epoch: vec![10; epoch as usize],
                 history: vec![],
+                best_epoch: (epoch > 1).then_some(epoch - 1),
             },
             weights: vec![epoch as u8; 5],
             optimizer: vec![1, 2, 3],
+            best: (epoch > 1).then(|| vec![epoch as u8 - 1; 4]),
         }
     }
 
@@ -218,6 +242,12 @@ mod tests {
         let latest = store.load_latest().expect("load").expect("some");
         assert_eq!(latest.meta.epoch, 3);
         assert_eq!(latest.weights, vec![3; 5]);
+        assert_eq!(latest.meta.best_epoch, Some(2));
+        assert_eq!(
+            latest.best,
+            Some(vec![2; 4]),
+            "the best epoch's weights beside the last's"
+        );
     }
 
     #[test]
@@ -227,6 +257,9 @@ mod tests {
         let back = unpack(&packed).expect("unpack");
         assert_eq!(back.meta, c.meta);
         assert_eq!(back.weights, c.weights);
+        assert_eq!(back.best, c.best);
+        let first = ckpt(1, 1);
+        assert_eq!(unpack(&pack(&first)).expect("unpack").best, None);
         assert!(unpack(&packed[..packed.len() - 1]).is_err());
     }
 }

@@ -129,6 +129,40 @@ pub enum AgentError {
     /// A model table (weights as Arrow) that does not fit the model.
     #[error("invalid input: model table: {0}")]
     ModelTable(String),
+    /// A `no_weight_decay` pattern that selects none of the model's parameters.
+    #[error(
+        "invalid input: job spec `no_weight_decay[{index}]`: `{pattern}` matches no parameter of the model; its parameters are {params}"
+    )]
+    NoDecayMatchesNothing {
+        /// Position in the list.
+        index: usize,
+        /// The pattern.
+        pattern: String,
+        /// The model's parameter paths, comma-separated.
+        params: String,
+    },
+    /// The train split holds no rows on any rank: nothing to train.
+    #[error(
+        "invalid input: the train split of job `{job_id}` is empty: {counted}; nothing was trained and no model is saved"
+    )]
+    EmptyTrainSplit {
+        /// The job.
+        job_id: String,
+        /// What was counted, per rank.
+        counted: String,
+    },
+    /// A metric the job monitors needs an eval split the job did not send.
+    #[error(
+        "invalid input: job spec `{field}` watches {metric}, but the eval split of job `{job_id}` is empty: send eval rows or watch train_loss"
+    )]
+    NoEvalSplit {
+        /// The job.
+        job_id: String,
+        /// The spec field (`early_stopping.monitor`, `schedule.monitor`).
+        field: &'static str,
+        /// The metric.
+        metric: &'static str,
+    },
     /// A ring rank outside the world.
     #[error("invalid input: rank {rank} outside a world of {world}")]
     RankOutsideWorld {
@@ -400,6 +434,30 @@ impl AgentError {
         }
     }
 
+    /// Whether the job's own input or spec caused it, so no new attempt can
+    /// succeed: the job fails for good instead of retrying.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            AgentError::NoDecayMatchesNothing { .. }
+                | AgentError::EmptyTrainSplit { .. }
+                | AgentError::NoEvalSplit { .. }
+                | AgentError::NoData
+                | AgentError::ModelConfig { .. }
+                | AgentError::UnregisteredModel { .. }
+                | AgentError::InputKind { .. }
+        )
+    }
+
+    /// Whether it only says the work was cancelled (from outside), not why.
+    pub fn is_cancellation(&self) -> bool {
+        match self {
+            AgentError::Cancelled(_) => true,
+            AgentError::AttemptFailed { cause, .. } => cause == "cancelled",
+            _ => false,
+        }
+    }
+
     /// Whether retrying the same call (or a new attempt) can help.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -455,6 +513,9 @@ impl From<AgentError> for Status {
             | AgentError::ProducerGone
             | AgentError::MissingColumn(_)
             | AgentError::ModelTable(_)
+            | AgentError::NoDecayMatchesNothing { .. }
+            | AgentError::EmptyTrainSplit { .. }
+            | AgentError::NoEvalSplit { .. }
             | AgentError::UnregisteredModel { .. }
             | AgentError::NoRendezvous
             | AgentError::ModelConfig { .. }

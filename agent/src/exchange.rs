@@ -1,5 +1,6 @@
 //! One training step's exchange: the all-reduce of every rank's gradient
-//! sums and the optimizer step on the result.
+//! sums and its [`Trailer`], gradient clipping by global norm, and the
+//! optimizer step on the result.
 //!
 //! A small model's gradients travel with the step's trailer (`rows`, loss
 //! sum, live flags) in one all-reduce, which is all a step can afford. A
@@ -15,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use kindling_schemas::spec::{GradientCompression, JobSpec};
+use kindling_schemas::spec::{GradientClip, GradientCompression, JobSpec};
 
 use crate::collective::{Precision, Ring};
 use crate::error::AgentError;
@@ -23,6 +24,44 @@ use crate::optim::FlatOptimizer;
 
 /// Gradient values per all-reduce bucket (8 MB of `f32`).
 pub const BUCKET_VALUES: usize = 1 << 21;
+
+/// The values every step's all-reduce carries after the gradient sums:
+/// summed over the ranks, they say how many rows the step trained, its
+/// loss, and whether it can be taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Trailer {
+    /// Rows in the step (the optimizer divides the sums by their total).
+    pub rows: f32,
+    /// Summed loss over those rows.
+    pub loss_sum: f32,
+    /// Ranks that had no full batch yet (a live epoch): the step is not taken.
+    pub not_ready: f32,
+    /// Ranks whose shard has ended: when all have, a live epoch ends.
+    pub exhausted: f32,
+}
+
+impl Trailer {
+    /// Values a trailer takes in the buffer.
+    pub const LEN: usize = 4;
+
+    /// Appends the trailer to a gradient buffer.
+    pub fn append_to(self, buf: &mut Vec<f32>) {
+        buf.extend([self.rows, self.loss_sum, self.not_ready, self.exhausted]);
+    }
+
+    /// Reads the trailer from the `LEN` values after the gradients.
+    ///
+    /// # Panics
+    /// If `values` is shorter than [`LEN`](Self::LEN) (a layout bug).
+    pub fn read(values: &[f32]) -> Trailer {
+        Trailer {
+            rows: values[0],
+            loss_sum: values[1],
+            not_ready: values[2],
+            exhausted: values[3],
+        }
+    }
+}
 
 /// Where the time of a rank's steps went, summed over the steps.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,7 +96,7 @@ impl StepTimes {
 }
 
 /// How a job exchanges its gradients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exchange {
     /// Wire precision of the gradients.
     pub precision: Precision,
@@ -65,6 +104,9 @@ pub struct Exchange {
     pub bucket_values: usize,
     /// Step the optimizer on bucket `k` while bucket `k + 1` is all-reduced.
     pub overlap: bool,
+    /// Scale the mean gradient down to this global L2 norm when it is
+    /// larger (needs every bucket before any weight steps).
+    pub clip_norm: Option<f64>,
 }
 
 impl Exchange {
@@ -77,13 +119,18 @@ impl Exchange {
             },
             bucket_values: BUCKET_VALUES,
             overlap: true,
+            clip_norm: match spec.clip {
+                Some(GradientClip::Norm { max_norm }) => Some(max_norm),
+                _ => None,
+            },
         }
     }
 
-    /// All-reduces `buf` — `grads` gradient sums, then the step's trailer —
-    /// and, when `take(trailer)` gives the scale that turns the sums into
-    /// means, steps `weights`. Returns whether it stepped; the trailer in
-    /// `buf` is the all-ranks sum either way.
+    /// All-reduces `buf` — `grads` gradient sums, then the step's
+    /// [`Trailer`] — and, when `take(trailer)` gives the scale that turns
+    /// the sums into means, steps `weights` (clipped to `clip_norm` first).
+    /// Returns whether it stepped; the trailer in `buf` is the all-ranks
+    /// sum either way.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -94,7 +141,7 @@ impl Exchange {
         optim: &mut FlatOptimizer,
         weights: &mut [f32],
         times: &mut StepTimes,
-        take: impl FnOnce(&[f32]) -> Option<f32>,
+        take: impl FnOnce(&Trailer) -> Option<f32>,
     ) -> Result<bool, AgentError> {
         times.steps += 1;
         if ring.world() == 1 || (grads <= self.bucket_values && self.precision == Precision::F32) {
@@ -103,10 +150,11 @@ impl Exchange {
             times.all_reduce += started.elapsed();
             times.bytes += (buf.len() * 4) as u64;
             let (sums, trailer) = buf.split_at_mut(grads);
-            let Some(scale) = take(trailer) else {
+            let Some(scale) = take(&Trailer::read(trailer)) else {
                 return Ok(false);
             };
             let started = Instant::now();
+            let scale = self.clipped(sums, scale);
             optim.step(weights, sums, scale);
             times.optimizer += started.elapsed();
             times.optimizer_busy += started.elapsed();
@@ -117,13 +165,13 @@ impl Exchange {
         let started = Instant::now();
         rt.block_on(ring.all_reduce_sum(trailer))?;
         times.idle += started.elapsed();
-        let Some(scale) = take(trailer) else {
+        let Some(scale) = take(&Trailer::read(trailer)) else {
             return Ok(false);
         };
         times.bytes += (grads * self.precision.width()) as u64;
         optim.begin_step();
         let bucket = self.bucket_values.max(1);
-        if !self.overlap {
+        if !self.overlap || self.clip_norm.is_some() {
             let started = Instant::now();
             rt.block_on(async {
                 for part in sums.chunks_mut(bucket) {
@@ -133,6 +181,7 @@ impl Exchange {
             })?;
             times.all_reduce += started.elapsed();
             let started = Instant::now();
+            let scale = self.clipped(sums, scale);
             for (i, (w, g)) in weights.chunks_mut(bucket).zip(sums.chunks(bucket)).enumerate() {
                 optim.step_part(i * bucket, w, g, scale);
             }
@@ -175,5 +224,65 @@ impl Exchange {
             times.optimizer_busy += busy;
             reduced.map(|()| true)
         })
+    }
+
+    /// `scale`, times the factor that brings the mean gradient
+    /// (`sums · scale`) down to `clip_norm` when its global L2 norm is
+    /// larger (`clip_grad_norm_`: `max_norm / (norm + 1e-6)`, at most 1).
+    /// The sums are the all-reduced ones, so every rank clips alike.
+    pub fn clipped(&self, sums: &[f32], scale: f32) -> f32 {
+        let Some(max_norm) = self.clip_norm else {
+            return scale;
+        };
+        let sq: f64 = sums.iter().map(|&g| (g as f64 * scale as f64).powi(2)).sum();
+        let coef = max_norm / (sq.sqrt() + 1e-6);
+        if coef < 1.0 {
+            (scale as f64 * coef) as f32
+        } else {
+            scale
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_clipping_scales_the_mean_gradient_to_the_bound_and_leaves_small_ones() {
+        let spec = JobSpec::builder()
+            .features(["a"])
+            .label("y")
+            .clip(GradientClip::Norm { max_norm: 1.0 })
+            .build()
+            .expect("spec");
+        let ex = Exchange::for_spec(&spec);
+        // Sums of 2 rows: mean (3, 4), norm 5 → scaled to norm 1.
+        let scale = ex.clipped(&[6.0, 8.0], 0.5);
+        let norm = ((6.0 * scale).powi(2) + (8.0 * scale).powi(2)).sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+        assert_eq!(ex.clipped(&[0.6, 0.8], 0.5), 0.5, "norm 0.5 passes unchanged");
+        let plain = Exchange::for_spec(
+            &JobSpec::builder()
+                .features(["a"])
+                .label("y")
+                .build()
+                .expect("spec"),
+        );
+        assert_eq!(plain.clipped(&[6.0, 8.0], 0.5), 0.5);
+    }
+
+    #[test]
+    fn a_trailer_reads_back_what_was_appended() {
+        let t = Trailer {
+            rows: 3.0,
+            loss_sum: 1.5,
+            not_ready: 1.0,
+            exhausted: 0.0,
+        };
+        let mut buf = vec![9.0, 9.0];
+        t.append_to(&mut buf);
+        assert_eq!(buf.len(), 2 + Trailer::LEN);
+        assert_eq!(Trailer::read(&buf[2..]), t);
     }
 }

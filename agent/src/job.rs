@@ -324,6 +324,8 @@ impl Job {
             failed_attempts: d.log.failed_attempts(),
             step_losses: p.step_losses.points().to_vec(),
             events: d.log.events(),
+            best_epoch: p.best_epoch,
+            stopped_early: p.stopped_early,
         }
     }
 
@@ -442,9 +444,11 @@ impl Job {
             let attempt_cancel = self.cancel.child_token();
             let work = self.clone().run_attempt(&gang, attempt_cancel.clone());
             tokio::pin!(work);
+            let mut ended_from_outside = false;
             let result = tokio::select! {
                 result = &mut work => result,
                 over = gang.attempt_over() => {
+                    ended_from_outside = true;
                     match over {
                         Ok(_) => tracing::info!(job = %self.job_id, attempt, "attempt over at the rendezvous"),
                         Err(e) => self.report(EventLevel::Warn, &format!("lost the watch of the attempt: {e}")),
@@ -470,8 +474,23 @@ impl Job {
                     if self.cancel.is_cancelled() {
                         return;
                     }
+                    if e.is_final() {
+                        // The job's own input or spec: every attempt would fail the same way.
+                        self.lock().log.attempt_failed(attempt, &e.to_string());
+                        if let Err(re) = gang.report_final_failure(&e.to_string()).await {
+                            tracing::debug!(job = %self.job_id, error = %rv_error(re), "failure report not taken");
+                        }
+                        self.fail(e.to_string());
+                        return;
+                    }
                     self.lock().log.attempt_failed(attempt, &e.to_string());
-                    self.report(EventLevel::Error, &format!("attempt {attempt} failed: {e}"));
+                    if ended_from_outside && e.is_cancellation() {
+                        // Another member failed, or the job was cancelled: the
+                        // rendezvous has the cause; this is no error of ours.
+                        tracing::info!(job = %self.job_id, attempt, error = %e, "attempt ended by the rendezvous");
+                    } else {
+                        self.report(EventLevel::Error, &format!("attempt {attempt} failed: {e}"));
+                    }
                     self.set_state(AgentJobState::Recovering);
                     // Tell the rendezvous unless it told us (then this is a no-op there).
                     if let Err(re) = gang.report_failure(&e.to_string()).await {

@@ -16,7 +16,8 @@
 //! - [`exchange`]: a step's gradient all-reduce (buckets, `bf16`) and optimizer step.
 //! - [`tensorize`]: Arrow batches → tensors.
 //! - [`checkpoint`]: checkpoints per job and attempt.
-//! - [`optim`]: the optimizers on flat weight buffers, and their state.
+//! - [`optim`]: the optimizers on flat weight buffers, their parameter groups and state.
+//! - [`schedule`]: the learning rate by global step, and the watch of a monitored metric (plateau, early stopping).
 //! - [`params`]: weights and gradients ↔ flat buffers and Arrow.
 //! - [`model`]: the [`KindlingModel`](model::KindlingModel) trait every trained
 //!   model implements, the [`Batch`](model::Batch) it reads, and the
@@ -56,11 +57,14 @@ pub mod params;
 pub mod predict;
 pub mod registry;
 pub mod rendezvous;
+pub mod schedule;
 pub mod server;
 pub mod serving;
 pub mod tensorize;
 pub mod trainer;
 
+/// burn at the version the agent trains with, for models of one's own.
+pub use burn;
 pub use error::AgentError;
 pub use launch::run;
 pub use model::{KindlingModel, ModelRegistry};

@@ -374,6 +374,8 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     fn zero_grads(&self) -> Vec<f32>;
     /// The weights in one buffer, laid out like the gradients.
     fn flat_weights(&self) -> Vec<f32>;
+    /// Each parameter's path and size, in the flat buffers' order.
+    fn param_layout(&self) -> Vec<(String, usize)>;
     /// The model with `values` (laid out like [`flat_weights`](AnyModel::flat_weights)) as weights.
     fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel>;
     /// The weights as an Arrow table (`name`, `shape`, `values`).
@@ -430,6 +432,10 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
 
     fn flat_weights(&self) -> Vec<f32> {
         params::flat_weights(&self.0)
+    }
+
+    fn param_layout(&self) -> Vec<(String, usize)> {
+        params::layout(&self.0)
     }
 
     fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel> {

@@ -167,6 +167,31 @@ impl ModuleVisitor for Collect {
     }
 }
 
+/// Each parameter's path (module names joined by `.`) and number of
+/// values, in the flat buffers' order: what parameter groups select by.
+pub fn layout<M: Module>(model: &M) -> Vec<(String, usize)> {
+    #[derive(Default)]
+    struct Paths {
+        path: Vec<String>,
+        out: Vec<(String, usize)>,
+    }
+    impl ModuleVisitor for Paths {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_owned());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.out
+                .push((self.path.join("."), param.lazy_shape().num_elements()));
+        }
+    }
+    let mut p = Paths::default();
+    model.visit(&mut p);
+    p.out
+}
+
 /// The schema of a model table.
 pub fn model_schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![

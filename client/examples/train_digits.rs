@@ -1,13 +1,14 @@
 //! The README demo: ETL in Spark (join, feature engineering, normalisation,
-//! train/test split), training on 2 local agents, test accuracy, and
-//! predictions written back into Spark — no files in between.
+//! train/test split), training on 2 local agents (AdamW, warmup + cosine
+//! schedule, early stopping that keeps the best epoch), test accuracy and
+//! macro F1 on predictions written back into Spark — no files in between.
 //!
 //! `cargo run --example train_digits -- sc://127.0.0.1:15002 <dir with digits.csv, writers.csv>`
-use kindling::SparkSession;
+use kindling::arrow::array::AsArray;
+use kindling::arrow::datatypes::Int64Type;
 use kindling::functions::{col, count, lit, mean, stddev};
-use kindling::job::TrainingJob;
 use kindling::spark::JoinType;
-use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+use kindling::{EarlyStopping, Metric, ModelSpec, OptimizerSpec, Schedule, SparkSession, Task, TrainingJob};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -53,7 +54,13 @@ async fn main() -> anyhow::Result<()> {
     let model = TrainingJob::builder()
         .model(ModelSpec::Mlp { hidden: vec![64] })
         .task(Task::Classification { num_classes: 10 })
-        .optimizer(OptimizerSpec::adam(0.01))
+        .optimizer(OptimizerSpec::adamw(0.01, 0.01))
+        .no_weight_decay(["bias"])
+        .schedule(Schedule::Cosine {
+            warmup_epochs: 1.0,
+            min_factor: 0.01,
+        })
+        .early_stopping(EarlyStopping::new(Metric::EvalLoss, 5))
         .features(features.clone())
         .label("label")
         .epochs(30)
@@ -76,6 +83,15 @@ async fn main() -> anyhow::Result<()> {
         "test accuracy: {:.2}% ({correct} of {total})",
         100.0 * correct as f64 / total as f64
     );
+    let pairs = predicted.select(["label", "prediction"]).collect().await?;
+    println!("test macro F1: {:.4}", macro_f1(&pairs, 10));
+    match model.best_epoch() {
+        Some(best) => println!(
+            "best epoch: {best} of {} trained (early stopping on eval loss kept its weights)",
+            model.history().len()
+        ),
+        None => println!("best epoch: the last ({})", model.history().len()),
+    }
     predicted
         .group_by(["prediction"])
         .agg([count(lit(1)).alias("n")])
@@ -83,4 +99,47 @@ async fn main() -> anyhow::Result<()> {
         .show(10)
         .await?;
     Ok(())
+}
+
+/// Macro F1 over `classes` classes of (label, prediction) rows: the mean of
+/// each class's 2·TP / (2·TP + FP + FN), as scikit-learn's `f1_score(average="macro")`.
+fn macro_f1(batches: &[kindling::arrow::array::RecordBatch], classes: usize) -> f64 {
+    let mut tp = vec![0u64; classes];
+    let mut fp = vec![0u64; classes];
+    let mut fn_ = vec![0u64; classes];
+    for b in batches {
+        let label = kindling::arrow::compute::cast(b.column(0), &kindling::arrow::datatypes::DataType::Int64);
+        let predicted =
+            kindling::arrow::compute::cast(b.column(1), &kindling::arrow::datatypes::DataType::Int64);
+        let (Ok(label), Ok(predicted)) = (label, predicted) else {
+            continue;
+        };
+        let (label, predicted) = (
+            label.as_primitive::<Int64Type>(),
+            predicted.as_primitive::<Int64Type>(),
+        );
+        for i in 0..label.len() {
+            let (y, p) = (label.value(i) as usize, predicted.value(i) as usize);
+            if y >= classes || p >= classes {
+                continue;
+            }
+            if y == p {
+                tp[y] += 1;
+            } else {
+                fp[p] += 1;
+                fn_[y] += 1;
+            }
+        }
+    }
+    let f1: Vec<f64> = (0..classes)
+        .map(|c| {
+            let d = 2 * tp[c] + fp[c] + fn_[c];
+            if d == 0 {
+                0.0
+            } else {
+                2.0 * tp[c] as f64 / d as f64
+            }
+        })
+        .collect();
+    f1.iter().sum::<f64>() / classes as f64
 }

@@ -12,8 +12,10 @@ use kindling::spark::{DataFrame, SparkSession};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{ModelSpec, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
+
+mod options;
 
 /// Where the input rows come from.
 #[derive(Debug, clap::Args)]
@@ -73,9 +75,6 @@ pub struct TrainArgs {
     /// `linear`, `mlp:<h1>,<h2>,…`, or `cnn:<c>x<h>x<w>:<conv1>,<conv2>:<dense>`.
     #[arg(long, default_value = "mlp:64")]
     pub model: String,
-    /// `adam:<lr>` or `sgd:<lr>[:<momentum>]`.
-    #[arg(long, default_value = "adam:0.001")]
-    pub optimizer: String,
     /// Passes over the data.
     #[arg(long, default_value_t = 5)]
     pub epochs: u32,
@@ -121,6 +120,8 @@ pub struct TrainArgs {
     /// replacement comes (default: --slots, no shrink).
     #[arg(long)]
     pub min_slots: Option<u32>,
+    #[command(flatten)]
+    pub training: options::TrainingOptions,
     /// Where to save the trained model.
     #[arg(long, short)]
     pub output: PathBuf,
@@ -305,36 +306,15 @@ fn parse_model(s: &str) -> Result<ModelSpec> {
     })
 }
 
-fn parse_optimizer(s: &str) -> Result<OptimizerSpec> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let lr = |i: usize| -> Result<f64> {
-        parts
-            .get(i)
-            .copied()
-            .unwrap_or("0.001")
-            .parse()
-            .context("learning rate")
-    };
-    Ok(match parts[0] {
-        "adam" => OptimizerSpec::adam(lr(1)?),
-        "sgd" => OptimizerSpec::Sgd {
-            learning_rate: lr(1)?,
-            momentum: parts.get(2).copied().unwrap_or("0").parse().context("momentum")?,
-        },
-        other => bail!("--optimizer must be adam:<lr> or sgd:<lr>[:<momentum>], got `{other}`"),
-    })
-}
-
 /// Runs `kindling train`.
 pub async fn train(args: TrainArgs) -> Result<()> {
     let spark = SparkSession::connect(&args.remote)
         .await
         .context("connecting to Spark Connect")?;
     let df = args.input.dataframe(&spark).await?;
-    let mut builder = TrainingJob::builder()
+    let builder = TrainingJob::builder()
         .model(parse_model(&args.model)?)
         .task(parse_task(&args.task)?)
-        .optimizer(parse_optimizer(&args.optimizer)?)
         .features(args.features.clone())
         .label(args.label.clone())
         .epochs(args.epochs)
@@ -342,7 +322,10 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .num_slots(args.slots)
         .use_gpu(args.gpu)
         .eval_fraction(args.eval_fraction)
-        .seed(args.seed)
+        .seed(args.seed);
+    let mut builder = args
+        .training
+        .apply(builder)?
         .client_lease(
             std::time::Duration::try_from_secs_f64(args.client_lease_secs)
                 .context("--client-lease-secs must be a non-negative number of seconds")?,

@@ -21,3 +21,31 @@ pub mod local;
 pub mod spark;
 
 pub use spark::{Column, DataFrame, Error as SparkError, SparkSession, functions};
+
+pub use job::{JobError, TrainedModel, TrainingEvent, TrainingJob};
+/// An epoch's metrics, as [`TrainedModel::history`] and the events carry them.
+pub use kindling_schemas::action::EpochMetrics;
+/// The job spec and its training options, so a program needs no other
+/// Kindling crate to describe a job.
+pub use kindling_schemas::spec::{
+    CheckpointPolicy, EarlyStopping, GradientClip, GradientCompression, InputType, JobSpec, Loss, Metric,
+    ModelSpec, OptimizerSpec, Schedule, Task,
+};
+
+/// Arrow at the version Kindling speaks: record batches in and out of
+/// [`TrainingJob::fit_arrow`](job::TrainingJob::fit_arrow) and predictions.
+pub use arrow;
+/// The streams Kindling hands out are `futures` streams.
+pub use futures;
+
+/// Models of one's own (feature `local`): the trait a burn model
+/// implements, what it reads, and the registry that names it.
+#[cfg(feature = "local")]
+pub mod model {
+    pub use kindling_agent::AgentError;
+    /// burn at the version the agents train with.
+    pub use kindling_agent::burn;
+    pub use kindling_agent::model::{
+        Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets,
+    };
+}

@@ -502,6 +502,7 @@ mod tests {
                 eval_accuracy: Some(0.9),
                 samples_per_sec: 1e4,
                 wall_secs: Some(1.5),
+                learning_rate: None,
             }],
             resumed_from_epoch: Some(2),
             error: None,
@@ -524,6 +525,8 @@ mod tests {
                 attempt: 1,
                 message: "attempt failed: peer b lost".into(),
             }],
+            best_epoch: None,
+            stopped_early: None,
         };
         let json = serde_json::to_string(&s).expect("json");
         assert!(json.contains(r#""level":"ERROR""#), "{json}");

@@ -9,10 +9,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 mod model;
+mod training;
 
 pub use model::{
     InputType, MAX_CONFIG_BYTES, MAX_MODEL_NAME, MAX_SEQUENCE, MAX_VOCABULARY, MAX_WIDTH, ModelSpec,
     valid_model_name,
+};
+pub use training::{
+    EarlyStopping, GradientClip, MAX_ACCUMULATE, MAX_NO_DECAY, Metric, OptimizerSpec, Schedule, path_matches,
 };
 
 /// What the label means.
@@ -36,66 +40,6 @@ pub enum Loss {
     CrossEntropy,
     /// Mean squared error (regression).
     Mse,
-}
-
-/// The optimizer and its hyper-parameters.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum OptimizerSpec {
-    /// Stochastic gradient descent.
-    Sgd {
-        /// Step size.
-        learning_rate: f64,
-        /// Momentum (0 disables).
-        #[serde(default)]
-        momentum: f64,
-    },
-    /// Adam.
-    Adam {
-        /// Step size.
-        learning_rate: f64,
-        /// β₁.
-        #[serde(default = "default_beta1")]
-        beta1: f32,
-        /// β₂.
-        #[serde(default = "default_beta2")]
-        beta2: f32,
-    },
-}
-
-fn default_beta1() -> f32 {
-    0.9
-}
-fn default_beta2() -> f32 {
-    0.999
-}
-
-impl OptimizerSpec {
-    /// Adam with the usual betas.
-    pub fn adam(learning_rate: f64) -> Self {
-        OptimizerSpec::Adam {
-            learning_rate,
-            beta1: default_beta1(),
-            beta2: default_beta2(),
-        }
-    }
-
-    /// Plain SGD.
-    pub fn sgd(learning_rate: f64) -> Self {
-        OptimizerSpec::Sgd {
-            learning_rate,
-            momentum: 0.0,
-        }
-    }
-
-    /// The learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        match self {
-            OptimizerSpec::Sgd { learning_rate, .. } | OptimizerSpec::Adam { learning_rate, .. } => {
-                *learning_rate
-            }
-        }
-    }
 }
 
 /// When to checkpoint.
@@ -179,6 +123,31 @@ pub struct JobSpec {
     /// How the gradients' all-reduce sends its values (default `none`).
     #[serde(default, skip_serializing_if = "GradientCompression::is_none")]
     pub gradient_compression: GradientCompression,
+    /// Parameter paths (patterns, see [`path_matches`]) that take no
+    /// weight decay: biases, norms, embeddings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_weight_decay: Vec<String>,
+    /// The learning rate by global step (default constant).
+    #[serde(default, skip_serializing_if = "Schedule::is_constant")]
+    pub schedule: Schedule,
+    /// Gradient clipping on the all-reduced gradient (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip: Option<GradientClip>,
+    /// Micro-batches of `batch_size` rows each rank sums before one
+    /// optimizer step (default 1: none).
+    #[serde(default = "one_u32", skip_serializing_if = "is_one")]
+    pub accumulate: u32,
+    /// Stop when a metric stops improving (default: train every epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStopping>,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+fn is_one(x: &u32) -> bool {
+    *x == 1
 }
 
 fn one() -> usize {
@@ -282,26 +251,6 @@ impl JobSpec {
         if self.num_slots == 0 || self.num_slots > MAX_SLOTS {
             return Err(SpecError::new("num_slots", format!("must be in 1..={MAX_SLOTS}")));
         }
-        let lr = self.optimizer.learning_rate();
-        if !(lr.is_finite() && lr > 0.0) {
-            return Err(SpecError::new(
-                "optimizer.learning_rate",
-                "must be a finite number > 0",
-            ));
-        }
-        if let OptimizerSpec::Sgd { momentum, .. } = self.optimizer
-            && !(0.0..1.0).contains(&momentum)
-        {
-            return Err(SpecError::new("optimizer.momentum", "must be in [0, 1)"));
-        }
-        if let OptimizerSpec::Adam { beta1, beta2, .. } = self.optimizer {
-            if !(0.0..1.0).contains(&beta1) {
-                return Err(SpecError::new("optimizer.beta1", "must be in [0, 1)"));
-            }
-            if !(0.0..1.0).contains(&beta2) {
-                return Err(SpecError::new("optimizer.beta2", "must be in [0, 1)"));
-            }
-        }
         match (self.task, self.loss) {
             (Task::Classification { num_classes }, Loss::CrossEntropy) => {
                 if !(2..=MAX_WIDTH).contains(&num_classes) {
@@ -339,7 +288,7 @@ impl JobSpec {
         if self.checkpoint.keep_last == 0 {
             return Err(SpecError::new("checkpoint.keep_last", "must be at least 1"));
         }
-        Ok(())
+        training::check(self)
     }
 
     /// Width of the model's output layer.
@@ -378,6 +327,11 @@ impl Default for JobSpecBuilder {
                 inputs: BTreeMap::new(),
                 targets: 1,
                 gradient_compression: GradientCompression::None,
+                no_weight_decay: Vec::new(),
+                schedule: Schedule::default(),
+                clip: None,
+                accumulate: 1,
+                early_stopping: None,
             },
             loss_set: false,
         }
@@ -482,6 +436,36 @@ impl JobSpecBuilder {
         self.spec.targets = targets;
         self
     }
+    /// Exempts parameters matching these path patterns from weight decay
+    /// (e.g. `["bias", "*norm*", "*embedding*"]`; see [`path_matches`]).
+    pub fn no_weight_decay<I, S>(mut self, patterns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spec.no_weight_decay = patterns.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Sets the learning-rate schedule.
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.spec.schedule = schedule;
+        self
+    }
+    /// Clips the all-reduced gradient.
+    pub fn clip(mut self, clip: GradientClip) -> Self {
+        self.spec.clip = Some(clip);
+        self
+    }
+    /// Sums `micro_batches` batches per rank before each optimizer step.
+    pub fn accumulate(mut self, micro_batches: u32) -> Self {
+        self.spec.accumulate = micro_batches;
+        self
+    }
+    /// Stops early (and keeps the best epoch) when a metric stops improving.
+    pub fn early_stopping(mut self, stopping: EarlyStopping) -> Self {
+        self.spec.early_stopping = Some(stopping);
+        self
+    }
     /// Validates and returns the spec.
     pub fn build(mut self) -> Result<JobSpec, SpecError> {
         if !self.loss_set {
@@ -510,10 +494,7 @@ mod tests {
     fn json_round_trip_keeps_every_field() {
         let spec = base()
             .model(ModelSpec::Mlp { hidden: vec![16, 8] })
-            .optimizer(OptimizerSpec::Sgd {
-                learning_rate: 0.1,
-                momentum: 0.9,
-            })
+            .optimizer(OptimizerSpec::sgd_momentum(0.1, 0.9))
             .epochs(3)
             .batch_size(32)
             .num_slots(4)
@@ -587,6 +568,57 @@ mod tests {
                 "model.conv[2]",
             ),
             (base().targets(2), "targets"),
+            (
+                base().optimizer(OptimizerSpec::adamw(1e-3, -0.1)),
+                "optimizer.weight_decay",
+            ),
+            (
+                base().optimizer(OptimizerSpec::Sgd {
+                    learning_rate: 0.1,
+                    momentum: 0.0,
+                    nesterov: true,
+                    weight_decay: 0.0,
+                }),
+                "optimizer.nesterov",
+            ),
+            (base().no_weight_decay(["bias"]), "no_weight_decay"),
+            (
+                base().epochs(2).schedule(Schedule::Cosine {
+                    warmup_epochs: 3.0,
+                    min_factor: 0.0,
+                }),
+                "schedule.warmup_epochs",
+            ),
+            (
+                base().epochs(4).schedule(Schedule::Step {
+                    warmup_epochs: 1.0,
+                    every_epochs: 4.0,
+                    gamma: 0.5,
+                }),
+                "schedule.every_epochs",
+            ),
+            (
+                base().task(Task::Regression).schedule(Schedule::Plateau {
+                    monitor: Metric::EvalAccuracy,
+                    factor: 0.5,
+                    patience: 1,
+                    min_delta: 0.0,
+                    min_factor: 0.0,
+                }),
+                "schedule.monitor",
+            ),
+            (base().clip(GradientClip::Norm { max_norm: 0.0 }), "clip.max_norm"),
+            (base().accumulate(0), "accumulate"),
+            (
+                base()
+                    .task(Task::Regression)
+                    .early_stopping(EarlyStopping::new(Metric::EvalAccuracy, 2)),
+                "early_stopping.monitor",
+            ),
+            (
+                base().early_stopping(EarlyStopping::new(Metric::EvalLoss, 0)),
+                "early_stopping.patience",
+            ),
             (base().categorical("z", 10), "inputs.z"),
             (base().categorical("y", 10), "inputs.y"),
             (base().categorical("a", 0), "inputs.a.vocabulary"),
@@ -610,6 +642,36 @@ mod tests {
             let err = builder.build().expect_err(field);
             assert_eq!(err.field, field, "{err}");
             assert!(err.to_string().contains(field));
+        }
+    }
+
+    #[test]
+    fn training_options_round_trip_and_old_specs_parse_unchanged() {
+        let spec = base()
+            .optimizer(OptimizerSpec::adamw(3e-3, 0.05))
+            .no_weight_decay(["bias", "*norm*"])
+            .epochs(10)
+            .schedule(Schedule::Cosine {
+                warmup_epochs: 0.5,
+                min_factor: 0.01,
+            })
+            .clip(GradientClip::Norm { max_norm: 1.0 })
+            .accumulate(4)
+            .early_stopping(EarlyStopping::new(Metric::EvalAccuracy, 3))
+            .build()
+            .expect("valid");
+        assert_eq!(JobSpec::from_json(&spec.to_json()).expect("parses"), spec);
+        // The defaults are not written, so a spec without options reads as before.
+        let plain = base().build().expect("valid");
+        let json = plain.to_json();
+        for absent in [
+            "schedule",
+            "clip",
+            "accumulate",
+            "early_stopping",
+            "no_weight_decay",
+        ] {
+            assert!(!json.contains(absent), "{absent} in {json}");
         }
     }
 

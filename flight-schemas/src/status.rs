@@ -62,6 +62,9 @@ pub struct EpochMetrics {
     /// seconds; absent in statuses from before it was recorded.
     #[serde(default)]
     pub wall_secs: Option<f64>,
+    /// The learning rate of the epoch's last step (a schedule moves it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
 }
 
 /// The training loss at one step, as sampled for a job's loss curve
@@ -186,6 +189,12 @@ pub struct AgentJobStatus {
     /// [`JOB_EVENTS_KEPT`], oldest first).
     #[serde(default)]
     pub events: Vec<JobEvent>,
+    /// The best epoch of the monitored metric so far, with early stopping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_epoch: Option<u32>,
+    /// The epoch after which early stopping ended training, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_early: Option<u32>,
 }
 
 /// Most [`AgentJobStatus::step_losses`] a status carries.

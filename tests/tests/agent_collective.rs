@@ -538,10 +538,10 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                     let mut optim = FlatOptimizer::new(&OptimizerSpec::adam(0.01), grads);
                     let mut times = StepTimes::default();
                     for step in 0..4 {
-                        // [gradient sums…, rows, loss sum]
+                        // [gradient sums…, rows, loss sum, not ready, exhausted]
                         let mut buf: Vec<f32> = (0..grads)
                             .map(|i| ((i * (rank + 2) + step) as f32 * 0.37).cos())
-                            .chain([32.0, 1.5])
+                            .chain([32.0, 1.5, 0.0, 0.0])
                             .collect();
                         let stepped = exchange
                             .run(
@@ -552,11 +552,11 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                                 &mut optim,
                                 &mut weights,
                                 &mut times,
-                                |t| Some(1.0 / t[0]),
+                                |t| Some(1.0 / t.rows),
                             )
                             .expect("exchange");
                         assert!(stepped);
-                        assert_eq!(&buf[grads..], &[64.0, 3.0]);
+                        assert_eq!(&buf[grads..], &[64.0, 3.0, 0.0, 0.0]);
                     }
                     (weights, times)
                 })
@@ -564,15 +564,20 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
             .collect::<Vec<_>>()
     };
     let mut results = Vec::new();
-    for (job, bucket_values, overlap) in [
-        ("whole", usize::MAX, false),
-        ("buckets", 100, false),
-        ("overlap", 100, true),
+    // Norm clipping needs every bucket before any weight steps: it turns
+    // overlap off and must give the same weights in one piece or in buckets.
+    for (job, bucket_values, overlap, clip_norm) in [
+        ("whole", usize::MAX, false, None),
+        ("buckets", 100, false, None),
+        ("overlap", 100, true, None),
+        ("whole-clipped", usize::MAX, false, Some(0.05)),
+        ("overlap-clipped", 100, true, Some(0.05)),
     ] {
         let exchange = Exchange {
             precision: Precision::F32,
             bucket_values,
             overlap,
+            clip_norm,
         };
         let mut ranks = Vec::new();
         for t in run(exchange, job) {
@@ -586,4 +591,6 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
     }
     assert_eq!(results[0], results[1], "buckets change the weights");
     assert_eq!(results[0], results[2], "overlap changes the weights");
+    assert_eq!(results[3], results[4], "buckets change the clipped weights");
+    assert_ne!(results[0], results[3], "clipping at 0.05 changes the step");
 }

@@ -260,6 +260,7 @@ mod tests {
                     eval_accuracy: None,
                     samples_per_sec: 10.0,
                     wall_secs: Some(0.5),
+                    learning_rate: None,
                 })
                 .collect(),
             resumed_from_epoch: None,
@@ -276,6 +277,8 @@ mod tests {
                 attempt: 1,
                 message: format!("from {agent}"),
             }],
+            best_epoch: None,
+            stopped_early: None,
         }
     }
 

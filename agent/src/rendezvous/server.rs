@@ -314,7 +314,7 @@ impl Rendezvous for RendezvousService {
         let r = request.into_inner();
         let next = self
             .state
-            .report_failure(&r.job_id, r.attempt, &r.agent_id, &r.cause)?;
+            .report_failure_with(&r.job_id, r.attempt, &r.agent_id, &r.cause, r.r#final)?;
         Ok(Response::new(pb::ReportFailureResponse {
             next_attempt: next.unwrap_or(0),
         }))

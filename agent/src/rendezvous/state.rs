@@ -205,6 +205,18 @@ fn fail_attempt(
     cause: String,
     make_err: impl FnOnce(Option<u32>) -> RendezvousError,
 ) -> Option<u32> {
+    fail_attempt_for(agents, job, reporter, cause, false, make_err)
+}
+
+/// [`fail_attempt`]; a `last` failure opens no next attempt.
+fn fail_attempt_for(
+    agents: &mut HashMap<String, Agent>,
+    job: &mut Job,
+    reporter: &str,
+    cause: String,
+    last: bool,
+    make_err: impl FnOnce(Option<u32>) -> RendezvousError,
+) -> Option<u32> {
     let attempt = job.attempt;
     job.failures.push(AttemptFailure {
         attempt,
@@ -212,7 +224,7 @@ fn fail_attempt(
         cause: cause.clone(),
         at: SystemTime::now(),
     });
-    let next = (attempt < job.config.max_attempts).then_some(attempt + 1);
+    let next = (!last && attempt < job.config.max_attempts).then_some(attempt + 1);
     let err = make_err(next);
     let mut gang = std::mem::take(&mut job.gang);
     gang.resolve_all(&err);
@@ -434,6 +446,20 @@ impl RendezvousState {
         reporter: &str,
         cause: &str,
     ) -> Result<Option<u32>> {
+        self.report_failure_with(job_id, attempt, reporter, cause, false)
+    }
+
+    /// [`report_failure`](Self::report_failure); a `final` failure (the
+    /// job's own input or spec) fails the job for good, whatever attempts
+    /// are left.
+    pub fn report_failure_with(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        reporter: &str,
+        cause: &str,
+        r#final: bool,
+    ) -> Result<Option<u32>> {
         require("job_id", job_id)?;
         require("agent_id", reporter)?;
         require_attempt(attempt)?;
@@ -452,14 +478,19 @@ impl RendezvousState {
             format!("agent `{reporter}` reported: {cause}")
         };
         let job_id = job_id.to_owned();
-        let next = fail_attempt(&mut st.agents, job, reporter, cause.clone(), |next_attempt| {
-            RendezvousError::AttemptFailed {
+        let next = fail_attempt_for(
+            &mut st.agents,
+            job,
+            reporter,
+            cause.clone(),
+            r#final,
+            |next_attempt| RendezvousError::AttemptFailed {
                 job_id,
                 attempt,
                 cause,
                 next_attempt,
-            }
-        });
+            },
+        );
         Self::commit(st)?;
         Ok(next)
     }

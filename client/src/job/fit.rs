@@ -340,16 +340,23 @@ impl TrainingJob {
             job_id: job_id.clone(),
             agents: holders.clients.iter().map(|c| c.url().to_owned()).collect(),
         });
-        self.feed_splits(
-            &feed,
-            train_df,
-            eval_df,
-            &mut holders,
-            None,
-            &mut placed,
-            &mut reporter,
-        )
-        .await?;
+        let fed = self
+            .feed_splits(
+                &feed,
+                train_df,
+                eval_df,
+                &mut holders,
+                None,
+                &mut placed,
+                &mut reporter,
+            )
+            .await;
+        if let Err(e) = fed {
+            // Agents that refused more rows because the job failed (its spec
+            // or input, found as training started) name the real cause at
+            // the rendezvous.
+            return Err(failed_at_rendezvous(&rv, &job_id).await.unwrap_or(e));
+        }
 
         // Follow training: the rendezvous's state as it changes (its watch
         // stream), the agents' progress every POLL; replace lost agents.
@@ -472,6 +479,16 @@ impl TrainingJob {
             #[cfg(feature = "local")]
             &self.models,
         )?;
+        // With restore_best the agents returned the best epoch's weights.
+        model.meta.best_epoch = final_status
+            .best_epoch
+            .filter(|_| spec.early_stopping.is_some_and(|s| s.restore_best));
+        if let Some(epoch) = final_status.stopped_early {
+            reporter.emit(TrainingEvent::EarlyStopped {
+                epoch,
+                best_epoch: final_status.best_epoch,
+            });
+        }
         model.serving = Some(target.serving(&self.channel));
         guard.armed = false;
         reporter.emit(TrainingEvent::Finished {
@@ -570,6 +587,15 @@ impl TrainingJob {
 }
 
 /// `fit_arrow` with executor push: there is no DataFrame for the executors to push.
+/// The job's failure as the rendezvous recorded it, if it failed there.
+async fn failed_at_rendezvous(rv: &RendezvousClient, job_id: &str) -> Option<JobError> {
+    let status = rv.status(job_id).await.ok()?;
+    (status.state == JobState::Failed).then(|| JobError::TrainingFailed {
+        job_id: job_id.to_owned(),
+        cause: status.first_cause().unwrap_or("failed").to_owned(),
+    })
+}
+
 fn arrow_source_pushed() -> JobError {
     JobError::Setting {
         setting: "feed",

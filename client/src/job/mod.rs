@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
-use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling_schemas::spec::{
+    CheckpointPolicy, EarlyStopping, GradientClip, JobSpec, ModelSpec, OptimizerSpec, Schedule, Task,
+};
 use tokio::sync::mpsc;
 
 pub use error::JobError;
@@ -200,6 +202,25 @@ impl TrainingJobBuilder {
         shuffle: bool,
         /// Regression targets per label (a `FixedSizeList<Float32>` label when more than 1).
         targets: usize,
+        /// The learning rate by global step (default constant; the guide's "Training options").
+        schedule: Schedule,
+        /// Clip the all-reduced gradient by global norm or by value.
+        clip: GradientClip,
+        /// Micro-batches of `batch_size` rows each agent sums per step.
+        accumulate: u32,
+        /// Stop when a metric stops improving, keeping the best epoch.
+        early_stopping: EarlyStopping,
+    }
+
+    /// Parameter path patterns that take no weight decay, e.g.
+    /// `["bias", "*norm*", "*embedding*"]`.
+    pub fn no_weight_decay<I, S>(mut self, patterns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spec = self.spec.no_weight_decay(patterns);
+        self
     }
 
     /// Declares feature `column` categorical: `Int32`/`Int64` ids in

@@ -43,6 +43,10 @@ pub(super) struct ModelMeta {
     /// The feature columns the model was trained on.
     #[serde(default)]
     pub(super) inputs: Vec<ModelInput>,
+    /// The epoch whose weights these are, when early stopping restored
+    /// the best one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) best_epoch: Option<u32>,
 }
 
 /// A trained model: its spec, metrics and weights; with the `local` feature
@@ -74,6 +78,7 @@ impl TrainedModel {
             input_dim: layout.input_dim,
             history,
             inputs: model_inputs(layout),
+            best_epoch: None,
         };
         #[cfg(feature = "local")]
         let net = match models.contains(spec.model.name()) {
@@ -123,6 +128,12 @@ impl TrainedModel {
     /// Metrics of every epoch.
     pub fn history(&self) -> &[EpochMetrics] {
         &self.meta.history
+    }
+
+    /// The epoch whose weights the model holds when early stopping kept
+    /// the best epoch (`None`: the last epoch's).
+    pub fn best_epoch(&self) -> Option<u32> {
+        self.meta.best_epoch
     }
 
     /// The weights as an Arrow table (`name`, `shape`, `values`).

@@ -107,6 +107,14 @@ pub enum TrainingEvent {
         /// What the agent logged, with its agent, rank and attempt.
         event: JobEvent,
     },
+    /// Early stopping ended training: the monitored metric had not
+    /// improved for `patience` epochs.
+    EarlyStopped {
+        /// The last epoch trained.
+        epoch: u32,
+        /// The best epoch; with `restore_best` the model holds its weights.
+        best_epoch: Option<u32>,
+    },
     /// Training finished.
     Finished {
         /// The job.
@@ -247,6 +255,9 @@ impl Reporter {
                 TrainingEvent::AgentLog { job_id, event } => {
                     let _ = bars.println(agent_log_line(job_id, event));
                 }
+                TrainingEvent::EarlyStopped { epoch, best_epoch } => {
+                    let _ = bars.println(early_stop_line(*epoch, *best_epoch));
+                }
                 TrainingEvent::Finished { .. } => {
                     if let Some(b) = self.train_bar.take() {
                         b.finish_and_clear();
@@ -306,6 +317,9 @@ impl Reporter {
                     "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
                 )),
                 TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
+                TrainingEvent::EarlyStopped { epoch, best_epoch } => {
+                    Some(early_stop_line(*epoch, *best_epoch))
+                }
                 TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
             };
             if let Some(line) = line {
@@ -351,8 +365,18 @@ fn epoch_line(m: &EpochMetrics) -> String {
     if let Some(a) = m.eval_accuracy {
         s.push_str(&format!("  eval accuracy {:.2}%", a * 100.0));
     }
+    if let Some(lr) = m.learning_rate {
+        s.push_str(&format!("  lr {lr:.3e}"));
+    }
     s.push_str(&format!("  {:.0} samples/s/rank", m.samples_per_sec));
     s
+}
+
+fn early_stop_line(epoch: u32, best_epoch: Option<u32>) -> String {
+    match best_epoch {
+        Some(best) => format!("early stopping after epoch {epoch}: no improvement since epoch {best} (best)"),
+        None => format!("early stopping after epoch {epoch}"),
+    }
 }
 
 #[cfg(test)]
@@ -381,6 +405,7 @@ mod tests {
             eval_accuracy: None,
             samples_per_sec: 1.0,
             wall_secs: Some(0.1),
+            learning_rate: None,
         })
     }
 

@@ -445,11 +445,37 @@ impl RendezvousClient {
         agent_id: &str,
         cause: &str,
     ) -> Result<Option<u32>> {
+        self.report(job_id, attempt, agent_id, cause, false).await
+    }
+
+    /// Reports the attempt failed for a reason no later attempt can
+    /// escape (the job's input or spec): the job fails for good.
+    pub async fn report_final_failure(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        agent_id: &str,
+        cause: &str,
+    ) -> Result<()> {
+        self.report(job_id, attempt, agent_id, cause, true)
+            .await
+            .map(drop)
+    }
+
+    async fn report(
+        &self,
+        job_id: &str,
+        attempt: u32,
+        agent_id: &str,
+        cause: &str,
+        r#final: bool,
+    ) -> Result<Option<u32>> {
         let request = pb::ReportFailureRequest {
             job_id: job_id.to_owned(),
             attempt,
             agent_id: agent_id.to_owned(),
             cause: cause.to_owned(),
+            r#final,
         };
         let next = self
             .retrying("report_failure", |mut g| {

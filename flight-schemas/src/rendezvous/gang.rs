@@ -187,6 +187,15 @@ impl Gang {
             .await
     }
 
+    /// Reports this attempt failed for a reason no attempt can escape (the
+    /// job's input or spec): the job fails for good.
+    pub async fn report_final_failure(&self, cause: &str) -> Result<()> {
+        let m = &self.membership;
+        self.client
+            .report_final_failure(&m.job_id, m.attempt, &self.agent_id, cause)
+            .await
+    }
+
     /// Marks the job succeeded.
     pub async fn complete(&self) -> Result<()> {
         let m = &self.membership;

@@ -1,0 +1,316 @@
+//! One epoch on one rank: the plan every rank agrees on at its start
+//! ([`EpochPlan`]), then its steps — gather `accumulate` micro-batches,
+//! exchange, step — and evaluation.
+
+use std::time::Instant;
+
+use kindling_schemas::action::EpochMetrics;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+use super::cursor::{BatchCursor, Pull};
+use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
+use crate::error::AgentError;
+use crate::exchange::Trailer;
+use crate::model::{AnyModel, Batch};
+
+/// What every rank agreed at an epoch's start.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct EpochPlan {
+    /// Some rank's train split is still arriving: the epoch trains as the
+    /// rows come and ends when every rank has exhausted an ended split.
+    pub live: bool,
+    /// Steps in the epoch (0 when live: known when it ends).
+    pub steps: u64,
+    /// Train rows per rank.
+    pub rows: Vec<u64>,
+}
+
+impl EpochPlan {
+    /// The plan from every rank's `(rows, ended)`, summed by the ring, for
+    /// steps of `rows_per_step` rows per rank.
+    fn from_counts(counts: &[f32], rows_per_step: u64) -> Self {
+        let world = counts.len() - 1;
+        let rows: Vec<u64> = counts[..world].iter().map(|&n| n as u64).collect();
+        let live = counts[world] > 0.0;
+        let steps = match live {
+            true => 0,
+            false => rows.iter().map(|n| n.div_ceil(rows_per_step)).max().unwrap_or(0),
+        };
+        EpochPlan { live, steps, rows }
+    }
+
+    /// Agrees the plan with every rank. With `wait_for_data`, loops (every
+    /// rank in step) until no rank's split is arriving any more.
+    fn agree(ctx: &mut TrainContext, rows_per_step: u64, wait_for_data: bool) -> Result<Self, AgentError> {
+        let rank = ctx.ring.rank() as usize;
+        let world = ctx.ring.world() as usize;
+        loop {
+            let (train, ended) = ctx.data.train_since(0);
+            let mut counts = vec![0f32; world + 1];
+            counts[rank] = train.iter().map(|b| b.rows() as u64).sum::<u64>() as f32;
+            counts[world] = if ended { 0.0 } else { 1.0 };
+            ctx.runtime.block_on(ctx.ring.all_reduce_sum(&mut counts))?;
+            let plan = Self::from_counts(&counts, rows_per_step);
+            if !(plan.live && wait_for_data) {
+                return Ok(plan);
+            }
+            if ctx.cancel.is_cancelled() {
+                return Err(cancelled(ctx));
+            }
+            ctx.data.wait(LIVE_WAIT);
+        }
+    }
+
+    /// The empty-input error when no rank holds a train row.
+    fn check_not_empty(&self, job_id: &str) -> Result<(), AgentError> {
+        if self.live || self.rows.iter().any(|&n| n > 0) {
+            return Ok(());
+        }
+        Err(empty(job_id, self.rows.len()))
+    }
+}
+
+fn empty(job_id: &str, ranks: usize) -> AgentError {
+    AgentError::EmptyTrainSplit {
+        job_id: job_id.to_owned(),
+        counted: format!("0 rows committed on each of its {ranks} agent(s) when the split ended"),
+    }
+}
+
+fn cancelled(ctx: &TrainContext) -> AgentError {
+    AgentError::AttemptFailed {
+        job_id: ctx.job_id.clone(),
+        attempt: ctx.attempt,
+        cause: "cancelled".into(),
+    }
+}
+
+/// This rank's share of the step being gathered: the sums of up to
+/// `accumulate` micro-batches' gradients.
+#[derive(Clone, Debug)]
+struct Local {
+    sums: Vec<f32>,
+    rows: u64,
+    loss_sum: f64,
+    micro: u32,
+}
+
+impl Local {
+    /// Adds a micro-batch's buffer from `AnyModel::gradients` (sums, then
+    /// `[rows, loss sum]`).
+    fn add(slot: &mut Option<Local>, mut buf: Vec<f32>) {
+        let loss = buf.pop().unwrap_or(0.0) as f64;
+        let rows = buf.pop().unwrap_or(0.0) as u64;
+        match slot {
+            Some(l) => {
+                for (s, g) in l.sums.iter_mut().zip(&buf) {
+                    *s += g;
+                }
+                l.rows += rows;
+                l.loss_sum += loss;
+                l.micro += 1;
+            }
+            None => {
+                *slot = Some(Local {
+                    sums: buf,
+                    rows,
+                    loss_sum: loss,
+                    micro: 1,
+                })
+            }
+        }
+    }
+}
+
+/// Trains epoch `epoch` and evaluates it; returns its metrics.
+pub(super) fn train_epoch(
+    ctx: &mut TrainContext,
+    t: &mut Trainer,
+    mut model: Box<dyn AnyModel>,
+    epoch: u32,
+) -> Result<(Box<dyn AnyModel>, EpochMetrics), AgentError> {
+    let started = Instant::now();
+    let rank = ctx.ring.rank() as usize;
+    let world = ctx.ring.world() as usize;
+    let accumulate = t.spec.accumulate.max(1);
+    let rows_per_step = t.spec.batch_size as u64 * accumulate as u64;
+    let plan = EpochPlan::agree(ctx, rows_per_step, t.schedule.needs_steps_per_epoch())?;
+    plan.check_not_empty(&ctx.job_id)?;
+    let live = plan.live;
+    {
+        let mut p = lock(&ctx.progress);
+        p.epoch = epoch;
+        p.step = 0;
+        p.steps_per_epoch = plan.steps;
+    }
+    let mut cursor = cursor_for(ctx, t, epoch, live, rank);
+    let (mut loss_sum, mut rows_total, mut rows_mine) = (0f64, 0f64, 0u64);
+    let mut local: Option<Local> = None;
+    let mut drained = false;
+    let mut step = 0u64;
+    let mut lr = t.optim.learning_rate();
+    let grads = t.weights.len();
+    loop {
+        if !live && step >= plan.steps {
+            break;
+        }
+        if ctx.cancel.is_cancelled() {
+            return Err(cancelled(ctx));
+        }
+        // Gather micro-batches until the step's are in (or the shard ends).
+        let mut not_ready = false;
+        while !drained && local.as_ref().is_none_or(|l| l.micro < accumulate) {
+            match cursor.pull(LIVE_WAIT)? {
+                Pull::Ready(batch) => {
+                    let computing = Instant::now();
+                    let buf = model
+                        .gradients(&Batch::new(&batch, &ctx.layout, &t.spec, &t.device))
+                        .map_err(|e| e.at(epoch, step))?;
+                    t.times.compute += computing.elapsed();
+                    Local::add(&mut local, buf);
+                }
+                Pull::NotYet => {
+                    not_ready = true;
+                    break;
+                }
+                Pull::Exhausted => drained = true,
+            }
+        }
+        let exhausted = drained && local.is_none();
+        // A live step may not be taken: keep this rank's gradients until it is.
+        let mine = match (not_ready, live) {
+            (true, _) => None,
+            (false, true) => local.clone(),
+            (false, false) => local.take(),
+        };
+        let (mut buf, rows) = match mine {
+            Some(l) => {
+                let trailer = Trailer {
+                    rows: l.rows as f32,
+                    loss_sum: l.loss_sum as f32,
+                    ..Trailer::default()
+                };
+                let mut buf = l.sums;
+                trailer.append_to(&mut buf);
+                (buf, l.rows)
+            }
+            None => {
+                let mut buf = model.zero_grads();
+                let trailer = Trailer {
+                    not_ready: if not_ready { 1.0 } else { 0.0 },
+                    exhausted: if exhausted { 1.0 } else { 0.0 },
+                    ..Trailer::default()
+                };
+                trailer.append_to(&mut buf);
+                (buf, 0)
+            }
+        };
+        lr = t.schedule.rate(epoch, step, plan.steps, &t.history);
+        t.optim.set_learning_rate(lr);
+        let world_f = world as f32;
+        let taken = t.exchange.run(
+            &ctx.runtime,
+            &mut ctx.ring,
+            &mut buf,
+            grads,
+            &mut t.optim,
+            &mut t.weights,
+            &mut t.times,
+            |sum| {
+                let skipped = live && (sum.not_ready > 0.0 || sum.exhausted >= world_f);
+                (!skipped && sum.rows > 0.0).then(|| 1.0 / sum.rows)
+            },
+        )?;
+        let sum = Trailer::read(&buf[grads..]);
+        if live {
+            if sum.not_ready > 0.0 {
+                continue; // nobody steps; ready ranks keep their batch
+            }
+            if sum.exhausted >= world_f {
+                break;
+            }
+        }
+        local = None;
+        rows_mine += rows;
+        if taken {
+            model = model.load_flat(&t.weights);
+        }
+        loss_sum += sum.loss_sum as f64;
+        rows_total += sum.rows as f64;
+        step += 1;
+        let mut p = lock(&ctx.progress);
+        p.step = step;
+        p.loss = (sum.rows > 0.0).then(|| sum.loss_sum as f64 / sum.rows as f64);
+        if let Some(loss) = p.loss {
+            p.step_losses.push(epoch, step, loss);
+        }
+        p.learning_rate = Some(lr);
+        p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        p.step_times = t.times.clone();
+    }
+    if live {
+        lock(&ctx.progress).steps_per_epoch = step;
+        if rows_total == 0.0 {
+            return Err(empty(&ctx.job_id, world));
+        }
+    }
+    let (eval_loss, eval_accuracy) = eval::evaluate(ctx, model.valid().as_ref(), rank, world)?;
+    t.rows_per_epoch.push(rows_total as u64);
+    let metrics = EpochMetrics {
+        epoch,
+        train_loss: loss_sum / rows_total.max(1.0),
+        rows: rows_mine,
+        eval_loss,
+        eval_accuracy,
+        samples_per_sec: rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9),
+        wall_secs: Some(started.elapsed().as_secs_f64()),
+        learning_rate: Some(lr),
+    };
+    Ok((model, metrics))
+}
+
+/// The batches of epoch `epoch`: in commit order while live or in the first
+/// epoch; from epoch 2 the shard is shuffled, the order of its cached
+/// batches and the rows inside each.
+fn cursor_for(ctx: &TrainContext, t: &Trainer, epoch: u32, live: bool, rank: usize) -> BatchCursor {
+    let (train, ended) = ctx.data.train_since(0);
+    let b = t.spec.batch_size;
+    if live {
+        return BatchCursor::arriving(ctx.data.clone(), train, ended, b);
+    }
+    let mut order: Vec<usize> = (0..train.len()).collect();
+    let shuffle = (ctx.shuffle && epoch > 1).then_some(t.spec.seed ^ ((epoch as u64) << 32) ^ rank as u64);
+    if let Some(seed) = shuffle {
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    }
+    let cursor = BatchCursor::new(train, order, b);
+    match shuffle {
+        Some(seed) => cursor.shuffling_rows(seed.rotate_left(17)),
+        None => cursor,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EpochPlan;
+
+    #[test]
+    fn a_plan_counts_steps_of_every_rows_per_step_and_waits_while_live() {
+        // Ranks with 1000 and 700 rows, steps of 4 × 64 rows.
+        let plan = EpochPlan::from_counts(&[1000.0, 700.0, 0.0], 256);
+        assert_eq!((plan.live, plan.steps), (false, 4));
+        assert!(plan.check_not_empty("j").is_ok());
+        let live = EpochPlan::from_counts(&[0.0, 0.0, 1.0], 256);
+        assert!(live.live && live.check_not_empty("j").is_ok(), "still arriving");
+        let err = EpochPlan::from_counts(&[0.0, 0.0, 0.0], 256)
+            .check_not_empty("j")
+            .expect_err("empty");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("train split of job `j` is empty") && msg.contains("2 agent(s)"),
+            "{msg}"
+        );
+        assert!(msg.contains("no model is saved"), "{msg}");
+    }
+}
