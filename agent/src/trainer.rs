@@ -235,6 +235,24 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     })
 }
 
+/// The error when `field` watches an eval metric the epoch did not compute
+/// (the job has no eval split).
+fn require_metric(
+    job_id: &str,
+    field: &'static str,
+    metric: kindling_schemas::spec::Metric,
+    metrics: &EpochMetrics,
+) -> Result<(), AgentError> {
+    match metric.needs_eval() && crate::schedule::metric_value(metric, metrics).is_none() {
+        true => Err(AgentError::NoEvalSplit {
+            job_id: job_id.to_owned(),
+            field,
+            metric: metric.name(),
+        }),
+        false => Ok(()),
+    }
+}
+
 impl Trainer {
     /// The best epoch so far, with early stopping.
     fn best_epoch(&self) -> Option<u32> {
@@ -252,31 +270,16 @@ impl Trainer {
         let epoch = metrics.epoch;
         let mut stop = false;
         if let Some(stopper) = self.stopper.as_mut() {
-            let monitor = self.spec.early_stopping.map(|s| s.monitor);
-            if let Some(m) = monitor
-                && m.needs_eval()
-                && crate::schedule::metric_value(m, &metrics).is_none()
-            {
-                return Err(AgentError::NoEvalSplit {
-                    job_id: ctx.job_id.clone(),
-                    field: "early_stopping.monitor",
-                    metric: m.name(),
-                });
+            if let Some(rule) = self.spec.early_stopping {
+                require_metric(&ctx.job_id, "early_stopping.monitor", rule.monitor, &metrics)?;
             }
             if stopper.observe(&metrics) && self.spec.early_stopping.is_some_and(|s| s.restore_best) {
                 self.best = Some((epoch, model.to_record_bytes()?));
             }
             stop = stopper.should_stop() && epoch < self.spec.epochs;
         }
-        if let kindling_schemas::spec::Schedule::Plateau { monitor, .. } = self.spec.schedule
-            && monitor.needs_eval()
-            && crate::schedule::metric_value(monitor, &metrics).is_none()
-        {
-            return Err(AgentError::NoEvalSplit {
-                job_id: ctx.job_id.clone(),
-                field: "schedule.monitor",
-                metric: monitor.name(),
-            });
+        if let kindling_schemas::spec::Schedule::Plateau { monitor, .. } = self.spec.schedule {
+            require_metric(&ctx.job_id, "schedule.monitor", monitor, &metrics)?;
         }
         tracing::info!(job = %ctx.job_id, epoch, loss = metrics.train_loss, eval_accuracy = ?metrics.eval_accuracy, "epoch done");
         self.history.push(metrics);

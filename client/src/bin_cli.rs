@@ -529,19 +529,28 @@ async fn job_status(
         println!("  no epoch completed yet");
         return Ok(());
     }
-    println!("  epoch  train loss   eval loss   accuracy   samples/s     wall s       rows");
+    println!("  epoch  train loss   eval loss   accuracy         lr   samples/s     wall s       rows");
     for h in &s.history {
         let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.4}"));
+        // The best epoch of the monitored metric (early stopping) is starred.
+        let mark = if s.best_epoch == Some(h.epoch) { "*" } else { " " };
         println!(
-            "  {:>5}  {:>10.4}  {:>10}  {:>9}  {:>10.0}  {:>9}  {:>9}",
+            "  {:>5}{mark} {:>10.4}  {:>10}  {:>9}  {:>9}  {:>10.0}  {:>9}  {:>9}",
             h.epoch,
             h.train_loss,
             opt(h.eval_loss),
             opt(h.eval_accuracy),
+            h.learning_rate.map_or("-".to_owned(), |lr| format!("{lr:.2e}")),
             h.samples_per_sec,
             h.wall_secs.map_or("-".to_owned(), |w| format!("{w:.2}")),
             h.rows
         );
+    }
+    if let Some(best) = s.best_epoch {
+        println!("  best epoch {best} (*)");
+    }
+    if let Some(epoch) = s.stopped_early {
+        println!("  early stopping ended training after epoch {epoch}");
     }
     let losses: Vec<f64> = s.history.iter().map(|h| h.train_loss).collect();
     println!("  train loss {}", sparkline(&losses));

@@ -181,6 +181,40 @@ pub async fn wait_done(client: &AgentClient, job_id: &str) -> AgentJobStatus {
     .await
 }
 
+/// Kills agent `victim` of running job `job_id` once `client`'s status
+/// says `reached`, waits for the survivor to see the attempt fail, then
+/// does the client's part of a recovery: a replacement agent gets the job
+/// and the lost `shard` (`rows` rows, ended). Returns the replacement.
+pub async fn kill_and_replace(
+    cluster: &LocalCluster,
+    client: &AgentClient,
+    job_id: &str,
+    spec: &JobSpec,
+    victim: usize,
+    shard: &RecordBatch,
+    reached: impl Fn(&AgentJobStatus) -> bool,
+) -> usize {
+    wait_until(client, job_id, Duration::from_secs(120), reached).await;
+    cluster.kill_agent(victim);
+    // The survivor learns of the failure from the rendezvous and waits for the next gang.
+    wait_until(client, job_id, Duration::from_secs(30), |s| {
+        matches!(
+            s.state,
+            kindling_schemas::action::AgentJobState::Recovering
+                | kindling_schemas::action::AgentJobState::Ganging
+        )
+    })
+    .await;
+    let replacement = cluster.add_agent().await.expect("replacement");
+    start_on(cluster, replacement, job_id, spec).await;
+    let c = agent_client(cluster, replacement);
+    put(&c, job_id, Split::Train, "s", std::slice::from_ref(shard))
+        .await
+        .expect("re-send");
+    end_of_data(&c, job_id, Split::Train, Some(shard.num_rows() as u64)).await;
+    replacement
+}
+
 /// A 1-slot linear classifier of [`rule_batch`] rows (`x1`, `x2` → `y`),
 /// batches of 64, `epochs` passes.
 pub fn linear_spec(epochs: u32) -> JobSpec {

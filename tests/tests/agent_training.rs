@@ -205,26 +205,13 @@ async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
         end_of_data(&c, "crash", Split::Train, Some(3000)).await;
     }
     let c0 = agent_client(&cluster, 0);
-    // Mid-epoch 2 or later: epoch 1's checkpoint exists.
-    wait_until(&c0, "crash", Duration::from_secs(120), |s| {
+    // Mid-epoch 2 or later: epoch 1's checkpoint exists. The replacement
+    // gets the lost shard.
+    let replacement = kill_and_replace(&cluster, &c0, "crash", &spec, 1, &shards[1], |s| {
         s.epoch >= 2 && s.step > 0
     })
     .await;
-    cluster.kill_agent(1);
-
-    // The survivor learns of the failure from the rendezvous and waits for the next gang.
-    wait_until(&c0, "crash", Duration::from_secs(30), |s| {
-        matches!(s.state, AgentJobState::Recovering | AgentJobState::Ganging)
-    })
-    .await;
-    // The client's part: a replacement agent gets the lost shard.
-    let replacement = cluster.add_agent().await.expect("replacement");
-    start_on(&cluster, replacement, "crash", &spec).await;
     let cr = agent_client(&cluster, replacement);
-    put(&cr, "crash", Split::Train, "s", std::slice::from_ref(&shards[1]))
-        .await
-        .expect("re-send");
-    end_of_data(&cr, "crash", Split::Train, Some(3000)).await;
 
     let s0 = wait_done(&c0, "crash").await;
     let sr = wait_done(&cr, "crash").await;

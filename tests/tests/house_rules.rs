@@ -63,7 +63,8 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
             let name = first.trim_end_matches(".rs").to_owned();
             (!name.starts_with("bin_")).then_some(name)
         }
-        _ => Some(first),
+        // A binary's own module folder (`bin_cli/`) is the binary's too.
+        _ => (!first.starts_with("bin_")).then_some(first),
     }
 }
 

@@ -4,8 +4,6 @@
 //! kept, and empty input refused at every entry point — on real agents and
 //! a real rendezvous on loopback, and through a real Spark Connect server.
 
-use std::time::Duration;
-
 use arrow::array::RecordBatch;
 use futures::{FutureExt, TryStreamExt};
 use kindling::job::{JobError, TrainingEvent};
@@ -139,18 +137,10 @@ async fn a_warmup_cosine_schedule_continues_its_curve_after_an_agent_is_killed()
     let shards = [rule_batch(1500, 3), rule_batch(1500, 4)];
     feed(&cluster, "curve", &shards, &[0, 1]).await;
     let c0 = agent_client(&cluster, 0);
-    wait_until(&c0, "curve", Duration::from_secs(120), |s| {
+    kill_and_replace(&cluster, &c0, "curve", &spec, 1, &shards[1], |s| {
         s.epoch >= 3 && s.step > 0
     })
     .await;
-    cluster.kill_agent(1);
-    wait_until(&c0, "curve", Duration::from_secs(30), |s| {
-        matches!(s.state, AgentJobState::Recovering | AgentJobState::Ganging)
-    })
-    .await;
-    let replacement = cluster.add_agent().await.expect("replacement");
-    start_on(&cluster, replacement, "curve", &spec).await;
-    feed(&cluster, "curve", &shards[1..], &[replacement]).await;
     let s0 = wait_done(&c0, "curve").await;
     assert_eq!(s0.state, AgentJobState::Succeeded, "{s0:#?}");
     assert!(s0.resumed_from_epoch.is_some_and(|e| e >= 2), "{s0:#?}");

@@ -305,7 +305,7 @@ impl TrainingJob {
         let token = target.token();
         let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.channel).await?;
         let config = JobConfig {
-            spec_summary: spec.to_json(),
+            spec_summary: spec.summary(),
             // Survivors wait in the gang while a replacement is awaited.
             gang_timeout: Some(self.gang_timeout + self.replacement_wait),
             client_lease: Some(self.client_lease),

@@ -448,21 +448,9 @@ impl RendezvousClient {
         self.report(job_id, attempt, agent_id, cause, false).await
     }
 
-    /// Reports the attempt failed for a reason no later attempt can
-    /// escape (the job's input or spec): the job fails for good.
-    pub async fn report_final_failure(
-        &self,
-        job_id: &str,
-        attempt: u32,
-        agent_id: &str,
-        cause: &str,
-    ) -> Result<()> {
-        self.report(job_id, attempt, agent_id, cause, true)
-            .await
-            .map(drop)
-    }
-
-    async fn report(
+    /// [`report_failure`](Self::report_failure); a `final` failure (the
+    /// job's own input or spec) fails the job for good.
+    pub(crate) async fn report(
         &self,
         job_id: &str,
         attempt: u32,

@@ -192,8 +192,9 @@ impl Gang {
     pub async fn report_final_failure(&self, cause: &str) -> Result<()> {
         let m = &self.membership;
         self.client
-            .report_final_failure(&m.job_id, m.attempt, &self.agent_id, cause)
+            .report(&m.job_id, m.attempt, &self.agent_id, cause, true)
             .await
+            .map(drop)
     }
 
     /// Marks the job succeeded.
