@@ -362,6 +362,16 @@ impl Job {
         self.notify_data();
     }
 
+    /// Fails the job without an event: its cause reaches the caller as the
+    /// job's error.
+    fn fail_quietly(&self, cause: String) {
+        let mut d = self.lock();
+        if !d.state.is_terminal() {
+            d.state = AgentJobState::Failed;
+            d.error = Some(cause);
+        }
+    }
+
     fn fail(&self, cause: String) {
         let failed = {
             let mut d = self.lock();
@@ -480,7 +490,10 @@ impl Job {
                         if let Err(re) = gang.report_final_failure(&e.to_string()).await {
                             tracing::debug!(job = %self.job_id, error = %rv_error(re), "failure report not taken");
                         }
-                        self.fail(e.to_string());
+                        // The caller gets it as the job's error: no event
+                        // repeats it on every agent's log.
+                        tracing::info!(job = %self.job_id, attempt, error = %e, "the job's input or spec failed it");
+                        self.fail_quietly(e.to_string());
                         return;
                     }
                     self.lock().log.attempt_failed(attempt, &e.to_string());

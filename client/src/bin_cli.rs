@@ -351,15 +351,24 @@ pub async fn train(args: TrainArgs) -> Result<()> {
     }
     let model = builder.build()?.fit(&df).await.context("training")?;
     model.save(&args.output)?;
-    if let Some(last) = model.history().last() {
-        let acc = last
+    // The saved weights are the best epoch's when early stopping kept it.
+    let kept = model
+        .best_epoch()
+        .and_then(|e| model.history().iter().find(|m| m.epoch == e))
+        .or(model.history().last());
+    if let Some(kept) = kept {
+        let acc = kept
             .eval_accuracy
             .map(|a| format!(", eval accuracy {:.2}%", a * 100.0))
             .unwrap_or_default();
+        let best = match model.best_epoch() {
+            Some(e) => format!("; the model is epoch {e}'s (best)"),
+            None => String::new(),
+        };
         println!(
-            "trained {} epochs: train loss {:.4}{acc}",
+            "trained {} epochs{best}: train loss {:.4}{acc}",
             model.history().len(),
-            last.train_loss
+            kept.train_loss
         );
     }
     println!("model saved to {}", args.output.display());
