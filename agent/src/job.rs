@@ -364,25 +364,19 @@ impl Job {
 
     /// Fails the job without an event: its cause reaches the caller as the
     /// job's error.
-    fn fail_quietly(&self, cause: String) {
+    /// Returns whether it failed the job (it had not ended yet).
+    fn fail_quietly(&self, cause: String) -> bool {
         let mut d = self.lock();
-        if !d.state.is_terminal() {
+        let failing = !d.state.is_terminal();
+        if failing {
             d.state = AgentJobState::Failed;
             d.error = Some(cause);
         }
+        failing
     }
 
     fn fail(&self, cause: String) {
-        let failed = {
-            let mut d = self.lock();
-            let failing = !d.state.is_terminal();
-            if failing {
-                d.state = AgentJobState::Failed;
-                d.error = Some(cause.clone());
-            }
-            failing
-        };
-        if failed {
+        if self.fail_quietly(cause.clone()) {
             self.report(EventLevel::Error, &format!("the job failed: {cause}"));
         }
     }

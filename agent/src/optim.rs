@@ -291,15 +291,17 @@ impl FlatOptimizer {
             Some(c) => (g * scale).clamp(-c, c),
             None => g * scale,
         };
+        // The mean gradient with L2 decay added (every rule but AdamW's).
+        let with_l2 = |g: f32, w: f32| match wd > 0.0 {
+            true => grad(g) + w * wd32,
+            false => grad(g),
+        };
         let len = self.len;
         match self.rule {
             Rule::Sgd { momentum, nesterov } if momentum > 0.0 => {
                 let velocity = &mut self.state[at..at + n];
                 for ((w, &g), v) in weights.iter_mut().zip(grads).zip(velocity) {
-                    let mut g = grad(g);
-                    if wd > 0.0 {
-                        g += *w * wd32;
-                    }
+                    let g = with_l2(g, *w);
                     *v = g + *v * momentum;
                     let d = if nesterov { *v * momentum + g } else { *v };
                     *w -= d * lr;
@@ -307,10 +309,7 @@ impl FlatOptimizer {
             }
             Rule::Sgd { .. } => {
                 for (w, &g) in weights.iter_mut().zip(grads) {
-                    let mut g = grad(g);
-                    if wd > 0.0 {
-                        g += *w * wd32;
-                    }
+                    let g = with_l2(g, *w);
                     *w -= g * lr;
                 }
             }
@@ -327,10 +326,7 @@ impl FlatOptimizer {
                 let (m, v) = self.state.split_at_mut(len);
                 let (m, v) = (&mut m[at..at + n], &mut v[at..at + n]);
                 for (((w, &g), m), v) in weights.iter_mut().zip(grads).zip(m).zip(v) {
-                    let mut g = grad(g);
-                    if wd > 0.0 {
-                        g += *w * wd32;
-                    }
+                    let g = with_l2(g, *w);
                     *m = *m * beta1 + g * f1;
                     *v = *v * beta2 + g * g * f2;
                     *w -= (*m * factor) / (v.sqrt() + eps) * lr;
@@ -377,10 +373,7 @@ impl FlatOptimizer {
                 let sq = &mut sq[at..at + n];
                 for i in 0..n {
                     let w = &mut weights[i];
-                    let mut g = grad(grads[i]);
-                    if wd > 0.0 {
-                        g += *w * wd32;
-                    }
+                    let g = with_l2(grads[i], *w);
                     sq[i] = sq[i] * alpha + g * g * f;
                     let denom = match avg.as_deref_mut() {
                         Some(a) => {

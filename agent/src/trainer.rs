@@ -81,8 +81,6 @@ pub struct Progress {
     pub step_times: StepTimes,
     /// The loss per step, sampled over the whole run.
     pub step_losses: crate::joblog::StepSamples,
-    /// The learning rate of the latest step.
-    pub learning_rate: Option<f64>,
     /// With early stopping: the best epoch of the monitored metric so far.
     pub best_epoch: Option<u32>,
     /// The epoch after which early stopping ended training.
@@ -143,8 +141,6 @@ pub struct TrainOutcome {
     pub model: Box<dyn AnyModel>,
     /// Metrics per epoch.
     pub history: Vec<EpochMetrics>,
-    /// The epoch whose weights `model` holds, when it is not the last.
-    pub best_epoch: Option<u32>,
 }
 
 /// The burn device for a spec (see [`crate::device::for_spec`]).
@@ -222,16 +218,16 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         }
     }
     let keep_best = t.spec.early_stopping.is_some_and(|s| s.restore_best);
-    let (model, best_epoch) = match t.best.take() {
+    // The last epoch's weights are already the model's when it was the best.
+    let model = match t.best.take() {
         Some((epoch, bytes)) if keep_best && Some(epoch) != t.history.last().map(|m| m.epoch) => {
-            (model.from_record_bytes(bytes)?, Some(epoch))
+            model.from_record_bytes(bytes)?
         }
-        _ => (model, None),
+        _ => model,
     };
     Ok(TrainOutcome {
         model: model.valid(),
         history: t.history,
-        best_epoch,
     })
 }
 

@@ -181,6 +181,16 @@ pub async fn wait_done(client: &AgentClient, job_id: &str) -> AgentJobStatus {
     .await
 }
 
+/// The model table of a job, as (name, values) pairs, fetched with DoGet.
+pub async fn weights(client: &AgentClient, job_id: &str) -> Vec<(String, Vec<f32>)> {
+    let ticket = DataPath::Model {
+        job_id: job_id.into(),
+    }
+    .ticket();
+    let stream = client.flight().do_get(ticket).await.expect("do_get").into_inner();
+    kindling_fixtures::model_weights(stream).await
+}
+
 /// Kills agent `victim` of running job `job_id` once `client`'s status
 /// says `reached`, waits for the survivor to see the attempt fail, then
 /// does the client's part of a recovery: a replacement agent gets the job

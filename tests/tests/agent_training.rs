@@ -27,16 +27,6 @@ fn logistic(num_slots: u32, batch: usize, epochs: u32) -> JobSpec {
         .expect("spec")
 }
 
-/// The model table of a job, as (name, values) pairs.
-async fn weights(client: &kindling::feed::AgentClient, job_id: &str) -> Vec<(String, Vec<f32>)> {
-    let ticket = DataPath::Model {
-        job_id: job_id.into(),
-    }
-    .ticket();
-    let stream = client.flight().do_get(ticket).await.expect("do_get").into_inner();
-    kindling_fixtures::model_weights(stream).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_agents_learn_a_separating_rule() {
     let (cluster, _dir) = cluster(2).await;

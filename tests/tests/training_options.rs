@@ -27,15 +27,6 @@ fn mlp(num_slots: u32, batch: usize, epochs: u32) -> kindling_schemas::spec::Job
         .seed(5)
 }
 
-async fn weights(client: &kindling::feed::AgentClient, job_id: &str) -> Vec<(String, Vec<f32>)> {
-    let ticket = DataPath::Model {
-        job_id: job_id.into(),
-    }
-    .ticket();
-    let stream = client.flight().do_get(ticket).await.expect("do_get").into_inner();
-    kindling_fixtures::model_weights(stream).await
-}
-
 fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut diff = 0f32;

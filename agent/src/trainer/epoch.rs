@@ -26,6 +26,10 @@ pub(super) struct EpochPlan {
     pub rows: Vec<u64>,
 }
 
+/// What the plan was agreed on: this rank's committed train batches, and
+/// whether its split had ended, as the cursor starts from them.
+type Committed = (Vec<std::sync::Arc<crate::cache::CachedBatch>>, bool);
+
 impl EpochPlan {
     /// The plan from every rank's `(rows, ended)`, summed by the ring, for
     /// steps of `rows_per_step` rows per rank.
@@ -42,7 +46,11 @@ impl EpochPlan {
 
     /// Agrees the plan with every rank. With `wait_for_data`, loops (every
     /// rank in step) until no rank's split is arriving any more.
-    fn agree(ctx: &mut TrainContext, rows_per_step: u64, wait_for_data: bool) -> Result<Self, AgentError> {
+    fn agree(
+        ctx: &mut TrainContext,
+        rows_per_step: u64,
+        wait_for_data: bool,
+    ) -> Result<(Self, Committed), AgentError> {
         let rank = ctx.ring.rank() as usize;
         let world = ctx.ring.world() as usize;
         loop {
@@ -53,7 +61,7 @@ impl EpochPlan {
             ctx.runtime.block_on(ctx.ring.all_reduce_sum(&mut counts))?;
             let plan = Self::from_counts(&counts, rows_per_step);
             if !(plan.live && wait_for_data) {
-                return Ok(plan);
+                return Ok((plan, (train, ended)));
             }
             if ctx.cancel.is_cancelled() {
                 return Err(cancelled(ctx));
@@ -135,7 +143,7 @@ pub(super) fn train_epoch(
     let world = ctx.ring.world() as usize;
     let accumulate = t.spec.accumulate.max(1);
     let rows_per_step = t.spec.batch_size as u64 * accumulate as u64;
-    let plan = EpochPlan::agree(ctx, rows_per_step, t.schedule.needs_steps_per_epoch())?;
+    let (plan, committed) = EpochPlan::agree(ctx, rows_per_step, t.schedule.needs_steps_per_epoch())?;
     plan.check_not_empty(&ctx.job_id)?;
     let live = plan.live;
     {
@@ -144,7 +152,7 @@ pub(super) fn train_epoch(
         p.step = 0;
         p.steps_per_epoch = plan.steps;
     }
-    let mut cursor = cursor_for(ctx, t, epoch, live, rank);
+    let mut cursor = cursor_for(ctx, t, committed, epoch, live, rank);
     let (mut loss_sum, mut rows_total, mut rows_mine) = (0f64, 0f64, 0u64);
     let mut local: Option<Local> = None;
     let mut drained = false;
@@ -245,7 +253,6 @@ pub(super) fn train_epoch(
         if let Some(loss) = p.loss {
             p.step_losses.push(epoch, step, loss);
         }
-        p.learning_rate = Some(lr);
         p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
         p.step_times = t.times.clone();
     }
@@ -273,8 +280,14 @@ pub(super) fn train_epoch(
 /// The batches of epoch `epoch`: in commit order while live or in the first
 /// epoch; from epoch 2 the shard is shuffled, the order of its cached
 /// batches and the rows inside each.
-fn cursor_for(ctx: &TrainContext, t: &Trainer, epoch: u32, live: bool, rank: usize) -> BatchCursor {
-    let (train, ended) = ctx.data.train_since(0);
+fn cursor_for(
+    ctx: &TrainContext,
+    t: &Trainer,
+    (train, ended): Committed,
+    epoch: u32,
+    live: bool,
+    rank: usize,
+) -> BatchCursor {
     let b = t.spec.batch_size;
     if live {
         return BatchCursor::arriving(ctx.data.clone(), train, ended, b);
