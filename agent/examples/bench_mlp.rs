@@ -200,6 +200,7 @@ fn main() -> anyhow::Result<()> {
                                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
                             let _loss = buf.pop();
                             let rows = buf.pop().unwrap_or(1.0);
+                            let _rows = buf.pop();
                             let scale = t_exchange.clipped(&buf, 1.0 / rows);
                             let epoch = (t_step / t_steps_per_epoch) as u32 + 1;
                             let lr =

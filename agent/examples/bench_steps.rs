@@ -100,7 +100,7 @@ async fn run(
                 let mut buf = model
                     .gradients(&Batch::new(&data, &layout, &spec, &device))
                     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                // The step's trailer is [rows, loss sum, not ready, exhausted].
+                // The step's trailer is [rows, weight, loss sum, not ready, exhausted].
                 buf.extend([0.0, 0.0]);
                 t.compute += started.elapsed();
                 let taken = exchange.run(
@@ -111,7 +111,7 @@ async fn run(
                     &mut optim,
                     &mut weights,
                     &mut t,
-                    |tr| (tr.rows > 0.0).then(|| 1.0 / tr.rows),
+                    |tr| (tr.weight > 0.0).then(|| 1.0 / tr.weight),
                 )?;
                 if taken {
                     model = model.load_flat(&weights);

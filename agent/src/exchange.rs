@@ -30,9 +30,12 @@ pub const BUCKET_VALUES: usize = 1 << 21;
 /// loss, and whether it can be taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Trailer {
-    /// Rows in the step (the optimizer divides the sums by their total).
+    /// Rows in the step.
     pub rows: f32,
-    /// Summed loss over those rows.
+    /// The rows' weight (their count when the job weights no rows): the
+    /// optimizer divides the gradient sums by its total.
+    pub weight: f32,
+    /// Summed (weighted) loss over those rows.
     pub loss_sum: f32,
     /// Ranks that had no full batch yet (a live epoch): the step is not taken.
     pub not_ready: f32,
@@ -42,11 +45,17 @@ pub struct Trailer {
 
 impl Trailer {
     /// Values a trailer takes in the buffer.
-    pub const LEN: usize = 4;
+    pub const LEN: usize = 5;
 
     /// Appends the trailer to a gradient buffer.
     pub fn append_to(self, buf: &mut Vec<f32>) {
-        buf.extend([self.rows, self.loss_sum, self.not_ready, self.exhausted]);
+        buf.extend([
+            self.rows,
+            self.weight,
+            self.loss_sum,
+            self.not_ready,
+            self.exhausted,
+        ]);
     }
 
     /// Reads the trailer from the `LEN` values after the gradients.
@@ -56,9 +65,10 @@ impl Trailer {
     pub fn read(values: &[f32]) -> Trailer {
         Trailer {
             rows: values[0],
-            loss_sum: values[1],
-            not_ready: values[2],
-            exhausted: values[3],
+            weight: values[1],
+            loss_sum: values[2],
+            not_ready: values[3],
+            exhausted: values[4],
         }
     }
 }
@@ -276,6 +286,7 @@ mod tests {
     fn a_trailer_reads_back_what_was_appended() {
         let t = Trailer {
             rows: 3.0,
+            weight: 2.5,
             loss_sum: 1.5,
             not_ready: 1.0,
             exhausted: 0.0,

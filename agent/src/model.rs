@@ -103,9 +103,28 @@ pub trait KindlingModel: Module + Sync + 'static {
     fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError>;
 
     /// The mean loss of `output` over the batch. The default is the task's:
-    /// softmax cross-entropy for classes, mean squared error for values.
+    /// softmax cross-entropy for classes, mean squared error for values,
+    /// each row weighted by [`Batch::weights`] when the job weights rows.
     fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError> {
-        Ok(task_loss(batch.task(), output, batch.targets()?, batch.device()))
+        Ok(weighted_task_loss(
+            batch.task(),
+            output,
+            batch.targets()?,
+            batch.weights()?,
+            batch.device(),
+        ))
+    }
+
+    /// Names of metrics of the model's own, reported every epoch on the
+    /// eval split as `eval_<name>` (lower-case words and `_`).
+    const METRICS: &'static [&'static str] = &[];
+
+    /// This eval batch's `(sum, count)` for each of
+    /// [`METRICS`](KindlingModel::METRICS), in order. Kindling adds them
+    /// over every rank's eval rows and reports `Σ sum / Σ count`.
+    fn metric_sums(&self, output: &Tensor<2>, batch: &Batch<'_>) -> Result<Vec<(f64, f64)>, AgentError> {
+        let _ = (output, batch);
+        Ok(Vec::new())
     }
 
     /// Prediction columns for `output` (appended to the input's columns).
@@ -265,6 +284,50 @@ impl<'a> Batch<'a> {
     pub fn targets(&self) -> Result<Targets, AgentError> {
         crate::tensorize::targets(self.records, &self.spec.label, self.spec.task, self.device)
     }
+
+    /// Each row's weight `[n]` (the spec's `sample_weight` column times
+    /// its `class_weights`), or `None` when the job weights no rows. A
+    /// model that overrides [`KindlingModel::loss`] weights its rows' losses
+    /// by these and divides by their sum, as [`weighted_task_loss`] does.
+    pub fn weights(&self) -> Result<Option<Tensor<1>>, AgentError> {
+        Ok(self.row_weights()?.map(|w| {
+            let n = w.len();
+            Tensor::from_data(burn::tensor::TensorData::new(w, [n]), self.device)
+        }))
+    }
+
+    /// [`weights`](Self::weights) on the host.
+    pub(crate) fn row_weights(&self) -> Result<Option<Vec<f32>>, AgentError> {
+        crate::tensorize::row_weights(self.records, self.spec)
+    }
+}
+
+/// The task's loss with each row's loss weighted: `Σ wᵢ·lᵢ / Σ wᵢ`
+/// (`torch`'s weighted `CrossEntropyLoss`; for several regression targets
+/// each row's squared error is averaged over its targets first). Without
+/// weights, [`task_loss`].
+pub fn weighted_task_loss(
+    task: Task,
+    output: Tensor<2>,
+    targets: Targets,
+    weights: Option<Tensor<1>>,
+    device: &Device,
+) -> Tensor<1> {
+    let Some(w) = weights else {
+        return task_loss(task, output, targets, device);
+    };
+    let per_row: Tensor<1> = match (task, targets) {
+        (Task::Classification { .. }, Targets::Classes(t)) => {
+            let log_p = burn::tensor::activation::log_softmax(output, 1);
+            log_p.gather(1, t.unsqueeze_dim(1)).squeeze_dim::<1>(1).neg()
+        }
+        (_, Targets::Values(t)) => (output - t).powf_scalar(2.0).mean_dim(1).squeeze_dim::<1>(1),
+        (Task::Regression, Targets::Classes(t)) => {
+            let values: Tensor<2> = t.float().unsqueeze_dim(1);
+            (output - values).powf_scalar(2.0).mean_dim(1).squeeze_dim::<1>(1)
+        }
+    };
+    (per_row * w.clone()).sum() / w.sum()
 }
 
 /// Mean loss of `output` against `targets` for `task`.
@@ -367,8 +430,13 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError>;
     /// [`KindlingModel::predictions`].
     fn predictions(&self, output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, ArrayRef)>, AgentError>;
+    /// [`KindlingModel::METRICS`].
+    fn metric_names(&self) -> &'static [&'static str];
+    /// [`KindlingModel::metric_sums`].
+    fn metric_sums(&self, output: &Tensor<2>, batch: &Batch<'_>) -> Result<Vec<(f64, f64)>, AgentError>;
     /// Forward and backward of one batch: the flat buffer of gradient *sums*
-    /// over its rows (module visit order), then `[rows, loss sum]`.
+    /// over its rows (module visit order), then `[rows, weight, loss sum]`
+    /// (the weight is the rows' total weight, or the rows unweighted).
     fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError>;
     /// Zero gradients laid out like [`gradients`](AnyModel::gradients)' (no trailer).
     fn zero_grads(&self) -> Vec<f32>;
@@ -410,19 +478,40 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
         self.0.predictions(output, task)
     }
 
+    fn metric_names(&self) -> &'static [&'static str] {
+        M::METRICS
+    }
+
+    fn metric_sums(&self, output: &Tensor<2>, batch: &Batch<'_>) -> Result<Vec<(f64, f64)>, AgentError> {
+        self.0.metric_sums(output, batch)
+    }
+
     fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError> {
         let n = batch.rows();
+        // The batch's share of the step: its rows, or its rows' weight.
+        let weight = match batch.row_weights()? {
+            Some(w) => w.iter().map(|&v| v as f64).sum::<f64>(),
+            None => n as f64,
+        };
+        if weight == 0.0 {
+            // Rows that all weigh nothing move nothing (and their weighted
+            // mean loss would be 0/0).
+            let mut buf = self.zero_grads();
+            buf.extend([n as f32, 0.0, 0.0]);
+            return Ok(buf);
+        }
         let output = self.0.forward(batch)?;
         let loss = self.0.loss(output, batch)?;
         let loss_value = loss.clone().into_scalar::<f32>() as f64;
         if !loss_value.is_finite() {
             return Err(StepError::NonFinite(loss_value));
         }
-        let sum_loss: Tensor<1> = loss.mul_scalar(n as f32);
+        let sum_loss: Tensor<1> = loss.mul_scalar(weight as f32);
         let grads = GradientsParams::from_grads(sum_loss.backward(), &self.0);
         let mut buf = params::flatten_grads(&self.0, &grads);
         buf.push(n as f32);
-        buf.push((loss_value * n as f64) as f32);
+        buf.push(weight as f32);
+        buf.push((loss_value * weight) as f32);
         Ok(buf)
     }
 

@@ -106,11 +106,7 @@ fn cosine_between(start: f64, end: f64, t: f64) -> f64 {
 
 /// The value of `metric` in an epoch's metrics, when it was computed.
 pub fn metric_value(metric: Metric, m: &EpochMetrics) -> Option<f64> {
-    match metric {
-        Metric::TrainLoss => Some(m.train_loss),
-        Metric::EvalLoss => m.eval_loss,
-        Metric::EvalAccuracy => m.eval_accuracy,
-    }
+    m.get(metric)
 }
 
 /// Follows a monitored metric epoch by epoch: the best value, its epoch,
@@ -222,6 +218,7 @@ mod tests {
             samples_per_sec: 0.0,
             wall_secs: None,
             learning_rate: None,
+            ..Default::default()
         }
     }
 

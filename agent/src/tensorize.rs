@@ -5,7 +5,7 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float32Type, Int64Type};
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
-use kindling_schemas::spec::Task;
+use kindling_schemas::spec::{JobSpec, Task};
 
 use crate::error::AgentError;
 
@@ -192,6 +192,39 @@ pub fn targets(batch: &RecordBatch, label: &str, task: Task, device: &Device) ->
             Targets::Values(Tensor::from_data(TensorData::new(v, [n, 1]), device))
         }
     })
+}
+
+/// Each row's weight: the spec's sample-weight column times its class
+/// weight; `None` when the job weights no rows.
+pub fn row_weights(batch: &RecordBatch, spec: &JobSpec) -> Result<Option<Vec<f32>>, AgentError> {
+    let mut weights = match &spec.sample_weight {
+        Some(name) => {
+            let as_f32 = cast(column(batch, name)?, &DataType::Float32).map_err(AgentError::arrow)?;
+            Some(as_f32.as_primitive::<Float32Type>().values().to_vec())
+        }
+        None => None,
+    };
+    if let Some(per_class) = &spec.class_weights {
+        let labels = class_labels(batch, &spec.label)?;
+        let w = weights.get_or_insert_with(|| vec![1.0; labels.len()]);
+        for (w, &y) in w.iter_mut().zip(&labels) {
+            *w *= per_class.get(y as usize).copied().unwrap_or(1.0) as f32;
+        }
+    }
+    Ok(weights)
+}
+
+/// Regression targets row-major as `f32` (`[row · targets + t]`).
+pub fn target_values(batch: &RecordBatch, label: &str) -> Result<Vec<f32>, AgentError> {
+    let col = column(batch, label)?;
+    if let DataType::FixedSizeList(_, k) = col.data_type() {
+        let list = col.as_fixed_size_list();
+        let base = list.value_offset_at(0);
+        let values = list.values().as_primitive::<Float32Type>().values();
+        return Ok(values[base..base + batch.num_rows() * *k as usize].to_vec());
+    }
+    let as_f32 = cast(col, &DataType::Float32).map_err(AgentError::arrow)?;
+    Ok(as_f32.as_primitive::<Float32Type>().values().to_vec())
 }
 
 /// Class labels as i64 (for accuracy).

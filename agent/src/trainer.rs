@@ -231,15 +231,16 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     })
 }
 
-/// The error when `field` watches an eval metric the epoch did not compute
-/// (the job has no eval split).
+/// The error when `field` watches an eval metric and the job has no eval
+/// split (a metric undefined for one epoch's rows, such as AUC with one
+/// class, only skips that epoch).
 fn require_metric(
     job_id: &str,
     field: &'static str,
     metric: kindling_schemas::spec::Metric,
     metrics: &EpochMetrics,
 ) -> Result<(), AgentError> {
-    match metric.needs_eval() && crate::schedule::metric_value(metric, metrics).is_none() {
+    match metric.needs_eval() && metrics.eval_loss.is_none() {
         true => Err(AgentError::NoEvalSplit {
             job_id: job_id.to_owned(),
             field,
@@ -315,6 +316,7 @@ pub fn apply_summed_gradients(
 ) -> (Box<dyn AnyModel>, f64, f64) {
     let step_loss = buf.pop().unwrap_or(0.0) as f64;
     let n_total = buf.pop().unwrap_or(0.0) as f64;
+    buf.pop(); // the rows: the weight divides
     if n_total <= 0.0 {
         return (model, n_total, step_loss);
     }

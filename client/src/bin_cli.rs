@@ -15,7 +15,10 @@ use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::{ModelSpec, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
 
+mod evaluate;
 mod options;
+
+pub use evaluate::{EvaluateArgs, evaluate};
 
 /// Where the input rows come from.
 #[derive(Debug, clap::Args)]
@@ -357,10 +360,13 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .and_then(|e| model.history().iter().find(|m| m.epoch == e))
         .or(model.history().last());
     if let Some(kept) = kept {
-        let acc = kept
+        let mut acc = kept
             .eval_accuracy
             .map(|a| format!(", eval accuracy {:.2}%", a * 100.0))
             .unwrap_or_default();
+        if let Some(f1) = kept.metrics.get("eval_f1_macro") {
+            acc.push_str(&format!(", macro F1 {f1:.4}"));
+        }
         let best = match model.best_epoch() {
             Some(e) => format!("; the model is epoch {e}'s (best)"),
             None => String::new(),

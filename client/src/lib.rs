@@ -25,6 +25,9 @@ pub use spark::{Column, DataFrame, Error as SparkError, SparkSession, functions}
 pub use job::{JobError, TrainedModel, TrainingEvent, TrainingJob};
 /// An epoch's metrics, as [`TrainedModel::history`] and the events carry them.
 pub use kindling_schemas::action::EpochMetrics;
+/// Metrics of an evaluation ([`TrainedModel::evaluate`]) and the sums
+/// they are computed from.
+pub use kindling_schemas::scoring::{Report, Tally, TallyKind};
 /// The job spec and its training options, so a program needs no other
 /// Kindling crate to describe a job.
 pub use kindling_schemas::spec::{

@@ -30,6 +30,8 @@ enum Command {
     Train(Box<bin_cli::TrainArgs>),
     /// Predict with a saved model over a Spark query, table or file.
     Predict(bin_cli::PredictArgs),
+    /// Score a saved model on a Spark query, table or file (every metric).
+    Evaluate(bin_cli::EvaluateArgs),
     /// Show the agents and jobs a rendezvous knows.
     Status(bin_cli::StatusArgs),
 }
@@ -71,6 +73,7 @@ async fn main() -> Result<()> {
         Command::Sql(args) => sql(args).await,
         Command::Train(args) => bin_cli::train(*args).await,
         Command::Predict(args) => bin_cli::predict(args).await,
+        Command::Evaluate(args) => bin_cli::evaluate(args).await,
         Command::Status(args) => bin_cli::status(args).await,
     }
 }

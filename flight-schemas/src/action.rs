@@ -503,6 +503,7 @@ mod tests {
                 samples_per_sec: 1e4,
                 wall_secs: Some(1.5),
                 learning_rate: None,
+                ..Default::default()
             }],
             resumed_from_epoch: Some(2),
             error: None,

@@ -28,6 +28,7 @@ pub mod metadata;
 pub mod rendezvous;
 pub mod ring;
 pub mod schema;
+pub mod scoring;
 pub mod serving;
 pub mod spec;
 pub mod status;

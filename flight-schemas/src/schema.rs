@@ -197,6 +197,18 @@ pub enum SchemaError {
         /// Classes in the spec.
         num_classes: usize,
     },
+    /// A negative row weight.
+    #[error(
+        "sample-weight column `{column}` has the negative weight {value} at row {row}; weights must be ≥ 0"
+    )]
+    NegativeWeight {
+        /// Column.
+        column: String,
+        /// Offending value, as written (a float column's digits).
+        value: String,
+        /// Row within the batch.
+        row: usize,
+    },
 }
 
 const NUMERIC: &str =
@@ -234,7 +246,10 @@ pub enum StreamKind {
 pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<FeatureLayout, SchemaError> {
     let require_label = kind == StreamKind::Train;
     for field in schema.fields().iter().filter(|_| require_label) {
-        if *field.name() != spec.label && !spec.features.contains(field.name()) {
+        if *field.name() != spec.label
+            && !spec.features.contains(field.name())
+            && spec.sample_weight.as_ref() != Some(field.name())
+        {
             return Err(SchemaError::UnknownColumn {
                 column: field.name().clone(),
             });
@@ -334,6 +349,21 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
         }
         Err(_) => None,
     };
+    if let (Some(column), true) = (&spec.sample_weight, require_label) {
+        let field = schema
+            .field_with_name(column)
+            .map_err(|_| SchemaError::MissingColumn {
+                column: column.clone(),
+                role: "sample weight",
+            })?;
+        if !is_numeric(field.data_type()) {
+            return Err(SchemaError::WrongType {
+                column: column.clone(),
+                found: field.data_type().clone(),
+                expected: "a numeric row weight",
+            });
+        }
+    }
     Ok(FeatureLayout {
         features,
         input_dim: offset,
@@ -366,11 +396,11 @@ pub fn batch_bytes(batch: &RecordBatch) -> u64 {
 
 pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaError> {
     let schema = batch.schema();
-    let used = schema
-        .fields()
-        .iter()
-        .zip(batch.columns())
-        .filter(|(f, _)| *f.name() == spec.label || spec.features.contains(f.name()));
+    let used = schema.fields().iter().zip(batch.columns()).filter(|(f, _)| {
+        *f.name() == spec.label
+            || spec.features.contains(f.name())
+            || spec.sample_weight.as_ref() == Some(f.name())
+    });
     for (field, column) in used {
         let name = field.name();
         if column.null_count() > 0 {
@@ -424,6 +454,15 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
                 row: i.saturating_sub(offset) / width,
             });
         }
+        if spec.sample_weight.as_ref() == Some(name)
+            && let Some((row, value)) = first_negative(column.as_ref())
+        {
+            return Err(SchemaError::NegativeWeight {
+                column: name.clone(),
+                value,
+                row,
+            });
+        }
         if let (true, Task::Classification { num_classes }) = (*name == spec.label, spec.task)
             && let Some((row, value)) = class_out_of_range(name, column.as_ref(), num_classes)?
         {
@@ -436,6 +475,13 @@ pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaE
         }
     }
     Ok(())
+}
+
+/// The first negative value of a numeric column (row, value).
+fn first_negative(column: &dyn Array) -> Option<(usize, String)> {
+    let values = arrow::compute::cast(column, &DataType::Float64).ok()?;
+    let values = values.as_primitive::<Float64Type>().values();
+    first_where(values, |v| v < 0.0).map(|row| (row, values[row].to_string()))
 }
 
 /// The index of the first value `bad` picks. Scans in blocks with an

@@ -140,6 +140,27 @@ pub struct JobSpec {
     /// Stop when a metric stops improving (default: train every epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<EarlyStopping>,
+    /// A weight per class the loss multiplies each row's loss by
+    /// (classification; one positive weight per class, `torch`'s
+    /// `CrossEntropyLoss(weight=…)`): the loss is `Σ wᵢ·lᵢ / Σ wᵢ`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_weights: Option<Vec<f64>>,
+    /// A numeric column whose value (finite, ≥ 0) weights each row in the
+    /// loss and in every eval metric (scikit-learn's `sample_weight`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_weight: Option<String>,
+    /// `k` of the eval split's top-k accuracy (default 5; reported when
+    /// below the number of classes).
+    #[serde(default = "default_top_k", skip_serializing_if = "is_default_top_k")]
+    pub top_k: u32,
+}
+
+fn default_top_k() -> u32 {
+    5
+}
+
+fn is_default_top_k(k: &u32) -> bool {
+    *k == 5
 }
 
 fn one_u32() -> u32 {
@@ -338,6 +359,9 @@ impl Default for JobSpecBuilder {
                 clip: None,
                 accumulate: 1,
                 early_stopping: None,
+                class_weights: None,
+                sample_weight: None,
+                top_k: 5,
             },
             loss_set: false,
         }
@@ -470,6 +494,21 @@ impl JobSpecBuilder {
     /// Stops early (and keeps the best epoch) when a metric stops improving.
     pub fn early_stopping(mut self, stopping: EarlyStopping) -> Self {
         self.spec.early_stopping = Some(stopping);
+        self
+    }
+    /// Weights each class's rows in the loss (one weight per class).
+    pub fn class_weights(mut self, weights: impl Into<Vec<f64>>) -> Self {
+        self.spec.class_weights = Some(weights.into());
+        self
+    }
+    /// Weights each row by the value of `column` in the loss and metrics.
+    pub fn sample_weight(mut self, column: impl Into<String>) -> Self {
+        self.spec.sample_weight = Some(column.into());
+        self
+    }
+    /// `k` of the eval split's top-k accuracy.
+    pub fn top_k(mut self, k: u32) -> Self {
+        self.spec.top_k = k;
         self
     }
     /// Validates and returns the spec.

@@ -3,6 +3,7 @@
 //! (re-exported by [`crate::action`]).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// A job's lifecycle on one agent: its own progress through its share of the
 /// job (ingest, training, recovery), as `job_status` reports it.
@@ -41,7 +42,7 @@ impl AgentJobState {
 }
 
 /// Metrics of one finished epoch.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpochMetrics {
     /// Epoch number, from 1.
     pub epoch: u32,
@@ -65,6 +66,24 @@ pub struct EpochMetrics {
     /// The learning rate of the epoch's last step (a schedule moves it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
+    /// Every other eval metric of the epoch by name (`eval_f1_macro`,
+    /// `eval_auc_roc`, `eval_r2`, a model's own `eval_<name>`…), over all
+    /// ranks' eval rows (see [`crate::scoring`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl EpochMetrics {
+    /// The value of `metric` this epoch, when it was computed.
+    pub fn get(&self, metric: crate::spec::Metric) -> Option<f64> {
+        use crate::spec::Metric;
+        match metric {
+            Metric::TrainLoss => Some(self.train_loss),
+            Metric::EvalLoss => self.eval_loss,
+            Metric::EvalAccuracy => self.eval_accuracy,
+            other => self.metrics.get(other.name()).copied(),
+        }
+    }
 }
 
 /// The training loss at one step, as sampled for a job's loss curve

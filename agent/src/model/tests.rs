@@ -139,14 +139,14 @@ fn train(
         let buf = m
             .gradients(&Batch::new(records, layout, spec, &device))
             .expect("step");
-        assert_eq!(buf.len(), m.num_params() + 2, "gradients, rows, loss sum");
+        assert_eq!(buf.len(), m.num_params() + 3, "gradients, rows, weight, loss sum");
         (buf[buf.len() - 1] / buf[buf.len() - 2], buf)
     };
     let (first, _) = loss_of(model.as_ref());
     for _ in 0..steps {
         let (_, mut buf) = loss_of(model.as_ref());
         let rows = buf[buf.len() - 2];
-        buf.truncate(buf.len() - 2);
+        buf.truncate(buf.len() - 3);
         optim.step(&mut weights, &buf, 1.0 / rows);
         model = model.load_flat(&weights);
     }

@@ -261,6 +261,7 @@ mod tests {
                     samples_per_sec: 10.0,
                     wall_secs: Some(0.5),
                     learning_rate: None,
+                    ..Default::default()
                 })
                 .collect(),
             resumed_from_epoch: None,

@@ -100,15 +100,17 @@ fn cancelled(ctx: &TrainContext) -> AgentError {
 struct Local {
     sums: Vec<f32>,
     rows: u64,
+    weight: f64,
     loss_sum: f64,
     micro: u32,
 }
 
 impl Local {
     /// Adds a micro-batch's buffer from `AnyModel::gradients` (sums, then
-    /// `[rows, loss sum]`).
+    /// `[rows, weight, loss sum]`).
     fn add(slot: &mut Option<Local>, mut buf: Vec<f32>) {
         let loss = buf.pop().unwrap_or(0.0) as f64;
+        let weight = buf.pop().unwrap_or(0.0) as f64;
         let rows = buf.pop().unwrap_or(0.0) as u64;
         match slot {
             Some(l) => {
@@ -116,6 +118,7 @@ impl Local {
                     *s += g;
                 }
                 l.rows += rows;
+                l.weight += weight;
                 l.loss_sum += loss;
                 l.micro += 1;
             }
@@ -123,6 +126,7 @@ impl Local {
                 *slot = Some(Local {
                     sums: buf,
                     rows,
+                    weight,
                     loss_sum: loss,
                     micro: 1,
                 })
@@ -153,7 +157,7 @@ pub(super) fn train_epoch(
         p.steps_per_epoch = plan.steps;
     }
     let mut cursor = cursor_for(ctx, t, committed, epoch, live, rank);
-    let (mut loss_sum, mut rows_total, mut rows_mine) = (0f64, 0f64, 0u64);
+    let (mut loss_sum, mut weight_total, mut rows_total, mut rows_mine) = (0f64, 0f64, 0f64, 0u64);
     let mut local: Option<Local> = None;
     let mut drained = false;
     let mut step = 0u64;
@@ -196,6 +200,7 @@ pub(super) fn train_epoch(
             Some(l) => {
                 let trailer = Trailer {
                     rows: l.rows as f32,
+                    weight: l.weight as f32,
                     loss_sum: l.loss_sum as f32,
                     ..Trailer::default()
                 };
@@ -227,7 +232,7 @@ pub(super) fn train_epoch(
             &mut t.times,
             |sum| {
                 let skipped = live && (sum.not_ready > 0.0 || sum.exhausted >= world_f);
-                (!skipped && sum.rows > 0.0).then(|| 1.0 / sum.rows)
+                (!skipped && sum.weight > 0.0).then(|| 1.0 / sum.weight)
             },
         )?;
         let sum = Trailer::read(&buf[grads..]);
@@ -245,11 +250,12 @@ pub(super) fn train_epoch(
             model = model.load_flat(&t.weights);
         }
         loss_sum += sum.loss_sum as f64;
+        weight_total += sum.weight as f64;
         rows_total += sum.rows as f64;
         step += 1;
         let mut p = lock(&ctx.progress);
         p.step = step;
-        p.loss = (sum.rows > 0.0).then(|| sum.loss_sum as f64 / sum.rows as f64);
+        p.loss = (sum.weight > 0.0).then(|| sum.loss_sum as f64 / sum.weight as f64);
         if let Some(loss) = p.loss {
             p.step_losses.push(epoch, step, loss);
         }
@@ -262,14 +268,19 @@ pub(super) fn train_epoch(
             return Err(empty(&ctx.job_id, world));
         }
     }
-    let (eval_loss, eval_accuracy) = eval::evaluate(ctx, model.valid().as_ref(), rank, world)?;
+    let eval = eval::evaluate(ctx, model.valid().as_ref(), rank, world)?;
     t.rows_per_epoch.push(rows_total as u64);
     let metrics = EpochMetrics {
         epoch,
-        train_loss: loss_sum / rows_total.max(1.0),
+        train_loss: if weight_total > 0.0 {
+            loss_sum / weight_total
+        } else {
+            0.0
+        },
         rows: rows_mine,
-        eval_loss,
-        eval_accuracy,
+        eval_loss: eval.loss,
+        eval_accuracy: eval.accuracy,
+        metrics: eval.metrics,
         samples_per_sec: rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9),
         wall_secs: Some(started.elapsed().as_secs_f64()),
         learning_rate: Some(lr),

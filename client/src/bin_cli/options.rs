@@ -42,9 +42,19 @@ pub struct TrainingOptions {
     #[arg(long, default_value_t = 1)]
     pub accumulate: u32,
     /// The metric plateau schedules and early stopping watch:
-    /// `train_loss`, `eval_loss` or `eval_accuracy`.
+    /// `train_loss`, `eval_loss`, `eval_accuracy`, `eval_f1_macro`,
+    /// `eval_auc_roc`, `eval_r2`… (the guide's "Training options" lists all).
     #[arg(long, default_value = "eval_loss")]
     pub monitor: String,
+    /// A numeric column weighting each row in the loss and the metrics.
+    #[arg(long)]
+    pub sample_weight: Option<String>,
+    /// One loss weight per class, comma-separated (e.g. `1,4`).
+    #[arg(long, value_delimiter = ',')]
+    pub class_weights: Vec<f64>,
+    /// `k` of the eval split's top-k accuracy.
+    #[arg(long)]
+    pub top_k: Option<u32>,
     /// Stop after this many epochs without improvement of --monitor, and
     /// keep the best epoch's weights.
     #[arg(long)]
@@ -59,8 +69,10 @@ impl TrainingOptions {
             optimizer = optimizer.with_weight_decay(decay);
         }
         let monitor = Metric::parse(&self.monitor).with_context(|| {
+            let names: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
             format!(
-                "--monitor must be train_loss, eval_loss or eval_accuracy, got `{}`",
+                "--monitor must be one of {}, got `{}`",
+                names.join(", "),
                 self.monitor
             )
         })?;
@@ -82,6 +94,15 @@ impl TrainingOptions {
         }
         if let Some(patience) = self.early_stopping {
             builder = builder.early_stopping(EarlyStopping::new(monitor, patience));
+        }
+        if let Some(column) = &self.sample_weight {
+            builder = builder.sample_weight(column.clone());
+        }
+        if !self.class_weights.is_empty() {
+            builder = builder.class_weights(self.class_weights.clone());
+        }
+        if let Some(k) = self.top_k {
+            builder = builder.top_k(k);
         }
         Ok(builder)
     }

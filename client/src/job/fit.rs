@@ -204,7 +204,13 @@ impl TrainingJob {
         // query is released at the end, whatever fails after it was persisted.
         let (rows, layout, cached) = match rows {
             Rows::Spark(rows) => {
-                let columns: Vec<String> = spec.features.iter().chain([&spec.label]).cloned().collect();
+                let columns: Vec<String> = spec
+                    .features
+                    .iter()
+                    .chain([&spec.label])
+                    .chain(&spec.sample_weight)
+                    .cloned()
+                    .collect();
                 let data = rows.df().select(columns.iter().map(String::as_str));
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;

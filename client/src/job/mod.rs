@@ -8,6 +8,8 @@
 //! - [`TrainingEvent`]: progress, as a stream for the application and as bars/log lines.
 
 mod error;
+#[cfg(feature = "local")]
+mod evaluate;
 mod fit;
 mod model;
 mod progress;
@@ -210,6 +212,22 @@ impl TrainingJobBuilder {
         accumulate: u32,
         /// Stop when a metric stops improving, keeping the best epoch.
         early_stopping: EarlyStopping,
+        /// `k` of the eval split's top-k accuracy (default 5).
+        top_k: u32,
+    }
+
+    /// Weights each class's rows in the loss, one positive weight per
+    /// class (`torch`'s `CrossEntropyLoss(weight=…)`, Keras' `class_weight`).
+    pub fn class_weights(mut self, weights: impl Into<Vec<f64>>) -> Self {
+        self.spec = self.spec.class_weights(weights);
+        self
+    }
+
+    /// Weights each row by the numeric `column` (finite, ≥ 0) in the loss
+    /// and in every eval metric (scikit-learn's `sample_weight`).
+    pub fn sample_weight(mut self, column: impl Into<String>) -> Self {
+        self.spec = self.spec.sample_weight(column);
+        self
     }
 
     /// Parameter path patterns that take no weight decay, e.g.

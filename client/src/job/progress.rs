@@ -365,6 +365,17 @@ fn epoch_line(m: &EpochMetrics) -> String {
     if let Some(a) = m.eval_accuracy {
         s.push_str(&format!("  eval accuracy {:.2}%", a * 100.0));
     }
+    // The headline metric of each kind of task; the rest are in the history.
+    for (name, label) in [
+        ("eval_f1_macro", "macro F1"),
+        ("eval_auc_roc", "AUC"),
+        ("eval_rmse", "RMSE"),
+        ("eval_r2", "R²"),
+    ] {
+        if let Some(v) = m.metrics.get(name) {
+            s.push_str(&format!("  {label} {v:.4}"));
+        }
+    }
     if let Some(lr) = m.learning_rate {
         s.push_str(&format!("  lr {lr:.3e}"));
     }
@@ -406,6 +417,7 @@ mod tests {
             samples_per_sec: 1.0,
             wall_secs: Some(0.1),
             learning_rate: None,
+            ..Default::default()
         })
     }
 

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::{SpecError, Task};
 
 /// A value computed every epoch that a schedule or early stopping watches.
+/// The eval metrics are defined as scikit-learn defines them (see
+/// [`crate::scoring`]), over every rank's eval rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Metric {
@@ -17,21 +19,88 @@ pub enum Metric {
     EvalLoss,
     /// Share of eval rows classified right (classification only).
     EvalAccuracy,
+    /// Cross-entropy of the predicted probabilities (`log_loss`).
+    EvalLogLoss,
+    /// Unweighted mean of the per-class F1 scores.
+    EvalF1Macro,
+    /// F1 over all classes' counts pooled.
+    EvalF1Micro,
+    /// Unweighted mean of the per-class precisions.
+    EvalPrecisionMacro,
+    /// Unweighted mean of the per-class recalls.
+    EvalRecallMacro,
+    /// Share of rows whose class is among the `top_k` highest scores.
+    EvalTopKAccuracy,
+    /// Area under the ROC curve (two classes only).
+    EvalAucRoc,
+    /// Average precision, the area under the precision-recall curve (two
+    /// classes only).
+    EvalPrAuc,
+    /// Root mean squared error (regression).
+    EvalRmse,
+    /// Mean absolute error (regression).
+    EvalMae,
+    /// Coefficient of determination (regression).
+    EvalR2,
+    /// Mean absolute percentage error, as a fraction (regression).
+    EvalMape,
 }
 
 impl Metric {
+    /// Every metric, in the order reports list them.
+    pub const ALL: [Metric; 15] = [
+        Metric::TrainLoss,
+        Metric::EvalLoss,
+        Metric::EvalAccuracy,
+        Metric::EvalLogLoss,
+        Metric::EvalF1Macro,
+        Metric::EvalF1Micro,
+        Metric::EvalPrecisionMacro,
+        Metric::EvalRecallMacro,
+        Metric::EvalTopKAccuracy,
+        Metric::EvalAucRoc,
+        Metric::EvalPrAuc,
+        Metric::EvalRmse,
+        Metric::EvalMae,
+        Metric::EvalR2,
+        Metric::EvalMape,
+    ];
+
     /// The name as the spec, the CLI and the history write it.
     pub fn name(self) -> &'static str {
         match self {
             Metric::TrainLoss => "train_loss",
             Metric::EvalLoss => "eval_loss",
             Metric::EvalAccuracy => "eval_accuracy",
+            Metric::EvalLogLoss => "eval_log_loss",
+            Metric::EvalF1Macro => "eval_f1_macro",
+            Metric::EvalF1Micro => "eval_f1_micro",
+            Metric::EvalPrecisionMacro => "eval_precision_macro",
+            Metric::EvalRecallMacro => "eval_recall_macro",
+            Metric::EvalTopKAccuracy => "eval_top_k_accuracy",
+            Metric::EvalAucRoc => "eval_auc_roc",
+            Metric::EvalPrAuc => "eval_pr_auc",
+            Metric::EvalRmse => "eval_rmse",
+            Metric::EvalMae => "eval_mae",
+            Metric::EvalR2 => "eval_r2",
+            Metric::EvalMape => "eval_mape",
         }
     }
 
     /// Whether larger values are better (`max` mode in Keras' terms).
     pub fn higher_is_better(self) -> bool {
-        matches!(self, Metric::EvalAccuracy)
+        matches!(
+            self,
+            Metric::EvalAccuracy
+                | Metric::EvalF1Macro
+                | Metric::EvalF1Micro
+                | Metric::EvalPrecisionMacro
+                | Metric::EvalRecallMacro
+                | Metric::EvalTopKAccuracy
+                | Metric::EvalAucRoc
+                | Metric::EvalPrAuc
+                | Metric::EvalR2
+        )
     }
 
     /// Whether it is computed on the eval split (so needs one).
@@ -41,19 +110,53 @@ impl Metric {
 
     /// Parses [`name`](Self::name).
     pub fn parse(s: &str) -> Option<Metric> {
-        [Metric::TrainLoss, Metric::EvalLoss, Metric::EvalAccuracy]
-            .into_iter()
-            .find(|m| m.name() == s)
+        Metric::ALL.into_iter().find(|m| m.name() == s)
     }
 
-    pub(super) fn check(self, field: &str, task: Task) -> Result<(), SpecError> {
-        if self == Metric::EvalAccuracy && task == Task::Regression {
-            return Err(SpecError::new(
-                field,
-                "eval_accuracy needs a classification task; a regression job has train_loss and eval_loss",
-            ));
+    /// The metrics a job of `task` reports every epoch with an eval split
+    /// (`top_k` is the spec's).
+    pub fn for_task(task: Task, top_k: u32) -> Vec<Metric> {
+        Metric::ALL
+            .into_iter()
+            .filter(|m| m.why_not(task, top_k).is_none())
+            .collect()
+    }
+
+    /// Why a job of `task` has no such metric, if it has none.
+    fn why_not(self, task: Task, top_k: u32) -> Option<String> {
+        let classes = match task {
+            Task::Classification { num_classes } => Some(num_classes),
+            Task::Regression => None,
+        };
+        match (self, classes) {
+            (Metric::TrainLoss | Metric::EvalLoss, _) => None,
+            (Metric::EvalRmse | Metric::EvalMae | Metric::EvalR2 | Metric::EvalMape, None) => None,
+            (Metric::EvalRmse | Metric::EvalMae | Metric::EvalR2 | Metric::EvalMape, Some(_)) => {
+                Some(format!(
+                    "{} needs a regression task; a classification job has eval_accuracy, eval_f1_macro and the other class metrics",
+                    self.name()
+                ))
+            }
+            (_, None) => Some(format!(
+                "{} needs a classification task; a regression job has eval_rmse, eval_mae, eval_r2, eval_mape and the losses",
+                self.name()
+            )),
+            (Metric::EvalAucRoc | Metric::EvalPrAuc, Some(n)) if n != 2 => Some(format!(
+                "{} needs a two-class task; this one has {n} classes",
+                self.name()
+            )),
+            (Metric::EvalTopKAccuracy, Some(n)) if top_k as usize >= n => Some(format!(
+                "eval_top_k_accuracy needs `top_k` ({top_k}) below the {n} classes"
+            )),
+            _ => None,
         }
-        Ok(())
+    }
+
+    pub(super) fn check(self, field: &str, task: Task, top_k: u32) -> Result<(), SpecError> {
+        match self.why_not(task, top_k) {
+            Some(reason) => Err(SpecError::new(field, reason)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -218,7 +321,7 @@ impl Schedule {
         }
     }
 
-    pub(super) fn check(&self, epochs: u32, task: Task) -> Result<(), SpecError> {
+    pub(super) fn check(&self, epochs: u32, task: Task, top_k: u32) -> Result<(), SpecError> {
         let job = epochs as f64;
         let warmup = self.warmup_epochs();
         if !(warmup.is_finite() && warmup >= 0.0) {
@@ -304,7 +407,7 @@ impl Schedule {
                 min_delta,
                 min_factor,
             } => {
-                monitor.check("schedule.monitor", task)?;
+                monitor.check("schedule.monitor", task, top_k)?;
                 share("factor", f, true)?;
                 if f == 0.0 {
                     return Err(SpecError::new("schedule.factor", "must be in (0, 1), got 0"));
@@ -360,8 +463,8 @@ impl EarlyStopping {
         }
     }
 
-    pub(super) fn check(&self, task: Task) -> Result<(), SpecError> {
-        self.monitor.check("early_stopping.monitor", task)?;
+    pub(super) fn check(&self, task: Task, top_k: u32) -> Result<(), SpecError> {
+        self.monitor.check("early_stopping.monitor", task, top_k)?;
         if self.patience == 0 {
             return Err(SpecError::new("early_stopping.patience", "must be at least 1"));
         }

@@ -363,7 +363,7 @@ pub(crate) fn check(spec: &super::JobSpec) -> Result<(), SpecError> {
             ),
         ));
     }
-    spec.schedule.check(spec.epochs, spec.task)?;
+    spec.schedule.check(spec.epochs, spec.task, spec.top_k)?;
     if let Some(clip) = &spec.clip {
         clip.check()?;
     }
@@ -374,7 +374,53 @@ pub(crate) fn check(spec: &super::JobSpec) -> Result<(), SpecError> {
         ));
     }
     if let Some(stop) = &spec.early_stopping {
-        stop.check(spec.task)?;
+        stop.check(spec.task, spec.top_k)?;
+    }
+    check_weights(spec)
+}
+
+/// Most classes a job may give class weights for (the spec's own bound).
+const MAX_CLASS_WEIGHTS: usize = 1 << 20;
+
+fn check_weights(spec: &super::JobSpec) -> Result<(), SpecError> {
+    use super::Task;
+    if let Some(weights) = &spec.class_weights {
+        let Task::Classification { num_classes } = spec.task else {
+            return Err(SpecError::new(
+                "class_weights",
+                "class weights need a classification task; weight a regression job's rows with `sample_weight`",
+            ));
+        };
+        if weights.len() != num_classes || weights.len() > MAX_CLASS_WEIGHTS {
+            return Err(SpecError::new(
+                "class_weights",
+                format!("needs one weight per class: {num_classes}, got {}", weights.len()),
+            ));
+        }
+        if let Some((i, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !(w.is_finite() && **w > 0.0))
+        {
+            return Err(SpecError::new(
+                format!("class_weights[{i}]"),
+                format!("must be a finite number > 0, got {w}"),
+            ));
+        }
+    }
+    if let Some(column) = &spec.sample_weight {
+        if column.trim().is_empty() {
+            return Err(SpecError::new("sample_weight", "empty column name"));
+        }
+        if *column == spec.label || spec.features.contains(column) {
+            return Err(SpecError::new(
+                "sample_weight",
+                format!("`{column}` is also a feature or the label"),
+            ));
+        }
+    }
+    if spec.top_k == 0 {
+        return Err(SpecError::new("top_k", "must be at least 1"));
     }
     Ok(())
 }
@@ -426,6 +472,12 @@ pub(crate) fn summary(spec: &super::JobSpec) -> String {
         "{} epochs of batch {}{accumulate} on {} slot(s)",
         spec.epochs, spec.batch_size, spec.num_slots
     ));
+    if let Some(column) = &spec.sample_weight {
+        parts.push(format!("rows weighted by `{column}`"));
+    }
+    if spec.class_weights.is_some() {
+        parts.push("class weights".to_owned());
+    }
     if let Some(stop) = &spec.early_stopping {
         parts.push(format!(
             "early stopping on {} (patience {})",
