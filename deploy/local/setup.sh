@@ -3,9 +3,10 @@
 # Spark Connect crates generate code at build time), Java 17 for Spark, the
 # pinned pyspark/pyarrow virtualenv, g++ (the C++ Flight contract check builds
 # against the pyarrow wheel's Arrow C++), Prometheus (the metrics test
-# scrapes a local cluster with it), and the Python package
-# deploy/python (kindling-client) into that venv. Idempotent; quiet when all
-# is present.
+# scrapes a local cluster with it), the Python package deploy/python
+# (kindling-client) into that venv, and MLflow in a venv of its own (the
+# tracking test runs a real MLflow server). Idempotent; quiet when all is
+# present.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -49,4 +50,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c 'impo
   (cd "$PKG" && tar --exclude=build --exclude='*.egg-info' --exclude=__pycache__ -cf - .) | tar -xf - -C "$tmp"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation --no-index "$tmp"
   echo "$want" > "$stamp"
+fi
+
+# MLflow for the tracking test's real server, in its own venv: MLflow pins a
+# pyarrow of its own. Reinstalled only when its requirements change.
+MLFLOW_VENV="${KINDLING_HOME:-$HOME/.cache/kindling}/mlflow"
+if ! cmp -s "$HERE/mlflow-requirements.txt" "$MLFLOW_VENV/.kindling-requirements" \
+   || [ ! -x "$MLFLOW_VENV/bin/mlflow" ]; then
+  echo "[setup] installing $(cat "$HERE/mlflow-requirements.txt") into $MLFLOW_VENV" >&2
+  "${KINDLING_PYTHON:-python3}" -m venv "$MLFLOW_VENV"
+  "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$HERE/mlflow-requirements.txt"
+  cp "$HERE/mlflow-requirements.txt" "$MLFLOW_VENV/.kindling-requirements"
 fi

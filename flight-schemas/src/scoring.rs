@@ -494,7 +494,7 @@ mod tests {
                 b.metrics[name]
             );
         }
-        assert!((a.get(Metric::EvalMae).unwrap() - 0.1).abs() < 1e-4);
+        assert!((a.get(Metric::EvalMae).expect("mae") - 0.1).abs() < 1e-4);
     }
 
     #[test]

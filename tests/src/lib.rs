@@ -3,6 +3,7 @@
 pub mod cluster;
 pub mod events;
 pub mod http;
+pub mod mlflow;
 pub mod netns;
 pub mod proxy;
 pub mod ring;

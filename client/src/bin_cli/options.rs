@@ -55,6 +55,13 @@ pub struct TrainingOptions {
     /// `k` of the eval split's top-k accuracy.
     #[arg(long)]
     pub top_k: Option<u32>,
+    /// Log the run to the MLflow tracking server at this URL (the spec as
+    /// params, every epoch's metrics, the saved model as artifacts).
+    #[arg(long, env = "MLFLOW_TRACKING_URI")]
+    pub mlflow: Option<String>,
+    /// The MLflow experiment (created when missing).
+    #[arg(long, default_value = "kindling")]
+    pub mlflow_experiment: String,
     /// Stop after this many epochs without improvement of --monitor, and
     /// keep the best epoch's weights.
     #[arg(long)]
@@ -103,6 +110,9 @@ impl TrainingOptions {
         }
         if let Some(k) = self.top_k {
             builder = builder.top_k(k);
+        }
+        if let Some(url) = &self.mlflow {
+            builder = builder.mlflow(url.clone(), self.mlflow_experiment.clone());
         }
         Ok(builder)
     }

@@ -104,7 +104,7 @@ fn floats(column: &dyn Array, name: &str) -> Result<Vec<f32>, JobError> {
         }
         DataType::FixedSizeList(_, k) => {
             let list = column.as_fixed_size_list();
-            let start = list.value_offset_at(0) as usize;
+            let start = list.value_offset_at(0);
             list.values().slice(start, list.len() * *k as usize)
         }
         t if t.is_numeric() => column.slice(0, column.len()),

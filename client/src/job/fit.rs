@@ -13,6 +13,7 @@ use kindling_schemas::schema::{self, StreamKind};
 
 use super::progress::{Reporter, TrainingEvent};
 use super::recover::{Follow, Holders, pick_agents};
+use super::tracking::{Tracker, TrackerHandle};
 use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, SparkRows, Window};
@@ -181,10 +182,30 @@ impl TrainingJob {
             .await
     }
 
+    /// Runs the job, logged to MLflow when the job asks for it.
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
+        let tracker = match &self.mlflow {
+            Some(m) => Some(Tracker::start(m, &self.spec)?),
+            None => None,
+        };
+        let result = self
+            .run_tracked(target, rows, tracker.as_ref().map(Tracker::handle))
+            .await;
+        if let Some(tracker) = tracker {
+            tracker.finish(&result).await;
+        }
+        result
+    }
+
+    async fn run_tracked(
+        &self,
+        target: Target<'_>,
+        rows: Rows<'_>,
+        tracking: Option<TrackerHandle>,
+    ) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
         #[cfg_attr(not(feature = "local"), allow(unused_mut))]
-        let mut reporter = Reporter::new(self.progress, self.events.clone());
+        let mut reporter = Reporter::new(self.progress, self.events.clone()).tracked(tracking);
         // In local mode the in-process rendezvous serves the status page on
         // loopback, under this run's own token.
         #[cfg(feature = "local")]

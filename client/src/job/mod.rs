@@ -14,6 +14,7 @@ mod fit;
 mod model;
 mod progress;
 mod recover;
+mod tracking;
 mod transform;
 
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ use tokio::sync::mpsc;
 pub use error::JobError;
 pub use model::TrainedModel;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
+pub use tracking::MlflowTracking;
 pub use transform::{Served, ServingCluster, Transform};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
@@ -86,6 +88,7 @@ pub struct TrainingJob {
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
+    mlflow: Option<MlflowTracking>,
     #[cfg(feature = "local")]
     models: kindling_agent::model::ModelRegistry,
 }
@@ -136,6 +139,7 @@ pub struct TrainingJobBuilder {
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
     feed: Feed,
+    mlflow: Option<MlflowTracking>,
     #[cfg(feature = "local")]
     models: kindling_agent::model::ModelRegistry,
 }
@@ -164,6 +168,7 @@ impl Default for TrainingJobBuilder {
             progress: ProgressMode::Auto,
             events: None,
             feed: Feed::DriverRelay,
+            mlflow: None,
             #[cfg(feature = "local")]
             models: kindling_agent::model::ModelRegistry::builtin(),
         }
@@ -436,6 +441,25 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// Logs the run to MLflow: the spec as params, every epoch's metrics
+    /// by step, early stopping as tags, the model under the run's `model/`
+    /// artifacts. A tracking server that is down or slow never fails or
+    /// holds up training (see [`MlflowTracking`]); `MLFLOW_TRACKING_TOKEN`,
+    /// when set, is sent as a bearer token (over HTTPS, or to this machine).
+    pub fn mlflow(mut self, url: impl Into<String>, experiment: impl Into<String>) -> Self {
+        self.mlflow = Some(MlflowTracking::new(url, experiment));
+        self
+    }
+
+    /// How long `fit` waits at the end for MLflow to take the run's last
+    /// updates (default 10 s); set after [`mlflow`](Self::mlflow).
+    pub fn mlflow_flush_timeout(mut self, wait: Duration) -> Self {
+        if let Some(m) = &mut self.mlflow {
+            m.flush_timeout = wait;
+        }
+        self
+    }
+
     /// How rows reach the agents: [`Feed::DriverRelay`] (default) or
     /// [`Feed::ExecutorPush`].
     pub fn feed(mut self, feed: Feed) -> Self {
@@ -525,6 +549,7 @@ impl TrainingJobBuilder {
             progress: self.progress,
             events: self.events,
             feed: self.feed,
+            mlflow: self.mlflow,
             #[cfg(feature = "local")]
             models: self.models,
         })

@@ -132,6 +132,7 @@ pub(crate) struct Reporter {
     train_bar: Option<ProgressBar>,
     log: bool,
     last_log: Instant,
+    tracking: Option<super::tracking::TrackerHandle>,
 }
 
 impl Reporter {
@@ -151,11 +152,21 @@ impl Reporter {
             train_bar: None,
             log,
             last_log: Instant::now(),
+            tracking: None,
         }
+    }
+
+    /// Also passes the events to an MLflow run.
+    pub(crate) fn tracked(mut self, tracking: Option<super::tracking::TrackerHandle>) -> Self {
+        self.tracking = tracking;
+        self
     }
 
     pub(crate) fn emit(&mut self, event: TrainingEvent) {
         self.show(&event);
+        if let Some(t) = &self.tracking {
+            t.observe(&event);
+        }
         let Some(tx) = &self.events else { return };
         // Progress updates leave half of the channel to the milestones, so an
         // application that reads only at the end still gets every milestone.
