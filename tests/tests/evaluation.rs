@@ -317,3 +317,102 @@ async fn bad_weights_are_refused_naming_the_column() {
         .to_string();
     assert!(err.contains("class weights need a classification task"), "{err}");
 }
+
+/// A linear classifier of one's own that adds the Brier score (the mean
+/// over rows of Σ_c (p_c − [c = y])²) and the mean top probability as
+/// metrics of its own, through sums Kindling adds over the ranks.
+mod briered {
+    use burn::config::Config;
+    use burn::module::Module;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::tensor::activation::softmax;
+    use burn::tensor::{Device, Tensor};
+    use kindling_agent::error::AgentError;
+    use kindling_agent::model::{Batch, Inputs, KindlingModel, Targets};
+
+    #[derive(Config, Debug)]
+    pub struct BrieredConfig {}
+
+    #[derive(Module, Debug)]
+    pub struct Briered {
+        linear: Linear,
+    }
+
+    impl KindlingModel for Briered {
+        type Config = BrieredConfig;
+        const METRICS: &'static [&'static str] = &["brier", "confidence"];
+
+        fn init(_: &BrieredConfig, inputs: &Inputs<'_>, device: &Device) -> Result<Self, AgentError> {
+            Ok(Briered {
+                linear: LinearConfig::new(inputs.float_width(), inputs.outputs()).init(device),
+            })
+        }
+
+        fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
+            Ok(self.linear.forward(batch.features()?))
+        }
+
+        fn metric_sums(&self, output: &Tensor<2>, batch: &Batch<'_>) -> Result<Vec<(f64, f64)>, AgentError> {
+            let Targets::Classes(labels) = batch.targets()? else {
+                return Ok(Vec::new());
+            };
+            let [n, classes] = output.dims();
+            let p = softmax(output.clone(), 1);
+            let onehot = labels.one_hot(classes).float();
+            let brier = (p.clone() - onehot).powf_scalar(2.0).sum().into_scalar::<f32>() as f64;
+            let confidence = p.max_dim(1).sum().into_scalar::<f32>() as f64;
+            Ok(vec![(brier, n as f64), (confidence, n as f64)])
+        }
+    }
+}
+
+/// A model's own metrics are summed over both ranks' eval rows: the epoch's
+/// Brier score equals the one computed from the final model's predictions
+/// on the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_models_own_metrics_are_exact_over_all_ranks() {
+    use kindling::model::ModelRegistry;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("connect");
+    let df = data(
+        &spark,
+        1500,
+        "CAST(CASE WHEN x1 + x2 > 0.3 THEN 2 WHEN x1 - x2 > 0.2 THEN 1 ELSE 0 END AS INT) AS y",
+    )
+    .await;
+    let model = job(Task::Classification { num_classes: 3 })
+        .model(ModelSpec::custom("briered", &briered::BrieredConfig {}).expect("config"))
+        .models(ModelRegistry::builtin().with::<briered::Briered>("briered"))
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("fit");
+    let rows = eval_rows(&df, &model);
+    let predicted: Vec<RecordBatch> = model
+        .predict(&rows)
+        .await
+        .expect("predict")
+        .try_collect()
+        .await
+        .expect("predictions");
+    let (mut brier, mut confidence, mut n) = (0f64, 0f64, 0f64);
+    for b in &predicted {
+        let y = floats(b, "y");
+        let list = b.column_by_name("probabilities").expect("probabilities").as_list::<i32>();
+        for (i, &label) in y.iter().enumerate() {
+            let row = list.value(i);
+            let p = row.as_primitive::<Float32Type>().values();
+            brier += p
+                .iter()
+                .enumerate()
+                .map(|(c, &v)| (v as f64 - if c == label as usize { 1.0 } else { 0.0 }).powi(2))
+                .sum::<f64>();
+            confidence += p.iter().fold(0f32, |m, &v| m.max(v)) as f64;
+            n += 1.0;
+        }
+    }
+    let last = model.history().last().expect("epoch");
+    let got = |name: &str| *last.metrics.get(name).unwrap_or_else(|| panic!("{name}: {:?}", last.metrics));
+    assert!((got("eval_brier") - brier / n).abs() < 1e-5, "{} vs {}", got("eval_brier"), brier / n);
+    assert!((got("eval_confidence") - confidence / n).abs() < 1e-5);
+}
