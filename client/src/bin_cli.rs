@@ -544,13 +544,23 @@ async fn job_status(
         println!("  no epoch completed yet");
         return Ok(());
     }
-    println!("  epoch  train loss   eval loss   accuracy         lr   samples/s     wall s       rows");
+    // Every other eval metric an epoch reported, as a column each.
+    let names: std::collections::BTreeSet<&String> = s.history.iter().flat_map(|h| h.metrics.keys()).collect();
+    let extra: String = names
+        .iter()
+        .map(|n| format!(" {:>12}", n.trim_start_matches("eval_")))
+        .collect();
+    println!("  epoch  train loss   eval loss   accuracy         lr   samples/s     wall s       rows{extra}");
     for h in &s.history {
+        let metrics: String = names
+            .iter()
+            .map(|n| h.metrics.get(*n).map_or(format!(" {:>12}", "-"), |v| format!(" {v:>12.4}")))
+            .collect();
         let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.4}"));
         // The best epoch of the monitored metric (early stopping) is starred.
         let mark = if s.best_epoch == Some(h.epoch) { "*" } else { " " };
         println!(
-            "  {:>5}{mark} {:>10.4}  {:>10}  {:>9}  {:>9}  {:>10.0}  {:>9}  {:>9}",
+            "  {:>5}{mark} {:>10.4}  {:>10}  {:>9}  {:>9}  {:>10.0}  {:>9}  {:>9}{metrics}",
             h.epoch,
             h.train_loss,
             opt(h.eval_loss),

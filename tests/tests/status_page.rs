@@ -59,7 +59,7 @@ fn chromium(url: &str, dir: &Path, what: &str) -> String {
             "--disable-component-update",
             "--disable-sync",
             "--hide-scrollbars",
-            "--window-size=1280,1800",
+            "--window-size=1400,1800",
             // Virtual time: the page's polls and timers run until the budget
             // is spent, and network fetches are waited for.
             "--virtual-time-budget=6000",
@@ -177,6 +177,13 @@ async fn the_status_page_shows_a_job_live_and_its_loss_per_epoch_in_chromium() {
     let epochs = 3;
     let mut spec = linear_spec(epochs);
     spec.num_slots = 2;
+    // A schedule (a learning-rate curve) and early stopping's watch (a best
+    // epoch marked on the loss chart).
+    spec.schedule = kindling::Schedule::Cosine {
+        warmup_epochs: 0.0,
+        min_factor: 0.1,
+    };
+    spec.early_stopping = Some(kindling::EarlyStopping::new(kindling::Metric::TrainLoss, 5));
     start_job(&cluster, "watched", &spec, &[0, 1]).await;
     for i in 0..2 {
         put(
@@ -257,6 +264,21 @@ async fn the_status_page_shows_a_job_live_and_its_loss_per_epoch_in_chromium() {
     let mut drawn: Vec<&str> = points.iter().filter_map(|p| attr(p, "data-epoch")).collect();
     drawn.sort();
     assert_eq!(drawn, ["1", "2", "3"]);
+    // The learning rate per epoch, and the best epoch on the loss chart.
+    let lr = tags(&after, "svg", &["class=\"lr-chart\""]);
+    assert_eq!(lr.len(), 1, "{after}");
+    assert_eq!(attr(lr[0], "data-epochs"), Some("3"));
+    assert_eq!(tags(&after, "circle", &["class=\"lr-dot\""]).len(), 3);
+    let best = j["best_epoch"].as_u64().expect("a best epoch");
+    let marker = tags(&after, "line", &["class=\"best-marker\""]);
+    assert_eq!(marker.len(), 1, "{after}");
+    assert_eq!(attr(marker[0], "data-epoch"), Some(best.to_string().as_str()));
+    assert!(
+        j["history"][2]["learning_rate"].as_f64() < j["history"][0]["learning_rate"].as_f64(),
+        "the cosine schedule lowers the rate: {j:#}"
+    );
+    // Nothing scrolls sideways at 1,400 px.
+    assert!(after.contains("data-fits=\"1\""), "the page is wider than the window");
 
     let shot = out.join("status-page.png");
     let _ = std::fs::remove_file(&shot);

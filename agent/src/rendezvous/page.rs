@@ -161,6 +161,8 @@ fn job(j: &JobStatus, reports: &HashMap<String, (Instant, AgentReport)>) -> Valu
                         "samples_per_sec": finite(m.samples_per_sec),
                         "wall_secs": m.wall_secs.map(finite),
                         "rows": m.rows,
+                        "learning_rate": m.learning_rate.map(finite),
+                        "metrics": m.metrics.iter().map(|(k, v)| (k.clone(), finite(*v))).collect::<serde_json::Map<String, Value>>(),
                     })
                 })
                 .collect()
@@ -219,6 +221,8 @@ fn job(j: &JobStatus, reports: &HashMap<String, (Instant, AgentReport)>) -> Valu
         })).collect::<Vec<_>>(),
         "epochs": lead.map(|s| s.epochs),
         "history": history,
+        "best_epoch": lead.and_then(|s| s.best_epoch),
+        "stopped_early": lead.and_then(|s| s.stopped_early),
         "step_losses": step_losses,
         "ranks": ranks,
         "events": events,
