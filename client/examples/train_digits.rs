@@ -1,11 +1,10 @@
 //! The README demo: ETL in Spark (join, feature engineering, normalisation,
 //! train/test split), training on 2 local agents (AdamW, warmup + cosine
-//! schedule, early stopping that keeps the best epoch), test accuracy and
-//! macro F1 on predictions written back into Spark — no files in between.
+//! schedule, early stopping that keeps the best epoch), test accuracy on
+//! predictions written back into Spark, and every metric of the test rows
+//! (`TrainedModel::evaluate`) — no files in between.
 //!
 //! `cargo run --example train_digits -- sc://127.0.0.1:15002 <dir with digits.csv, writers.csv>`
-use kindling::arrow::array::AsArray;
-use kindling::arrow::datatypes::Int64Type;
 use kindling::functions::{col, count, lit, mean, stddev};
 use kindling::spark::JoinType;
 use kindling::{EarlyStopping, Metric, ModelSpec, OptimizerSpec, Schedule, SparkSession, Task, TrainingJob};
@@ -83,8 +82,15 @@ async fn main() -> anyhow::Result<()> {
         "test accuracy: {:.2}% ({correct} of {total})",
         100.0 * correct as f64 / total as f64
     );
-    let pairs = predicted.select(["label", "prediction"]).collect().await?;
-    println!("test macro F1: {:.4}", macro_f1(&pairs, 10));
+    // Every metric over the test rows, as scikit-learn computes them.
+    let report = model.evaluate(&test).await?;
+    let metric = |m: Metric| report.get(m).unwrap_or(f64::NAN);
+    println!(
+        "test macro F1: {:.4}  log loss {:.4}  top-5 accuracy {:.2}%",
+        metric(Metric::EvalF1Macro),
+        metric(Metric::EvalLogLoss),
+        100.0 * metric(Metric::EvalTopKAccuracy)
+    );
     match model.best_epoch() {
         Some(best) => println!(
             "best epoch: {best} of {} trained (early stopping on eval loss kept its weights)",
@@ -99,47 +105,4 @@ async fn main() -> anyhow::Result<()> {
         .show(10)
         .await?;
     Ok(())
-}
-
-/// Macro F1 over `classes` classes of (label, prediction) rows: the mean of
-/// each class's 2·TP / (2·TP + FP + FN), as scikit-learn's `f1_score(average="macro")`.
-fn macro_f1(batches: &[kindling::arrow::array::RecordBatch], classes: usize) -> f64 {
-    let mut tp = vec![0u64; classes];
-    let mut fp = vec![0u64; classes];
-    let mut fn_ = vec![0u64; classes];
-    for b in batches {
-        let label = kindling::arrow::compute::cast(b.column(0), &kindling::arrow::datatypes::DataType::Int64);
-        let predicted =
-            kindling::arrow::compute::cast(b.column(1), &kindling::arrow::datatypes::DataType::Int64);
-        let (Ok(label), Ok(predicted)) = (label, predicted) else {
-            continue;
-        };
-        let (label, predicted) = (
-            label.as_primitive::<Int64Type>(),
-            predicted.as_primitive::<Int64Type>(),
-        );
-        for i in 0..label.len() {
-            let (y, p) = (label.value(i) as usize, predicted.value(i) as usize);
-            if y >= classes || p >= classes {
-                continue;
-            }
-            if y == p {
-                tp[y] += 1;
-            } else {
-                fp[p] += 1;
-                fn_[y] += 1;
-            }
-        }
-    }
-    let f1: Vec<f64> = (0..classes)
-        .map(|c| {
-            let d = 2 * tp[c] + fp[c] + fn_[c];
-            if d == 0 {
-                0.0
-            } else {
-                2.0 * tp[c] as f64 / d as f64
-            }
-        })
-        .collect();
-    f1.iter().sum::<f64>() / classes as f64
 }

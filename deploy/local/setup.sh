@@ -4,9 +4,9 @@
 # pinned pyspark/pyarrow virtualenv, g++ (the C++ Flight contract check builds
 # against the pyarrow wheel's Arrow C++), Prometheus (the metrics test
 # scrapes a local cluster with it), the Python package deploy/python
-# (kindling-client) into that venv, and MLflow in a venv of its own (the
-# tracking test runs a real MLflow server). Idempotent; quiet when all is
-# present.
+# (kindling-client) into that venv, and with KINDLING_MLFLOW=1 MLflow in a
+# venv of its own (the tracking test runs a real MLflow server).
+# Idempotent; quiet when all is present.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -52,11 +52,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c 'impo
   echo "$want" > "$stamp"
 fi
 
-# MLflow for the tracking test's real server, in its own venv: MLflow pins a
+# MLflow for the tracking test's real server (KINDLING_MLFLOW=1, as
+# test.sh sets it; the demo needs none), in its own venv: MLflow pins a
 # pyarrow of its own. Reinstalled only when its requirements change.
 MLFLOW_VENV="${KINDLING_HOME:-$HOME/.cache/kindling}/mlflow"
-if ! cmp -s "$HERE/mlflow-requirements.txt" "$MLFLOW_VENV/.kindling-requirements" \
-   || [ ! -x "$MLFLOW_VENV/bin/mlflow" ]; then
+if [ "${KINDLING_MLFLOW:-0}" = 1 ] && { [ ! -x "$MLFLOW_VENV/bin/mlflow" ] \
+   || ! cmp -s "$HERE/mlflow-requirements.txt" "$MLFLOW_VENV/.kindling-requirements"; }; then
   echo "[setup] installing $(cat "$HERE/mlflow-requirements.txt") into $MLFLOW_VENV" >&2
   "${KINDLING_PYTHON:-python3}" -m venv "$MLFLOW_VENV"
   "$MLFLOW_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$HERE/mlflow-requirements.txt"

@@ -11,7 +11,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 export KINDLING_HOME="${KINDLING_HOME:-$HOME/.cache/kindling}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KINDLING_HOME/target}"
 export KINDLING_PYTHON_BIN="$KINDLING_HOME/venv/bin/python"
-"$HERE/setup.sh"
+# The tracking test runs a real MLflow server: setup.sh installs it.
+KINDLING_MLFLOW=1 "$HERE/setup.sh"
 "$HERE/spark-connect.sh" start
 cd "$ROOT"
 cargo test --workspace "$@"
