@@ -10,6 +10,7 @@ Needs PyTorch (CPU build), for example:
 
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -22,6 +23,11 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--rows", type=int, default=16384)
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="AdamW (wd 0.01, biases exempt), warmup + cosine per step over 10 epochs, clip_grad_norm_ 1.0",
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -34,9 +40,28 @@ def main():
         torch.nn.ReLU(),
         torch.nn.Linear(128, 10),
     )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     batches = a.rows // a.batch
+    sched = None
+    if a.tuned:
+        decay = [p for n, p in model.named_parameters() if not n.endswith("bias")]
+        no_decay = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-3
+        )
+        # As the Rust run: 10 epochs over all steps, the first one warming up.
+        total = a.steps + a.warmup
+        per_epoch = max(1, -(-total // 10))
+
+        def factor(step):
+            if step < per_epoch:
+                return step / per_epoch
+            t = (step - per_epoch) / max(1, total - per_epoch)
+            return 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step(i):
         j = (i % batches) * a.batch
@@ -44,7 +69,11 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(xb), yb)
         loss.backward()
+        if a.tuned:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if sched is not None:
+            sched.step()
         return loss
 
     for i in range(a.warmup):

@@ -17,7 +17,10 @@
 //!   flattening);
 //! - `PyTorch`: `agent/examples/bench_mlp.py` with `torch.set_num_threads`
 //!   equal to burn's thread count (rayon's, `RAYON_NUM_THREADS` or the cores),
-//!   with OpenMP's default and passive wait policies; ratios are against the faster.
+//!   with OpenMP's default and passive wait policies; ratios are against the faster;
+//!   and `--tuned`, the same options as the tuned kindling row (AdamW with
+//!   biases exempt, warmup + cosine by step, `clip_grad_norm_`), which that
+//!   row is compared with.
 //!
 //! The three run in `--rounds` interleaved rounds, each round in a rotated
 //! order (kindling, burn, PyTorch; then burn, PyTorch, kindling; …), after an
@@ -235,7 +238,10 @@ fn main() -> anyhow::Result<()> {
                 }
                 _ if round > 0 => {
                     // PyTorch (its own warm-up inside each run), same threads.
-                    for (policy, sps) in torch(threads, per_round, warmup) {
+                    let runs = [false, true]
+                        .into_iter()
+                        .flat_map(|tuned| torch(threads, per_round, warmup, tuned));
+                    for (policy, sps) in runs {
                         line += &format!(" torch-{policy} {sps:.0}");
                         let d = Duration::from_secs_f64((per_round * BATCH) as f64 / sps);
                         match torch_time.iter_mut().find(|(p, _)| *p == policy) {
@@ -291,7 +297,19 @@ fn main() -> anyhow::Result<()> {
 
     let sps = |d: Duration| (steps * BATCH) as f64 / d.as_secs_f64();
     let torch_runs: Vec<(&str, f64)> = torch_time.iter().map(|(p, d)| (*p, sps(*d))).collect();
-    let torch_sps = torch_runs.iter().map(|r| r.1).reduce(f64::max);
+    let fastest = |tuned: bool| {
+        torch_runs
+            .iter()
+            .filter(|r| r.0.contains("AdamW") == tuned)
+            .map(|r| r.1)
+            .reduce(f64::max)
+    };
+    let (torch_sps, torch_tuned) = (fastest(false), fastest(true));
+    let vs_tuned = |x: f64| {
+        torch_tuned
+            .map(|t| format!("{:.2}×", x / t))
+            .unwrap_or_else(|| "n/a".into())
+    };
 
     let vs = |x: f64| {
         torch_sps
@@ -311,9 +329,9 @@ fn main() -> anyhow::Result<()> {
         vs(sps(kindling))
     );
     println!(
-        "| kindling step, AdamW + warmup-cosine + norm clipping | {:.0} | {} ({:.3}× the Adam step) |",
+        "| kindling step, AdamW + warmup-cosine + norm clipping | {:.0} | {} of PyTorch's tuned step ({:.3}× the Adam step) |",
         sps(kindling_tuned),
-        vs(sps(kindling_tuned)),
+        vs_tuned(sps(kindling_tuned)),
         sps(kindling_tuned) / sps(kindling)
     );
     println!(
@@ -322,10 +340,11 @@ fn main() -> anyhow::Result<()> {
         vs(sps(burn_alone))
     );
     for (policy, t) in &torch_runs {
-        println!(
-            "| PyTorch {threads} threads, OMP_WAIT_POLICY {policy} | {t:.0} | {} |",
-            vs(*t)
-        );
+        let ratio = match policy.contains("AdamW") {
+            true => vs_tuned(*t),
+            false => vs(*t),
+        };
+        println!("| PyTorch {threads} threads, OMP_WAIT_POLICY {policy} | {t:.0} | {ratio} |");
     }
     if torch_runs.is_empty() {
         println!("| PyTorch {threads} threads | not run | |");
@@ -351,7 +370,7 @@ fn main() -> anyhow::Result<()> {
 /// OpenMP threads spin while waiting by default, which collapses on cores
 /// shared with other processes; PASSIVE makes them sleep. Both are run and the
 /// faster one is the baseline.
-fn torch(threads: usize, steps: usize, warmup: usize) -> Vec<(&'static str, f64)> {
+fn torch(threads: usize, steps: usize, warmup: usize, tuned: bool) -> Vec<(&'static str, f64)> {
     let python = std::env::var("KINDLING_TORCH_PYTHON").unwrap_or_else(|_| {
         format!(
             "{}/.cache/kindling/torchvenv/bin/python",
@@ -370,6 +389,9 @@ fn torch(threads: usize, steps: usize, warmup: usize) -> Vec<(&'static str, f64)
             &steps.to_string(),
         ])
         .args(["--warmup", &warmup.to_string()]);
+        if tuned {
+            cmd.arg("--tuned");
+        }
         if let Some(p) = policy {
             cmd.env("OMP_WAIT_POLICY", p);
         }
@@ -383,7 +405,13 @@ fn torch(threads: usize, steps: usize, warmup: usize) -> Vec<(&'static str, f64)
                     }
                 };
                 if let Some(x) = v["samples_per_sec"].as_f64() {
-                    runs.push((policy.unwrap_or("default"), x));
+                    let label = match (tuned, policy) {
+                        (false, None) => "default",
+                        (false, Some(_)) => "PASSIVE",
+                        (true, None) => "default, AdamW + warmup-cosine + clip_grad_norm_",
+                        (true, Some(_)) => "PASSIVE, AdamW + warmup-cosine + clip_grad_norm_",
+                    };
+                    runs.push((label, x));
                 }
             }
             Ok(out) => eprintln!(

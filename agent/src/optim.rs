@@ -281,18 +281,39 @@ impl FlatOptimizer {
         }
     }
 
-    /// The fused update of weights `at..at + weights.len()` with decay `wd`.
+    /// The fused update of weights `at..at + weights.len()` with decay `wd`:
+    /// one loop per rule with the clipping and decay decided outside it, so
+    /// that the loop has no branch and vectorizes.
     fn kernel(&mut self, at: usize, weights: &mut [f32], grads: &[f32], scale: f32, wd: f64) {
+        match (self.clip_value.is_some(), wd > 0.0) {
+            (false, false) => self.kernel_with::<false, false>(at, weights, grads, scale, wd),
+            (false, true) => self.kernel_with::<false, true>(at, weights, grads, scale, wd),
+            (true, false) => self.kernel_with::<true, false>(at, weights, grads, scale, wd),
+            (true, true) => self.kernel_with::<true, true>(at, weights, grads, scale, wd),
+        }
+    }
+
+    /// [`kernel`](Self::kernel) for clipping by value (`CLIP`) and weight
+    /// decay (`DECAY`) known at compile time.
+    #[inline(always)]
+    fn kernel_with<const CLIP: bool, const DECAY: bool>(
+        &mut self,
+        at: usize,
+        weights: &mut [f32],
+        grads: &[f32],
+        scale: f32,
+        wd: f64,
+    ) {
         let n = weights.len();
         let lr = self.lr as f32;
         let wd32 = wd as f32;
-        let clip = self.clip_value;
-        let grad = |g: f32| match clip {
-            Some(c) => (g * scale).clamp(-c, c),
-            None => g * scale,
+        let c = self.clip_value.unwrap_or(f32::INFINITY);
+        let grad = |g: f32| match CLIP {
+            true => (g * scale).clamp(-c, c),
+            false => g * scale,
         };
         // The mean gradient with L2 decay added (every rule but AdamW's).
-        let with_l2 = |g: f32, w: f32| match wd > 0.0 {
+        let with_l2 = |g: f32, w: f32| match DECAY {
             true => grad(g) + w * wd32,
             false => grad(g),
         };
@@ -349,7 +370,7 @@ impl FlatOptimizer {
                     *m = *m * beta1 + g * f1;
                     *v = *v * beta2 + g * g * f2;
                     let delta = (*m / c1) / ((*v / c2).sqrt() + epsilon);
-                    let decayed = if wd > 0.0 { *w * keep } else { *w };
+                    let decayed = if DECAY { *w * keep } else { *w };
                     *w = decayed - delta * lr;
                 }
             }

@@ -545,16 +545,23 @@ async fn job_status(
         return Ok(());
     }
     // Every other eval metric an epoch reported, as a column each.
-    let names: std::collections::BTreeSet<&String> = s.history.iter().flat_map(|h| h.metrics.keys()).collect();
+    let names: std::collections::BTreeSet<&String> =
+        s.history.iter().flat_map(|h| h.metrics.keys()).collect();
     let extra: String = names
         .iter()
         .map(|n| format!(" {:>12}", n.trim_start_matches("eval_")))
         .collect();
-    println!("  epoch  train loss   eval loss   accuracy         lr   samples/s     wall s       rows{extra}");
+    println!(
+        "  epoch  train loss   eval loss   accuracy         lr   samples/s     wall s       rows{extra}"
+    );
     for h in &s.history {
         let metrics: String = names
             .iter()
-            .map(|n| h.metrics.get(*n).map_or(format!(" {:>12}", "-"), |v| format!(" {v:>12.4}")))
+            .map(|n| {
+                h.metrics
+                    .get(*n)
+                    .map_or(format!(" {:>12}", "-"), |v| format!(" {v:>12.4}"))
+            })
             .collect();
         let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.4}"));
         // The best epoch of the monitored metric (early stopping) is starred.

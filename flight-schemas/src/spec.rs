@@ -235,6 +235,17 @@ impl JobSpec {
         training::summary(self)
     }
 
+    /// The columns a train or eval stream carries: the features in order,
+    /// the label, and the sample-weight column when there is one.
+    pub fn columns(&self) -> Vec<&str> {
+        self.features
+            .iter()
+            .chain([&self.label])
+            .chain(&self.sample_weight)
+            .map(String::as_str)
+            .collect()
+    }
+
     /// The spec as JSON.
     pub fn to_json(&self) -> String {
         // Serialising plain data with string keys cannot fail.

@@ -50,17 +50,9 @@ fn job(task: Task) -> TrainingJobBuilder {
 /// The eval rows `fit` held out: the same columns, split the same way (a
 /// persisted query keeps its rows' order in the split).
 fn eval_rows(df: &DataFrame, model: &TrainedModel) -> DataFrame {
-    let spec = model.spec();
-    let columns: Vec<&str> = spec
-        .features
-        .iter()
-        .chain([&spec.label])
-        .chain(&spec.sample_weight)
-        .map(String::as_str)
-        .collect();
     let weights = [1.0 - EVAL_FRACTION, EVAL_FRACTION];
     let mut parts = df
-        .select(columns)
+        .select(model.spec().columns())
         .random_split_in_order(&weights, SEED as i64)
         .expect("split");
     parts.pop().expect("eval part")
@@ -88,15 +80,20 @@ fn floats(batch: &RecordBatch, name: &str) -> Vec<f64> {
     }
 }
 
-/// scikit-learn's metrics on the model's predictions for `rows`.
-async fn sklearn(model: &TrainedModel, rows: &DataFrame) -> Value {
-    let predicted: Vec<RecordBatch> = model
+/// The model's predictions for `rows`, with their input columns.
+async fn predictions(model: &TrainedModel, rows: &DataFrame) -> Vec<RecordBatch> {
+    model
         .predict(rows)
         .await
         .expect("predict")
         .try_collect()
         .await
-        .expect("predictions");
+        .expect("predictions")
+}
+
+/// scikit-learn's metrics on the model's predictions for `rows`.
+async fn sklearn(model: &TrainedModel, rows: &DataFrame) -> Value {
+    let predicted = predictions(model, rows).await;
     let (mut y, mut w, mut out) = (Vec::new(), Vec::new(), Vec::new());
     for b in &predicted {
         y.extend(floats(b, "y"));
@@ -388,17 +385,14 @@ async fn a_models_own_metrics_are_exact_over_all_ranks() {
         .await
         .expect("fit");
     let rows = eval_rows(&df, &model);
-    let predicted: Vec<RecordBatch> = model
-        .predict(&rows)
-        .await
-        .expect("predict")
-        .try_collect()
-        .await
-        .expect("predictions");
+    let predicted = predictions(&model, &rows).await;
     let (mut brier, mut confidence, mut n) = (0f64, 0f64, 0f64);
     for b in &predicted {
         let y = floats(b, "y");
-        let list = b.column_by_name("probabilities").expect("probabilities").as_list::<i32>();
+        let list = b
+            .column_by_name("probabilities")
+            .expect("probabilities")
+            .as_list::<i32>();
         for (i, &label) in y.iter().enumerate() {
             let row = list.value(i);
             let p = row.as_primitive::<Float32Type>().values();
@@ -412,7 +406,17 @@ async fn a_models_own_metrics_are_exact_over_all_ranks() {
         }
     }
     let last = model.history().last().expect("epoch");
-    let got = |name: &str| *last.metrics.get(name).unwrap_or_else(|| panic!("{name}: {:?}", last.metrics));
-    assert!((got("eval_brier") - brier / n).abs() < 1e-5, "{} vs {}", got("eval_brier"), brier / n);
+    let got = |name: &str| {
+        *last
+            .metrics
+            .get(name)
+            .unwrap_or_else(|| panic!("{name}: {:?}", last.metrics))
+    };
+    assert!(
+        (got("eval_brier") - brier / n).abs() < 1e-5,
+        "{} vs {}",
+        got("eval_brier"),
+        brier / n
+    );
     assert!((got("eval_confidence") - confidence / n).abs() < 1e-5);
 }

@@ -278,7 +278,10 @@ async fn the_status_page_shows_a_job_live_and_its_loss_per_epoch_in_chromium() {
         "the cosine schedule lowers the rate: {j:#}"
     );
     // Nothing scrolls sideways at 1,400 px.
-    assert!(after.contains("data-fits=\"1\""), "the page is wider than the window");
+    assert!(
+        after.contains("data-fits=\"1\""),
+        "the page is wider than the window"
+    );
 
     let shot = out.join("status-page.png");
     let _ = std::fs::remove_file(&shot);

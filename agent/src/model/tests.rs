@@ -410,7 +410,12 @@ fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
 #[test]
 fn weighted_losses_follow_the_definition() {
     let device = Device::default();
-    let logits = [[2.0f32, -1.0, 0.5], [0.1, 0.2, 0.3], [-3.0, 1.0, 4.0], [0.0, 0.0, 0.0]];
+    let logits = [
+        [2.0f32, -1.0, 0.5],
+        [0.1, 0.2, 0.3],
+        [-3.0, 1.0, 4.0],
+        [0.0, 0.0, 0.0],
+    ];
     let labels = [0i64, 2, 1, 1];
     let weights = [1.0f32, 0.5, 3.0, 0.0];
     let output = Tensor::<2>::from_data(burn::tensor::TensorData::new(logits.concat(), [4, 3]), &device);
@@ -420,23 +425,42 @@ fn weighted_losses_follow_the_definition() {
     ));
     let w = Tensor::<1>::from_data(burn::tensor::TensorData::new(weights.to_vec(), [4]), &device);
     let task = Task::Classification { num_classes: 3 };
-    let got = weighted_task_loss(task, output.clone(), targets, Some(w.clone()), &device).into_scalar::<f32>() as f64;
+    let got = weighted_task_loss(task, output.clone(), targets, Some(w.clone()), &device).into_scalar::<f32>()
+        as f64;
     let (mut sum, mut total) = (0f64, 0f64);
     for ((row, &y), &wi) in logits.iter().zip(&labels).zip(&weights) {
         let lse = row.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();
         sum += wi as f64 * (lse - row[y as usize] as f64);
         total += wi as f64;
     }
-    assert!((got - sum / total).abs() < 1e-6, "cross-entropy {got} vs {}", sum / total);
+    assert!(
+        (got - sum / total).abs() < 1e-6,
+        "cross-entropy {got} vs {}",
+        sum / total
+    );
 
-    let values = [[1.0f32, 2.0, 3.0], [0.5, 0.5, 0.5], [4.0, 0.0, -1.0], [9.0, 9.0, 9.0]];
+    let values = [
+        [1.0f32, 2.0, 3.0],
+        [0.5, 0.5, 0.5],
+        [4.0, 0.0, -1.0],
+        [9.0, 9.0, 9.0],
+    ];
     let t = Tensor::<2>::from_data(burn::tensor::TensorData::new(values.concat(), [4, 3]), &device);
     let got = weighted_task_loss(Task::Regression, output, Targets::Values(t), Some(w), &device)
         .into_scalar::<f32>() as f64;
     let mut sum = 0f64;
     for ((row, target), &wi) in logits.iter().zip(&values).zip(&weights) {
-        let se: f64 = row.iter().zip(target).map(|(&a, &b)| ((a - b) as f64).powi(2)).sum::<f64>() / 3.0;
+        let se: f64 = row
+            .iter()
+            .zip(target)
+            .map(|(&a, &b)| ((a - b) as f64).powi(2))
+            .sum::<f64>()
+            / 3.0;
         sum += wi as f64 * se;
     }
-    assert!((got - sum / total).abs() < 1e-5, "squared error {got} vs {}", sum / total);
+    assert!(
+        (got - sum / total).abs() < 1e-5,
+        "squared error {got} vs {}",
+        sum / total
+    );
 }

@@ -24,15 +24,7 @@ impl TrainedModel {
     /// batch; an empty DataFrame is an error.
     pub async fn evaluate(&self, df: &DataFrame) -> Result<Report, JobError> {
         let spec = self.spec().clone();
-        let columns: Vec<&str> = spec
-            .features
-            .iter()
-            .chain([&spec.label])
-            .chain(&spec.sample_weight)
-            .map(String::as_str)
-            .collect();
-        let data = df.select(columns);
-        let input = data.schema().await?;
+        let input = df.schema().await?;
         for (column, role) in [(Some(&spec.label), "label")]
             .into_iter()
             .chain([(spec.sample_weight.as_ref(), "sample weight")])
@@ -47,6 +39,7 @@ impl TrainedModel {
                 .into());
             }
         }
+        let data = df.select(spec.columns());
         let mut predictions = self.predict(&data).await?;
         let mut tally = Tally::new(TallyKind::for_spec(&spec), 0);
         while let Some(batch) = predictions.try_next().await? {

@@ -225,14 +225,7 @@ impl TrainingJob {
         // query is released at the end, whatever fails after it was persisted.
         let (rows, layout, cached) = match rows {
             Rows::Spark(rows) => {
-                let columns: Vec<String> = spec
-                    .features
-                    .iter()
-                    .chain([&spec.label])
-                    .chain(&spec.sample_weight)
-                    .cloned()
-                    .collect();
-                let data = rows.df().select(columns.iter().map(String::as_str));
+                let data = rows.df().select(spec.columns());
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
                 let cached = match self.persist {
