@@ -8,9 +8,12 @@ are errors), offline.
 
 On each rendered overlay also: TLS files lie in mounted Secrets (made by
 Certificates under cert-manager), the NetworkPolicies admit to each gRPC
-port of the agents and the rendezvous exactly the pods in GRPC_PEERS (and the
-overlay's EXTERNAL_PEERS), resolved through the labels of the rendered pod
-templates (check_network_policies), every namespaced object lies in the
+port of the agents, the rendezvous and Spark Connect exactly the pods in
+GRPC_PEERS (and the overlay's EXTERNAL_PEERS), resolved through the labels of
+the rendered pod templates (check_network_policies), every pod meets the
+"restricted" Pod Security profile, only the Spark driver holds an API token
+and the executors mount no Secret but their client certificate
+(check_pod_security), every namespaced object lies in the
 base's namespace, and each server reads its operator and viewer tokens from
 two different rendered Secrets (check_tokens). Where an overlay monitors
 (overlays/monitoring): the ServiceMonitor and PodMonitor reach the servers'
@@ -431,10 +434,29 @@ POD_ROLES = {
 GRPC_PEERS = {
     ("agent", 50051): {"executor", "agent", "client"},  # Flight + collective ring
     ("rendezvous", 7070): {"agent", "client"},
+    # Spark Connect runs any caller's plan and UDFs, unauthenticated.
+    ("spark-connect", 15002): {"client"},
+    # The driver's RPC and block manager.
+    ("spark-connect", 7078): {"executor"},
+    ("spark-connect", 7079): {"executor"},
 }
-# The only pods NetworkPolicies may isolate: Spark's driver and executors need
-# traffic (driver <-> executors, the API server) no policy here allows.
-ISOLATED = {"agent", "rendezvous"}
+# The only pods NetworkPolicies may isolate: Spark's executors need traffic
+# (from the driver and each other) no policy here allows.
+ISOLATED = {"agent", "rendezvous", "spark-connect"}
+# Kindling's own servers: the tokens, TLS and metrics checks are about them.
+SERVERS = {"agent", "rendezvous"}
+# The one pod that may hold a Kubernetes API token: the Spark driver creates
+# its executors. Every other pod runs with none.
+API_TOKEN_ROLES = {"spark-connect"}
+# The Secrets each pod may mount, exactly (volumes, projected volumes, env):
+# an executor holds the client certificate and nothing of the cluster's.
+SECRETS_OF = {
+    "executor": {"kindling-client-tls"},
+    "spark-connect": set(),
+}
+# Pods whose root filesystem must be read-only (Spark's pods write under
+# their image's work directory).
+READ_ONLY_ROOT = {"agent", "rendezvous", "client"}
 ANYONE = "anyone"
 # Peers outside the namespace, by overlay, and the gRPC ports they may reach,
 # exactly: Prometheus scrapes /metrics there (overlays/monitoring,
@@ -626,6 +648,83 @@ def check_network_policies(objs, overlay, errors):
             if peers is not None and ANYONE not in peers:
                 bad(f"{pod['who']}: probe port {number} must admit every source (the kubelet "
                     f"cannot be named in a NetworkPolicy); admits {peers}")
+
+
+def mounted_secrets(spec):
+    """The Secret names a pod spec mounts as volumes (plain or projected) or
+    reads into its containers' environment."""
+    names = set()
+    for v in spec.get("volumes") or []:
+        if "secret" in v:
+            names.add(v["secret"]["secretName"])
+        for src in (v.get("projected") or {}).get("sources") or []:
+            if "secret" in src:
+                names.add(src["secret"]["name"])
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                names.add(ref["name"])
+        for src in c.get("envFrom") or []:
+            if "secretRef" in src:
+                names.add(src["secretRef"]["name"])
+    return names
+
+
+def check_pod_security(objs, overlay, errors):
+    """Every pod the manifests make meets Kubernetes' "restricted" Pod
+    Security profile (non-root, RuntimeDefault seccomp, no privilege
+    escalation, every capability dropped, no host namespaces or paths);
+    Kindling's own pods also run on a read-only root filesystem. Only the
+    Spark driver mounts a Kubernetes API token (executors run under an
+    account of their own, bound to no Role, with none), and the executors and
+    the driver mount no Secret but the executors' client certificate."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
+    bound = {sub["name"] for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             for sub in o.get("subjects") or [] if sub.get("kind") == "ServiceAccount"}
+    spark_conf = " ".join(str(a) for c in containers(objs, "Deployment", "spark-connect")
+                          for a in (c.get("args") or []))
+    for pod in pod_templates(objs):
+        if pod["role"] is None:
+            continue
+        spec, who = pod["spec"], pod["who"]
+        psc = spec.get("securityContext") or {}
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(key):
+                bad(f"{who}: {key}")
+        for v in spec.get("volumes") or []:
+            if "hostPath" in v:
+                bad(f"{who}: hostPath volume {v['name']}")
+        if (psc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            bad(f"{who}: no RuntimeDefault seccomp profile")
+        for c in spec.get("containers") or []:
+            csc = c.get("securityContext") or {}
+            if not (csc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+                bad(f"{who}: container {c['name']} may run as root (runAsNonRoot)")
+            if csc.get("allowPrivilegeEscalation") is not False:
+                bad(f"{who}: container {c['name']} allows privilege escalation")
+            if csc.get("privileged"):
+                bad(f"{who}: container {c['name']} is privileged")
+            if "ALL" not in ((csc.get("capabilities") or {}).get("drop") or []):
+                bad(f"{who}: container {c['name']} keeps capabilities (drop ALL)")
+            if pod["role"] in READ_ONLY_ROOT and not csc.get("readOnlyRootFilesystem"):
+                bad(f"{who}: container {c['name']} writes its root filesystem")
+        account = spec.get("serviceAccountName", "default")
+        if pod["role"] == "executor":
+            wanted = f"spark.kubernetes.authenticate.executor.serviceAccountName={account}"
+            if wanted not in spark_conf:
+                bad(f"{who}: the driver does not start executors under {account!r} ({wanted})")
+            if account in bound:
+                bad(f"{who}: the executors' account {account!r} is bound to a Role")
+        automount = spec.get("automountServiceAccountToken",
+                             (accounts.get(account) or {}).get("automountServiceAccountToken", True))
+        if automount and pod["role"] not in API_TOKEN_ROLES:
+            bad(f"{who}: mounts the API token of service account {account!r}")
+        if pod["role"] in SECRETS_OF:
+            extra = mounted_secrets(spec) - SECRETS_OF[pod["role"]]
+            if extra:
+                bad(f"{who}: mounts Secrets {sorted(extra)} (may: {sorted(SECRETS_OF[pod['role']])})")
 
 
 # Monitoring (overlays/monitoring). The metrics the servers export are read
@@ -865,7 +964,7 @@ def check_tokens(objs, overlay, errors):
     start."""
     secrets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
     for p in pod_templates(objs):
-        if p["role"] not in ISOLATED:
+        if p["role"] not in SERVERS:
             continue
         for c in p["spec"].get("containers", []):
             env = env_of(c)
@@ -914,7 +1013,7 @@ def check_monitors(objs, overlay, exported, errors):
     # the manifests' clients mount.
     identities = set()
     for p in pods:
-        if p["role"] in ISOLATED:
+        if p["role"] in SERVERS:
             continue
         for c in p["spec"].get("containers", []):
             env = env_of(c)
@@ -967,8 +1066,8 @@ def check_monitors(objs, overlay, exported, errors):
         for ep in spec.get(MONITOR_KINDS[kind][0]) or []:
             for t in targets:
                 at = f"{mname} -> {t['who']}"
-                if t["role"] not in ISOLATED:
-                    bad(f"{at}: not a Kindling server ({sorted(ISOLATED)})")
+                if t["role"] not in SERVERS:
+                    bad(f"{at}: not a Kindling server ({sorted(SERVERS)})")
                     continue
                 if service:
                     sp = next((q for q in service["spec"].get("ports", []) if q.get("name") == ep.get("port")), None)
@@ -1034,7 +1133,7 @@ def check_monitors(objs, overlay, exported, errors):
                 elif files[0] not in {i[0] for i in identities}:
                     bad(f"{at}: tlsConfig.ca {files[0]} is not the CA the manifests' clients trust")
     if overlay in MONITORED:
-        for role in sorted(ISOLATED - scraped):
+        for role in sorted(SERVERS - scraped):
             bad(f"no ServiceMonitor or PodMonitor scrapes the {role}")
     queries = []
     for r in rules:
@@ -1124,6 +1223,7 @@ def main():
             check_namespaces(objs, overlay, namespace, errors)
             check_tls(objs, overlay, errors)
             check_network_policies(objs, overlay, errors)
+            check_pod_security(objs, overlay, errors)
             check_tokens(objs, overlay, errors)
             rules, queries = check_monitors(objs, overlay, exported, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
