@@ -443,6 +443,17 @@ GRPC_PEERS = {
 # The only pods NetworkPolicies may isolate: Spark's executors need traffic
 # (from the driver and each other) no policy here allows.
 ISOLATED = {"agent", "rendezvous", "spark-connect"}
+# Where each egress-isolated pod may connect, exactly: (role, TCP port) of a
+# pod of the namespace, or DNS (kube-dns, UDP and TCP 53). Other pods keep
+# their egress (Spark's driver and executors reach the API server and data
+# sources; clients reach Spark Connect, agents, the rendezvous, a tracker).
+DNS = "dns"
+DNS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+EGRESS = {
+    "agent": {("rendezvous", 7070), ("agent", 50051), DNS},
+    "rendezvous": {DNS},
+}
 # Kindling's own servers: the tokens, TLS and metrics checks are about them.
 SERVERS = {"agent", "rendezvous"}
 # The one pod that may hold a Kubernetes API token: the Spark driver creates
@@ -594,10 +605,11 @@ def check_network_policies(objs, overlay, errors):
         where = f"NetworkPolicy/{pol['metadata']['name']}"
         ns = pol["metadata"].get("namespace")
         spec = pol.get("spec") or {}
-        if "Egress" in policy_types(pol):
-            bad(f"{where} restricts egress: agents dial the rendezvous, their peers and DNS, "
-                "and this check models ingress only")
         targets = matched(spec.get("podSelector") or {}, ns)
+        if "Egress" in policy_types(pol):
+            for t in targets:
+                if t["role"] not in EGRESS:
+                    bad(f"{where} restricts the egress of {name(t)}: only {sorted(EGRESS)} may be restricted")
         if not targets:
             bad(f"{where}: podSelector {spec.get('podSelector')} matches no pod template")
         for t in targets:
@@ -633,6 +645,40 @@ def check_network_policies(objs, overlay, errors):
         if allowed != wanted:
             bad(f"{pod['who']}: port {number} admits {sorted(allowed)}, not {sorted(wanted)}"
                 f" (missing {sorted(wanted - allowed)}, extra {sorted(allowed - wanted)})")
+
+    for role, wanted in sorted(EGRESS.items()):
+        pod = by_role.get(role)
+        if pod is None:
+            continue
+        isolated, allowed = False, set()
+        for pol in policies:
+            if pol["metadata"].get("namespace") != pod["namespace"] or "Egress" not in policy_types(pol):
+                continue
+            if not selects(pol["spec"].get("podSelector") or {}, pod["labels"]):
+                continue
+            isolated = True
+            for rule in pol["spec"].get("egress") or []:
+                ports = rule.get("ports") or [{}]
+                for peer in rule.get("to") or [ANYONE]:
+                    if peer == DNS_PEER:
+                        if all(p.get("port") == 53 for p in ports):
+                            allowed.add(DNS)
+                        else:
+                            bad(f"{pod['who']}: egress to DNS on ports {ports}, not 53")
+                        continue
+                    if peer == ANYONE or set(peer) != {"podSelector"}:
+                        allowed.add(f"anything: {peer}")
+                        continue
+                    for target in matched(peer["podSelector"], pod["namespace"]):
+                        for number in sorted(set(target["ports"].values())):
+                            if any(admits_port(rp, target, number) for rp in ports):
+                                allowed.add((target["role"] or target["who"], number))
+        if not isolated:
+            bad(f"{pod['who']}: no NetworkPolicy restricts its egress")
+        elif allowed != wanted:
+            fmt = lambda xs: sorted(map(str, xs))  # noqa: E731
+            bad(f"{pod['who']}: egress to {fmt(allowed)}, not {fmt(wanted)} "
+                f"(missing {fmt(wanted - allowed)}, extra {fmt(allowed - wanted)})")
 
     for role in sorted(ISOLATED):
         pod = by_role.get(role)
