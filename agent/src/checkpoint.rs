@@ -1,16 +1,24 @@
 //! Checkpoints: weights, optimizer state, epoch and data position, and the
 //! spec, in `<root>/<job_id>/attempt-<n>/epoch-<e>/`.
 //!
-//! A checkpoint is written to a temporary directory and renamed into place,
-//! so a directory named `epoch-<e>` is always complete. A job that keeps
+//! A checkpoint is written to a temporary directory, every file and the
+//! directory flushed to the disk (fsync), and renamed into place, the parent
+//! flushed too; only then are older checkpoints pruned, so the previous one
+//! stays until the new one is durable. `meta.json` records each file's
+//! length and SHA-256: a checkpoint whose files do not match (a torn write,
+//! a full disk, bit rot) is passed over with a warning for the one before
+//! it, and a crash's leftover temporary directories are removed. A job that keeps
 //! its best epoch (early stopping with `restore_best`) writes that epoch's
 //! weights into every checkpoint beside the last's, so the store keeps the
 //! best and the last, and a resumed job still returns the best.
 
+use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::error::AgentError;
 
@@ -28,6 +36,44 @@ pub struct CheckpointMeta {
     /// The epoch whose weights `best.bpk` holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_epoch: Option<u32>,
+    /// Each data file's name, length and SHA-256 (hex), checked on load
+    /// (empty in checkpoints from before they were recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileDigest>,
+}
+
+/// What a checkpoint file must hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDigest {
+    /// File name in the checkpoint directory.
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+    /// SHA-256 of its bytes, lower-case hex.
+    pub sha256: String,
+}
+
+impl FileDigest {
+    fn of(name: &str, bytes: &[u8]) -> FileDigest {
+        let digest = Sha256::digest(bytes);
+        FileDigest {
+            name: name.to_owned(),
+            len: bytes.len() as u64,
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}
+
+/// Writes `bytes` to `path` and flushes them to the disk.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Flushes a directory's entries (a rename into it) to the disk.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// A loaded checkpoint.
@@ -64,33 +110,70 @@ impl CheckpointStore {
         &self.dir
     }
 
-    /// Writes a checkpoint for `meta.epoch` of `meta.attempt`.
+    /// Writes a checkpoint for `meta.epoch` of `meta.attempt`, durably
+    /// (see the module docs), then prunes the oldest beyond `keep_last`.
     pub fn save(&self, spec: &JobSpec, ckpt: &Checkpoint) -> Result<PathBuf, AgentError> {
         let attempt_dir = self.dir.join(format!("attempt-{}", ckpt.meta.attempt));
         let final_dir = attempt_dir.join(format!("epoch-{:04}", ckpt.meta.epoch));
         let tmp = attempt_dir.join(format!(".epoch-{:04}.tmp", ckpt.meta.epoch));
         let io = |what: &str, p: &Path, e| AgentError::io(format!("{what} {}", p.display()), e);
         std::fs::create_dir_all(&tmp).map_err(|e| io("create checkpoint dir", &tmp, e))?;
-        let write = |name: &str, bytes: &[u8]| {
-            let p = tmp.join(name);
-            std::fs::write(&p, bytes).map_err(|e| io("write", &p, e))
-        };
-        write("model.bpk", &ckpt.weights)?;
-        write("optimizer.bpk", &ckpt.optimizer)?;
+        let spec_json = spec.to_json();
+        let mut files: Vec<(&str, &[u8])> = vec![
+            ("model.bpk", &ckpt.weights),
+            ("optimizer.bpk", &ckpt.optimizer),
+            ("spec.json", spec_json.as_bytes()),
+        ];
         if let Some(best) = &ckpt.best {
-            write("best.bpk", best)?;
+            files.push(("best.bpk", best));
         }
-        write(
-            "meta.json",
-            &serde_json::to_vec_pretty(&ckpt.meta).unwrap_or_default(),
-        )?;
-        write("spec.json", spec.to_json().as_bytes())?;
+        let mut meta = ckpt.meta.clone();
+        meta.files = files
+            .iter()
+            .map(|(name, bytes)| FileDigest::of(name, bytes))
+            .collect();
+        let meta_json = serde_json::to_vec_pretty(&meta).unwrap_or_default();
+        files.push(("meta.json", &meta_json));
+        for (name, bytes) in files {
+            let p = tmp.join(name);
+            write_durably(&p, bytes).map_err(|e| io("write", &p, e))?;
+        }
+        sync_dir(&tmp).map_err(|e| io("flush", &tmp, e))?;
         if final_dir.exists() {
             std::fs::remove_dir_all(&final_dir).map_err(|e| io("replace", &final_dir, e))?;
         }
         std::fs::rename(&tmp, &final_dir).map_err(|e| io("commit checkpoint", &final_dir, e))?;
+        sync_dir(&attempt_dir).map_err(|e| io("flush", &attempt_dir, e))?;
         self.prune();
         Ok(final_dir)
+    }
+
+    /// Removes the temporary directories of checkpoints a crash left half
+    /// written (`.epoch-*.tmp`); returns how many.
+    pub fn clean_leftovers(&self) -> usize {
+        let mut removed = 0;
+        let Ok(attempts) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        for a in attempts.flatten() {
+            let Ok(entries) = std::fs::read_dir(a.path()) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(".epoch-") && name.ends_with(".tmp") {
+                    match std::fs::remove_dir_all(e.path()) {
+                        Ok(()) => removed += 1,
+                        Err(err) => tracing::warn!(dir = %e.path().display(), error = %err,
+                            "could not remove a half-written checkpoint"),
+                    }
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::warn!(dir = %self.dir.display(), removed, "removed half-written checkpoints of a crash");
+        }
+        removed
     }
 
     /// Complete checkpoints, oldest first: `(epoch, attempt, dir)`.
@@ -118,35 +201,19 @@ impl CheckpointStore {
         out
     }
 
-    /// The epoch of the latest complete checkpoint (0 when none).
-    pub fn latest_epoch(&self) -> u32 {
-        self.list().last().map(|(e, _, _)| *e).unwrap_or(0)
-    }
-
-    /// Loads the latest complete checkpoint.
+    /// Loads the latest checkpoint whose files match their metadata; a
+    /// newer one that does not is passed over with a warning.
     pub fn load_latest(&self) -> Result<Option<Checkpoint>, AgentError> {
-        let Some((_, _, dir)) = self.list().pop() else {
-            return Ok(None);
-        };
-        let read = |name: &str| {
-            let p = dir.join(name);
-            std::fs::read(&p).map_err(|e| AgentError::io(format!("read {}", p.display()), e))
-        };
-        let meta: CheckpointMeta =
-            serde_json::from_slice(&read("meta.json")?).map_err(|source| AgentError::CheckpointMeta {
-                place: format!("{}/meta.json", dir.display()),
-                source,
-            })?;
-        let best = match meta.best_epoch {
-            Some(_) => Some(read("best.bpk")?),
-            None => None,
-        };
-        Ok(Some(Checkpoint {
-            meta,
-            weights: read("model.bpk")?,
-            optimizer: read("optimizer.bpk")?,
-            best,
-        }))
+        for (epoch, attempt, dir) in self.list().into_iter().rev() {
+            match read_checkpoint(&dir) {
+                Ok(c) => return Ok(Some(c)),
+                Err(e) => tracing::warn!(
+                    epoch, attempt, dir = %dir.display(), error = %e,
+                    "checkpoint unreadable or corrupt: falling back to the one before it"
+                ),
+            }
+        }
+        Ok(None)
     }
 
     fn prune(&self) {
@@ -158,6 +225,81 @@ impl CheckpointStore {
             }
         }
     }
+}
+
+/// At agent start, what a crashed agent of the same id left behind: its
+/// spill files (no job survives a restart, so they hold nothing anyone can
+/// read), `.removing-*` directories of jobs it was deleting, and
+/// half-written checkpoints. Complete checkpoints stay: jobs resume from
+/// them. Returns how many entries went.
+pub fn clean_after_crash(spill_dir: &Path, checkpoint_dir: &Path) -> usize {
+    let remove = |p: &Path| match std::fs::remove_dir_all(p) {
+        Ok(()) => 1,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => {
+            tracing::warn!(path = %p.display(), error = %e, "could not remove a crash's leftover");
+            0
+        }
+    };
+    let mut removed = remove(spill_dir);
+    if let Ok(entries) = std::fs::read_dir(checkpoint_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".removing-") {
+                removed += remove(&e.path());
+            } else if e.path().is_dir() {
+                removed += CheckpointStore::new(checkpoint_dir, &name, 1).clean_leftovers();
+            }
+        }
+    }
+    if removed > 0 {
+        tracing::warn!(spill = %spill_dir.display(), checkpoints = %checkpoint_dir.display(), removed,
+            "removed what a previous agent process left behind");
+    }
+    removed
+}
+
+/// Reads the checkpoint in `dir`, checking every file against the lengths
+/// and digests its metadata recorded.
+fn read_checkpoint(dir: &Path) -> Result<Checkpoint, AgentError> {
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read(&p).map_err(|e| AgentError::io(format!("read {}", p.display()), e))
+    };
+    let meta: CheckpointMeta =
+        serde_json::from_slice(&read("meta.json")?).map_err(|source| AgentError::CheckpointMeta {
+            place: format!("{}/meta.json", dir.display()),
+            source,
+        })?;
+    let checked = |name: &str| -> Result<Vec<u8>, AgentError> {
+        let bytes = read(name)?;
+        if let Some(want) = meta.files.iter().find(|f| f.name == name) {
+            let got = FileDigest::of(name, &bytes);
+            if got != *want {
+                return Err(AgentError::CorruptCheckpoint {
+                    place: format!("{}/{name}", dir.display()),
+                    reason: format!(
+                        "{} bytes with SHA-256 {}…, its metadata recorded {} bytes with {}…",
+                        got.len,
+                        &got.sha256[..12],
+                        want.len,
+                        &want.sha256[..want.sha256.len().min(12)]
+                    ),
+                });
+            }
+        }
+        Ok(bytes)
+    };
+    let best = match meta.best_epoch {
+        Some(_) => Some(checked("best.bpk")?),
+        None => None,
+    };
+    Ok(Checkpoint {
+        weights: checked("model.bpk")?,
+        optimizer: checked("optimizer.bpk")?,
+        best,
+        meta,
+    })
 }
 
 /// Packs a checkpoint into one byte buffer (for a ring broadcast).
@@ -217,6 +359,7 @@ mod tests {
                 rows_trained_per_epoch: vec![10; epoch as usize],
                 history: vec![],
                 best_epoch: (epoch > 1).then_some(epoch - 1),
+                files: Vec::new(),
             },
             weights: vec![epoch as u8; 5],
             optimizer: vec![1, 2, 3],
@@ -248,6 +391,69 @@ mod tests {
             Some(vec![2; 4]),
             "the best epoch's weights beside the last's"
         );
+    }
+
+    fn spec() -> JobSpec {
+        JobSpec::builder()
+            .task(Task::Regression)
+            .features(["a"])
+            .label("y")
+            .build()
+            .expect("spec")
+    }
+
+    /// A latest checkpoint torn at any offset, with a flipped byte, or with
+    /// unreadable metadata is passed over for the one before it; with none
+    /// whole, there is none.
+    #[test]
+    fn a_corrupt_latest_checkpoint_falls_back_to_the_one_before() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = CheckpointStore::new(dir.path(), "j", 3);
+        let mut big = ckpt(1, 1);
+        big.weights = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        store.save(&spec(), &big).expect("save 1");
+        big.meta.epoch = 2;
+        let latest = store.save(&spec(), &big).expect("save 2");
+        let model = latest.join("model.bpk");
+        let whole = std::fs::read(&model).expect("read");
+        for cut in [0, 1, whole.len() / 2, whole.len() - 1] {
+            std::fs::write(&model, &whole[..cut]).expect("truncate");
+            let got = store.load_latest().expect("load").expect("the one before");
+            assert_eq!(got.meta.epoch, 1, "torn at {cut} bytes");
+        }
+        let mut flipped = whole.clone();
+        flipped[100] ^= 1;
+        std::fs::write(&model, &flipped).expect("flip");
+        assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 1);
+        std::fs::write(&model, &whole).expect("restore");
+        assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 2);
+        std::fs::write(latest.join("meta.json"), b"{\"epoch\": 2").expect("tear meta");
+        assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 1);
+        let first = &store.list()[0].2;
+        std::fs::remove_file(first.join("optimizer.bpk")).expect("remove");
+        assert!(
+            store.load_latest().expect("load").is_none(),
+            "nothing whole is left"
+        );
+    }
+
+    /// What a crash leaves is cleaned at start: half-written checkpoints,
+    /// `.removing-*` directories and the spill files; whole checkpoints stay.
+    #[test]
+    fn a_crashs_leftovers_are_cleaned_and_whole_checkpoints_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (spill, checkpoints) = (dir.path().join("spill"), dir.path().join("checkpoints"));
+        let store = CheckpointStore::new(&checkpoints, "j", 2);
+        let kept = store.save(&spec(), &ckpt(1, 1)).expect("save");
+        let torn = kept.with_file_name(".epoch-0002.tmp");
+        std::fs::create_dir_all(&torn).expect("torn");
+        std::fs::write(torn.join("model.bpk"), b"half").expect("half");
+        let removing = checkpoints.join(".removing-old-1234");
+        std::fs::create_dir_all(removing.join("attempt-1")).expect("removing");
+        std::fs::create_dir_all(spill.join("j").join("train")).expect("spill");
+        assert_eq!(clean_after_crash(&spill, &checkpoints), 3);
+        assert!(!torn.exists() && !removing.exists() && !spill.exists());
+        assert_eq!(store.load_latest().expect("load").expect("kept").meta.epoch, 1);
     }
 
     #[test]

@@ -398,6 +398,15 @@ pub enum AgentError {
     /// A checkpoint broadcast shorter than its lengths say.
     #[error("model record: truncated checkpoint broadcast")]
     TruncatedCheckpoint,
+    /// A checkpoint file whose length or digest differs from what its
+    /// metadata recorded (a torn write, a full disk, bit rot).
+    #[error("model record: checkpoint {place}: {reason}")]
+    CorruptCheckpoint {
+        /// The file.
+        place: String,
+        /// What differs.
+        reason: String,
+    },
     /// A JSON response could not be encoded.
     #[error("encoding the response: {0}")]
     ResponseJson(#[source] serde_json::Error),
@@ -495,6 +504,21 @@ impl From<AgentError> for FlightError {
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Status {
         let msg = e.to_string();
+        // The rendezvous refused the caller's own request (a job id that
+        // exists with other parameters, an unknown job): its code, not the
+        // UNAVAILABLE a client would retry.
+        if let AgentError::Rendezvous { source, .. } = &e
+            && let ClientError::Rpc { source: status, .. } = &**source
+            && matches!(
+                status.code(),
+                tonic::Code::InvalidArgument
+                    | tonic::Code::NotFound
+                    | tonic::Code::AlreadyExists
+                    | tonic::Code::FailedPrecondition
+            )
+        {
+            return Status::new(status.code(), msg);
+        }
         match e {
             AgentError::EmptyStream { .. }
             | AgentError::NoDescriptor { .. }
@@ -567,6 +591,7 @@ impl From<AgentError> for Status {
             | AgentError::OptimizerState(_)
             | AgentError::CheckpointMeta { .. }
             | AgentError::TruncatedCheckpoint
+            | AgentError::CorruptCheckpoint { .. }
             | AgentError::ResponseJson(_) => Status::internal(msg),
         }
     }
@@ -604,6 +629,15 @@ mod tests {
         );
         assert!(!refused.is_retryable());
         assert_eq!(Status::from(refused).code(), Code::Unavailable);
+        let exists = AgentError::rendezvous(
+            "http://rv",
+            ClientError::rpc("create_job")(Status::already_exists("job `j` already exists")),
+        );
+        assert_eq!(
+            Status::from(exists).code(),
+            Code::AlreadyExists,
+            "the caller's own mistake keeps its code"
+        );
         let down = AgentError::rendezvous("http://rv", ClientError::rpc("join")(Status::unavailable("down")));
         assert!(down.is_retryable());
         let timeout = AgentError::RendezvousTimeout {

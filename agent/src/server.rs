@@ -321,11 +321,14 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             )
         })?;
     let env_budget = MemoryBudget::new(config.memory_budget);
+    let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
+    let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
+    crate::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
     let env = JobEnv {
         train_pool: Arc::new(train_pool),
         agent_id: config.agent_id.clone(),
-        spill_dir: config.work_dir.join("spill").join(&config.agent_id),
-        checkpoint_dir: config.work_dir.join("checkpoints").join(&config.agent_id),
+        spill_dir,
+        checkpoint_dir,
         budget: env_budget.clone(),
         inbox: inbox.clone(),
         token: config.token.clone(),

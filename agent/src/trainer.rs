@@ -4,7 +4,7 @@
 //! Per attempt: agree on where to start (the latest checkpoint any rank holds,
 //! else rank 0's fresh weights) and broadcast it; per epoch: agree on the
 //! number of steps (every rank's row count); per step: forward, backward,
-//! all-reduce of `[gradient sums…, rows, loss sum]`, divide by the total rows,
+//! all-reduce of `[gradient sums…, rows, weight, loss sum]`, divide by the total weight (the rows, unweighted),
 //! the same optimizer step everywhere ([`crate::exchange`]: in buckets, the
 //! optimizer overlapping the all-reduce, for large models). A rank that ran out of rows contributes
 //! zeros, so every row of every shard is trained exactly once per epoch and
@@ -295,6 +295,8 @@ impl Trainer {
                 rows_trained_per_epoch: self.rows_per_epoch.clone(),
                 history: self.history.clone(),
                 best_epoch: self.best.as_ref().map(|(e, _)| *e),
+                // Filled in by the store as it writes them.
+                files: Vec::new(),
             },
             weights: model.to_record_bytes()?,
             optimizer: self.optim.to_bytes(),

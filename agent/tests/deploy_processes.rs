@@ -272,15 +272,23 @@ impl Cluster {
     }
 
     async fn start_rendezvous(&mut self) {
-        let (dir, token_file, port) = (self.dir.path(), &self.token_file, self.rendezvous_port);
         let health = format!("127.0.0.1:{}", free_port());
-        // The names the rendezvous Deployment sets, with values for loopback.
+        let env = self.rendezvous_env(self.rendezvous_port, &health);
+        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, self.dir.path());
+        rendezvous.wait_ready().await;
+        self.rendezvous = Some(rendezvous);
+    }
+
+    /// The rendezvous Deployment's variables, with values for loopback: the
+    /// cluster's state dir, listening on `port` (probes on `health`).
+    fn rendezvous_env(&self, port: u16, health: &str) -> BTreeMap<String, String> {
+        let (dir, token_file) = (self.dir.path(), &self.token_file);
         let mut env = BTreeMap::from([
             (
                 "KINDLING_RENDEZVOUS_LISTEN".to_owned(),
                 format!("127.0.0.1:{port}"),
             ),
-            ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.clone()),
+            ("KINDLING_RENDEZVOUS_HEALTH_LISTEN".to_owned(), health.to_owned()),
             ("KINDLING_TOKEN_FILE".to_owned(), token_file.display().to_string()),
             (
                 "KINDLING_VIEWER_TOKEN_FILE".to_owned(),
@@ -300,9 +308,7 @@ impl Cluster {
         );
         env.insert("KINDLING_RENDEZVOUS_GANG_TIMEOUT_MS".into(), "60000".into());
         env.insert("RUST_LOG".into(), "info".into());
-        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, dir);
-        rendezvous.wait_ready().await;
-        self.rendezvous = Some(rendezvous);
+        env
     }
 
     /// A ready agent configured like the DaemonSet's container, and its Flight URL.
@@ -600,6 +606,29 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
         let exit = p.wait_exit().await;
         assert!(exit.success(), "{} exits 0 on SIGTERM, got {exit}", p.name);
     }
+}
+
+/// One process per state dir: a second rendezvous on the first's state dir
+/// (an evicted pod still running beside its replacement) refuses to start,
+/// naming the first; once the first is SIGKILLed a new one starts on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_rendezvous_on_a_state_dir_refuses_to_start_naming_the_first() {
+    let mut cluster = Cluster::start().await;
+    let first = cluster.rendezvous.as_ref().expect("rendezvous").child.id();
+    let health = format!("127.0.0.1:{}", free_port());
+    let env = cluster.rendezvous_env(free_port(), &health);
+    let mut second = Proc::spawn("rendezvous-2", RENDEZVOUS_BIN, &env, health, cluster.dir.path());
+    let exit = second.wait_exit().await;
+    assert!(!exit.success(), "the second rendezvous must not start: {exit}");
+    let logs = second.logs();
+    assert!(
+        logs.contains(&format!("in use by another rendezvous (pid {first} on")),
+        "second rendezvous' log:\n{logs}"
+    );
+    let mut dead = cluster.rendezvous.take().expect("rendezvous");
+    dead.child.kill().expect("SIGKILL the rendezvous");
+    dead.wait_exit().await;
+    cluster.start_rendezvous().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

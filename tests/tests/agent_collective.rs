@@ -538,10 +538,10 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                     let mut optim = FlatOptimizer::new(&OptimizerSpec::adam(0.01), grads);
                     let mut times = StepTimes::default();
                     for step in 0..4 {
-                        // [gradient sums…, rows, loss sum, not ready, exhausted]
+                        // [gradient sums…, rows, weight, loss sum, not ready, exhausted]
                         let mut buf: Vec<f32> = (0..grads)
                             .map(|i| ((i * (rank + 2) + step) as f32 * 0.37).cos())
-                            .chain([32.0, 1.5, 0.0, 0.0])
+                            .chain([32.0, 32.0, 1.5, 0.0, 0.0])
                             .collect();
                         let stepped = exchange
                             .run(
@@ -552,11 +552,11 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                                 &mut optim,
                                 &mut weights,
                                 &mut times,
-                                |t| Some(1.0 / t.rows),
+                                |t| Some(1.0 / t.weight),
                             )
                             .expect("exchange");
                         assert!(stepped);
-                        assert_eq!(&buf[grads..], &[64.0, 3.0, 0.0, 0.0]);
+                        assert_eq!(&buf[grads..], &[64.0, 64.0, 3.0, 0.0, 0.0]);
                     }
                     (weights, times)
                 })

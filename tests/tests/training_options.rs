@@ -161,6 +161,79 @@ async fn a_warmup_cosine_schedule_continues_its_curve_after_an_agent_is_killed()
     cluster.shutdown().await;
 }
 
+/// A checkpoint torn by a crash is passed over: with the survivor's latest
+/// checkpoint truncated after an agent is killed, the gang resumes from the
+/// one before it and still trains every row once per epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_torn_latest_checkpoint_resumes_from_the_one_before() {
+    let (cluster, dir) = cluster(2).await;
+    let mut spec = mlp(2, 10, 6).build().expect("spec");
+    spec.checkpoint = CheckpointPolicy {
+        every_epochs: 1,
+        keep_last: 3,
+    };
+    start_job(&cluster, "torn", &spec, &[0, 1]).await;
+    let shards = [rule_batch(1500, 5), rule_batch(1500, 6)];
+    feed(&cluster, "torn", &shards, &[0, 1]).await;
+    let c0 = agent_client(&cluster, 0);
+    wait_until(&c0, "torn", std::time::Duration::from_secs(120), |s| {
+        s.epoch >= 4 && s.step > 0
+    })
+    .await;
+    cluster.kill_agent(1);
+    wait_until(&c0, "torn", std::time::Duration::from_secs(30), |s| {
+        matches!(s.state, AgentJobState::Recovering | AgentJobState::Ganging)
+    })
+    .await;
+    // Every agent's latest checkpoint of the job, torn mid-file.
+    let mut latest: std::collections::BTreeMap<std::path::PathBuf, (u32, std::path::PathBuf)> =
+        Default::default();
+    let mut stack = vec![dir.path().to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            match (
+                p.is_dir(),
+                name.strip_prefix("epoch-").and_then(|n| n.parse::<u32>().ok()),
+            ) {
+                (true, Some(epoch)) if p.to_string_lossy().contains("/torn/") => {
+                    let store = p.parent().and_then(|a| a.parent()).expect("store").to_owned();
+                    let slot = latest.entry(store).or_insert((0, p.clone()));
+                    if epoch > slot.0 {
+                        *slot = (epoch, p);
+                    }
+                }
+                (true, _) => stack.push(p),
+                _ => {}
+            }
+        }
+    }
+    assert!(!latest.is_empty(), "checkpoints were written");
+    let newest = latest.values().map(|(e, _)| *e).max().expect("an epoch");
+    for (_, path) in latest.values() {
+        let model = path.join("model.bpk");
+        let bytes = std::fs::read(&model).expect("read");
+        std::fs::write(&model, &bytes[..bytes.len() / 2]).expect("tear");
+    }
+    let replacement = cluster.add_agent().await.expect("replacement");
+    start_on(&cluster, replacement, "torn", &spec).await;
+    let c = agent_client(&cluster, replacement);
+    put(&c, "torn", Split::Train, "s", std::slice::from_ref(&shards[1]))
+        .await
+        .expect("re-send");
+    end_of_data(&c, "torn", Split::Train, Some(1500)).await;
+    let s0 = wait_done(&c0, "torn").await;
+    assert_eq!(s0.state, AgentJobState::Succeeded, "{s0:#?}");
+    assert_eq!(
+        s0.resumed_from_epoch,
+        Some(newest - 1),
+        "resumed from the checkpoint before the torn one: {s0:#?}"
+    );
+    assert_eq!(s0.rows_trained_per_epoch, vec![3000; 6]);
+    cluster.shutdown().await;
+}
+
 /// A Flight client that ends an empty train split gets a failed job naming
 /// the split, no second attempt, and no model to fetch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

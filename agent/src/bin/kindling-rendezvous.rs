@@ -135,22 +135,29 @@ async fn main() -> anyhow::Result<()> {
     let health = HealthServer::start(health_listener, ready.clone(), shutdown.child_token())
         .context("starting the health server")?;
     tracing::info!(addr = %health.addr(), "health probes listening");
-    let server = tokio::spawn(serve(listener, config, shutdown.clone()));
+    let mut server = tokio::spawn(serve(listener, config, shutdown.clone()));
     // The listener is bound and `serve` owns it: connections queue until it accepts.
     ready.set(true);
-    tokio::select! {
+    // A server that stops on its own (a state dir another rendezvous holds,
+    // a failed accept loop) ends the process with its error: never ready
+    // while nothing serves.
+    let ended = tokio::select! {
         r = shutdown_signal() => {
             r?;
             tracing::info!("shutting down: waking blocked calls and draining");
             shutdown.cancel();
+            None
         }
-        _ = shutdown.cancelled() => {}
-    }
+        _ = shutdown.cancelled() => None,
+        done = &mut server => Some(done),
+    };
     ready.set(false);
     health.shutdown().await;
-    server
-        .await
-        .context("the rendezvous task panicked")?
+    let done = match ended {
+        Some(done) => done,
+        None => server.await,
+    };
+    done.context("the rendezvous task panicked")?
         .context("serving the rendezvous")?;
     tracing::info!("rendezvous stopped");
     Ok(())

@@ -10,6 +10,12 @@
 //! either the old or the new snapshot, never a torn one. Writes are skipped
 //! when the snapshot did not change (heartbeats never write).
 //!
+//! One process owns a state directory: `open` takes an exclusive lock on
+//! `<state dir>/lock` (holding the owner's pid and host) for the life of
+//! the store, and a second rendezvous on the same directory (an evicted pod
+//! still running beside its replacement) refuses to start, naming the
+//! holder, instead of interleaving writes.
+//!
 //! The whole state is rewritten each time. It is small — registrations, jobs
 //! with their spec summaries and failures — and bounded by the retention of
 //! finished jobs; `bench_rendezvous` measures what it costs.
@@ -28,12 +34,50 @@ pub const STATE_FORMAT: u32 = 1;
 
 const FILE: &str = "state.pb";
 const TMP: &str = ".state.pb.tmp";
+const LOCK: &str = "lock";
 
-/// Where the snapshot lives, and the bytes last written (to skip no-op writes).
+/// Where the snapshot lives, the bytes last written (to skip no-op
+/// writes), and the directory's lock, held while the store lives.
 #[derive(Debug)]
 pub struct StateStore {
     dir: PathBuf,
     last: Vec<u8>,
+    _lock: File,
+}
+
+/// Takes the directory's exclusive lock, or says who holds it.
+fn lock(dir: &Path) -> Result<File, String> {
+    let path = dir.join(LOCK);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open the lock file {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(format!(
+                "the state directory is in use by another rendezvous ({}): one process per state directory",
+                match holder.trim() {
+                    "" => "holder unknown",
+                    h => h,
+                }
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("cannot lock {}: {e}", path.display()));
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let me = format!("pid {} on {}", std::process::id(), host.trim());
+    file.set_len(0)
+        .and_then(|()| file.write_all(me.as_bytes()))
+        .and_then(|()| file.sync_all())
+        .map_err(|e| format!("cannot write the lock file {}: {e}", path.display()))?;
+    Ok(file)
 }
 
 impl StateStore {
@@ -45,6 +89,7 @@ impl StateStore {
             detail,
         };
         std::fs::create_dir_all(dir).map_err(|e| storage(format!("cannot create the directory: {e}")))?;
+        let held = lock(dir).map_err(storage)?;
         match std::fs::remove_file(dir.join(TMP)) {
             Ok(()) => {
                 tracing::warn!(dir = %dir.display(), "discarded the temporary file of an interrupted write")
@@ -55,6 +100,7 @@ impl StateStore {
         let mut store = StateStore {
             dir: dir.to_owned(),
             last: Vec::new(),
+            _lock: held,
         };
         let bytes = match std::fs::read(dir.join(FILE)) {
             Ok(bytes) => bytes,
@@ -141,9 +187,24 @@ mod tests {
         store.save(&snapshot("a0")).unwrap();
         // An interrupted later write leaves only its temporary file.
         std::fs::write(dir.path().join(TMP), b"\x0a\xff torn").unwrap();
+        drop(store);
         let (_, read) = StateStore::open(dir.path()).unwrap();
         assert_eq!(read.unwrap().agents[0].agent_id, "a0");
         assert!(!dir.path().join(TMP).exists());
+    }
+
+    #[test]
+    fn a_second_store_on_the_directory_is_refused_naming_the_holder_until_the_first_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, _) = StateStore::open(dir.path()).unwrap();
+        let err = StateStore::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("in use by another rendezvous")
+                && err.contains(&format!("pid {}", std::process::id())),
+            "{err}"
+        );
+        drop(first);
+        StateStore::open(dir.path()).expect("free once the first is gone");
     }
 
     #[test]
@@ -187,6 +248,7 @@ mod tests {
         assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
         assert!(err.to_string().contains("state.pb"), "{err}");
         std::fs::remove_dir(dir.path().join(TMP)).unwrap();
+        drop(store);
         let (_, read) = StateStore::open(dir.path()).unwrap();
         assert_eq!(read.unwrap().agents[0].agent_id, "a0");
     }

@@ -18,7 +18,10 @@ pub(super) fn agree(
     let rt = ctx.runtime.clone();
     let rank = ctx.ring.rank() as usize;
     let world = ctx.ring.world() as usize;
-    let mine = ctx.checkpoints.latest_epoch();
+    // The newest checkpoint whose files are whole (a corrupt one is passed
+    // over for the one before it).
+    let latest = ctx.checkpoints.load_latest()?;
+    let mine = latest.as_ref().map_or(0, |c| c.meta.epoch);
     let mut epochs = vec![0f32; world];
     epochs[rank] = mine as f32;
     rt.block_on(ctx.ring.all_reduce_sum(&mut epochs))?;
@@ -34,10 +37,9 @@ pub(super) fn agree(
             _ => Ok((model.from_record_bytes(bytes)?, 0)),
         };
     }
-    let payload = if rank == root {
-        ctx.checkpoints.load_latest()?.map(|c| checkpoint::pack(&c))
-    } else {
-        None
+    let payload = match rank == root {
+        true => latest.map(|c| checkpoint::pack(&c)),
+        false => None,
     };
     let bytes = rt.block_on(ctx.ring.broadcast(root as u32, payload))?;
     let ckpt = checkpoint::unpack(&bytes)?;

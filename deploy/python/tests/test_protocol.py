@@ -232,6 +232,18 @@ def test_failed_precondition_is_arrow_invalid(agents: List[AgentClient], job_id:
         agent.end_of_data(job_id, "train")
 
 
+def test_create_job_with_other_parameters_is_already_exists_not_unavailable(
+    agents: List[AgentClient], job_id: str
+) -> None:
+    agent = agents[0]
+    agent.create_job(job_id, 1)
+    agent.create_job(job_id, 1)  # the same parameters: idempotent
+    with pytest.raises(KindlingError, match="already exists") as err:
+        agent.create_job(job_id, 2)
+    assert err.value.code == "ALREADY_EXISTS", err.value
+    assert not isinstance(err.value, Unavailable), "a client would retry UNAVAILABLE forever"
+
+
 def test_unauthenticated_is_flight_unauthenticated_error(addresses: List[str]) -> None:
     for token in (None, "wrong"):
         with AgentClient(addresses[0], token) as anonymous:

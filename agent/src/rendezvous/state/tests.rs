@@ -310,9 +310,12 @@ async fn a_restart_keeps_jobs_attempts_failures_gangs_and_agents() {
     s.complete_job("done", 1).unwrap();
     let statuses = s.list_jobs().unwrap();
 
-    // A crash: nothing is closed, the process is gone.
+    // A crash: nothing is closed, the process is gone (with it the state
+    // dir's lock: the last clone of the state, in the aborted join, is
+    // dropped once the task is).
     drop(s);
     waiting.abort();
+    let _ = waiting.await;
     let r = durable(dir.path());
 
     let restored = r.list_jobs().unwrap();
