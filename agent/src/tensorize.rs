@@ -197,13 +197,7 @@ pub fn targets(batch: &RecordBatch, label: &str, task: Task, device: &Device) ->
 /// Each row's weight: the spec's sample-weight column times its class
 /// weight; `None` when the job weights no rows.
 pub fn row_weights(batch: &RecordBatch, spec: &JobSpec) -> Result<Option<Vec<f32>>, AgentError> {
-    let mut weights = match &spec.sample_weight {
-        Some(name) => {
-            let as_f32 = cast(column(batch, name)?, &DataType::Float32).map_err(AgentError::arrow)?;
-            Some(as_f32.as_primitive::<Float32Type>().values().to_vec())
-        }
-        None => None,
-    };
+    let mut weights = sample_weights(batch, spec)?;
     if let Some(per_class) = &spec.class_weights {
         let labels = class_labels(batch, &spec.label)?;
         let w = weights.get_or_insert_with(|| vec![1.0; labels.len()]);
@@ -212,6 +206,16 @@ pub fn row_weights(batch: &RecordBatch, spec: &JobSpec) -> Result<Option<Vec<f32
         }
     }
     Ok(weights)
+}
+
+/// The spec's sample-weight column alone (what the eval metrics weigh rows
+/// by; class weights shape only the loss); `None` without one.
+pub fn sample_weights(batch: &RecordBatch, spec: &JobSpec) -> Result<Option<Vec<f32>>, AgentError> {
+    let Some(name) = &spec.sample_weight else {
+        return Ok(None);
+    };
+    let as_f32 = cast(column(batch, name)?, &DataType::Float32).map_err(AgentError::arrow)?;
+    Ok(Some(as_f32.as_primitive::<Float32Type>().values().to_vec()))
 }
 
 /// Regression targets row-major as `f32` (`[row · targets + t]`).

@@ -57,10 +57,7 @@ pub(super) fn evaluate(
         tally.add_custom(&model.metric_sums(&out, &input)?);
         // Metrics weigh rows by the sample-weight column only: class
         // weights shape the loss, not what is measured.
-        let row_weights = match ctx.spec.sample_weight {
-            Some(_) => weights_of_column(&batch, &ctx.spec)?,
-            None => None,
-        };
+        let row_weights = tensorize::sample_weights(&batch, &ctx.spec)?;
         match kind {
             TallyKind::Classes { .. } => {
                 let probabilities = floats(softmax(out, 1))?;
@@ -100,18 +97,6 @@ pub(super) fn evaluate(
             .flatten(),
         metrics: report.metrics,
     })
-}
-
-/// The sample-weight column's values alone (without class weights).
-fn weights_of_column(
-    batch: &arrow::array::RecordBatch,
-    spec: &kindling_schemas::spec::JobSpec,
-) -> Result<Option<Vec<f32>>, AgentError> {
-    let only_rows = kindling_schemas::spec::JobSpec {
-        class_weights: None,
-        ..spec.clone()
-    };
-    tensorize::row_weights(batch, &only_rows)
 }
 
 /// A tensor's values, row-major.
