@@ -22,8 +22,10 @@ use crate::server::AgentConfig;
 #[derive(Debug, Parser)]
 #[command(name = "kindling-agent", version, long_version = LONG_VERSION)]
 struct Cli {
-    /// Print the GPU adapter `use_gpu` jobs would train on and exit (status 1
-    /// when the agent was built without the `gpu` feature or finds no adapter).
+    /// Print the GPU adapter `use_gpu` jobs would train on — its kernels
+    /// (SPIR-V or WGSL), memory, tensor cores, subgroups, bf16 and f16 — and
+    /// exit (status 1, with the reason, when the agent was built without a GPU
+    /// feature or has no adapter it can train on).
     #[arg(long)]
     check_gpu: bool,
     /// Unique agent id (default: the node name).
@@ -108,7 +110,7 @@ struct Cli {
 const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
     concat!(
         env!("CARGO_PKG_VERSION"),
-        " (GPU backend: burn-wgpu, `gpu` feature)"
+        " (GPU backend: burn's wgpu runtime, SPIR-V on Vulkan; `gpu` feature)"
     )
 } else {
     concat!(
@@ -117,11 +119,11 @@ const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
     )
 };
 
-/// `--check-gpu`: the adapter, or why there is none.
+/// `--check-gpu`: the adapter and what it can do, or why there is none.
 fn check_gpu() -> anyhow::Result<()> {
     match crate::device::gpu() {
         Ok((_, info)) => {
-            println!("gpu: wgpu adapter {info}");
+            println!("{}", info.report());
             Ok(())
         }
         Err(e) => bail!("no GPU for `use_gpu` jobs: {e}"),

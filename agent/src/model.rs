@@ -46,7 +46,7 @@ use burn::module::Module;
 use burn::nn::loss::{CrossEntropyLossConfig, MseLoss, Reduction};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::softmax;
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use kindling_schemas::schema::{FeatureKind, FeatureLayout};
 use kindling_schemas::spec::{JobSpec, Task, valid_model_name};
 use serde::Serialize;
@@ -257,15 +257,36 @@ impl<'a> Batch<'a> {
         self.records
     }
 
-    /// Every float column concatenated in spec order `[n, float_width]`.
+    /// Every float column concatenated in spec order `[n, float_width]`,
+    /// in the dtype the model computes in ([`float_dtype`](Self::float_dtype)).
     pub fn features(&self) -> Result<Tensor<2>, AgentError> {
-        crate::tensorize::features(self.records, self.layout, self.device)
+        let x = crate::tensorize::features(self.records, self.layout, self.device)?;
+        self.in_compute_dtype(x)
     }
 
-    /// One float column `[n, width]`.
+    /// One float column `[n, width]`, in the dtype the model computes in.
     pub fn float(&self, column: &str) -> Result<Tensor<2>, AgentError> {
         let feature = self.layout.column(column).ok_or_else(|| not_a_feature(column))?;
-        crate::tensorize::float_column(self.records, feature, self.device)
+        let x = crate::tensorize::float_column(self.records, feature, self.device)?;
+        self.in_compute_dtype(x)
+    }
+
+    /// The float dtype the job's model computes in: `f32`, or for a
+    /// mixed-precision job (`precision: bf16`) on the GPU `bf16` (`f16`
+    /// where the adapter has no `bf16`). A model that makes float tensors of
+    /// its own makes them in this dtype.
+    pub fn float_dtype(&self) -> Result<DType, AgentError> {
+        match crate::device::is_gpu(self.device) {
+            true => Ok(crate::device::compute_dtype(self.spec)?.unwrap_or(DType::F32)),
+            false => Ok(DType::F32),
+        }
+    }
+
+    fn in_compute_dtype(&self, x: Tensor<2>) -> Result<Tensor<2>, AgentError> {
+        match self.float_dtype()? {
+            DType::F32 => Ok(x),
+            dtype => Ok(x.cast(dtype)),
+        }
     }
 
     /// A categorical column's ids `[n]`.
@@ -456,6 +477,18 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     fn from_record_bytes(self: Box<Self>, bytes: Vec<u8>) -> Result<Box<dyn AnyModel>, AgentError>;
     /// The model for inference (no gradient tracking).
     fn valid(&self) -> Box<dyn AnyModel>;
+    /// The model with its float weights in `dtype` (mixed precision); every
+    /// later load of weights keeps it.
+    fn with_dtype(self: Box<Self>, dtype: DType) -> Box<dyn AnyModel>;
+}
+
+/// `t` in `f32` (a mixed-precision model's outputs).
+fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(DType::F32)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -467,7 +500,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
-        self.0.forward(batch)
+        Ok(in_f32(self.0.forward(batch)?))
     }
 
     fn loss(&self, output: Tensor<2>, batch: &Batch<'_>) -> Result<Tensor<1>, AgentError> {
@@ -500,15 +533,18 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
             buf.extend([n as f32, 0.0, 0.0]);
             return Ok(buf);
         }
-        let output = self.0.forward(batch)?;
+        // A mixed-precision model's outputs: the loss is taken in f32.
+        let output = in_f32(self.0.forward(batch)?);
         let loss = self.0.loss(output, batch)?;
-        let loss_value = loss.clone().into_scalar::<f32>() as f64;
+        let sum_loss: Tensor<1> = loss.clone().mul_scalar(weight as f32);
+        let grads = GradientsParams::from_grads(sum_loss.backward(), &self.0);
+        // The loss comes back with the gradients, in one read back (on a GPU,
+        // the step's only wait for the device).
+        let mut buf = params::flatten_grads_and(&self.0, &grads, loss);
+        let loss_value = buf.pop().unwrap_or(f32::NAN) as f64;
         if !loss_value.is_finite() {
             return Err(StepError::NonFinite(loss_value));
         }
-        let sum_loss: Tensor<1> = loss.mul_scalar(weight as f32);
-        let grads = GradientsParams::from_grads(sum_loss.backward(), &self.0);
-        let mut buf = params::flatten_grads(&self.0, &grads);
         buf.push(n as f32);
         buf.push(weight as f32);
         buf.push((loss_value * weight) as f32);
@@ -528,7 +564,8 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel> {
-        Box::new(Erased(params::load_flat(self.0, values)))
+        let dtype = params::float_dtype(&self.0);
+        Box::new(Erased(params::cast(params::load_flat(self.0, values), dtype)))
     }
 
     fn to_arrow(&self) -> Result<RecordBatch, AgentError> {
@@ -536,7 +573,11 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn from_arrow(self: Box<Self>, table: &RecordBatch) -> Result<Box<dyn AnyModel>, AgentError> {
-        Ok(Box::new(Erased(params::from_arrow(self.0, table)?)))
+        let dtype = params::float_dtype(&self.0);
+        Ok(Box::new(Erased(params::cast(
+            params::from_arrow(self.0, table)?,
+            dtype,
+        ))))
     }
 
     fn to_record_bytes(&self) -> Result<Vec<u8>, AgentError> {
@@ -544,7 +585,15 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn from_record_bytes(self: Box<Self>, bytes: Vec<u8>) -> Result<Box<dyn AnyModel>, AgentError> {
-        Ok(Box::new(Erased(params::from_record_bytes(self.0, bytes)?)))
+        let dtype = params::float_dtype(&self.0);
+        Ok(Box::new(Erased(params::cast(
+            params::from_record_bytes(self.0, bytes)?,
+            dtype,
+        ))))
+    }
+
+    fn with_dtype(self: Box<Self>, dtype: DType) -> Box<dyn AnyModel> {
+        Box::new(Erased(params::cast(self.0, dtype)))
     }
 
     fn valid(&self) -> Box<dyn AnyModel> {

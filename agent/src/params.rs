@@ -12,7 +12,7 @@ use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Float32Type, Schema, UInt64Type};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::error::AgentError;
 
@@ -86,6 +86,44 @@ pub fn flatten_grads<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f32> 
     v.out
 }
 
+/// [`flatten_grads`] with `tail`'s values appended (the step's loss): on a
+/// GPU the gradients (zeros for a parameter without one) and `tail` are joined
+/// on the device and read back in one transfer — each read back waits for the
+/// device, so a step pays one wait instead of one per parameter and one more
+/// for the loss. On the CPU the values are copied out one by one, as there
+/// joining them first would only add a copy.
+pub fn flatten_grads_and<M: Module>(model: &M, grads: &GradientsParams, tail: Tensor<1>) -> Vec<f32> {
+    if !crate::device::is_gpu(&tail.device()) {
+        let mut out = flatten_grads(model, grads);
+        append_values(&mut out, Some(tail.inner()), 1, f32::NAN);
+        return out;
+    }
+    struct Parts<'a> {
+        grads: &'a GradientsParams,
+        parts: Vec<Tensor<1>>,
+    }
+    impl ModuleVisitor for Parts<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let n = param.lazy_shape().num_elements();
+            let part = match self.grads.get::<D>(param.id) {
+                Some(grad) => grad.inner().reshape([n]).cast(DType::F32),
+                None => Tensor::zeros([n], &param.val().device().without_autodiff()),
+            };
+            self.parts.push(part);
+        }
+    }
+    let mut v = Parts {
+        grads,
+        parts: Vec::new(),
+    };
+    model.visit(&mut v);
+    v.parts.push(tail.inner().reshape([-1]).cast(DType::F32));
+    let data = Tensor::cat(v.parts, 0).into_data().convert::<f32>();
+    let mut out = data.try_into_vec::<f32>().unwrap_or_default();
+    out.reserve(4);
+    out
+}
+
 /// Zero gradients laid out like `model`'s (for a rank with no rows in a step).
 pub fn zero_grads<M: Module>(model: &M) -> Vec<f32> {
     flatten_grads(model, &GradientsParams::new())
@@ -123,12 +161,54 @@ impl ModuleMapper for LoadFlat<'_> {
         let n: usize = shape.iter().product();
         let values = self.values[self.offset..self.offset + n].to_vec();
         self.offset += n;
+        // One upload per parameter: writes are queued without waiting for the
+        // device (one buffer sliced on the device instead made each later
+        // step far slower on wgpu).
         param.map(|t| {
             let tracked = t.is_require_grad();
             let fresh = Tensor::from_data(TensorData::new(values, shape), &t.device());
             if tracked { fresh.require_grad() } else { fresh }
         })
     }
+}
+
+/// The dtype of `model`'s first float parameter: the one it computes in
+/// (`f32` for a model without float parameters).
+pub(crate) fn float_dtype<M: Module>(model: &M) -> DType {
+    struct First(Option<DType>);
+    impl ModuleVisitor for First {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.get_or_insert_with(|| param.val().dtype());
+        }
+    }
+    let mut first = First(None);
+    model.visit(&mut first);
+    first.0.unwrap_or(DType::F32)
+}
+
+/// `model` with every float parameter in `dtype` (a mixed-precision job's
+/// weights on the GPU; loading weights brings them back as `f32`), each
+/// keeping its autodiff and gradient tracking. Unchanged where they are.
+pub(crate) fn cast<M: Module>(model: M, dtype: DType) -> M {
+    struct Cast(DType);
+    impl ModuleMapper for Cast {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let dtype = self.0;
+            param.map(|t| {
+                if t.dtype() == dtype {
+                    return t;
+                }
+                let (tracked, autodiff) = (t.is_require_grad(), t.is_autodiff());
+                let cast = t.inner().cast(dtype);
+                let cast = if autodiff { cast.autodiff() } else { cast };
+                if tracked { cast.require_grad() } else { cast }
+            })
+        }
+    }
+    if float_dtype(&model) == dtype {
+        return model;
+    }
+    model.map(&mut Cast(dtype))
 }
 
 /// Writes `values` (laid out by [`flat_weights`]) into `model`'s parameters,

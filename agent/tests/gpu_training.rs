@@ -1,10 +1,13 @@
 //! `use_gpu` end to end on a real agent over Flight on 127.0.0.1.
 //!
-//! Built with `--features gpu` (`cargo test -p kindling-agent --features gpu
-//! --test gpu_training`): the same MLP job trains once on the CPU (`flex`) and
-//! once on the wgpu device; the GPU run must learn the rule and match the CPU
-//! run (same initial weights, same batches) within float tolerance. CI has no
-//! GPU: Mesa's lavapipe (`mesa-vulkan-drivers`) is the Vulkan device there.
+//! Built with a GPU feature (`cargo test -p kindling-agent --features gpu-wgsl
+//! --test gpu_training`, or `gpu` on a machine with a GPU): the same MLP job
+//! trains once on the CPU (`flex`) and once on the wgpu device; the GPU run
+//! must learn the rule and match the CPU run (same initial weights, same
+//! batches) within float tolerance. CI has no GPU: Mesa's lavapipe
+//! (`mesa-vulkan-drivers`) is the Vulkan device there, with the WGSL kernels
+//! (`gpu-wgsl`: lavapipe crashes compiling the SPIR-V ones, and a `gpu` agent
+//! refuses it, which this test then checks).
 //! With `KINDLING_GPU_TESTS=1` a missing adapter fails the test; without it the
 //! test checks that the agent refuses the `use_gpu` job instead, and says so.
 //!
@@ -111,7 +114,7 @@ fn mlp(use_gpu: bool) -> JobSpec {
         .expect("spec")
 }
 
-#[cfg(not(feature = "gpu"))]
+#[cfg(not(feature = "wgpu-runtime"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_job_is_refused_by_an_agent_built_without_the_gpu_feature() {
     let local = Local::start().await;
@@ -128,13 +131,25 @@ async fn a_gpu_job_is_refused_by_an_agent_built_without_the_gpu_feature() {
         .await
         .expect_err("no such job");
     assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown}");
+    // Mixed precision computes on the GPU only: a job asking for it on the
+    // CPU is refused when it starts, naming the option.
+    let mixed_on_cpu = JobSpec {
+        precision: kindling_schemas::spec::Precision::Bf16,
+        ..mlp(false)
+    };
+    let err = local.start_job("bf16", &mixed_on_cpu).await.expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(
+        err.message().contains("`precision`") && err.message().contains("use_gpu"),
+        "{err}"
+    );
     // The same spec without `use_gpu` is accepted and says where it trains.
     local.start_job("cpu", &mlp(false)).await.expect("cpu job");
     assert_eq!(local.status("cpu").await.device, "cpu (flex)");
     local.stop().await;
 }
 
-#[cfg(feature = "gpu")]
+#[cfg(feature = "wgpu-runtime")]
 mod on_gpu {
     use std::time::{Duration, Instant};
 
@@ -142,7 +157,7 @@ mod on_gpu {
     use kindling_fixtures::{committed_rows, model_weights, pieces, put_messages, rule_batch};
     use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData};
     use kindling_schemas::descriptor::{DataPath, Split};
-    use kindling_schemas::spec::JobSpec;
+    use kindling_schemas::spec::{JobSpec, Precision};
 
     use super::{Local, mlp};
 
@@ -216,23 +231,30 @@ mod on_gpu {
         let info = match kindling_agent::device::gpu() {
             Ok((_, info)) => info,
             Err(e) if required => panic!(
-                "KINDLING_GPU_TESTS=1 but wgpu found no adapter: {e}\n\
+                "KINDLING_GPU_TESTS=1 but the agent has no GPU to train on: {e}\n\
                  install Mesa's software Vulkan driver: KINDLING_GPU_TESTS=1 deploy/local/setup.sh \
                  (apt-get install mesa-vulkan-drivers libvulkan1)"
             ),
             Err(e) => {
                 eprintln!(
-                    "NOT TRAINED ON A GPU: wgpu found no adapter ({e}); checking that the agent \
-                     refuses `use_gpu` instead. Set KINDLING_GPU_TESTS=1 to make this a failure."
+                    "NOT TRAINED ON A GPU: {e}; checking that the agent refuses `use_gpu` \
+                     instead. Set KINDLING_GPU_TESTS=1 to make this a failure."
                 );
                 let err = local.start_job("gpu", &mlp(true)).await.expect_err("refused");
                 assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
-                assert!(err.message().contains("no usable GPU adapter"), "{err}");
+                assert!(err.message().contains(&e.to_string()), "{err}");
                 local.stop().await;
                 return;
             }
         };
-        eprintln!("wgpu adapter: {info}");
+        eprintln!("wgpu adapter:\n{}", info.report());
+        // The kernels are the ones the build asked for: SPIR-V for `gpu` on
+        // a Vulkan adapter, WGSL for `gpu-wgsl`.
+        let expected = match cfg!(feature = "gpu") && info.api == "Vulkan" {
+            true => "wgpu<spirv>",
+            false => "wgpu<wgsl>",
+        };
+        assert_eq!(info.compiler, expected, "{info}");
 
         let (gpu, gpu_weights) = train(&local, "gpu", &mlp(true)).await;
         assert_eq!(
@@ -287,6 +309,46 @@ mod on_gpu {
         assert!(
             max_diff < 1e-3 * max_abs.max(1.0),
             "GPU weights differ from the CPU's by {max_diff} (largest weight {max_abs})"
+        );
+
+        // Mixed precision: half-precision compute (bf16, or f16 where the
+        // adapter has no bf16) with f32 master weights and all-reduce. It
+        // learns the rule as well as the f32 run, its status names the half
+        // type, and its weights are not the f32 run's (it did compute in half).
+        let mixed_spec = JobSpec {
+            precision: Precision::Bf16,
+            ..mlp(true)
+        };
+        let (mixed, mixed_weights) = train(&local, "mixed", &mixed_spec).await;
+        let half = match info.bf16 {
+            true => ", bf16 compute",
+            false => ", f16 compute (no bf16 on this adapter)",
+        };
+        assert_eq!(mixed.device, format!("gpu (wgpu: {info}){half}"));
+        let mixed_accuracy = mixed
+            .history
+            .last()
+            .and_then(|m| m.eval_accuracy)
+            .expect("accuracy");
+        assert!(
+            mixed_accuracy > 0.95,
+            "mixed-precision eval accuracy {mixed_accuracy}"
+        );
+        assert!(
+            (mixed_accuracy - accuracy).abs() <= 0.02,
+            "mixed precision {mixed_accuracy} vs f32 {accuracy}"
+        );
+        let half_diff = mixed_weights
+            .iter()
+            .zip(&gpu_weights)
+            .flat_map(|((_, m), (_, g))| m.iter().zip(g).map(|(m, g)| (m - g).abs()))
+            .fold(0f32, f32::max);
+        eprintln!(
+            "mixed precision ({half}): final accuracy {mixed_accuracy:.4}, max |Δw| vs f32 {half_diff:.2e}"
+        );
+        assert!(
+            half_diff > 0.0,
+            "the mixed-precision weights equal the f32 run's bit for bit"
         );
         local.stop().await;
     }

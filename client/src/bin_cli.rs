@@ -12,7 +12,7 @@ use kindling::spark::{DataFrame, SparkSession};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_schemas::spec::{ModelSpec, Task};
+use kindling_schemas::spec::{ModelSpec, Precision, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
 
 mod evaluate;
@@ -97,6 +97,10 @@ pub struct TrainArgs {
     /// Train on GPUs.
     #[arg(long)]
     pub gpu: bool,
+    /// With --gpu, mixed precision: bf16 compute (f16 where the GPU has no
+    /// bf16), f32 master weights and all-reduce.
+    #[arg(long, requires = "gpu")]
+    pub bf16: bool,
     /// Rendezvous of a cluster (implies not --local).
     #[arg(long, env = "KINDLING_RENDEZVOUS")]
     pub rendezvous: Option<String>,
@@ -324,6 +328,11 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .batch_size(args.batch_size)
         .num_slots(args.slots)
         .use_gpu(args.gpu)
+        .precision(if args.bf16 {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        })
         .eval_fraction(args.eval_fraction)
         .seed(args.seed);
     let mut builder = args

@@ -32,7 +32,7 @@ pub use kindling_schemas::scoring::{Report, Tally, TallyKind};
 /// Kindling crate to describe a job.
 pub use kindling_schemas::spec::{
     CheckpointPolicy, EarlyStopping, GradientClip, GradientCompression, InputType, JobSpec, Loss, Metric,
-    ModelSpec, OptimizerSpec, Schedule, Task,
+    ModelSpec, OptimizerSpec, Precision, Schedule, Task,
 };
 
 /// Arrow at the version Kindling speaks: record batches in and out of

@@ -57,7 +57,7 @@ builds=(
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   builds+=(
     "clippy -p kindling-agent --features gpu --all-targets"
-    "test -p kindling-agent --features gpu --test gpu_training --no-run"
+    "test -p kindling-agent --features gpu-wgsl --test gpu_training --no-run"
   )
 fi
 

@@ -78,6 +78,26 @@ impl GradientCompression {
     }
 }
 
+/// The precision of a job's forward and backward passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// `f32` throughout.
+    #[default]
+    F32,
+    /// Mixed precision, on the GPU only: the model's weights, activations and
+    /// gradients in `bf16` (`f16` where the adapter has no `bf16`); the loss,
+    /// the gradients' all-reduce, the optimizer and its master weights in
+    /// `f32`.
+    Bf16,
+}
+
+impl Precision {
+    fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+}
+
 /// Everything an agent needs to know to train one job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -98,6 +118,9 @@ pub struct JobSpec {
     /// Train on the GPU (burn-wgpu) instead of the CPU.
     #[serde(default)]
     pub use_gpu: bool,
+    /// Compute precision (default `f32`; `bf16` needs `use_gpu`).
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
     /// Seed for weight init and shuffling.
     #[serde(default)]
     pub seed: u64,
@@ -323,6 +346,12 @@ impl JobSpec {
                 "several targets need a regression task (a class label is one id)",
             ));
         }
+        if self.precision != Precision::F32 && !self.use_gpu {
+            return Err(SpecError::new(
+                "precision",
+                "bf16 compute runs on the GPU only: set `use_gpu`, or leave `precision` at f32",
+            ));
+        }
         if self.checkpoint.keep_last == 0 {
             return Err(SpecError::new("checkpoint.keep_last", "must be at least 1"));
         }
@@ -357,6 +386,7 @@ impl Default for JobSpecBuilder {
                 batch_size: 64,
                 num_slots: 1,
                 use_gpu: false,
+                precision: Precision::F32,
                 seed: 0,
                 features: Vec::new(),
                 label: String::new(),
@@ -419,6 +449,11 @@ impl JobSpecBuilder {
     /// Trains on the GPU.
     pub fn use_gpu(mut self, use_gpu: bool) -> Self {
         self.spec.use_gpu = use_gpu;
+        self
+    }
+    /// Sets the compute precision (`Precision::Bf16` needs `use_gpu`).
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.spec.precision = precision;
         self
     }
     /// Sets the seed.

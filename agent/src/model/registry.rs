@@ -206,13 +206,18 @@ impl ModelRegistry {
     ) -> Result<Box<dyn AnyModel>, AgentError> {
         let factory = self.factory(spec)?;
         let _guard = init_lock();
-        factory.build(
+        let model = factory.build(
             spec.model.name(),
             &spec.model.config(),
             &Inputs::new(layout),
             device,
             self.max_params,
-        )
+        )?;
+        // A mixed-precision job's weights live on the GPU in its compute dtype.
+        match crate::device::compute_dtype(spec)? {
+            Some(dtype) if crate::device::is_gpu(device) => Ok(model.with_dtype(dtype)),
+            _ => Ok(model),
+        }
     }
 
     /// `spec`'s model with the initial weights `seed` gives, on the CPU with

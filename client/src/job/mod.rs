@@ -23,7 +23,8 @@ use std::time::Duration;
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::spec::{
-    CheckpointPolicy, EarlyStopping, GradientClip, JobSpec, ModelSpec, OptimizerSpec, Schedule, Task,
+    CheckpointPolicy, EarlyStopping, GradientClip, JobSpec, ModelSpec, OptimizerSpec, Precision, Schedule,
+    Task,
 };
 use tokio::sync::mpsc;
 
@@ -201,6 +202,8 @@ impl TrainingJobBuilder {
         num_slots: u32,
         /// Train on GPUs (agents built with the `gpu` feature).
         use_gpu: bool,
+        /// Compute precision: `Bf16` is mixed precision on the GPU (bf16 compute, f32 master weights).
+        precision: Precision,
         /// Seed for weight init, shuffling and the eval split.
         seed: u64,
         /// Checkpoint policy.

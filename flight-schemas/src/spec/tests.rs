@@ -18,11 +18,17 @@ fn json_round_trip_keeps_every_field() {
         .batch_size(32)
         .num_slots(4)
         .use_gpu(true)
+        .precision(Precision::Bf16)
         .seed(7)
         .build()
         .expect("valid");
     let back = JobSpec::from_json(&spec.to_json()).expect("parses");
     assert_eq!(back, spec);
+    assert!(
+        spec.to_json().contains(r#""precision":"bf16""#),
+        "{}",
+        spec.to_json()
+    );
     let cnn = base()
         .features(["img"])
         .model(ModelSpec::Cnn {
@@ -57,6 +63,8 @@ fn errors_name_the_field() {
     let cases: Vec<(JobSpecBuilder, &str)> = vec![
         (base().features(Vec::<String>::new()), "features"),
         (base().features(["a", "a"]), "features[1]"),
+        // bf16 runs on the GPU only.
+        (base().precision(Precision::Bf16), "precision"),
         (base().features(["a", "y"]), "features[1]"),
         (base().label(""), "label"),
         (base().epochs(0), "epochs"),

@@ -1,0 +1,337 @@
+//! Training throughput on the GPU (`--features gpu`): the trainer's own step
+//! path on the agent's GPU device, for the MLP 784-256-128-10 and a CNN
+//! (1×28×28, 3×3 conv blocks of 32 and 64 channels with ReLU and 2×2
+//! max-pool, dense 128), batch 256 and 4096, f32 and mixed precision (bf16
+//! compute, f16 where the adapter has no bf16), Adam, cross-entropy,
+//! synthetic data.
+//!
+//! Rows, in samples/s:
+//! - `kindling step`: what the trainer does per step on one rank — the Arrow
+//!   batch to tensors on the device, forward, backward, the gradients read
+//!   back into the all-reduce buffer, the flat Adam step on the master weights,
+//!   the weights written back to the device;
+//! - `burn alone` (MLP): the same model and batch as device tensors already,
+//!   forward, backward and burn's Adam on the device (no Arrow, no host round
+//!   trip): what the host round trips cost.
+//!
+//! - `MLP step, one read back` against `MLP step, a read back per parameter +
+//!   the loss`: the step's gradients and loss joined on the device and read
+//!   back in one transfer (what the trainer does on a GPU: each read back
+//!   waits for the device), against one per parameter and the loss read on
+//!   its own (what it did before); each with a breakdown by phase (median ms).
+//! PyTorch eager on the same GPU is `deploy/gpu/bench_gpu.py`, which
+//! `deploy/gpu/prove.sh` runs in the same run and sets beside these rows.
+//!
+//! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
+//! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
+//! `--json` prints one JSON line (the rows, the phases, the adapter) instead
+//! of the tables.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use burn::optim::{AdamConfig, GradientsParams};
+use burn::tensor::Device;
+use kindling_agent::builtin::{MlpModel, MlpModelConfig};
+use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::optim::FlatOptimizer;
+use kindling_agent::{device, params, tensorize, trainer};
+use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
+use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+mod common;
+use common::arg;
+
+const IN: usize = 784;
+/// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
+const DISTINCT: usize = 4;
+
+fn batches(batch: usize) -> Vec<RecordBatch> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("x", DataType::FixedSizeList(item.clone(), IN as i32), false),
+        Field::new("y", DataType::Int32, false),
+    ]));
+    (0..DISTINCT)
+        .map(|_| {
+            let values: Vec<f32> = (0..batch * IN).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let x = FixedSizeListArray::new(
+                item.clone(),
+                IN as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            );
+            let y = Int32Array::from_iter_values((0..batch).map(|_| rng.random_range(0..10)));
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(x), Arc::new(y)]).expect("batch")
+        })
+        .collect()
+}
+
+fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
+    let model = match model {
+        "mlp" => ModelSpec::Mlp {
+            hidden: vec![256, 128],
+        },
+        _ => ModelSpec::Cnn {
+            channels: 1,
+            height: 28,
+            width: 28,
+            conv: vec![32, 64],
+            dense: 128,
+        },
+    };
+    Ok(JobSpec::builder()
+        .task(Task::Classification { num_classes: 10 })
+        .model(model)
+        .optimizer(OptimizerSpec::adam(1e-3))
+        .batch_size(batch)
+        .features(["x"])
+        .label("y")
+        .use_gpu(true)
+        .precision(precision)
+        .build()?)
+}
+
+fn median(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v.get(v.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
+}
+
+/// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
+fn kindling_step(
+    spec: &JobSpec,
+    layout: &Layout,
+    data: &[RecordBatch],
+    device: &Device,
+    steps: usize,
+    warmup: usize,
+) -> anyhow::Result<f64> {
+    let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
+    let mut weights = model.flat_weights();
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mut t = Instant::now();
+    for i in 0..warmup + steps {
+        if i == warmup {
+            t = Instant::now();
+        }
+        // Reading the gradients back is the step's sync point: every step
+        // timed here has finished on the device.
+        let buf = model
+            .gradients(&Batch::new(&data[i % data.len()], layout, spec, device))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
+    }
+    Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The MLP with device tensors ready and burn's Adam on the device: samples/s.
+fn burn_alone(
+    spec: &JobSpec,
+    layout: &Layout,
+    data: &[RecordBatch],
+    device: &Device,
+    steps: usize,
+    warmup: usize,
+) -> anyhow::Result<f64> {
+    let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
+    let mut optim = AdamConfig::new().init();
+    let tensors: Vec<_> = data
+        .iter()
+        .map(|b| {
+            let x = tensorize::features(b, layout, device)?;
+            let y = tensorize::targets(b, "y", spec.task, device)?;
+            anyhow::Ok((x, y))
+        })
+        .collect::<Result<_, _>>()?;
+    let lr = spec.optimizer.learning_rate();
+    let mut t = Instant::now();
+    let mut last: Option<burn::tensor::Tensor<1>> = None;
+    for i in 0..warmup + steps {
+        if i == warmup {
+            // Wait for the warm-up steps before the clock starts.
+            if let Some(loss) = last.take() {
+                std::hint::black_box(loss.into_scalar::<f32>());
+            }
+            t = Instant::now();
+        }
+        let (x, y) = tensors[i % tensors.len()].clone();
+        let loss = task_loss(spec.task, model.forward_features(x), y, device);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+        last = Some(loss);
+    }
+    // The last loss read back: every step has run on the device.
+    if let Some(loss) = last {
+        std::hint::black_box(loss.into_scalar::<f32>());
+    }
+    Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Median ms of each phase of an MLP step, and the step's samples/s: with the
+/// gradients and the loss read back as one buffer (`one_buffer`, the trainer's
+/// path on a GPU), or one read back per parameter and the loss on its own (the
+/// path before, still the CPU's).
+fn phases(
+    spec: &JobSpec,
+    layout: &Layout,
+    data: &[RecordBatch],
+    device: &Device,
+    steps: usize,
+    one_buffer: bool,
+) -> anyhow::Result<(Vec<(&'static str, f64)>, f64)> {
+    let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
+    let mut weights = params::flat_weights(&model);
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mut times: [Vec<Duration>; 5] = Default::default();
+    let mut total = Duration::ZERO;
+    for i in 0..steps + 5 {
+        let b = &data[i % data.len()];
+        let t0 = Instant::now();
+        let x = tensorize::features(b, layout, device)?;
+        let y = tensorize::targets(b, "y", spec.task, device)?;
+        let t1 = Instant::now();
+        let loss = task_loss(spec.task, model.forward_features(x), y, device);
+        let (buf, t2, t3) = if one_buffer {
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let t2 = Instant::now();
+            let mut buf = params::flatten_grads_and(&model, &grads, loss);
+            std::hint::black_box(buf.pop());
+            (buf, t2, Instant::now())
+        } else {
+            std::hint::black_box(loss.clone().into_scalar::<f32>());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let t2 = Instant::now();
+            (params::flatten_grads(&model, &grads), t2, Instant::now())
+        };
+        optim.step(&mut weights, &buf, 1.0);
+        let t4 = Instant::now();
+        model = params::load_flat(model, &weights);
+        let t5 = Instant::now();
+        if i < 5 {
+            continue; // warm-up
+        }
+        total += t5 - t0;
+        for (p, d) in times
+            .iter_mut()
+            .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
+        {
+            p.push(d);
+        }
+    }
+    let names = [
+        "Arrow batch → device tensors (upload queued)",
+        "forward + loss + backward (queued; before: the loss read back on its own)",
+        "gradients (and loss) read back into the all-reduce buffer (waits for the device)",
+        "Adam step on the host (flat, fused)",
+        "weights back to the device",
+    ];
+    let sps = (steps * spec.batch_size) as f64 / total.as_secs_f64();
+    Ok((names.into_iter().zip(times.map(median)).collect(), sps))
+}
+
+/// The comma-separated values after `--name`, or `default`'s.
+fn list(name: &str, default: &str) -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let value = args
+        .iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, String::as_str);
+    value.split(',').map(str::to_owned).collect()
+}
+
+fn main() -> anyhow::Result<()> {
+    let steps = arg("--steps", 100);
+    let warmup = arg("--warmup", 10);
+    let as_json = std::env::args().any(|a| a == "--json");
+    let (gpu, info) = device::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let autodiff = gpu.clone().autodiff();
+    gpu.seed(0);
+    let mut rows = Vec::new();
+    let mut all_phases = Vec::new();
+    // bf16 rows compute in f16 where the adapter has no bf16 (`dtype` says which).
+    let half = if info.bf16 { "bf16" } else { "f16" };
+    let models = list("--models", "mlp,cnn");
+    let batch_sizes: Vec<usize> = list("--batches", "256,4096")
+        .iter()
+        .map(|b| b.parse())
+        .collect::<Result<_, _>>()?;
+    for model in models.iter().map(String::as_str) {
+        for &batch in &batch_sizes {
+            let data = batches(batch);
+            for (precision, name, dtype) in [(Precision::F32, "f32", "f32"), (Precision::Bf16, "bf16", half)]
+            {
+                if precision == Precision::Bf16 && !(info.bf16 || info.f16) {
+                    continue;
+                }
+                let spec = spec(model, batch, precision)?;
+                let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, steps, warmup)?;
+                eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
+                rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
+            }
+            if model == "mlp" {
+                let spec = spec(model, batch, Precision::F32)?;
+                let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+                let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
+                eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
+                rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
+                for (one_buffer, path) in [
+                    (false, "a read back per parameter + the loss"),
+                    (true, "one read back"),
+                ] {
+                    let (phases, sps) = phases(&spec, &layout, &data, &autodiff, steps.min(50), one_buffer)?;
+                    eprintln!("{model} batch {batch} f32: MLP step, {path}: {sps:.0} samples/s");
+                    rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": format!("MLP step, {path}"), "samples_per_sec": sps}));
+                    for (phase, ms) in phases {
+                        all_phases.push(json!({"batch": batch, "path": path, "phase": phase, "ms": ms}));
+                    }
+                }
+            }
+        }
+    }
+    let out = json!({
+        "device": info.to_string(),
+        "steps": steps,
+        "warmup": warmup,
+        "rows": rows.iter().filter(|r| r["path"] == "kindling step").collect::<Vec<_>>(),
+        "other_paths": rows.iter().filter(|r| r["path"] != "kindling step").collect::<Vec<_>>(),
+        "phases": all_phases,
+    });
+    if as_json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!("Training step on {info}: Adam, cross-entropy, {steps} timed steps after {warmup}");
+    println!();
+    println!("| model | batch | precision | path | samples/s |");
+    println!("|---|---:|---|---|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {:.0} |",
+            r["model"].as_str().unwrap_or(""),
+            r["batch"],
+            r["dtype"].as_str().or(r["precision"].as_str()).unwrap_or(""),
+            r["path"].as_str().unwrap_or(""),
+            r["samples_per_sec"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!();
+    println!("| batch | transfers | phase of an MLP step | median ms |");
+    println!("|---:|---|---|---:|");
+    for p in &all_phases {
+        println!(
+            "| {} | {} | {} | {:.3} |",
+            p["batch"],
+            p["path"].as_str().unwrap_or(""),
+            p["phase"].as_str().unwrap_or(""),
+            p["ms"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On a machine with a GPU (no Rust needed), from the repository root, after
+# deploy/gpu/bundle.sh built deploy/gpu/bundle/ here and it travelled along:
+# unpacks the binaries, makes sure a Vulkan loader and the GPU's Vulkan driver
+# are found, prints the adapter and what it offers (`kindling-agent
+# --check-gpu`), then runs deploy/gpu/prove.py: the digits MLP and CNN on 1
+# and 2 agents sharing the GPU against the CPU run, then the training step
+# against PyTorch eager. Results: prove.md and prove.json (and check-gpu.txt,
+# nvidia-smi.csv) in $OUT (the device tool's folder) or deploy/gpu/out/.
+# Rehearsed on Mesa's software Vulkan device (lavapipe) with a WGSL bundle;
+# see bundle.sh.
+#
+# PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
+# PROVE_PYTHON names a Python with pyarrow, numpy, scikit-learn and torch
+# (PROVE_TORCH_PYTHON another for torch alone).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+bundle=deploy/gpu/bundle
+out="${OUT:-deploy/gpu/out}"
+python="${PROVE_PYTHON:-python3}"
+torch_python="${PROVE_TORCH_PYTHON:-$python}"
+started=$(date +%s)
+if [ ! -f "$bundle/bin.tar.xz" ]; then
+  echo "no $bundle/bin.tar.xz: run deploy/gpu/bundle.sh first (where cargo is)" >&2
+  exit 1
+fi
+unpacked=$(mktemp -d)
+mkdir -p "$out"
+tar -C "$unpacked" -xJf "$bundle/bin.tar.xz"
+echo "bundle: $(tr '\n' ' ' <"$bundle/BUILD")"
+
+# The Vulkan loader: the image's own, else the bundled package.
+if ! ldconfig -p | grep -q 'libvulkan.so.1'; then
+  echo "no libvulkan.so.1 on this machine: unpacking the bundled loader"
+  for f in "$bundle"/deb/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+# NVIDIA's driver mounted into a container: its Vulkan ICD and EGL vendor file.
+nv=/usr/local/nvidia/share
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nv/vulkan/icd.d/nvidia_icd.json" ]; then
+  export VK_DRIVER_FILES="$nv/vulkan/icd.d/nvidia_icd.json"
+fi
+if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$nv/glvnd/egl_vendor.d/10_nvidia.json" ]; then
+  export __EGL_VENDOR_LIBRARY_FILENAMES="$nv/glvnd/egl_vendor.d/10_nvidia.json"
+fi
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/nvidia-smi.csv"
+fi
+
+"$unpacked/bin/kindling-agent" --check-gpu 2>&1 | tee "$out/check-gpu.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "the agent has no GPU to train on (above)" >&2; exit 1; }
+
+export PYTHONUNBUFFERED=1
+status=0
+# shellcheck disable=SC2086
+"$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
+echo "prove.sh: status $status, $(( $(date +%s) - started )) s"
+exit "$status"
