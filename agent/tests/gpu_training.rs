@@ -319,6 +319,16 @@ mod on_gpu {
             precision: Precision::Bf16,
             ..mlp(true)
         };
+        if !(info.bf16 || info.f16) {
+            eprintln!(
+                "NOT TRAINED IN HALF PRECISION: the adapter has neither bf16 nor f16; checking the refusal"
+            );
+            let err = local.start_job("mixed", &mixed_spec).await.expect_err("refused");
+            assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+            assert!(err.message().contains("supports neither bf16 nor f16"), "{err}");
+            local.stop().await;
+            return;
+        }
         let (mixed, mixed_weights) = train(&local, "mixed", &mixed_spec).await;
         let half = match info.bf16 {
             true => ", bf16 compute",
