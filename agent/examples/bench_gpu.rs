@@ -19,6 +19,7 @@
 //!   back in one transfer (what the trainer does on a GPU: each read back
 //!   waits for the device), against one per parameter and the loss read on
 //!   its own (what it did before); each with a breakdown by phase (median ms).
+//!
 //! PyTorch eager on the same GPU is `deploy/gpu/bench_gpu.py`, which
 //! `deploy/gpu/prove.sh` runs in the same run and sets beside these rows.
 //!
