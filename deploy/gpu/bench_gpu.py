@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batches", default="256,4096")
+    p.add_argument("--models", default="mlp,cnn")
     a = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
@@ -74,7 +75,7 @@ def main() -> None:
     if device.type == "cpu" or torch.cuda.is_bf16_supported():
         precisions.append("bf16")
     rows = []
-    for model in ["mlp", "cnn"]:
+    for model in a.models.split(","):
         for batch in [int(b) for b in a.batches.split(",")]:
             for precision in precisions:
                 sps = bench(model, batch, precision, a.steps, a.warmup, device)

@@ -240,7 +240,7 @@ def run_json(cmd: List[str], what: str, env: Optional[Dict[str, str]] = None) ->
 
 
 def speed_part(args: argparse.Namespace) -> Dict[str, Any]:
-    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batches", args.batches]
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batches", args.batches, "--models", args.models]
     kindling = run_json([str(args.bin / "bench_gpu"), *common, "--json"], "bench_gpu")
     torch = run_json([args.python, str(ROOT / "deploy" / "gpu" / "bench_gpu.py"), *common], "bench_gpu.py")
     rows = []
@@ -308,6 +308,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100, help="timed steps per benchmark row")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batches", default="256,4096", help="batch sizes of the speed rows")
+    p.add_argument("--models", default="mlp,cnn", help="models of the speed rows")
     p.add_argument("--skip-speed", action="store_true")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
