@@ -28,11 +28,9 @@
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
 //! of the tables.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::RecordBatch;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
@@ -41,37 +39,13 @@ use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::{device, params, tensorize, trainer};
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
-use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 mod common;
-use common::arg;
+use common::{arg, mlp_batches};
 
-const IN: usize = 784;
 /// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
 const DISTINCT: usize = 4;
-
-fn batches(batch: usize) -> Vec<RecordBatch> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let item = Arc::new(Field::new("item", DataType::Float32, false));
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("x", DataType::FixedSizeList(item.clone(), IN as i32), false),
-        Field::new("y", DataType::Int32, false),
-    ]));
-    (0..DISTINCT)
-        .map(|_| {
-            let values: Vec<f32> = (0..batch * IN).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let x = FixedSizeListArray::new(
-                item.clone(),
-                IN as i32,
-                Arc::new(Float32Array::from(values)),
-                None,
-            );
-            let y = Int32Array::from_iter_values((0..batch).map(|_| rng.random_range(0..10)));
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(x), Arc::new(y)]).expect("batch")
-        })
-        .collect()
-}
 
 fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
     let model = match model {
@@ -264,7 +238,7 @@ fn main() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     for model in models.iter().map(String::as_str) {
         for &batch in &batch_sizes {
-            let data = batches(batch);
+            let data = mlp_batches(DISTINCT, batch);
             for (precision, name, dtype) in [(Precision::F32, "f32", "f32"), (Precision::Bf16, "bf16", half)]
             {
                 if precision == Precision::Bf16 && !(info.bf16 || info.f16) {

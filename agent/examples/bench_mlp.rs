@@ -33,11 +33,8 @@
 //! (or point `KINDLING_TORCH_PYTHON` at any Python with torch). Then:
 //! `cargo run --release -p kindling-agent --example bench_mlp -- --steps 600 --rounds 4`
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
@@ -48,38 +45,11 @@ use kindling_agent::schedule::LrSchedule;
 use kindling_agent::{params, tensorize, trainer};
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::{GradientClip, JobSpec, ModelSpec, OptimizerSpec, Schedule, Task};
-use rand::{Rng, SeedableRng};
 
 mod common;
-use common::arg;
+use common::{arg, mlp_batches};
 
-const IN: usize = 784;
 const BATCH: usize = 256;
-
-fn batches(n: usize) -> Vec<RecordBatch> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let schema = Arc::new(Schema::new(vec![
-        Field::new(
-            "x",
-            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), IN as i32),
-            false,
-        ),
-        Field::new("y", DataType::Int32, false),
-    ]));
-    (0..n)
-        .map(|_| {
-            let values: Vec<f32> = (0..BATCH * IN).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let x = FixedSizeListArray::new(
-                Arc::new(Field::new("item", DataType::Float32, false)),
-                IN as i32,
-                Arc::new(Float32Array::from(values)),
-                None,
-            );
-            let y = Int32Array::from_iter_values((0..BATCH).map(|_| rng.random_range(0..10)));
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(x), Arc::new(y)]).expect("batch")
-        })
-        .collect()
-}
 
 fn median(mut v: Vec<Duration>) -> f64 {
     v.sort();
@@ -110,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         .features(["x"])
         .label("y")
         .build()?;
-    let data = batches(64);
+    let data = mlp_batches(64, BATCH);
     let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
     let base = Device::flex();
     let device = base.clone().autodiff();

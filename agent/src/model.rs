@@ -48,7 +48,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::activation::softmax;
 use burn::tensor::{DType, Device, Int, Tensor};
 use kindling_schemas::schema::{FeatureKind, FeatureLayout};
-use kindling_schemas::spec::{JobSpec, Task, valid_model_name};
+use kindling_schemas::spec::{JobSpec, Precision, Task, valid_model_name};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -276,10 +276,11 @@ impl<'a> Batch<'a> {
     /// where the adapter has no `bf16`). A model that makes float tensors of
     /// its own makes them in this dtype.
     pub fn float_dtype(&self) -> Result<DType, AgentError> {
-        match crate::device::is_gpu(self.device) {
-            true => Ok(crate::device::compute_dtype(self.spec)?.unwrap_or(DType::F32)),
-            false => Ok(DType::F32),
+        // Every batch of every job asks: an f32 job answers before looking at the device.
+        if self.spec.precision == Precision::F32 || !crate::device::is_gpu(self.device) {
+            return Ok(DType::F32);
         }
+        Ok(crate::device::compute_dtype(self.spec)?.unwrap_or(DType::F32))
     }
 
     fn in_compute_dtype(&self, x: Tensor<2>) -> Result<Tensor<2>, AgentError> {
@@ -533,8 +534,8 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
             buf.extend([n as f32, 0.0, 0.0]);
             return Ok(buf);
         }
-        // A mixed-precision model's outputs: the loss is taken in f32.
-        let output = in_f32(self.0.forward(batch)?);
+        // In f32 whatever the model computes in: the loss is taken in f32.
+        let output = AnyModel::forward(self, batch)?;
         let loss = self.0.loss(output, batch)?;
         let sum_loss: Tensor<1> = loss.clone().mul_scalar(weight as f32);
         let grads = GradientsParams::from_grads(sum_loss.backward(), &self.0);
@@ -564,8 +565,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn load_flat(self: Box<Self>, values: &[f32]) -> Box<dyn AnyModel> {
-        let dtype = params::float_dtype(&self.0);
-        Box::new(Erased(params::cast(params::load_flat(self.0, values), dtype)))
+        Box::new(Erased(params::load_flat(self.0, values)))
     }
 
     fn to_arrow(&self) -> Result<RecordBatch, AgentError> {

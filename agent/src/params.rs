@@ -165,9 +165,10 @@ impl ModuleMapper for LoadFlat<'_> {
         // device (one buffer sliced on the device instead made each later
         // step far slower on wgpu).
         param.map(|t| {
-            let tracked = t.is_require_grad();
+            let (tracked, dtype) = (t.is_require_grad(), t.dtype());
             let fresh = Tensor::from_data(TensorData::new(values, shape), &t.device());
-            if tracked { fresh.require_grad() } else { fresh }
+            // A mixed-precision model's weights stay in its compute dtype.
+            retyped(if tracked { fresh.require_grad() } else { fresh }, dtype)
         })
     }
 }
@@ -194,15 +195,7 @@ pub(crate) fn cast<M: Module>(model: M, dtype: DType) -> M {
     impl ModuleMapper for Cast {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let dtype = self.0;
-            param.map(|t| {
-                if t.dtype() == dtype {
-                    return t;
-                }
-                let (tracked, autodiff) = (t.is_require_grad(), t.is_autodiff());
-                let cast = t.inner().cast(dtype);
-                let cast = if autodiff { cast.autodiff() } else { cast };
-                if tracked { cast.require_grad() } else { cast }
-            })
+            param.map(|t| retyped(t, dtype))
         }
     }
     if float_dtype(&model) == dtype {
@@ -211,8 +204,20 @@ pub(crate) fn cast<M: Module>(model: M, dtype: DType) -> M {
     model.map(&mut Cast(dtype))
 }
 
+/// A parameter's tensor `t` in `dtype`, keeping its autodiff and gradient
+/// tracking (a fresh leaf, not a node of a graph); `t` itself where it is.
+fn retyped<const D: usize>(t: Tensor<D>, dtype: DType) -> Tensor<D> {
+    if t.dtype() == dtype {
+        return t;
+    }
+    let (tracked, autodiff) = (t.is_require_grad(), t.is_autodiff());
+    let cast = t.inner().cast(dtype);
+    let cast = if autodiff { cast.autodiff() } else { cast };
+    if tracked { cast.require_grad() } else { cast }
+}
+
 /// Writes `values` (laid out by [`flat_weights`]) into `model`'s parameters,
-/// keeping their ids, devices and gradient tracking.
+/// keeping their ids, devices, dtypes and gradient tracking.
 ///
 /// # Panics
 /// If `values` is shorter than the model's parameters.

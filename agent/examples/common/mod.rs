@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Float32Array, Int32Array, RecordBatch};
+use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_flight::{FlightData, SchemaAsIpc};
@@ -38,6 +38,29 @@ pub fn cpu_seconds() -> f64 {
         .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
         .sum();
     ticks / 100.0
+}
+
+/// `n` batches of `rows` rows: a 784-float feature `x` (a `FixedSizeList`,
+/// uniform in [-1, 1)) and a 10-class `y`, the same for a seed every run.
+pub fn mlp_batches(n: usize, rows: usize) -> Vec<RecordBatch> {
+    use rand::{Rng, SeedableRng};
+    const IN: i32 = 784;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("x", DataType::FixedSizeList(item.clone(), IN), false),
+        Field::new("y", DataType::Int32, false),
+    ]));
+    (0..n)
+        .map(|_| {
+            let values: Vec<f32> = (0..rows * IN as usize)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let x = FixedSizeListArray::new(item.clone(), IN, Arc::new(Float32Array::from(values)), None);
+            let y = Int32Array::from_iter_values((0..rows).map(|_| rng.random_range(0..10)));
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(x), Arc::new(y)]).expect("batch")
+        })
+        .collect()
 }
 
 /// `total_mb` MB of 65,536-row batches of 16 `f32` features and an `i32` label.
