@@ -9,7 +9,10 @@
 //! - `kindling step`: what the trainer does per step on one rank — the Arrow
 //!   batch to tensors on the device, forward, backward, the gradients read
 //!   back into the all-reduce buffer, the flat Adam step on the master weights,
-//!   the weights written back to the device;
+//!   the weights written back to the device,
+//!   the next batch's inputs staged on the device meanwhile;
+//! - `kindling step, next batch not staged` (MLP, f32): the same without the
+//!   staging, each step converting and uploading its own batch first;
 //! - `burn alone` (MLP): the same model and batch as device tensors already,
 //!   forward, backward and burn's Adam on the device (no Arrow, no host round
 //!   trip): what the host round trips cost.
@@ -34,7 +37,8 @@ use arrow::array::RecordBatch;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
-use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::model::staged::Pipeline;
+use kindling_agent::model::{Inputs, KindlingModel, ModelRegistry, task_loss};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::{device, params, tensorize, trainer};
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
@@ -83,21 +87,24 @@ fn kindling_step(
     layout: &Layout,
     data: &[RecordBatch],
     device: &Device,
-    steps: usize,
-    warmup: usize,
+    (steps, warmup): (usize, usize),
+    staging: bool,
 ) -> anyhow::Result<f64> {
     let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
     let mut weights = model.flat_weights();
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mut pipeline = Pipeline::new(staging);
     let mut t = Instant::now();
     for i in 0..warmup + steps {
         if i == warmup {
             t = Instant::now();
         }
         // Reading the gradients back is the step's sync point: every step
-        // timed here has finished on the device.
-        let buf = model
-            .gradients(&Batch::new(&data[i % data.len()], layout, spec, device))
+        // timed here has finished on the device. The next batch is staged
+        // meanwhile, as the trainer does on a GPU.
+        let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
+        let buf = pipeline
+            .gradients(model.as_ref(), &data[i % data.len()], next, layout, spec, device)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
     }
@@ -246,7 +253,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, steps, warmup)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
             }
@@ -256,6 +263,11 @@ fn main() -> anyhow::Result<()> {
                 let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
+                eprintln!(
+                    "{model} batch {batch} f32: kindling step, next batch not staged {sps:.0} samples/s"
+                );
+                rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "kindling step, next batch not staged", "samples_per_sec": sps}));
                 for (one_buffer, path) in [
                     (false, "a read back per parameter + the loss"),
                     (true, "one read back"),

@@ -219,6 +219,10 @@ pub struct Batch<'a> {
     layout: &'a FeatureLayout,
     spec: &'a JobSpec,
     device: &'a Device,
+    /// The inputs made ahead of the step ([`staged::Pipeline`]).
+    staged: Option<&'a staged::Staged>,
+    /// Where the inputs the model reads are recorded, for the next batch's staging.
+    log: Option<&'a staged::AskLog>,
 }
 
 impl<'a> Batch<'a> {
@@ -234,6 +238,18 @@ impl<'a> Batch<'a> {
             layout,
             spec,
             device,
+            staged: None,
+            log: None,
+        }
+    }
+
+    /// This batch with inputs made ahead (`staged`), recording what the model
+    /// reads into `log`.
+    pub(crate) fn with_staged(self, staged: Option<&'a staged::Staged>, log: &'a staged::AskLog) -> Self {
+        Batch {
+            staged,
+            log: Some(log),
+            ..self
         }
     }
 
@@ -260,12 +276,24 @@ impl<'a> Batch<'a> {
     /// Every float column concatenated in spec order `[n, float_width]`,
     /// in the dtype the model computes in ([`float_dtype`](Self::float_dtype)).
     pub fn features(&self) -> Result<Tensor<2>, AgentError> {
+        if let Some(log) = self.log {
+            log.features();
+        }
+        if let Some(x) = self.staged.and_then(|s| s.features.clone()) {
+            return Ok(x);
+        }
         let x = crate::tensorize::features(self.records, self.layout, self.device)?;
         self.in_compute_dtype(x)
     }
 
     /// One float column `[n, width]`, in the dtype the model computes in.
     pub fn float(&self, column: &str) -> Result<Tensor<2>, AgentError> {
+        if let Some(log) = self.log {
+            log.float(column);
+        }
+        if let Some(x) = self.staged.and_then(|s| s.float(column)) {
+            return Ok(x);
+        }
         let feature = self.layout.column(column).ok_or_else(|| not_a_feature(column))?;
         let x = crate::tensorize::float_column(self.records, feature, self.device)?;
         self.in_compute_dtype(x)
@@ -304,6 +332,12 @@ impl<'a> Batch<'a> {
 
     /// The labels (training and eval batches only).
     pub fn targets(&self) -> Result<Targets, AgentError> {
+        if let Some(log) = self.log {
+            log.targets();
+        }
+        if let Some(y) = self.staged.and_then(|s| s.targets.clone()) {
+            return Ok(y);
+        }
         crate::tensorize::targets(self.records, &self.spec.label, self.spec.task, self.device)
     }
 
@@ -603,6 +637,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
 
 mod registry;
 pub use registry::{DEFAULT_MAX_PARAMS, ModelRegistry};
+pub mod staged;
 
 #[cfg(test)]
 mod tests;

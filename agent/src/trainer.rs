@@ -47,6 +47,7 @@ use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
 use crate::exchange::{Exchange, StepTimes};
+use crate::model::staged::Pipeline;
 use crate::model::{AnyModel, ModelRegistry};
 use crate::optim::FlatOptimizer;
 use crate::schedule::{LrSchedule, Stopper};
@@ -167,6 +168,8 @@ struct Trainer {
     stopper: Option<Stopper>,
     /// The best epoch's weights (burn record bytes), with `restore_best`.
     best: Option<(u32, Vec<u8>)>,
+    /// Steps' gradients, the next batch staged meanwhile on a GPU.
+    pipeline: Pipeline,
 }
 
 /// Trains one attempt to the end. Returns early with an error when the ring
@@ -188,6 +191,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let optim = FlatOptimizer::for_job(&spec, &model.param_layout())?;
     let mut t = Trainer {
+        pipeline: Pipeline::new(crate::device::is_gpu(&device)),
         device,
         weights: Vec::new(),
         exchange: Exchange::for_spec(&spec),

@@ -259,10 +259,19 @@ def fmt(x: Optional[float], spec: str) -> str:
 
 
 def report(result: Dict[str, Any]) -> str:
-    acc, speed = result["accuracy"], result["speed"]
+    lines = [f"Device: {result['device']}", ""]
+    for error in result.get("errors", []):
+        lines += [f"FAILED: {error}", ""]
+    if "accuracy" in result:
+        lines += accuracy_report(result)
+    if "speed" in result:
+        lines += speed_report(result["speed"])
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_report(result: Dict[str, Any]) -> List[str]:
+    acc = result["accuracy"]
     lines = [
-        f"Device: {result['device']}",
-        "",
         f"Accuracy on scikit-learn's digits ({acc['train_rows']} train rows, {acc['test_rows']} test rows, {result['epochs']} epochs, batch 32, AdamW):",
         "",
         "| model | agents | CPU accuracy % | GPU accuracy % | GPU − CPU (points) | within ±" + f"{result['tolerance']} |",
@@ -273,8 +282,11 @@ def report(result: Dict[str, Any]) -> str:
     lines += ["", "| model | agents | device | seconds to train | samples/s |", "|---|---:|---|---:|---:|"]
     for r in acc["runs"]:
         lines.append(f"| {r['model']} | {r['agents']} | {r['device']} | {r['seconds']:.1f} | {r['samples_per_sec']:.0f} |")
-    lines += [
-        "",
+    return lines + [""]
+
+
+def speed_report(speed: Dict[str, Any]) -> List[str]:
+    lines = [
         f"Training step throughput ({speed['kindling']['steps']} timed steps after {speed['kindling']['warmup']} warm-up; "
         f"Kindling on {speed['kindling']['device']}, PyTorch {speed['torch']['torch']} eager on {speed['torch']['device']}):",
         "",
@@ -295,7 +307,7 @@ def report(result: Dict[str, Any]) -> str:
         lines += ["", "Where an MLP step goes (median ms):", "", "| batch | transfers | phase | ms |", "|---:|---|---|---:|"]
         for p in speed["kindling"]["phases"]:
             lines.append(f"| {p['batch']} | {p['path']} | {p['phase']} | {p['ms']:.3f} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> int:
@@ -325,34 +337,46 @@ def main() -> int:
         "command": " ".join(sys.argv),
     }
     work = Path(tempfile.mkdtemp(prefix="kindling-prove-"))
+    errors: List[str] = []
+    # Each part is kept when the other fails: one run on the device is all there is.
     try:
         print("== accuracy: CPU against GPU, 1 and 2 agents", flush=True)
         result["accuracy"] = accuracy_part(args, work)
-    except Exception:
+        print(f"== accuracy done in {time.monotonic() - started:.0f} s", flush=True)
+    except Exception as e:  # noqa: BLE001 - reported, and the speed part still runs
+        errors.append(f"accuracy: {e!r}")
+        print(f"accuracy part failed: {e!r}", file=sys.stderr, flush=True)
         # The processes' logs, their last 200 lines each, in one file.
         with open(args.out / "logs.txt", "w") as logs:
             for log in sorted(work.glob("*.log")):
                 lines = log.read_text(errors="replace").splitlines()[-200:]
                 logs.write(f"==== {log.name}\n" + "\n".join(lines) + "\n")
-        raise
-    print(f"== accuracy done in {time.monotonic() - started:.0f} s", flush=True)
+    write(args.out, result)
     if not args.skip_speed:
-        print("== speed: Kindling against PyTorch eager", flush=True)
-        result["speed"] = speed_part(args)
-    else:
-        result["speed"] = {"kindling": {"steps": 0, "warmup": 0, "device": "-"}, "torch": {"torch": "-", "device": "-"}, "rows": []}
+        try:
+            print("== speed: Kindling against PyTorch eager", flush=True)
+            result["speed"] = speed_part(args)
+        except Exception as e:  # noqa: BLE001 - reported with what was measured
+            errors.append(f"speed: {e!r}")
+            print(f"speed part failed: {e!r}", file=sys.stderr, flush=True)
     result["seconds"] = time.monotonic() - started
-    md = report(result)
-    (args.out / "prove.md").write_text(md)
-    (args.out / "prove.json").write_text(json.dumps(result, indent=1))
+    result["errors"] = errors
+    md = write(args.out, result)
     shutil.rmtree(work, ignore_errors=True)
     print(md)
     print(f"== done in {result['seconds']:.0f} s", flush=True)
-    failed = [c for c in result["accuracy"]["checks"] if not c["ok"]]
+    failed = [c for c in result.get("accuracy", {}).get("checks", []) if not c["ok"]]
     if failed:
         print(f"accuracy check failed: {failed}", file=sys.stderr)
-        return 2
-    return 0
+    return 2 if failed or errors else 0
+
+
+def write(out: Path, result: Dict[str, Any]) -> str:
+    """Writes prove.md and prove.json with what has been measured so far."""
+    md = report(result)
+    (out / "prove.md").write_text(md)
+    (out / "prove.json").write_text(json.dumps(result, indent=1))
+    return md
 
 
 if __name__ == "__main__":

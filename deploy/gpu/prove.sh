@@ -5,8 +5,10 @@
 # are found, prints the adapter and what it offers (`kindling-agent
 # --check-gpu`), then runs deploy/gpu/prove.py: the digits MLP and CNN on 1
 # and 2 agents sharing the GPU against the CPU run, then the training step
-# against PyTorch eager. Results: prove.md and prove.json (and check-gpu.txt,
-# nvidia-smi.csv) in $OUT (the device tool's folder) or deploy/gpu/out/.
+# against PyTorch eager, then profiles the batch-4096 MLP step kernel by kernel
+# with NVIDIA's ncu where the machine has it. Results: prove.md and prove.json
+# (and check-gpu.txt, ncu.csv, kernels.md; logs.txt when a run failed) in $OUT
+# (the device tool's folder) or deploy/gpu/out/.
 # Rehearsed on Mesa's software Vulkan device (lavapipe) with a WGSL bundle;
 # see bundle.sh.
 #
@@ -35,16 +37,21 @@ if ! ldconfig -p | grep -q 'libvulkan.so.1'; then
   for f in "$bundle"/deb/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
-# NVIDIA's driver mounted into a container: its Vulkan ICD and EGL vendor file.
-nv=/usr/local/nvidia/share
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$nv/vulkan/icd.d/nvidia_icd.json" ]; then
-  export VK_DRIVER_FILES="$nv/vulkan/icd.d/nvidia_icd.json"
+# NVIDIA's driver mounted into a container: its Vulkan ICD and EGL vendor
+# files, wherever the image puts them (the loader's own search may miss them).
+if [ -z "${VK_DRIVER_FILES:-}" ]; then
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+    /etc/vulkan/icd.d/nvidia_icd.json /usr/local/nvidia/etc/vulkan/icd.d/nvidia_icd.json; do
+    if [ -f "$icd" ]; then export VK_DRIVER_FILES="$icd"; break; fi
+  done
 fi
+nv=/usr/local/nvidia/share
 if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$nv/glvnd/egl_vendor.d/10_nvidia.json" ]; then
   export __EGL_VENDOR_LIBRARY_FILENAMES="$nv/glvnd/egl_vendor.d/10_nvidia.json"
 fi
+echo "Vulkan driver file: ${VK_DRIVER_FILES:-none named, the loader searches}"
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/nvidia-smi.csv"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 fi
 
 "$unpacked/bin/kindling-agent" --check-gpu 2>&1 | tee "$out/check-gpu.txt"
@@ -54,5 +61,18 @@ export PYTHONUNBUFFERED=1
 status=0
 # shellcheck disable=SC2086
 "$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
+
+# Where a Kindling MLP step's device time goes, kernel by kernel (NVIDIA's
+# profiler sees Vulkan compute kernels): PROVE_NCU=0 skips it; bounded, since
+# the profiler replays every kernel it measures.
+if [ "${PROVE_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+  echo "== kernels of the batch-4096 MLP step (ncu)"
+  # The first steps (and cubecl's autotuning of each matmul) are skipped.
+  timeout "${PROVE_NCU_TIMEOUT:-100}" ncu --target-processes all --launch-skip 600 --launch-count 200 \
+    --metrics gpu__time_duration.sum --csv \
+    "$unpacked/bin/bench_gpu" --models mlp --batches 4096 --steps 40 --warmup 20 --json >"$out/ncu.csv" \
+    || echo "ncu ended with status $?"
+  "$python" deploy/gpu/kernels.py "$out/ncu.csv" | tee "$out/kernels.md" || true
+fi
 echo "prove.sh: status $status, $(( $(date +%s) - started )) s"
 exit "$status"

@@ -2,7 +2,7 @@
 //! ([`EpochPlan`]), then its steps — gather `accumulate` micro-batches,
 //! exchange, step — and evaluation.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kindling_schemas::action::EpochMetrics;
 use rand::SeedableRng;
@@ -12,7 +12,7 @@ use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
 use crate::exchange::Trailer;
-use crate::model::{AnyModel, Batch};
+use crate::model::AnyModel;
 
 /// What every rank agreed at an epoch's start.
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +159,8 @@ pub(super) fn train_epoch(
     let mut cursor = cursor_for(ctx, t, committed, epoch, live, rank);
     let (mut loss_sum, mut weight_total, mut rows_total, mut rows_mine) = (0f64, 0f64, 0f64, 0u64);
     let mut local: Option<Local> = None;
+    // A batch pulled ahead of its step, to be staged while the step before runs.
+    let mut ahead: Option<Pull> = None;
     let mut drained = false;
     let mut step = 0u64;
     let mut lr = t.optim.learning_rate();
@@ -173,11 +175,25 @@ pub(super) fn train_epoch(
         // Gather micro-batches until the step's are in (or the shard ends).
         let mut not_ready = false;
         while !drained && local.as_ref().is_none_or(|l| l.micro < accumulate) {
-            match cursor.pull(LIVE_WAIT)? {
+            let pulled = match ahead.take() {
+                Some(pulled) => pulled,
+                None => cursor.pull(LIVE_WAIT)?,
+            };
+            match pulled {
                 Pull::Ready(batch) => {
+                    // The next batch, where it is in already, is staged while this one runs.
+                    ahead = match cursor.pull(Duration::ZERO)? {
+                        Pull::NotYet => None,
+                        next => Some(next),
+                    };
+                    let next = match &ahead {
+                        Some(Pull::Ready(next)) => Some(next),
+                        _ => None,
+                    };
                     let computing = Instant::now();
-                    let buf = model
-                        .gradients(&Batch::new(&batch, &ctx.layout, &t.spec, &t.device))
+                    let buf = t
+                        .pipeline
+                        .gradients(model.as_ref(), &batch, next, &ctx.layout, &t.spec, &t.device)
                         .map_err(|e| e.at(epoch, step))?;
                     t.times.compute += computing.elapsed();
                     Local::add(&mut local, buf);
