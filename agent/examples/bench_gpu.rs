@@ -29,7 +29,8 @@
 //! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
-//! of the tables.
+//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step with and
+//! without the next batch staged, in alternating rounds.
 
 use std::time::{Duration, Instant};
 
@@ -227,6 +228,48 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
+/// `--ab`: the MLP step (f32) with and without the next batch staged, in
+/// `rounds` alternating rounds of `steps` after one untimed round of each (so
+/// that neither pays for kernel compilation and autotuning, and drift hits
+/// both alike); prints each round's samples/s and the medians.
+fn staging_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
+    println!(
+        "| batch | staged, median samples/s | not staged, median samples/s | staged / not staged | rounds |"
+    );
+    println!("|---:|---:|---:|---:|---|");
+    for &batch in batches {
+        let data = mlp_batches(DISTINCT, batch);
+        let spec = spec("mlp", batch, Precision::F32)?;
+        let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for round in 0..=rounds {
+            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true)?;
+            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false)?;
+            eprintln!("batch {batch} round {round}: staged {a:.0}, not staged {b:.0} samples/s");
+            if round > 0 {
+                on.push(a);
+                off.push(b);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let rounds_text: Vec<String> = on
+            .iter()
+            .zip(&off)
+            .map(|(a, b)| format!("{a:.0}/{b:.0}"))
+            .collect();
+        let (a, b) = (med(&mut on), med(&mut off));
+        println!(
+            "| {batch} | {a:.0} | {b:.0} | {:.2}× | {} |",
+            a / b,
+            rounds_text.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
@@ -234,6 +277,15 @@ fn main() -> anyhow::Result<()> {
     let (gpu, info) = device::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
     let autodiff = gpu.clone().autodiff();
     gpu.seed(0);
+    if std::env::args().any(|a| a == "--ab") {
+        println!("Staging A/B on {info}: MLP 784-256-128-10, f32, Adam, {steps} steps a round");
+        println!();
+        let batches: Vec<usize> = list("--batches", "256,4096")
+            .iter()
+            .map(|b| b.parse())
+            .collect::<Result<_, _>>()?;
+        return staging_ab(&autodiff, &batches, steps, arg("--rounds", 5));
+    }
     let mut rows = Vec::new();
     let mut all_phases = Vec::new();
     // bf16 rows compute in f16 where the adapter has no bf16 (`dtype` says which).

@@ -42,12 +42,13 @@ ldd "$out/bin/kindling-agent" | awk '{print "   ", $1}'
 XZ_OPT=-T0 tar -C "$out" -cJf "$out/bin.tar.xz" bin
 rm -rf "$out/bin"
 
-echo "== the Vulkan loader (libvulkan1), for an image without it"
+# NVIDIA's Vulkan driver is libGLX_nvidia.so.0, which needs glvnd's dispatch libraries.
+echo "== the Vulkan loader (libvulkan1) and glvnd's libraries, for an image without them"
 lists=$(mktemp -d)
 apt_opts=(-o APT::Architecture=amd64 -o APT::Architectures=amd64 -o "Dir::State::Lists=$lists")
 mkdir -p "$lists/partial"
 apt-get "${apt_opts[@]}" update -qq
-(cd "$out/deb" && apt-get "${apt_opts[@]}" download libvulkan1 >/dev/null)
+(cd "$out/deb" && apt-get "${apt_opts[@]}" download libvulkan1 libglvnd0 libgl1 libglx0 libegl1 libopengl0 libgles2 >/dev/null)
 rm -rf "$lists"
 
 printf '%s\n' "commit $(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')" \

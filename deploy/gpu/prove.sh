@@ -5,12 +5,12 @@
 # are found, prints the adapter and what it offers (`kindling-agent
 # --check-gpu`), then runs deploy/gpu/prove.py: the digits MLP and CNN on 1
 # and 2 agents sharing the GPU against the CPU run, then the training step
-# against PyTorch eager, then profiles the batch-4096 MLP step kernel by kernel
-# with NVIDIA's ncu where the machine has it. Results: prove.md and prove.json
+# against PyTorch eager, then (PROVE_NCU=1) profiles the batch-4096 MLP step
+# kernel by kernel with NVIDIA's ncu. Results: prove.md and prove.json
 # (and check-gpu.txt, ncu.csv, kernels.md; logs.txt when a run failed) in $OUT
 # (the device tool's folder) or deploy/gpu/out/.
-# Rehearsed on Mesa's software Vulkan device (lavapipe) with a WGSL bundle;
-# see bundle.sh.
+# Rehearsed on Mesa's software Vulkan device (lavapipe) with a WGSL bundle
+# (see bundle.sh); run on an NVIDIA H200 on 2026-11-26 (docs/benchmarks.md#gpu).
 #
 # PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
 # PROVE_PYTHON names a Python with pyarrow, numpy, scikit-learn and torch
@@ -31,9 +31,11 @@ mkdir -p "$out"
 tar -C "$unpacked" -xJf "$bundle/bin.tar.xz"
 echo "bundle: $(tr '\n' ' ' <"$bundle/BUILD")"
 
-# The Vulkan loader: the image's own, else the bundled package.
-if ! ldconfig -p | grep -q 'libvulkan.so.1'; then
-  echo "no libvulkan.so.1 on this machine: unpacking the bundled loader"
+# The Vulkan loader and the GL vendor-neutral dispatch libraries that NVIDIA's
+# Vulkan driver (libGLX_nvidia.so.0) loads: the image's own, else the bundled
+# packages.
+if ! ldconfig -p | grep -q 'libvulkan.so.1' || ! ldconfig -p | grep -q 'libGLdispatch.so.0'; then
+  echo "no Vulkan loader or GL dispatch library on this machine: unpacking the bundled packages"
   for f in "$bundle"/deb/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
@@ -55,7 +57,13 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 "$unpacked/bin/kindling-agent" --check-gpu 2>&1 | tee "$out/check-gpu.txt"
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "the agent has no GPU to train on (above)" >&2; exit 1; }
+if [ "${PIPESTATUS[0]}" != 0 ]; then
+  echo "the agent has no GPU to train on (above); what the Vulkan loader saw:" >&2
+  [ -n "${VK_DRIVER_FILES:-}" ] && cat "$VK_DRIVER_FILES" >&2
+  ldconfig -p | grep -i -E 'vulkan|nvidia|GLdispatch|GLX' >&2 || true
+  VK_LOADER_DEBUG=error,warn,driver "$unpacked/bin/kindling-agent" --check-gpu 2>&1 | head -60 >&2 || true
+  exit 1
+fi
 
 export PYTHONUNBUFFERED=1
 status=0
@@ -63,9 +71,10 @@ status=0
 "$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
 
 # Where a Kindling MLP step's device time goes, kernel by kernel (NVIDIA's
-# profiler sees Vulkan compute kernels): PROVE_NCU=0 skips it; bounded, since
-# the profiler replays every kernel it measures.
-if [ "${PROVE_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+# profiler sees Vulkan compute kernels where the container lets it): only with
+# PROVE_NCU=1, since on the H200 it was tried on it profiled none; bounded,
+# since the profiler replays every kernel it measures.
+if [ "${PROVE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   echo "== kernels of the batch-4096 MLP step (ncu)"
   # The first steps (and cubecl's autotuning of each matmul) are skipped.
   timeout "${PROVE_NCU_TIMEOUT:-100}" ncu --target-processes all --launch-skip 600 --launch-count 200 \
