@@ -17,52 +17,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
 use kindling_agent::collective::{Inbox, Ring, RingConfig};
 use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
-use kindling_fixtures::pki::TestCa;
 use kindling_schemas::action::{Action, CancelJob, StartJob};
-use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::{JobSpec, Task};
-use kindling_schemas::tls::{Tls, TlsFiles};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{arg, collective_servers, cpu_seconds, encode, ingest_batches};
-
-/// A server's and a client's TLS settings, both from one test CA.
-struct Pki {
-    server: Tls,
-    client: Tls,
-    _dir: tempfile::TempDir,
-}
-
-fn pki() -> anyhow::Result<Pki> {
-    let dir = tempfile::tempdir()?;
-    let ca = TestCa::new("bench CA");
-    let files = |name: &str, sub: &str| {
-        ca.issue(name, &["127.0.0.1"])
-            .write(&dir.path().join(sub), ca.pem())
-    };
-    let (s, c) = (files("bench-server", "server"), files("bench-client", "client"));
-    let tls = |f: &kindling_fixtures::pki::Files, client_auth| {
-        Tls::new(TlsFiles {
-            cert: Some(f.cert.clone()),
-            key: Some(f.key.clone()),
-            ca: Some(f.ca.clone()),
-            client_auth,
-            server_name: None,
-        })
-    };
-    Ok(Pki {
-        server: tls(&s, true)?,
-        client: tls(&c, false)?,
-        _dir: dir,
-    })
-}
+use common::{Pki, act, arg, collective_servers, cpu_seconds, encode, flight, ingest_batches, pki};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -80,27 +46,6 @@ async fn main() -> anyhow::Result<()> {
     }
     if run("connect") {
         connections(&pki, arg("--connections", 200)).await?;
-    }
-    Ok(())
-}
-
-type Client = FlightServiceClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, BearerAttach>,
->;
-
-async fn flight(url: &str, token: &Token, channel: &ChannelConfig) -> anyhow::Result<Client> {
-    let connection = channel.dial(url, true)?.connect().await?;
-    Ok(
-        FlightServiceClient::with_interceptor(connection, BearerAttach::new(Some(token))?)
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20),
-    )
-}
-
-async fn act(client: &mut Client, action: Action) -> anyhow::Result<()> {
-    let mut results = client.do_action(action.to_flight()).await?.into_inner();
-    while let Some(r) = results.next().await {
-        r?;
     }
     Ok(())
 }

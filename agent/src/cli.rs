@@ -1,6 +1,6 @@
 //! Command-line pieces the two server binaries (`kindling-agent`,
 //! `kindling-rendezvous`) share: how they take their bearer token and their
-//! TLS material.
+//! TLS material, and how they log.
 
 use std::path::PathBuf;
 
@@ -117,5 +117,36 @@ impl TlsArgs {
             ));
         }
         Ok(())
+    }
+}
+
+/// How a server binary writes its log lines (to stderr).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`,
+    /// the spans), for a log pipeline.
+    Json,
+}
+
+/// The log flags of a server binary.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// `text` or `json` (one JSON object per line).
+    #[arg(long, env = "KINDLING_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Sends the process' logs to stderr (stdout stays free), filtered by
+/// `filter`, in `format`.
+pub fn init_logging(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
     }
 }

@@ -13,9 +13,9 @@ use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{TlsArgs, TokenArgs};
-use crate::health::{HealthServer, Readiness};
 use crate::model::ModelRegistry;
 use crate::server::AgentConfig;
+use crate::web::probes::{HealthServer, Readiness};
 
 /// Kindling training agent: receives Arrow shards over Flight and trains with
 /// its gang (ring all-reduce), ganged by the rendezvous.
@@ -105,6 +105,8 @@ struct Cli {
     /// Log filter (`info`, `debug`, `kindling_agent=debug,info`, …); RUST_LOG wins when set.
     #[arg(long, env = "KINDLING_LOG", default_value = "info")]
     log_level: String,
+    #[command(flatten)]
+    log: crate::cli::LogArgs,
 }
 
 const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
@@ -294,10 +296,7 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
         .context("invalid --log-level")?;
     // Logs go to stderr; stdout stays free.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    crate::cli::init_logging(filter, cli.log.log_format);
     let config = AgentConfig {
         models: models.with_max_params(cli.max_model_params),
         ..AgentConfig::try_from(&cli)?

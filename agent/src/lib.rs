@@ -3,7 +3,8 @@
 //! - [`launch`]: the agent process ([`run`]: command line, signals, probes),
 //!   for the `kindling-agent` binary and agents built from user crates.
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
-//! - [`health`]: `/healthz` and `/readyz` probes for both binaries.
+//! - [`web`]: the HTTP side on axum and hyper: pages and `/metrics` behind one
+//!   auth layer on the main port, `/healthz` and `/readyz` on the health port.
 //! - [`exposition`]: `/metrics` (Prometheus text format) on both binaries' port; the rendezvous' metrics.
 //! - [`cli`]: command-line pieces both binaries share (the token flags).
 //! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
@@ -44,8 +45,6 @@ pub mod error;
 pub mod exchange;
 pub mod exposition;
 pub mod flight;
-pub mod health;
-pub mod http;
 pub mod ingest;
 pub mod job;
 pub mod joblog;
@@ -62,6 +61,7 @@ pub mod server;
 pub mod serving;
 pub mod tensorize;
 pub mod trainer;
+pub mod web;
 
 /// burn at the version the agent trains with, for models of one's own.
 pub use burn;

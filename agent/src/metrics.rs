@@ -1,18 +1,22 @@
-//! The agent's Prometheus metrics (served by [`crate::exposition`]): the
+//! The agent's Prometheus families (served by [`crate::exposition`]): the
 //! cache against its budget, and per job and rank its rows, state, epoch,
 //! step, losses, throughput, where step time goes, refused `DoPut`s, and its
 //! rings' all-reduces (count, bytes, a time histogram).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
 
 use kindling_schemas::action::AgentJobState;
 
 use crate::cache::MemoryBudget;
 use crate::collective::ALL_REDUCE_SECONDS;
-use crate::exposition::Exposition;
+use crate::exposition::family;
 use crate::registry::JobRegistry;
 
-/// An agent's metrics.
 /// The report an agent's heartbeats carry to the rendezvous' status page
 /// ([`AgentReport`](kindling_schemas::rendezvous::AgentReport) JSON): its
 /// cache and every job it holds, each job's sampled step losses and events
@@ -45,34 +49,58 @@ pub fn report(jobs: &JobRegistry, budget: &MemoryBudget) -> Vec<u8> {
     }
 }
 
-pub fn agent(jobs: &JobRegistry, budget: &MemoryBudget) -> String {
-    let agent = jobs.agent_id().to_owned();
-    let mut e = Exposition::default();
-    e.family(
-        "kindling_agent_cache_bytes",
-        "gauge",
-        "Bytes of cached rows held in memory, all jobs.",
-    );
-    e.sample(
-        "kindling_agent_cache_bytes",
-        &[("agent", &agent)],
-        budget.used() as f64,
-    );
-    e.family(
-        "kindling_agent_cache_budget_bytes",
-        "gauge",
-        "The memory budget for cached rows.",
-    );
-    e.sample(
-        "kindling_agent_cache_budget_bytes",
-        &[("agent", &agent)],
-        budget.limit() as f64,
-    );
-    let all = jobs.all();
-    e.family("kindling_agent_jobs", "gauge", "Jobs on this agent.");
-    e.sample("kindling_agent_jobs", &[("agent", &agent)], all.len() as f64);
+/// The agent's families, written on each scrape from its jobs and cache.
+#[derive(Debug)]
+pub struct AgentCollector {
+    jobs: Arc<JobRegistry>,
+    budget: Arc<MemoryBudget>,
+}
 
-    let statuses: Vec<_> = all.iter().map(|j| (j.clone(), j.status())).collect();
+impl AgentCollector {
+    /// The families of `jobs` and `budget`.
+    pub fn new(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> Self {
+        AgentCollector { jobs, budget }
+    }
+}
+
+impl Collector for AgentCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let (jobs, budget) = (&self.jobs, &self.budget);
+        let agent = jobs.agent_id().to_owned();
+        let a = agent.as_str();
+        let all = jobs.all();
+        family(
+            &mut e,
+            "kindling_agent_cache_bytes",
+            "Bytes of cached rows held in memory, all jobs.",
+            MetricType::Gauge,
+        )?
+        .int(&[("agent", a)], budget.used() as i64)?;
+        family(
+            &mut e,
+            "kindling_agent_cache_budget_bytes",
+            "The memory budget for cached rows.",
+            MetricType::Gauge,
+        )?
+        .int(&[("agent", a)], budget.limit() as i64)?;
+        family(
+            &mut e,
+            "kindling_agent_jobs",
+            "Jobs on this agent.",
+            MetricType::Gauge,
+        )?
+        .int(&[("agent", a)], all.len() as i64)?;
+        let statuses: Vec<_> = all.iter().map(|j| (j.clone(), j.status())).collect();
+        job_gauges(&mut e, a, &statuses)?;
+        job_families(&mut e, a, &statuses)?;
+        ring_families(&mut e, a, &statuses)
+    }
+}
+
+type Statuses = [(Arc<crate::job::Job>, kindling_schemas::action::AgentJobStatus)];
+
+/// The per-job gauges, one sample per job with its rank.
+fn job_gauges(e: &mut DescriptorEncoder<'_>, a: &str, statuses: &Statuses) -> Result<(), std::fmt::Error> {
     type Gauge = fn(&kindling_schemas::action::AgentJobStatus) -> Option<f64>;
     let gauges: [(&str, &str, Gauge); 12] = [
         ("kindling_job_epoch", "Current epoch (from 1).", |s| {
@@ -126,154 +154,139 @@ pub fn agent(jobs: &JobRegistry, budget: &MemoryBudget) -> String {
             |s| Some(s.cache_bytes_disk as f64),
         ),
     ];
-    let labels = |s: &kindling_schemas::action::AgentJobStatus| {
-        let rank = s.rank.map(|r| r.to_string()).unwrap_or_default();
-        (s.job_id.clone(), rank)
-    };
     for (name, help, value) in gauges {
-        e.family(name, "gauge", help);
-        for (_, s) in &statuses {
-            let (job, rank) = labels(s);
+        let mut f = family(e, name, help, MetricType::Gauge)?;
+        for (_, s) in statuses {
+            let rank = s.rank.map(|r| r.to_string()).unwrap_or_default();
             if let Some(v) = value(s) {
-                e.sample(name, &[("job_id", &job), ("agent", &agent), ("rank", &rank)], v);
+                f.float(&[("job_id", &s.job_id), ("agent", a), ("rank", &rank)], v)?;
             }
         }
     }
-    e.family(
+    Ok(())
+}
+
+/// Rows by split, the state, refused `DoPut`s and where step time went.
+fn job_families(e: &mut DescriptorEncoder<'_>, a: &str, statuses: &Statuses) -> Result<(), std::fmt::Error> {
+    let mut f = family(
+        e,
         "kindling_job_rows",
-        "gauge",
         "Rows committed on this agent, by split.",
-    );
-    for (_, s) in &statuses {
+        MetricType::Gauge,
+    )?;
+    for (_, s) in statuses {
         for (split, rows) in [("train", s.rows_train), ("eval", s.rows_eval)] {
-            e.sample(
-                "kindling_job_rows",
-                &[("job_id", &s.job_id), ("agent", &agent), ("split", split)],
-                rows as f64,
-            );
+            f.int(
+                &[("job_id", &s.job_id), ("agent", a), ("split", split)],
+                rows as i64,
+            )?;
         }
     }
-    e.family(
+    let mut f = family(
+        e,
         "kindling_job_state",
-        "gauge",
         "1 for the state the job is in on this agent.",
-    );
-    for (_, s) in &statuses {
+        MetricType::Gauge,
+    )?;
+    for (_, s) in statuses {
         let state = format!("{:?}", s.state).to_lowercase();
-        e.sample(
-            "kindling_job_state",
-            &[("job_id", &s.job_id), ("agent", &agent), ("state", &state)],
-            1.0,
-        );
+        f.int(&[("job_id", &s.job_id), ("agent", a), ("state", &state)], 1)?;
     }
-    e.family(
-        "kindling_job_doput_errors_total",
-        "counter",
+    let mut f = family(
+        e,
+        "kindling_job_doput_errors",
         "DoPut streams refused, by gRPC status code.",
-    );
-    for (j, _) in &statuses {
+        MetricType::Counter,
+    )?;
+    for (j, _) in statuses {
         let refused = j.refused_puts.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for (code, n) in refused {
-            e.sample(
-                "kindling_job_doput_errors_total",
-                &[("job_id", &j.job_id), ("agent", &agent), ("code", &code)],
-                n as f64,
-            );
+            f.int(&[("job_id", &j.job_id), ("agent", a), ("code", &code)], n as i64)?;
         }
     }
-    e.family(
-        "kindling_job_step_seconds_total",
-        "counter",
+    let mut f = family(
+        e,
+        "kindling_job_step_seconds",
         "Where this rank's step time went, this attempt.",
-    );
-    for (j, s) in &statuses {
+        MetricType::Counter,
+    )?;
+    for (j, s) in statuses {
         let t = j
             .progress
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .step_times
             .clone();
-        let (job, rank) = labels(s);
+        let rank = s.rank.map(|r| r.to_string()).unwrap_or_default();
         for (phase, d) in [
             ("compute", t.compute),
             ("idle", t.idle),
             ("all_reduce", t.all_reduce),
             ("optimizer", t.optimizer),
         ] {
-            e.sample(
-                "kindling_job_step_seconds_total",
-                &[
-                    ("job_id", &job),
-                    ("agent", &agent),
-                    ("rank", &rank),
-                    ("phase", phase),
-                ],
-                d.as_secs_f64(),
-            );
+            let labels = [
+                ("job_id", s.job_id.as_str()),
+                ("agent", a),
+                ("rank", &rank),
+                ("phase", phase),
+            ];
+            f.float(&labels, d.as_secs_f64())?;
         }
     }
+    Ok(())
+}
+
+/// What the jobs' rings did: all-reduces, their bytes and a time histogram.
+fn ring_families(e: &mut DescriptorEncoder<'_>, a: &str, statuses: &Statuses) -> Result<(), std::fmt::Error> {
     // Jobs that never formed a gang have no ring.
     let rings: Vec<_> = statuses
         .iter()
         .filter(|(_, s)| !(matches!(s.state, AgentJobState::Ganging) && s.attempt == 0))
         .map(|(j, _)| (j.job_id.as_str(), &j.ring_stats))
         .collect();
-    let a = agent.as_str();
-    e.family(
-        "kindling_allreduce_total",
-        "counter",
+    let mut f = family(
+        e,
+        "kindling_allreduce",
         "All-reduces done by this agent's rings.",
-    );
+        MetricType::Counter,
+    )?;
     for (job, r) in &rings {
-        e.sample(
-            "kindling_allreduce_total",
+        f.int(
             &[("job_id", job), ("agent", a)],
-            r.ops.load(Ordering::Relaxed) as f64,
-        );
+            r.ops.load(Ordering::Relaxed) as i64,
+        )?;
     }
-    e.family(
-        "kindling_allreduce_bytes_total",
-        "counter",
+    let mut f = family(
+        e,
+        "kindling_allreduce_bytes",
         "Bytes all-reduced, as sent.",
-    );
+        MetricType::Counter,
+    )?;
     for (job, r) in &rings {
-        let bytes = r.bytes.load(Ordering::Relaxed) as f64;
-        e.sample(
-            "kindling_allreduce_bytes_total",
+        f.int(
             &[("job_id", job), ("agent", a)],
-            bytes,
-        );
+            r.bytes.load(Ordering::Relaxed) as i64,
+        )?;
     }
-    e.family(
+    let mut f = family(
+        e,
         "kindling_allreduce_seconds",
-        "histogram",
         "How long an all-reduce took.",
-    );
+        MetricType::Histogram,
+    )?;
     for (job, r) in &rings {
-        let mut cumulative = 0;
-        for (bound, n) in ALL_REDUCE_SECONDS.iter().zip(&r.buckets) {
-            cumulative += n.load(Ordering::Relaxed);
-            let le = bound.to_string();
-            let labels = [("job_id", *job), ("agent", a), ("le", le.as_str())];
-            e.sample("kindling_allreduce_seconds_bucket", &labels, cumulative as f64);
-        }
-        let ops = r.ops.load(Ordering::Relaxed) as f64;
-        e.sample(
-            "kindling_allreduce_seconds_bucket",
-            &[("job_id", job), ("agent", a), ("le", "+Inf")],
-            ops,
-        );
+        let buckets: Vec<(f64, u64)> = ALL_REDUCE_SECONDS
+            .iter()
+            .zip(&r.buckets)
+            .map(|(&bound, n)| (bound, n.load(Ordering::Relaxed)))
+            .collect();
         let sum = r.micros.load(Ordering::Relaxed) as f64 / 1e6;
-        e.sample(
-            "kindling_allreduce_seconds_sum",
+        f.histogram(
             &[("job_id", job), ("agent", a)],
             sum,
-        );
-        e.sample(
-            "kindling_allreduce_seconds_count",
-            &[("job_id", job), ("agent", a)],
-            ops,
-        );
+            r.ops.load(Ordering::Relaxed),
+            &buckets,
+        )?;
     }
-    e.finish()
+    Ok(())
 }

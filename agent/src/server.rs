@@ -143,6 +143,8 @@ pub struct Departure {
 }
 
 /// How long each call to the rendezvous may take while leaving.
+/// The Flight service's name in the gRPC health service.
+pub const FLIGHT_SERVICE: &str = "arrow.flight.protocol.FlightService";
 const LEAVE_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long open streams may keep the server up while leaving.
 const LEAVE_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -356,18 +358,19 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
-    let pages: crate::http::Pages = {
-        let (jobs, budget) = (jobs.clone(), env_budget.clone());
+    let pages: crate::web::Pages = {
+        let families = crate::metrics::AgentCollector::new(jobs.clone(), env_budget.clone());
+        let registry = crate::exposition::registry("agent", families);
         Arc::new(move |path: &str| {
-            (path == "/metrics").then(|| crate::http::Page {
+            (path == "/metrics").then(|| crate::web::Page {
                 content_type: crate::exposition::CONTENT_TYPE,
-                body: crate::metrics::agent(&jobs, &budget).into(),
+                body: crate::exposition::encode(&registry).into(),
             })
         })
     };
-    let auth = crate::http::HttpAuth::new(check, config.viewer_token.clone(), secure);
-    let pages = crate::http::cached(pages, crate::http::RENDER_TTL);
-    tokio::spawn(crate::http::serve(routed.http, auth, cancel.clone(), pages));
+    let auth = crate::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
+    let pages = crate::web::cached(pages, crate::web::RENDER_TTL);
+    tokio::spawn(crate::web::serve(routed.http, auth, cancel.clone(), pages));
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: ring connections live as long as
         // their rings, and their peers must see them end at once.
@@ -375,7 +378,13 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             shutdown.cancelled().await;
             inbox.close();
         };
+        // The standard gRPC health service, open like the probes.
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status(FLIGHT_SERVICE, tonic_health::ServingStatus::Serving)
+            .await;
         let result = server_builder
+            .add_service(health_service)
             .add_service(flight)
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;

@@ -1038,3 +1038,45 @@ fn a_server_that_would_take_a_token_in_plaintext_off_loopback_refuses_to_start()
         assert!(stderr.contains("/nonexistent/tls.crt"), "{bin}: {stderr}");
     }
 }
+
+#[test]
+fn a_json_log_format_writes_one_json_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(RENDEZVOUS_BIN)
+        .env_clear()
+        .args(["--allow-unauthenticated", "--log-format", "json"])
+        .args(["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    // Its first lines: where it listens; read until the listening line.
+    let mut seen = Vec::new();
+    for line in stderr.lines() {
+        let line = line.expect("a log line");
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v["level"].as_str().is_some_and(|l| ["INFO", "WARN"].contains(&l)),
+            "{line}"
+        );
+        assert!(
+            v["timestamp"].as_str().is_some() && v["target"].as_str().is_some(),
+            "{line}"
+        );
+        seen.push(v["fields"]["message"].as_str().unwrap_or("").to_owned());
+        if seen.last().is_some_and(|m| m == "rendezvous listening") {
+            assert!(
+                v["fields"]["addr"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("127.0.0.1:")),
+                "{line}"
+            );
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.iter().any(|m| m == "rendezvous listening"), "{seen:?}");
+}

@@ -801,8 +801,17 @@ def exported_metrics():
     for rel in METRIC_SOURCES:
         text = (REPO / rel).read_text().split("#[cfg(test)]")[0]
         names |= set(re.findall(r'"(kindling_[a-z_]+)"', text))
-        for h in re.findall(r'family\(\s*"(kindling_[a-z_]+)",\s*"histogram"', text):
-            names |= {h + s for s in HISTOGRAM_SUFFIXES}
+        # family(&mut e, "name", "help", MetricType::Kind) (and single(…)):
+        # prometheus-client adds `_total` to a counter's samples and the
+        # bucket, sum and count series (with their `le`) to a histogram's.
+        for name, kind in re.findall(
+            r'(?:family|single)\(\s*(?:&mut )?\w+,\s*"(kindling_[a-z_]+)",\s*"(?:[^"\\]|\\.)*",\s*MetricType::(\w+)', text
+        ):
+            if kind == "Counter":
+                names.add(name + "_total")
+            elif kind == "Histogram":
+                names |= {name + s for s in HISTOGRAM_SUFFIXES}
+                labels.add("le")
         # ("job_id", &job), ("agent", a), ("le", le.as_str()): a key, then a variable.
         labels |= set(re.findall(r'\(\s*"([a-z_]+)"\s*,\s*(?:[&*][\w.]+|\w+|\w+\.as_str\(\))\s*\)', text))
     labels = {name for name in labels if not name.startswith("kindling_")}

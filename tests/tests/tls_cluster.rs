@@ -67,9 +67,11 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
             let header = auth
                 .map(|t| format!("authorization: Bearer {t}\r\n"))
                 .unwrap_or_default();
-            s.write_all(format!("GET /metrics HTTP/1.1\r\nhost: x\r\n{header}\r\n").as_bytes())
-                .await
-                .expect("request");
+            s.write_all(
+                format!("GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{header}\r\n").as_bytes(),
+            )
+            .await
+            .expect("request");
             let mut page = String::new();
             s.read_to_string(&mut page).await.expect("response");
             assert!(page.starts_with(want), "{url}: {page}");
@@ -77,6 +79,45 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
                 assert!(page.contains("kindling_"), "{url}: {page}");
             }
         }
+    }
+
+    // The standard gRPC health service answers on both servers' TLS port,
+    // with no token (as `grpc_health_probe` and Kubernetes' gRPC probes ask).
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    for (url, service) in [
+        (
+            cluster.agent_urls()[0].clone(),
+            kindling_agent::server::FLIGHT_SERVICE,
+        ),
+        (
+            cluster.rendezvous_url(),
+            kindling_agent::rendezvous::server::RENDEZVOUS_SERVICE,
+        ),
+    ] {
+        let conn = channel
+            .dial(&url, true)
+            .expect("dial")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(conn);
+        for name in ["", service] {
+            let status = health
+                .check(HealthCheckRequest { service: name.into() })
+                .await
+                .unwrap_or_else(|e| panic!("{url} health of {name:?}: {e}"))
+                .into_inner()
+                .status;
+            assert_eq!(status, ServingStatus::Serving as i32, "{url} {name:?}");
+        }
+        let unknown = health
+            .check(HealthCheckRequest {
+                service: "no.such.Service".into(),
+            })
+            .await
+            .expect_err("an unknown service");
+        assert_eq!(unknown.code(), tonic::Code::NotFound, "{url}");
     }
     cluster.shutdown().await;
 }

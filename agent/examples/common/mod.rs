@@ -13,7 +13,7 @@ use kindling_agent::collective::Inbox;
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::BatchMetadata;
-use kindling_schemas::tls::Tls;
+use kindling_schemas::tls::{Tls, TlsFiles};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -136,4 +136,69 @@ pub async fn collective_servers(
         );
     }
     Ok((urls, inboxes))
+}
+
+/// A server's and a client's TLS settings, both from one test CA.
+pub struct Pki {
+    pub server: Tls,
+    pub client: Tls,
+    _dir: tempfile::TempDir,
+}
+
+pub fn pki() -> anyhow::Result<Pki> {
+    let dir = tempfile::tempdir()?;
+    let ca = kindling_fixtures::pki::TestCa::new("bench CA");
+    let files = |name: &str, sub: &str| {
+        ca.issue(name, &["127.0.0.1"])
+            .write(&dir.path().join(sub), ca.pem())
+    };
+    let (s, c) = (files("bench-server", "server"), files("bench-client", "client"));
+    let tls = |f: &kindling_fixtures::pki::Files, client_auth| {
+        Tls::new(TlsFiles {
+            cert: Some(f.cert.clone()),
+            key: Some(f.key.clone()),
+            ca: Some(f.ca.clone()),
+            client_auth,
+            server_name: None,
+        })
+    };
+    Ok(Pki {
+        server: tls(&s, true)?,
+        client: tls(&c, false)?,
+        _dir: dir,
+    })
+}
+
+/// A Flight client with the bearer token attached.
+pub type Client = arrow_flight::flight_service_client::FlightServiceClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        kindling_schemas::auth::BearerAttach,
+    >,
+>;
+
+/// A Flight client of the agent at `url`.
+pub async fn flight(
+    url: &str,
+    token: &Token,
+    channel: &kindling_schemas::channel::ChannelConfig,
+) -> anyhow::Result<Client> {
+    let connection = channel.dial(url, true)?.connect().await?;
+    Ok(
+        arrow_flight::flight_service_client::FlightServiceClient::with_interceptor(
+            connection,
+            kindling_schemas::auth::BearerAttach::new(Some(token))?,
+        )
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20),
+    )
+}
+
+/// Runs `action` to its end.
+pub async fn act(client: &mut Client, action: kindling_schemas::action::Action) -> anyhow::Result<()> {
+    let mut results = client.do_action(action.to_flight()).await?.into_inner();
+    while let Some(r) = futures::StreamExt::next(&mut results).await {
+        r?;
+    }
+    Ok(())
 }

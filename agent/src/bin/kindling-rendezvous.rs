@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use kindling_agent::cli::{TlsArgs, TokenArgs};
-use kindling_agent::health::{HealthServer, Readiness};
+use kindling_agent::cli::{LogArgs, TlsArgs, TokenArgs};
 use kindling_agent::rendezvous::{RendezvousConfig, ServerConfig, serve};
+use kindling_agent::web::probes::{HealthServer, Readiness};
 use tokio_util::sync::CancellationToken;
 
 /// Gang start, barrier / all-gather and whole-group retry for Kindling agents.
@@ -22,6 +22,8 @@ struct Cli {
     auth: TokenArgs,
     #[command(flatten)]
     tls: TlsArgs,
+    #[command(flatten)]
+    log: LogArgs,
     /// Agent lease: heartbeats must arrive at least this often (ms).
     #[arg(long, env = "KINDLING_RENDEZVOUS_LEASE_MS", default_value_t = 10_000)]
     lease_ms: u64,
@@ -105,15 +107,11 @@ async fn shutdown_signal() -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        // Logs go to stderr, like the agent's; stdout stays free.
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Logs go to stderr, like the agent's; stdout stays free.
+    kindling_agent::cli::init_logging(filter, cli.log.log_format);
     let config = ServerConfig::try_from(&cli)?;
     match &config.state_dir {
         Some(dir) => tracing::info!(dir = %dir.display(), "state kept across restarts"),

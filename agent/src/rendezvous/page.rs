@@ -3,7 +3,7 @@
 //! polls — the rendezvous' jobs (state, members, attempts and their causes)
 //! joined with what each agent's heartbeats last reported of them (epochs,
 //! sampled step losses, ranks' throughput, cache, warnings and errors).
-//! Served with `/metrics` by [`crate::http`], under the same TLS and tokens.
+//! Served with `/metrics` by [`crate::web`], under the same TLS and tokens.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,8 @@ impl Reports {
 
 /// The pages of the rendezvous' HTTP side: the status page, its data and
 /// the metrics.
-pub fn pages(state: RendezvousState, reports: Reports) -> crate::http::Pages {
+pub fn pages(state: RendezvousState, reports: Reports) -> crate::web::Pages {
+    let registry = crate::exposition::registry("rendezvous", RendezvousCollector(state.clone()));
     Arc::new(move |path: &str| {
         let (content_type, body) = match path {
             "/" | "/index.html" => (
@@ -74,18 +75,29 @@ pub fn pages(state: RendezvousState, reports: Reports) -> crate::http::Pages {
                 let body = status(&jobs, &agents, &reports.lock(), now_ms());
                 ("application/json", body.to_string().into())
             }
-            "/metrics" => {
-                let jobs = state.list_jobs().unwrap_or_default();
-                let agents = state.list_agents().unwrap_or_default();
-                (
-                    crate::exposition::CONTENT_TYPE,
-                    crate::exposition::rendezvous(&jobs, &agents).into(),
-                )
-            }
+            "/metrics" => (
+                crate::exposition::CONTENT_TYPE,
+                crate::exposition::encode(&registry).into(),
+            ),
             _ => return None,
         };
-        Some(crate::http::Page { content_type, body })
+        Some(crate::web::Page { content_type, body })
     })
+}
+
+/// The rendezvous' metric families, written on each scrape from its state.
+#[derive(Debug)]
+struct RendezvousCollector(RendezvousState);
+
+impl prometheus_client::collector::Collector for RendezvousCollector {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let jobs = self.0.list_jobs().unwrap_or_default();
+        let agents = self.0.list_agents().unwrap_or_default();
+        crate::exposition::rendezvous(encoder, &jobs, &agents)
+    }
 }
 
 fn now_ms() -> u64 {

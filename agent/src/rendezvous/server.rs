@@ -45,6 +45,9 @@ impl From<RendezvousError> for Status {
     }
 }
 
+/// The rendezvous service's name in the gRPC health service.
+pub const RENDEZVOUS_SERVICE: &str = "kindling.rendezvous.v1.Rendezvous";
+
 /// Everything [`serve`] needs besides the listener.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -106,15 +109,12 @@ pub async fn serve(
     let svc = InterceptedService::new(server, check.clone());
     let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
     let incoming = routed.grpc;
-    let auth = crate::http::HttpAuth::new(check, config.viewer_token.clone(), config.tls.is_some());
-    tasks.spawn(crate::http::serve(
+    let auth = crate::web::HttpAuth::new(check, config.viewer_token.clone(), config.tls.is_some());
+    tasks.spawn(crate::web::serve(
         routed.http,
         auth,
         shutdown.clone(),
-        crate::http::cached(
-            super::page::pages(state.clone(), reports),
-            crate::http::RENDER_TTL,
-        ),
+        crate::web::cached(super::page::pages(state.clone(), reports), crate::web::RENDER_TTL),
     ));
     // No ring here: its connections are dropped.
     drop(routed.ring);
@@ -126,9 +126,16 @@ pub async fn serve(
             state.close();
         }
     };
+    // The standard gRPC health service, open like the probes: `grpc_health_probe`
+    // and Kubernetes' gRPC probes ask it, with no token.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::Serving)
+        .await;
     let result = ChannelConfig::default()
         .server()
         .max_concurrent_streams(config.max_concurrent_streams)
+        .add_service(health_service)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, signal)
         .await

@@ -1,0 +1,263 @@
+//! Who reads a port's pages, as one axum middleware layer: the operator
+//! token, or the *viewer* token, which reads these pages and nothing else
+//! (give it to Prometheus and to people watching). Job credentials are
+//! refused: the pages span every job. Probes stay open on the health port.
+//!
+//! A browser cannot send a bearer header when it opens a page: opening any
+//! path once as `?token=<token>` answers with a redirect to the same path
+//! and an `HttpOnly`, `SameSite=Strict` cookie holding the token (`Secure`
+//! over TLS), which the page's own requests then carry. The query and the
+//! cookie header are parsed by `form_urlencoded` and `cookie`.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use kindling_schemas::auth::{BearerCheck, Caller, Token};
+use kindling_schemas::credential::{hex, unhex};
+
+/// The cookie a browser keeps the token in (hex-encoded).
+pub const COOKIE: &str = "kindling_token";
+
+/// Who may read a port's pages.
+#[derive(Clone, Debug)]
+pub struct HttpAuth {
+    check: BearerCheck,
+    viewer: Option<Token>,
+    secure: bool,
+}
+
+impl HttpAuth {
+    /// The operator (as `check` knows it) and the holder of `viewer`;
+    /// `secure`: the port speaks TLS (the cookie is then `Secure`).
+    pub fn new(check: BearerCheck, viewer: Option<Token>, secure: bool) -> Self {
+        HttpAuth {
+            check,
+            viewer,
+            secure,
+        }
+    }
+
+    /// Admits `token`, or says why not.
+    fn admit(&self, token: Option<&str>) -> Result<(), (StatusCode, String)> {
+        if let (Some(viewer), Some(presented)) = (&self.viewer, token)
+            && viewer.matches(presented)
+        {
+            return Ok(());
+        }
+        match self.check.caller_of(token) {
+            Ok(Caller::Operator) => Ok(()),
+            Ok(Caller::Job(_)) => Err((
+                StatusCode::FORBIDDEN,
+                "a job credential cannot read this port's pages (they span every job): use the operator \
+                 or the viewer token\n"
+                    .into(),
+            )),
+            Err(status) => Err((
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "{}: send `authorization: Bearer <token>` (the operator or the viewer token), or open \
+                     the page once as `?token=<token>` in a browser\n",
+                    status.message()
+                ),
+            )),
+        }
+    }
+}
+
+/// The middleware: the request goes on to the page only with an admitted
+/// token (bearer header, else our cookie); a `?token=` visit is answered
+/// with the cookie and a redirect to the same path without the query.
+pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next: Next) -> Response {
+    // A browser's first visit: the token in the query becomes a cookie, and
+    // the address bar (and history) loses it.
+    if let Some(token) = request.uri().query().and_then(|q| query_param(q, "token")) {
+        return match auth.admit(Some(&token)) {
+            Ok(()) => {
+                let cookie = format!(
+                    "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+                    hex(token.as_bytes()),
+                    if auth.secure { "; Secure" } else { "" }
+                );
+                // One leading slash: `//host/…` would send the browser to another site.
+                let location = format!("/{}", request.uri().path().trim_start_matches('/'));
+                (
+                    StatusCode::SEE_OTHER,
+                    [(header::LOCATION, location), (header::SET_COOKIE, cookie)],
+                )
+                    .into_response()
+            }
+            Err(refusal) => refusal.into_response(),
+        };
+    }
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|a| a.to_str().ok())
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let token = bearer.or_else(|| cookie_token(request.headers()));
+    match auth.admit(token.as_deref()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// The token in the request's cookies, if one is ours (and hex).
+fn cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(cookie::Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == COOKIE)
+        .and_then(|c| unhex(c.value()))
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// A query parameter's value, percent-decoded; `None` when absent or when
+/// its escapes are malformed (a token is never guessed from a broken one).
+fn query_param(query: &str, name: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| *k == name)?
+        .1;
+    let well_formed = raw
+        .split('%')
+        .skip(1)
+        .all(|rest| rest.len() >= 2 && rest.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit));
+    if !well_formed {
+        return None;
+    }
+    form_urlencoded::parse(format!("v={raw}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::{Body, to_bytes};
+    use axum::http::Request;
+    use bytes::Bytes;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::web::{Page, Pages, router};
+
+    fn pages() -> Pages {
+        std::sync::Arc::new(|path: &str| {
+            (path == "/metrics").then(|| Page {
+                content_type: "text/plain",
+                body: Bytes::from_static(b"m 1\n"),
+            })
+        })
+    }
+
+    fn auth() -> HttpAuth {
+        HttpAuth::new(
+            BearerCheck::new(Some(Token::new("op"))),
+            Some(Token::new("view er")),
+            false,
+        )
+    }
+
+    /// The router's answer: status, headers and body.
+    async fn ask(
+        auth: &HttpAuth,
+        method: &str,
+        uri: &str,
+        authorization: Option<&str>,
+        cookie: Option<&str>,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(a) = authorization {
+            request = request.header(header::AUTHORIZATION, a);
+        }
+        if let Some(c) = cookie {
+            request = request.header(header::COOKIE, c);
+        }
+        let response = router(auth.clone(), pages())
+            .oneshot(request.body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let (parts, body) = response.into_parts();
+        (
+            parts.status,
+            parts.headers,
+            to_bytes(body, 1 << 20).await.expect("body"),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_operator_and_the_viewer_read_and_nobody_else() {
+        let a = auth();
+        // Without a viewer token configured, nothing else is a viewer.
+        let plain = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
+        for (auth, path, bearer, status) in [
+            (&a, "/metrics", Some("Bearer op"), StatusCode::OK),
+            (&a, "/metrics", Some("Bearer view er"), StatusCode::OK),
+            (&a, "/metrics", None, StatusCode::UNAUTHORIZED),
+            (&a, "/metrics", Some("Bearer x"), StatusCode::UNAUTHORIZED),
+            (&a, "/nope", Some("Bearer op"), StatusCode::NOT_FOUND),
+            (
+                &plain,
+                "/metrics",
+                Some("Bearer view er"),
+                StatusCode::UNAUTHORIZED,
+            ),
+        ] {
+            let got = ask(auth, "GET", path, bearer, None).await.0;
+            assert_eq!(got, status, "{path} with {bearer:?}");
+        }
+        let post = ask(&a, "POST", "/metrics", Some("Bearer op"), None).await.0;
+        assert_eq!(post, StatusCode::METHOD_NOT_ALLOWED);
+        // HEAD reads like GET, without the body.
+        let (status, _, body) = ask(&a, "HEAD", "/metrics", Some("Bearer op"), None).await;
+        assert_eq!((status, body.len()), (StatusCode::OK, 0));
+        let (_, headers, body) = ask(&a, "GET", "/metrics", Some("Bearer op"), None).await;
+        assert_eq!(&body[..], b"m 1\n");
+        assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+    }
+
+    #[tokio::test]
+    async fn a_token_in_the_query_becomes_a_cookie_that_then_reads() {
+        let a = HttpAuth::new(
+            BearerCheck::new(Some(Token::new("op"))),
+            Some(Token::new("view er")),
+            true,
+        );
+        let (status, headers, _) = ask(&a, "GET", "/metrics?x=1&token=view%20er", None, None).await;
+        assert_eq!(status, StatusCode::SEE_OTHER);
+        assert_eq!(headers[header::LOCATION], "/metrics", "{headers:?}");
+        let cookie = headers[header::SET_COOKIE].to_str().expect("a cookie");
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.ends_with("; Secure")
+        );
+        let pair = cookie.split(';').next().expect("pair");
+        let (status, _, body) = ask(&a, "GET", "/metrics", None, Some(&format!("a=b; {pair}"))).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(&body[..], b"m 1\n");
+        // A wrong token in the query sets nothing.
+        let (status, headers, _) = ask(&a, "GET", "/metrics?token=nope", None, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(headers.get(header::SET_COOKIE).is_none() && headers.get(header::LOCATION).is_none());
+        // A cookie that is not ours, or not hex, admits nobody.
+        for cookie in [format!("{COOKIE}=zz"), "other=6f70".to_owned()] {
+            let status = ask(&a, "GET", "/metrics", None, Some(&cookie)).await.0;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{cookie}");
+        }
+        // The redirect stays on this site, whatever the path.
+        let (_, headers, _) = ask(&a, "GET", "//evil.example/x?token=op", None, None).await;
+        assert_eq!(headers[header::LOCATION], "/evil.example/x");
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded_and_bad_escapes_refused() {
+        assert_eq!(query_param("token=a%2Fb+c", "token").as_deref(), Some("a/b c"));
+        assert_eq!(query_param("token=a%2", "token"), None);
+        assert_eq!(query_param("token=%zz", "token"), None);
+        assert_eq!(query_param("other=1", "token"), None);
+    }
+}

@@ -1,0 +1,179 @@
+//! The HTTP side of an agent's and the rendezvous' ports, on axum's router
+//! and hyper's HTTP/1.1 server (the crates tonic itself serves on):
+//! `/metrics` everywhere and the status page on the main port, where
+//! [`kindling_schemas::tls::route`] hands over the connections that speak
+//! HTTP (so the same TLS guards them, and a scraper keeps its connection from
+//! scrape to scrape); the Kubernetes probes on the health port ([`probes`]).
+//! Who may read the pages is one middleware layer ([`auth`]).
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use kindling_schemas::tls::Conn;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub mod auth;
+pub mod pages;
+pub mod probes;
+
+pub use auth::{COOKIE, HttpAuth};
+pub use pages::{Page, Pages, RENDER_TTL, cached};
+
+/// A client that does not send a whole request head within this time is
+/// dropped (also between the requests of a kept-alive connection).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The routes of the main port: every path through [`auth::require_reader`],
+/// then `pages`.
+pub fn router(auth: HttpAuth, pages: Pages) -> Router {
+    Router::new()
+        .fallback_service(get(page).with_state(pages))
+        .layer(axum::middleware::from_fn_with_state(auth, auth::require_reader))
+}
+
+/// One page: what `pages` renders for the path, or 404.
+async fn page(State(pages): State<Pages>, uri: Uri) -> Response {
+    match pages(uri.path()) {
+        Some(page) => (
+            [
+                (header::CONTENT_TYPE, page.content_type),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            page.body,
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, format!("not found: {}\n", uri.path())).into_response(),
+    }
+}
+
+/// Serves [`router`] on the HTTP connections of a port until `stop`.
+pub async fn serve(mut conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: CancellationToken, pages: Pages) {
+    let app = router(auth, pages);
+    let tracker = TaskTracker::new();
+    loop {
+        let conn = tokio::select! {
+            _ = stop.cancelled() => break,
+            c = conns.recv() => match c {
+                Some(c) => c,
+                None => break,
+            },
+        };
+        tracker.spawn(serve_connection(conn, app.clone(), true, stop.clone()));
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Serves `app` on one connection (`keep_alive`: more than one request)
+/// until the client closes it, it idles past [`READ_TIMEOUT`], or `stop`.
+pub(crate) async fn serve_connection<S>(io: S, app: Router, keep_alive: bool, stop: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .keep_alive(keep_alive);
+    let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "HTTP connection");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use kindling_schemas::auth::{BearerCheck, Token};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// Reads one response with a `content-length` body: (status line, body).
+    async fn response(r: &mut BufReader<TcpStream>) -> (String, String) {
+        let mut status = String::new();
+        r.read_line(&mut status).await.expect("status");
+        let mut len = 0;
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).await.expect("header");
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().expect("length");
+            }
+        }
+        let mut body = vec![0; len];
+        r.read_exact(&mut body).await.expect("body");
+        (
+            status.trim_end().to_owned(),
+            String::from_utf8(body).expect("utf-8"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_scraper_keeps_its_connection_from_request_to_request() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let renders = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let pages: Pages = {
+            let renders = renders.clone();
+            Arc::new(move |path: &str| {
+                let n = renders.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                (path == "/metrics").then(|| Page {
+                    content_type: "text/plain",
+                    body: Bytes::from(format!("m {n}\n")),
+                })
+            })
+        };
+        let auth = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
+        let server = tokio::spawn(serve(rx, auth, stop.clone(), pages));
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (conn, _) = listener.accept().await.expect("accept");
+        tx.send(Conn::Plain(conn)).await.expect("hand over");
+        let mut client = BufReader::new(client);
+        for n in 1..=3 {
+            let request = "GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer op\r\n\r\n";
+            client
+                .get_mut()
+                .write_all(request.as_bytes())
+                .await
+                .expect("request");
+            let (status, body) = response(&mut client).await;
+            assert_eq!(status, "HTTP/1.1 200 OK");
+            assert_eq!(body, format!("m {n}\n"), "request {n} on the one connection");
+        }
+        // A refused request does not cost the connection either.
+        let request = "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n";
+        client
+            .get_mut()
+            .write_all(request.as_bytes())
+            .await
+            .expect("request");
+        assert_eq!(response(&mut client).await.0, "HTTP/1.1 401 Unauthorized");
+        stop.cancel();
+        server.await.expect("the server stops");
+    }
+}
