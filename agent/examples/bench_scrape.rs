@@ -6,9 +6,11 @@
 //!    that dials and handshakes for every scrape: TLS handshakes made and
 //!    milliseconds per scrape. A server that closes after each response
 //!    makes the first client handshake every time too.
-//! 2. `DoPut` ingest of `--ingest-mb` MB into the same agent with nobody
+//! 2. The CPU the process spends while `/metrics` is scraped 20 times a
+//!    second (server and client together), against the same window idle.
+//! 3. `DoPut` ingest of `--ingest-mb` MB into the same agent with nobody
 //!    scraping, and with `/metrics` scraped 20 times a second throughout:
-//!    `--rounds` interleaved rounds, medians.
+//!    `--rounds` interleaved rounds (alternating which goes first), medians.
 //!
 //! `cargo run --release -p kindling-agent --example bench_scrape -- --scrapes 100 --ingest-mb 256 --rounds 5`
 
@@ -28,7 +30,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{act, arg, encode, flight, ingest_batches, pki};
+use common::{act, arg, cpu_seconds, encode, flight, ingest_batches, pki};
 
 /// An HTTP/1.1 client of one TLS port that reads `/metrics`, keeping its
 /// connection when `keep` and the server allow, and counts its handshakes.
@@ -131,10 +133,10 @@ async fn main() -> anyhow::Result<()> {
     let scrapes = arg("--scrapes", 100);
     let mut rows = Vec::new();
     for keep in [true, false] {
+        // The agent's first page, rendered cold, by a scraper of its own.
+        Scraper::new(&addr, &token, &pki.client, false)?.scrape().await?;
+        // Every handshake of these scrapes counts, the first one's too.
         let mut s = Scraper::new(&addr, &token, &pki.client, keep)?;
-        s.scrape().await?; // the agent's first page, rendered cold
-        s.handshakes.store(0, Ordering::Relaxed);
-        s.conn = s.conn.take().filter(|_| keep);
         let t = Instant::now();
         for _ in 0..scrapes {
             s.scrape().await?;
@@ -150,13 +152,42 @@ async fn main() -> anyhow::Result<()> {
         rows[0].1.as_secs_f64() * 1e3,
         rows[1].1.as_secs_f64() * 1e3
     );
+    scrape_cpu(&addr, &token, &pki).await?;
     ingest(&agent, &rv, &token, &pki, &addr).await?;
     agent.shutdown_and_wait().await;
     let _ = rv.shutdown_and_wait().await;
     Ok(())
 }
 
-/// Ingest unscraped against ingest scraped 20×/s, interleaved rounds.
+/// The CPU that 20 scrapes a second take (server and client together, so
+/// an upper bound on the agent's share), against the same window idle.
+async fn scrape_cpu(addr: &str, token: &Token, pki: &common::Pki) -> anyhow::Result<()> {
+    let window = Duration::from_secs(arg("--cpu-window-secs", 4) as u64);
+    let idle = {
+        let c = cpu_seconds();
+        tokio::time::sleep(window).await;
+        cpu_seconds() - c
+    };
+    let mut s = Scraper::new(addr, token, &pki.client, true)?;
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    let (c, t) = (cpu_seconds(), Instant::now());
+    while t.elapsed() < window {
+        every.tick().await;
+        s.scrape().await?;
+    }
+    let busy = cpu_seconds() - c;
+    let share = |cpu: f64| 100.0 * cpu / window.as_secs_f64();
+    println!(
+        "| CPU while scraped 20×/s for {} s, % of one core (server and client) / idle | {:.2} % | {:.2} % |",
+        window.as_secs(),
+        share(busy),
+        share(idle)
+    );
+    Ok(())
+}
+
+/// Ingest unscraped against ingest scraped 20×/s, interleaved rounds (each
+/// round in the other order than the one before).
 async fn ingest(
     agent: &kindling_agent::AgentHandle,
     rv: &EmbeddedRendezvous,
@@ -177,7 +208,12 @@ async fn ingest(
     let mut rates: [Vec<f64>; 2] = Default::default();
     let mut scrapes_done = 0u64;
     for round in 0..rounds {
-        for scraped in [false, true] {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for scraped in order {
             let job_id = format!("ingest-{round}-{scraped}");
             rendezvous.create_job(&JobConfig::new(&job_id, 1)).await?;
             let mut client = flight(agent.url(), token, &channel).await?;

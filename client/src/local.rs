@@ -158,6 +158,30 @@ impl LocalCluster {
         self.config.token.as_ref()
     }
 
+    /// Writes the status page's link with its token (the viewer token where
+    /// the cluster has one) to `status-page.url` in the work directory,
+    /// readable by its owner only, and returns that file: the token never
+    /// goes to the terminal or a log. `None` for a cluster without a token.
+    pub fn status_page_link(&self) -> std::io::Result<Option<PathBuf>> {
+        let Some(token) = self.config.viewer_token.as_ref().or(self.config.token.as_ref()) else {
+            return Ok(None);
+        };
+        let path = self.config.work_dir.join("status-page.url");
+        std::fs::create_dir_all(&self.config.work_dir)?;
+        // A stale link (a file we may not own) is replaced, not written through.
+        let _ = std::fs::remove_file(&path);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&path)?;
+        std::io::Write::write_all(
+            &mut file,
+            format!("{}/?token={}\n", self.rendezvous_url, token.expose()).as_bytes(),
+        )?;
+        Ok(Some(path))
+    }
+
     /// Channel settings that reach this cluster (its TLS, if it has any:
     /// the agents' own certificate then serves as a client certificate).
     pub fn channel(&self) -> kindling_schemas::channel::ChannelConfig {
@@ -229,5 +253,34 @@ impl LocalCluster {
         if let Some(r) = rv {
             let _ = r.shutdown_and_wait().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_status_page_link_is_written_for_its_owner_only() {
+        let dir = tempfile::tempdir().expect("dir");
+        let cluster = LocalCluster::start(0, LocalClusterConfig::new(dir.path()))
+            .await
+            .expect("start");
+        let token = cluster.token().expect("a token").expose().to_owned();
+        let path = cluster.status_page_link().expect("written").expect("a link");
+        let link = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(
+            link.trim(),
+            format!("{}/?token={token}", cluster.rendezvous_url())
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).expect("metadata").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        }
+        // Written again, it replaces the file.
+        assert_eq!(cluster.status_page_link().expect("again"), Some(path));
+        cluster.shutdown().await;
     }
 }

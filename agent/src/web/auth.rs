@@ -19,6 +19,10 @@ use kindling_schemas::credential::{hex, unhex};
 /// The cookie a browser keeps the token in (hex-encoded).
 pub const COOKIE: &str = "kindling_token";
 
+/// How long a browser keeps that cookie: a working day, then the page asks
+/// for the token again.
+pub const COOKIE_MAX_AGE_SECS: u64 = 8 * 3600;
+
 /// Who may read a port's pages.
 #[derive(Clone, Debug)]
 pub struct HttpAuth {
@@ -75,7 +79,7 @@ pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next
         return match auth.admit(Some(&token)) {
             Ok(()) => {
                 let cookie = format!(
-                    "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+                    "{COOKIE}={}; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}; HttpOnly; SameSite=Strict{}",
                     hex(token.as_bytes()),
                     if auth.secure { "; Secure" } else { "" }
                 );
@@ -219,6 +223,21 @@ mod tests {
         let (_, headers, body) = ask(&a, "GET", "/metrics", Some("Bearer op"), None).await;
         assert_eq!(&body[..], b"m 1\n");
         assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+        // Every answer, a refusal too, forbids sniffing, framing and loading.
+        for (_, headers, _) in [
+            ask(&a, "GET", "/metrics", Some("Bearer op"), None).await,
+            ask(&a, "GET", "/metrics", None, None).await,
+            ask(&a, "GET", "/nope", Some("Bearer op"), None).await,
+        ] {
+            assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+            assert_eq!(headers[header::X_FRAME_OPTIONS], "DENY");
+            assert_eq!(headers[header::REFERRER_POLICY], "no-referrer");
+            let csp = headers[header::CONTENT_SECURITY_POLICY].to_str().expect("csp");
+            assert!(
+                csp.starts_with("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+                "{csp}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -234,6 +253,10 @@ mod tests {
         let cookie = headers[header::SET_COOKIE].to_str().expect("a cookie");
         assert!(
             cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.ends_with("; Secure")
+        );
+        assert!(
+            cookie.contains(&format!("Max-Age={COOKIE_MAX_AGE_SECS}")),
+            "{cookie}"
         );
         let pair = cookie.split(';').next().expect("pair");
         let (status, _, body) = ask(&a, "GET", "/metrics", None, Some(&format!("a=b; {pair}"))).await;

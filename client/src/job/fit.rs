@@ -210,11 +210,14 @@ impl TrainingJob {
         // loopback, under this run's own token.
         #[cfg(feature = "local")]
         if let Target::Local(cluster) = &target {
-            let token = cluster
-                .token()
-                .map(|t| format!("?token={}", t.expose()))
-                .unwrap_or_default();
-            reporter.note(&format!("status page: {}/{token}", cluster.rendezvous_url()));
+            // The link with its token goes to a file of the user's, never to
+            // the terminal or a log.
+            let link = match cluster.status_page_link() {
+                Ok(Some(path)) => format!(" (open the link in {}: it holds the token)", path.display()),
+                Ok(None) => String::new(),
+                Err(e) => format!(" (the link with its token could not be written: {e})"),
+            };
+            reporter.note(&format!("status page: {}/{link}", cluster.rendezvous_url()));
         }
         let job_id = self
             .job_id
