@@ -245,7 +245,7 @@ impl ShardCache {
     /// [`PlacedBatch::store`]. Cheap, so it can run under the job's lock while
     /// the spill write runs outside it.
     pub fn place(&mut self, batch: RecordBatch) -> PlacedBatch {
-        let bytes = kindling_schemas::schema::batch_bytes(&batch);
+        let (batch, bytes) = owned(batch);
         if self.budget.try_reserve(bytes) {
             return PlacedBatch::Memory(CachedBatch::Memory {
                 batch,
@@ -352,6 +352,45 @@ fn write_ipc_file(path: &Path, batch: &RecordBatch) -> Result<(), WriteError> {
 }
 
 /// No room left on the device, or the user's quota is used up.
+/// How far the buffers a batch slices may outgrow its values before the
+/// batch is copied into buffers of its own (IPC alignment, small messages).
+const COPY_SLACK: u64 = 1 << 20;
+
+/// `batch` as the cache keeps it, and what keeping it costs. A batch decoded
+/// from a Flight message slices the whole message body, so one padded far
+/// past its values (a one-row batch in a 60 MiB body) would hold the body
+/// while charged for its row: such a batch is copied into buffers of its own
+/// (the values only), and whatever it still holds after that (a dictionary
+/// shared with the body) is what it is charged.
+fn owned(batch: RecordBatch) -> (RecordBatch, u64) {
+    let values = kindling_schemas::schema::batch_bytes(&batch);
+    let limit = values.saturating_mul(2).saturating_add(COPY_SLACK);
+    if held(&batch) <= limit {
+        return (batch, values);
+    }
+    let rows = arrow::array::UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+    let copied = batch
+        .columns()
+        .iter()
+        .map(|c| arrow::compute::take(c, &rows, None))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|columns| RecordBatch::try_new(batch.schema(), columns));
+    let batch = copied.unwrap_or(batch);
+    let held = held(&batch);
+    (batch, if held > limit { held } else { values })
+}
+
+/// The memory a batch keeps alive, at least: its largest column's buffers
+/// (columns of one decoded message share its body, so the body counts once).
+fn held(batch: &RecordBatch) -> u64 {
+    batch
+        .columns()
+        .iter()
+        .map(|c| c.get_array_memory_size() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
 fn is_out_of_space(e: &std::io::Error) -> bool {
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
@@ -436,6 +475,35 @@ mod tests {
         assert_eq!(cache.append(1, decoded).expect("append"), values);
         assert_eq!(cache.bytes(), (values, 0), "fits the budget: nothing spills");
         assert_eq!(budget.used(), values);
+    }
+
+    /// A one-row batch whose value sits in a 16 MiB allocation, as a
+    /// Flight message padded by its sender decodes: kept, it would hold the
+    /// 16 MiB while charged 8 bytes. The cache keeps a copy of its values.
+    #[test]
+    fn a_batch_padded_far_past_its_values_is_kept_as_a_copy_and_charged_for_it() {
+        let body = arrow::buffer::Buffer::from_vec(vec![7i64; 2 << 20]);
+        let padded = Int64Array::new(arrow::buffer::ScalarBuffer::new(body, 0, 1), None);
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(padded)]).expect("batch");
+        assert!(held(&batch) >= 16 << 20, "the fixture holds the body");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let budget = MemoryBudget::new(1 << 30);
+        let mut cache = ShardCache::new(dir.path(), budget.clone());
+        assert_eq!(cache.append(1, batch.clone()).expect("append"), 8);
+        cache.commit(1);
+        let kept = cache.snapshot()[0].load().expect("load");
+        assert_eq!(kept, batch, "the same row");
+        assert!(held(&kept) < 1 << 10, "still holds {} bytes", held(&kept));
+        assert_eq!(budget.used(), 8);
+        // A batch that owns its buffers is kept as it is, not copied.
+        let plain = super::tests::batch(0, 1000);
+        let (kept, bytes) = owned(plain.clone());
+        assert_eq!(bytes, 8000);
+        assert_eq!(
+            kept.column(0).to_data().buffers()[0].as_ptr(),
+            plain.column(0).to_data().buffers()[0].as_ptr()
+        );
     }
 
     #[test]

@@ -309,40 +309,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let inbox = Inbox::new();
-    let train_pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.train_threads)
-        .thread_name({
-            let id = config.agent_id.clone();
-            move |i| format!("train-{id}-{i}")
-        })
-        .build()
-        .map_err(|e| {
-            AgentError::io(
-                "start the trainer thread pool",
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
     let env_budget = MemoryBudget::new(config.memory_budget);
-    let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
-    let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
-    crate::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
-    let env = JobEnv {
-        train_pool: Arc::new(train_pool),
-        agent_id: config.agent_id.clone(),
-        spill_dir,
-        checkpoint_dir,
-        budget: env_budget.clone(),
-        inbox: inbox.clone(),
-        token: config.token.clone(),
-        collective_timeout: config.collective_timeout,
-        rendezvous_outage: config.rendezvous_outage,
-        models: config.models.clone(),
-        rendezvous: config.rendezvous.clone(),
-        channel: config.channel.clone(),
-        max_jobs: config.max_jobs,
-        finished_retention: config.finished_retention,
-        credentials: config.credentials.clone(),
-    };
+    let env = job_env(&config, inbox.clone(), env_budget.clone())?;
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
     tracker.spawn(jobs.clone().reap_finished_until(cancel.clone()));
@@ -358,19 +326,13 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
-    let pages: crate::web::Pages = {
-        let families = crate::metrics::AgentCollector::new(jobs.clone(), env_budget.clone());
-        let registry = crate::exposition::registry("agent", families);
-        Arc::new(move |path: &str| {
-            (path == "/metrics").then(|| crate::web::Page {
-                content_type: crate::exposition::CONTENT_TYPE,
-                body: crate::exposition::encode(&registry).into(),
-            })
-        })
-    };
     let auth = crate::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
-    let pages = crate::web::cached(pages, crate::web::RENDER_TTL);
-    tokio::spawn(crate::web::serve(routed.http, auth, cancel.clone(), pages));
+    tokio::spawn(crate::web::serve(
+        routed.http,
+        auth,
+        cancel.clone(),
+        metrics_page(jobs.clone(), env_budget.clone()),
+    ));
     let server = tokio::spawn(async move {
         // Stopping closes the inbox first: ring connections live as long as
         // their rings, and their peers must see them end at once.
@@ -404,22 +366,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             has_gpu,
             models: config.models.names(),
         };
-        let registered = match RendezvousClient::connect_lazy_with(rv, config.token.as_ref(), &config.channel)
-        {
-            Ok(client) => {
-                let client = client.with_outage_bound(config.rendezvous_outage);
-                let report: kindling_schemas::rendezvous::ReportFn = {
-                    let (jobs, budget) = (jobs.clone(), env_budget.clone());
-                    Arc::new(move || crate::metrics::report(&jobs, &budget))
-                };
-                client
-                    .register_reporting(info, Some(report))
-                    .await
-                    .map(|lease| (client, lease))
-            }
-            Err(e) => Err(e),
-        };
-        let (client, lease) = match registered {
+        let (client, lease) = match register(&config, rv, info, &jobs, &env_budget).await {
             Ok(registered) => registered,
             Err(e) => {
                 // Free the port so the caller can retry `start`.
@@ -450,4 +397,77 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         token: config.token,
         channel: config.channel,
     })
+}
+
+/// What every job on the agent shares: the trainer's thread pool, the
+/// cache budget, the spill and checkpoint folders (cleaned after a crash).
+fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -> Result<JobEnv, AgentError> {
+    let train_pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.train_threads)
+        .thread_name({
+            let id = config.agent_id.clone();
+            move |i| format!("train-{id}-{i}")
+        })
+        .build()
+        .map_err(|e| {
+            AgentError::io(
+                "start the trainer thread pool",
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+    let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
+    let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
+    crate::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
+    Ok(JobEnv {
+        train_pool: Arc::new(train_pool),
+        agent_id: config.agent_id.clone(),
+        spill_dir,
+        checkpoint_dir,
+        budget,
+        inbox,
+        token: config.token.clone(),
+        collective_timeout: config.collective_timeout,
+        rendezvous_outage: config.rendezvous_outage,
+        models: config.models.clone(),
+        rendezvous: config.rendezvous.clone(),
+        channel: config.channel.clone(),
+        max_jobs: config.max_jobs,
+        finished_retention: config.finished_retention,
+        credentials: config.credentials.clone(),
+    })
+}
+
+/// The agent's HTTP pages: `/metrics`, rendered at most once per
+/// [`RENDER_TTL`](crate::web::RENDER_TTL).
+fn metrics_page(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> crate::web::Pages {
+    let registry = crate::exposition::registry("agent", crate::metrics::AgentCollector::new(jobs, budget));
+    let pages: crate::web::Pages = Arc::new(move |path: &str| {
+        (path == "/metrics").then(|| crate::web::Page {
+            content_type: crate::exposition::CONTENT_TYPE,
+            body: crate::exposition::encode(&registry).into(),
+        })
+    });
+    crate::web::cached(pages, crate::web::RENDER_TTL)
+}
+
+/// Registers `info` with the rendezvous at `rv`, its heartbeats carrying the
+/// agent's report: the client and the lease.
+async fn register(
+    config: &AgentConfig,
+    rv: &str,
+    info: AgentInfo,
+    jobs: &Arc<JobRegistry>,
+    budget: &Arc<MemoryBudget>,
+) -> Result<
+    (RendezvousClient, kindling_schemas::rendezvous::AgentLease),
+    kindling_schemas::rendezvous::ClientError,
+> {
+    let client = RendezvousClient::connect_lazy_with(rv, config.token.as_ref(), &config.channel)?
+        .with_outage_bound(config.rendezvous_outage);
+    let report: kindling_schemas::rendezvous::ReportFn = {
+        let (jobs, budget) = (jobs.clone(), budget.clone());
+        Arc::new(move || crate::metrics::report(&jobs, &budget))
+    };
+    let lease = client.register_reporting(info, Some(report)).await?;
+    Ok((client, lease))
 }

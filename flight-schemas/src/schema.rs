@@ -372,9 +372,6 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
     })
 }
 
-/// Checks the values of one batch's feature and label columns: no nulls, no
-/// NaN/infinity, class labels in range. The batch must have a schema that
-/// [`validate`] accepted; other (pass-through) columns are not looked at.
 /// Bytes of a batch's own values (the sum of its columns' sliced buffers).
 ///
 /// Use this, not `RecordBatch::get_array_memory_size`, to account for memory
@@ -394,6 +391,9 @@ pub fn batch_bytes(batch: &RecordBatch) -> u64 {
         .sum()
 }
 
+/// Checks the values of one batch's feature and label columns: no nulls, no
+/// NaN/infinity, class labels in range. The batch must have a schema that
+/// [`validate`] accepted; other (pass-through) columns are not looked at.
 pub fn validate_batch(batch: &RecordBatch, spec: &JobSpec) -> Result<(), SchemaError> {
     let schema = batch.schema();
     let used = schema.fields().iter().zip(batch.columns()).filter(|(f, _)| {

@@ -115,10 +115,20 @@ pub fn html_csp(html: &[u8]) -> String {
     )
 }
 
-/// Serves [`router`] on the HTTP connections of a port until `stop`.
-pub async fn serve(mut conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: CancellationToken, pages: Pages) {
-    let app = router(auth, pages);
+/// Open HTTP connections a port serves at once; one more is closed at once
+/// (a scraper or a browser needs a few; a peer opening thousands gets none
+/// of the process' memory or tasks).
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// Serves [`router`] on the HTTP connections of a port until `stop`, at
+/// most [`MAX_CONNECTIONS`] at once.
+pub async fn serve(conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: CancellationToken, pages: Pages) {
+    serve_capped(conns, router(auth, pages), MAX_CONNECTIONS, stop).await
+}
+
+async fn serve_capped(mut conns: mpsc::Receiver<Conn>, app: Router, cap: usize, stop: CancellationToken) {
     let tracker = TaskTracker::new();
+    let open = std::sync::Arc::new(tokio::sync::Semaphore::new(cap));
     loop {
         let conn = tokio::select! {
             _ = stop.cancelled() => break,
@@ -127,7 +137,16 @@ pub async fn serve(mut conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: Cancel
                 None => break,
             },
         };
-        tracker.spawn(serve_connection(conn, app.clone(), true, stop.clone()));
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::debug!(cap, "HTTP connection refused: the port serves its cap already");
+            drop(conn);
+            continue;
+        };
+        let served = serve_connection(conn, app.clone(), true, stop.clone());
+        tracker.spawn(async move {
+            served.await;
+            drop(permit);
+        });
     }
     tracker.close();
     tracker.wait().await;
@@ -249,6 +268,54 @@ mod tests {
             .await
             .expect("request");
         assert_eq!(response(&mut client).await.0, "HTTP/1.1 401 Unauthorized");
+        stop.cancel();
+        server.await.expect("the server stops");
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_cap_is_closed_and_the_others_serve_on() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let pages: Pages = Arc::new(|path: &str| {
+            (path == "/metrics").then(|| Page {
+                content_type: "text/plain",
+                body: Bytes::from_static(b"m 1\n"),
+            })
+        });
+        let auth = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
+        let server = tokio::spawn(serve_capped(rx, router(auth, pages), 2, stop.clone()));
+        let request = "GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer op\r\n\r\n";
+        let mut open = Vec::new();
+        for _ in 0..3 {
+            let client = TcpStream::connect(addr).await.expect("connect");
+            let (conn, _) = listener.accept().await.expect("accept");
+            tx.send(Conn::Plain(conn)).await.expect("hand over");
+            open.push(BufReader::new(client));
+        }
+        // The third is closed without an answer.
+        let mut third = open.pop().expect("third");
+        let _ = third.get_mut().write_all(request.as_bytes()).await;
+        let mut rest = Vec::new();
+        let n = third.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(
+            n,
+            0,
+            "answered past the cap: {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        // The two within it are served, and keep being served.
+        for client in &mut open {
+            for _ in 0..2 {
+                client
+                    .get_mut()
+                    .write_all(request.as_bytes())
+                    .await
+                    .expect("request");
+                assert_eq!(response(client).await.0, "HTTP/1.1 200 OK");
+            }
+        }
         stop.cancel();
         server.await.expect("the server stops");
     }
