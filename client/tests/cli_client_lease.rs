@@ -7,7 +7,7 @@
 //! - An agent's errors during the job appear in its output, with the job,
 //!   the agent's rank and the attempt.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -5,7 +5,7 @@
 //! rows; an empty query and a query without the label are refused naming
 //! what is wrong.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

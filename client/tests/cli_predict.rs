@@ -8,7 +8,7 @@
 //!   one prediction per row equal to `predict_batch` of its features;
 //! - a malformed `--output` is refused before anything runs, naming the forms.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -8,7 +8,7 @@
 //!   process exits non-zero and writes no model;
 //! - a bad flag value is refused before anything runs, naming the flag.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

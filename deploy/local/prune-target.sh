@@ -49,7 +49,7 @@ dry=0
 cd "$ROOT"
 
 builds=(
-  "test --workspace --no-run"
+  "test --workspace --lib --bins --tests --no-run"
   "clippy --workspace --all-targets"
   "clippy -p kindling --no-default-features --lib"
   "build -p kindling --example train_digits"

@@ -1,29 +1,41 @@
 #!/usr/bin/env bash
-# Installs what Kindling needs on a fresh Debian/Ubuntu machine: protoc (the
-# Spark Connect crates generate code at build time), Java 17 for Spark, the
-# pinned pyspark/pyarrow virtualenv, g++ (the C++ Flight contract check builds
-# against the pyarrow wheel's Arrow C++), Prometheus (the metrics test
-# scrapes a local cluster with it), the Python package deploy/python
-# (kindling-client) into that venv, and with KINDLING_MLFLOW=1 MLflow in a
-# venv of its own (the tracking test runs a real MLflow server).
+# Installs what Kindling needs on a fresh Debian/Ubuntu machine, in three
+# levels (the argument; default `all`):
+#   build  what `cargo build` needs: protoc (the Spark Connect crates generate
+#          code at build time) and a C compiler (ring) — seconds, so a build
+#          can start while the rest installs;
+#   demo   + Java 17 for Spark and the pinned pyspark/pyarrow virtualenv;
+#   all    + g++ (the C++ Flight contract check builds against the pyarrow
+#          wheel's Arrow C++), Prometheus (the metrics test scrapes a local
+#          cluster with it), Chromium (the status page test), the Python
+#          package deploy/python (kindling-client) into that venv, and with
+#          KINDLING_MLFLOW=1 MLflow in a venv of its own (the tracking test
+#          runs a real MLflow server).
 # Idempotent; quiet when all is present.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
+LEVEL="${1:-all}"
+case "$LEVEL" in build|demo|all) ;; *) echo "usage: $0 [build|demo|all]" >&2; exit 2 ;; esac
+
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
-command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-command -v flock >/dev/null 2>&1 || missing+=(util-linux)
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)
-command -v g++ >/dev/null 2>&1 || missing+=(g++)
-# The metrics test scrapes a local cluster with a real Prometheus server.
-command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-# The status page test renders the rendezvous' page in headless Chromium.
-command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-# The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
-if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
-  compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)
-  compgen -G '/usr/lib/*/libvulkan.so.1' >/dev/null || missing+=(libvulkan1)
+if [ "$LEVEL" != build ]; then
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  command -v flock >/dev/null 2>&1 || missing+=(util-linux)
+fi
+if [ "$LEVEL" = all ]; then
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  # The metrics test scrapes a local cluster with a real Prometheus server.
+  command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+  # The status page test renders the rendezvous' page in headless Chromium.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  # The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
+  if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
+    compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)
+    compgen -G '/usr/lib/*/libvulkan.so.1' >/dev/null || missing+=(libvulkan1)
+  fi
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[setup] installing ${missing[*]}" >&2
@@ -32,7 +44,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "[setup] Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
+[ "$LEVEL" = build ] && exit 0
 "$HERE/spark-connect.sh" install
+[ "$LEVEL" = demo ] && exit 0
 
 # The Python client package, from a copy of its sources (the build writes
 # nothing into the work tree), without network or build isolation: pyarrow,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test against real parts: installs prerequisites, starts the local
-# Spark Connect server (reused if running), runs `cargo test --workspace`.
+# Spark Connect server (reused if running), runs the workspace's tests.
 # Extra arguments go to cargo test.
 # KINDLING_GPU_TESTS=1 also builds the agent with the `gpu-wgsl` feature
 # (burn's wgpu runtime with WGSL kernels, ~15 more minutes of build) and trains
@@ -17,7 +17,14 @@ export KINDLING_PYTHON_BIN="$KINDLING_HOME/venv/bin/python"
 KINDLING_MLFLOW=1 "$HERE/setup.sh"
 "$HERE/spark-connect.sh" start
 cd "$ROOT"
-cargo test --workspace "$@"
+# Every library, binary and test target, then the doc tests. The examples
+# are linted (`.ci/run`: clippy --all-targets) but not linked here: each
+# links burn, arrow and tonic again (~40 s apiece on 2 cores) and none is a
+# test. The tests are gathered in a few test binaries (tests/tests/main.rs,
+# client/tests/main.rs, examples/custom-agent/tests/main.rs) for the same
+# reason.
+cargo test --workspace --lib --bins --tests "$@"
+cargo test --workspace --doc "$@"
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   cargo test -p kindling-agent --features gpu-wgsl --test gpu_training
 fi

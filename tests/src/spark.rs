@@ -3,7 +3,7 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// The URL of the local Spark Connect server, starting it if needed.
@@ -60,6 +60,36 @@ fn listening(port: &str) -> bool {
 #[derive(Debug)]
 pub struct PrivateSpark {
     port: u16,
+    // Dropped after the server is stopped.
+    _slot: Slot,
+}
+
+/// One private Spark server at a time in a test process: each is a JVM (a
+/// standalone one a master, workers and executor JVMs too) that takes the
+/// machine's cores while it starts, and the tests that start one share one
+/// test binary. Taken when a server starts, given back once it has stopped.
+#[derive(Debug)]
+struct Slot;
+
+static SLOT_TAKEN: Mutex<bool> = Mutex::new(false);
+static SLOT_FREED: Condvar = Condvar::new();
+
+impl Slot {
+    fn take() -> Slot {
+        let mut taken = SLOT_TAKEN.lock().unwrap_or_else(PoisonError::into_inner);
+        while *taken {
+            taken = SLOT_FREED.wait(taken).unwrap_or_else(PoisonError::into_inner);
+        }
+        *taken = true;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *SLOT_TAKEN.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        SLOT_FREED.notify_one();
+    }
 }
 
 impl PrivateSpark {
@@ -71,11 +101,12 @@ impl PrivateSpark {
     /// Like [`start`](Self::start), with more of `spark-connect.sh`'s
     /// settings (e.g. `("KINDLING_SPARK_MAX_RESULT_SIZE", "2m")`).
     pub fn start_with(master: &str, env: &[(&str, &str)]) -> PrivateSpark {
+        let slot = Slot::take();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let spark = PrivateSpark { port };
+        let spark = PrivateSpark { port, _slot: slot };
         let status = spark
             .script("start")
             .env("KINDLING_SPARK_MASTER", master)

@@ -5,7 +5,7 @@
 //! through DoGet) against a real rendezvous and agents, and reports how Arrow
 //! C++ surfaces each refusal.
 
-mod python_common;
+use crate::python_common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -13,7 +13,7 @@ use kindling::{DataFrame, ModelSpec, OptimizerSpec, Report, SparkSession, Task};
 use kindling_tests::spark::spark_remote;
 use serde_json::{Value, json};
 
-mod python_common;
+use crate::python_common;
 
 const EVAL_FRACTION: f64 = 0.3;
 const SEED: u64 = 3;

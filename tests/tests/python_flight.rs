@@ -5,7 +5,7 @@
 //! only — no gRPC stubs, no import from this repository — and creates the
 //! job through an agent's `create_job` action.
 
-mod python_common;
+use crate::python_common;
 
 use kindling_schemas::rendezvous::{JobState, RendezvousClient};
 use kindling_tests::cluster::cluster;

@@ -5,7 +5,7 @@
 //! speak mutual TLS only (the client certificate, key and CA reach pyarrow
 //! through `KINDLING_TLS_*`).
 
-mod python_common;
+use crate::python_common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! straight into agents, one producer `partition-<p>` per partition, so a
 //! retried or repeated task never adds rows twice.
 
-mod python_common;
+use crate::python_common;
 
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::descriptor::Split;

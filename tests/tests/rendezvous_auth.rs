@@ -2,7 +2,7 @@
 //! UNAUTHENTICATED; malformed requests get precise codes and change nothing.
 #![allow(clippy::unwrap_used)]
 
-mod rendezvous_common;
+use crate::rendezvous_common;
 
 use kindling_agent::rendezvous::{ClientError, JobConfig, RendezvousClient};
 use kindling_schemas::auth::Token;

@@ -4,7 +4,7 @@
 //! ride out a restart of a rendezvous that keeps its state.
 #![allow(clippy::unwrap_used)]
 
-mod rendezvous_common;
+use crate::rendezvous_common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! a short gang fails with a count, barrier and all-gather keep rank order.
 #![allow(clippy::unwrap_used)]
 
-mod rendezvous_common;
+use crate::rendezvous_common;
 
 use std::time::Duration;
 

@@ -26,6 +26,10 @@ fn slice_bytes(batch: &RecordBatch) -> usize {
 
 #[tokio::test]
 async fn five_million_rows_stream_with_flat_memory() -> Result<(), Error> {
+    // Its own peak RSS is what it measures: no other test may run beside it.
+    if !kindling_tests::alone("spark_stream::five_million_rows_stream_with_flat_memory") {
+        return Ok(());
+    }
     let spark = SparkSession::connect(&spark_remote()).await?;
     let n: i64 = 5_000_000;
     let df = spark.range_partitions(0, n, 1, Some(4)).with_columns([

@@ -12,7 +12,7 @@ use kindling_tests::cluster::cluster;
 use kindling_tests::events::assert_same_as_predict;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 
-mod python_common;
+use crate::python_common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transform_predicts_inside_spark_like_predict_with_no_rows_through_the_client() {

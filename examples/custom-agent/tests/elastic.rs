@@ -4,7 +4,7 @@
 //! ranks, every epoch training every row once; with `min_slots = 3` the job
 //! fails after the replacement wait naming the lost agent.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

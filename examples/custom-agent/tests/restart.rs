@@ -4,7 +4,7 @@
 //! again, and the job completes from the checkpoint with every epoch
 //! training every row once.
 
-mod common;
+use crate::common;
 
 use kindling::job::TrainingEvent;
 use kindling_example_agent::registry;

@@ -1,7 +1,7 @@
 //! The crate's own agent binary trains its own model: `kindling-example-agent`
 //! processes, a rendezvous, real Spark, and `TrainingJob` driving them.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
