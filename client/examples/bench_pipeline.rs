@@ -26,7 +26,7 @@
 //! pipeline pays for the JVM compiling Spark's code paths.
 //!
 //! ```text
-//! cargo run --release -p kindling --example bench_pipeline -- sc://127.0.0.1:15002 500000 \
+//! cargo run --release -p kindling --features bench-parquet --example bench_pipeline -- sc://127.0.0.1:15002 500000 \
 //!     [--batch-size 512] [--epochs 2] [--partitions 8] [--spark-pid PID] [--spark-cpus LIST]
 //! ```
 //!

@@ -50,7 +50,7 @@ cd "$ROOT"
 
 builds=(
   "test --workspace --lib --bins --tests --no-run"
-  "clippy --workspace --all-targets"
+  "clippy --workspace --all-targets --features kindling/bench-parquet"
   "clippy -p kindling --no-default-features --lib"
   "build -p kindling --example train_digits"
 )
