@@ -22,29 +22,18 @@ use kindling::local::{LocalCluster, LocalClusterConfig};
 use kindling::spark::RecordBatchStream;
 use kindling_fixtures::{rule_batch, rule_schema};
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 const ROWS: usize = 5_000;
 
-/// Every part file of the Parquet directory Spark wrote, read back.
-fn read_parquet(dir: &Path) -> Vec<RecordBatch> {
-    let mut batches = Vec::new();
-    let mut parts: Vec<_> = std::fs::read_dir(dir)
-        .expect("the output directory")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .collect();
-    parts.sort();
-    assert!(!parts.is_empty(), "no part files in {}", dir.display());
-    for part in parts {
-        let file = std::fs::File::open(&part).expect("part file");
-        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-            .expect("parquet")
-            .build()
-            .expect("reader");
-        batches.extend(reader.map(|b| b.expect("batch")));
-    }
-    batches
+/// The Parquet directory Spark wrote, read back through Spark.
+async fn read_parquet(remote: &str, dir: &Path) -> Vec<RecordBatch> {
+    let spark = kindling::SparkSession::connect(remote).await.expect("spark");
+    spark
+        .read()
+        .parquet([dir.display().to_string()])
+        .collect()
+        .await
+        .expect("the predictions read back")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +121,7 @@ async fn predict_with_a_rendezvous_runs_on_the_executors_and_writes_parquet() {
     assert_eq!(rows, ROWS as u64, "every row once between the agents");
 
     // The file: one prediction per row, as predict_batch gives.
-    let batches = read_parquet(&out);
+    let batches = read_parquet(&remote, &out).await;
     let mut checked = 0;
     for b in &batches {
         let schema = b.schema();
