@@ -163,6 +163,22 @@ pub enum AgentError {
         /// The metric.
         metric: &'static str,
     },
+    /// `start_job` with a spec whose `num_slots` contradicts the job the
+    /// rendezvous holds (a smaller world, or a larger one for a job that
+    /// never shrank).
+    #[error(
+        "invalid input: start_job: the spec of job `{job_id}` has num_slots {spec}, but the job at the rendezvous has {job}{hint}"
+    )]
+    WorldMismatch {
+        /// The job.
+        job_id: String,
+        /// The spec's `num_slots`.
+        spec: u32,
+        /// The rendezvous' `num_slots`.
+        job: u32,
+        /// What would be accepted.
+        hint: &'static str,
+    },
     /// A ring rank outside the world.
     #[error("invalid input: rank {rank} outside a world of {world}")]
     RankOutsideWorld {
@@ -545,6 +561,7 @@ impl From<AgentError> for Status {
             | AgentError::ModelConfig { .. }
             | AgentError::InputKind { .. }
             | AgentError::RankOutsideWorld { .. }
+            | AgentError::WorldMismatch { .. }
             | AgentError::BroadcastWithoutPayload
             | AgentError::Token(_) => Status::invalid_argument(msg),
             AgentError::UnknownJob(_)

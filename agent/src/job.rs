@@ -181,7 +181,7 @@ const PEER_CREDENTIAL_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub struct JobData {
     /// Lifecycle state.
     pub state: AgentJobState,
-    /// Current attempt (0 before the first join).
+    /// Current attempt (from 1; before the first join, the one it will join).
     pub attempt: u32,
     /// Rank in the current attempt.
     pub rank: Option<u32>,

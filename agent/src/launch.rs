@@ -342,11 +342,11 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
             Err(e) => return Err(e).context("starting the agent"),
         }
     };
-    ready.set(true);
     tracing::info!(agent = %agent.agent_id(), url = %agent.url(), "agent ready");
-
-    shutdown.cancelled().await;
-    ready.set(false);
+    if let Err(e) = ready_while_serving(&agent, &shutdown, &ready).await {
+        health.shutdown().await;
+        return Err(e);
+    }
     tracing::info!("leaving: failing running attempts at the rendezvous, deregistering");
     let departure = agent
         .leave_and_shutdown("the agent process is shutting down")
@@ -359,6 +359,24 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
     );
     health.shutdown().await;
     Ok(())
+}
+
+/// Keeps `/readyz` at 200 while the agent's gRPC server serves, until
+/// `shutdown`; a server that stops on its own makes the process unready at
+/// once and is an error (the process then exits, and Kubernetes restarts it).
+pub async fn ready_while_serving(
+    agent: &crate::server::AgentHandle,
+    shutdown: &CancellationToken,
+    ready: &Readiness,
+) -> anyhow::Result<()> {
+    let stopped = agent.server_stopped();
+    ready.set(true);
+    let outcome = tokio::select! {
+        _ = shutdown.cancelled() => Ok(()),
+        _ = stopped => Err(anyhow::anyhow!("the agent's gRPC server stopped serving")),
+    };
+    ready.set(false);
+    outcome
 }
 
 #[cfg(test)]
@@ -434,5 +452,45 @@ mod tests {
         ]);
         let err = AgentConfig::try_from(&cli).expect_err("not a URL");
         assert!(err.to_string().contains("http://"), "{err}");
+    }
+
+    /// A gRPC server that dies on its own takes `/readyz` down with it.
+    #[cfg(feature = "test-hooks")]
+    #[tokio::test]
+    async fn readyz_goes_unready_when_the_grpc_server_dies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let agent = crate::server::start(AgentConfig::local("a0", dir.path()))
+            .await
+            .expect("agent");
+        let ready = Readiness::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let health = HealthServer::start(listener, ready.clone(), CancellationToken::new()).expect("health");
+        let readyz = || async {
+            let url = format!("http://{}/readyz", health.addr());
+            let mut s = tokio::net::TcpStream::connect(health.addr()).await.expect("connect");
+            tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let mut out = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out).await.expect("read");
+            (url, out)
+        };
+        let shutdown = CancellationToken::new();
+        let agent = std::sync::Arc::new(agent);
+        let serving = {
+            let (agent, shutdown, ready) = (agent.clone(), shutdown.clone(), ready.clone());
+            tokio::spawn(async move { ready_while_serving(&agent, &shutdown, &ready).await })
+        };
+        // Ready once the watch is up (the flag is set before it waits).
+        while !ready.is_ready() {
+            tokio::task::yield_now().await;
+        }
+        assert!(readyz().await.1.starts_with("HTTP/1.1 200"));
+        agent.abort_server();
+        let err = serving.await.expect("task").expect_err("a dead server is an error");
+        assert!(err.to_string().contains("stopped serving"), "{err}");
+        let (url, answer) = readyz().await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{url}: {answer}");
+        health.shutdown().await;
     }
 }

@@ -241,7 +241,7 @@ fn ring_families(e: &mut DescriptorEncoder<'_>, a: &str, statuses: &Statuses) ->
     // Jobs that never formed a gang have no ring.
     let rings: Vec<_> = statuses
         .iter()
-        .filter(|(_, s)| !(matches!(s.state, AgentJobState::Ganging) && s.attempt == 0))
+        .filter(|(_, s)| !(matches!(s.state, AgentJobState::Ganging) && s.rank.is_none()))
         .map(|(j, _)| (j.job_id.as_str(), &j.ring_stats))
         .collect();
     let mut f = family(

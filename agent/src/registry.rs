@@ -103,8 +103,8 @@ impl JobRegistry {
         )
         .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?
         .with_outage_bound(self.env.rendezvous_outage);
-        match rendezvous.status(&start.job_id).await {
-            Ok(_) => {}
+        let at_rendezvous = match rendezvous.status(&start.job_id).await {
+            Ok(status) => status,
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {
                 return Err(AgentError::NotAtRendezvous {
                     job_id: start.job_id,
@@ -112,7 +112,8 @@ impl JobRegistry {
                 });
             }
             Err(e) => return Err(AgentError::rendezvous(&start.rendezvous, e)),
-        }
+        };
+        check_world(&start, &at_rendezvous)?;
         let mut jobs = self.lock();
         // Another start of the same job may have won while we asked.
         if let Some(running) = Self::running_in(&jobs, &start)? {
@@ -134,6 +135,8 @@ impl JobRegistry {
             self.env.clone(),
             self.cancel.child_token(),
         );
+        // Until it joins, the job reports the attempt it will join (from 1).
+        job.lock().attempt = at_rendezvous.attempt.max(1);
         jobs.insert(start.job_id, job.clone());
         self.tracker.spawn(job.clone().run(rendezvous));
         Ok(job)
@@ -261,3 +264,25 @@ impl JobRegistry {
         self.lock().values().cloned().collect()
     }
 }
+
+/// The spec's world must be the job's: the same `num_slots`, or more for a
+/// job the client shrank after losing agents (its spec keeps the size it
+/// was created with; a job is only shrunk after a failed attempt).
+fn check_world(start: &StartJob, job: &kindling_schemas::rendezvous::JobStatus) -> Result<(), AgentError> {
+    let (spec, at) = (start.spec.num_slots, job.num_slots);
+    let shrunk = spec > at && !job.failures.is_empty();
+    if spec == at || shrunk {
+        return Ok(());
+    }
+    Err(AgentError::WorldMismatch {
+        job_id: start.job_id.clone(),
+        spec,
+        job: at,
+        hint: if spec < at {
+            ""
+        } else {
+            " and has not shrunk (no attempt failed)"
+        },
+    })
+}
+

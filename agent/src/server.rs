@@ -125,6 +125,8 @@ pub struct AgentHandle {
     jobs_cancel: CancellationToken,
     tracker: TaskTracker,
     server: Option<JoinHandle<()>>,
+    /// Cancelled when the gRPC server's task ends, for whatever reason.
+    server_ended: CancellationToken,
     /// The rendezvous the agent registered with, and its URL.
     rendezvous: Option<(String, RendezvousClient)>,
     token: Option<Token>,
@@ -170,6 +172,12 @@ impl AgentHandle {
         &self.jobs
     }
 
+    /// Resolves once the gRPC server has stopped serving (a shutdown, or on
+    /// its own: the process is then no longer ready).
+    pub fn server_stopped(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.server_ended.clone().cancelled_owned()
+    }
+
     /// Stops serving, cancels every job, and waits for all tasks to end.
     pub async fn shutdown_and_wait(mut self) {
         self.cancel.cancel();
@@ -197,8 +205,8 @@ impl AgentHandle {
             .into_iter()
             .filter_map(|job| {
                 let d = job.lock();
-                // Attempt 0: the job never formed a gang, there is nothing to fail.
-                (!d.state.is_terminal() && d.attempt > 0)
+                // No rank: the job never formed a gang, there is nothing to fail.
+                (!d.state.is_terminal() && d.rank.is_some())
                     .then(|| (job.job_id.clone(), job.rendezvous.clone(), d.attempt))
             })
             .collect();
@@ -247,6 +255,16 @@ impl AgentHandle {
             }
         }
         departure
+    }
+
+    /// **Test hook** (feature `test-hooks`): the gRPC server's task dies on
+    /// its own (as an accept loop that fails for good would), everything
+    /// else keeps running.
+    #[cfg(feature = "test-hooks")]
+    pub fn abort_server(&self) {
+        if let Some(server) = &self.server {
+            server.abort();
+        }
     }
 
     /// **Test hook** (feature `test-hooks`): simulates a crash — connections
@@ -333,7 +351,11 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         cancel.clone(),
         metrics_page(jobs.clone(), env_budget.clone()),
     ));
+    let server_ended = CancellationToken::new();
+    let ended_guard = server_ended.clone().drop_guard();
     let server = tokio::spawn(async move {
+        // Dropped however the task ends (an error, a panic, an abort).
+        let _ended = ended_guard;
         // Stopping closes the inbox first: ring connections live as long as
         // their rings, and their peers must see them end at once.
         let stopping = async move {
@@ -393,6 +415,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         jobs_cancel,
         tracker,
         server: Some(server),
+        server_ended,
         rendezvous,
         token: config.token,
         channel: config.channel,

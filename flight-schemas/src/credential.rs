@@ -170,6 +170,16 @@ impl CredentialKey {
     }
 }
 
+/// Whether `presented` has a job credential's shape (`kc1.<claims>.<tag>`),
+/// verified or not: a port that holds no key still tells a credential
+/// it cannot be used there (403) instead of calling it unknown (401).
+pub fn looks_like_credential(presented: &str) -> bool {
+    presented
+        .strip_prefix(PREFIX)
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(body, tag)| unhex(body).is_some() && unhex(tag).is_some())
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -91,6 +91,9 @@ struct Job {
     events: watch::Sender<JobStatus>,
     /// When the client's lease lapses (jobs created with a client lease).
     client_lease_until: Option<Instant>,
+    /// A change the watchers have not been told yet: they are told once it
+    /// is durable ([`RendezvousState::commit`]), never before.
+    unpublished: bool,
 }
 
 impl Job {
@@ -119,11 +122,20 @@ impl Job {
         self.client_lease_until = self.config.client_lease.map(|lease| Instant::now() + lease);
     }
 
-    /// Records a state change and tells the watchers.
+    /// Records a state change; the watchers are told once it is written
+    /// (write before announce: a watcher never sees a state that a crash
+    /// before the write would take back).
     fn publish(&mut self) {
         self.updated = SystemTime::now();
-        let status = self.status();
-        self.events.send_replace(status);
+        self.unpublished = true;
+    }
+
+    /// Tells the watchers a change that is now durable.
+    fn announce(&mut self) {
+        if std::mem::take(&mut self.unpublished) {
+            let status = self.status();
+            self.events.send_replace(status);
+        }
     }
 
     fn finish(&mut self, state: JobState) {
@@ -179,6 +191,9 @@ struct State {
     closed: bool,
     /// The state file, when the state is durable.
     store: Option<StateStore>,
+    /// The last write failed: what memory holds is not (all) on disk, so no
+    /// outcome is handed out until a write succeeds.
+    unsaved: bool,
 }
 
 /// The job `job_id`, or [`RendezvousError::JobNotFound`].
@@ -410,6 +425,7 @@ impl RendezvousState {
             gang: Gang::default(),
             events: watch::Sender::new(placeholder_status()),
             client_lease_until: None,
+            unpublished: false,
         };
         job.renew_client_lease();
         job.publish();
@@ -425,14 +441,31 @@ impl RendezvousState {
         mut deadline: Instant,
         expire: impl Fn(&Self) -> Option<Instant>,
     ) -> Result<T> {
-        loop {
+        let outcome = loop {
             match tokio::time::timeout_at(deadline, &mut rx).await {
-                Ok(outcome) => return outcome.unwrap_or(Err(RendezvousError::Superseded)),
+                Ok(outcome) => break outcome.unwrap_or(Err(RendezvousError::Superseded)),
                 Err(_elapsed) => match expire(self) {
                     Some(later) => deadline = later,
-                    None => return rx.await.unwrap_or(Err(RendezvousError::Superseded)),
+                    None => break rx.await.unwrap_or(Err(RendezvousError::Superseded)),
                 },
             }
+        };
+        self.durable(outcome)
+    }
+
+    /// Hands out an outcome only once the change that decided it is on disk.
+    /// Whoever resolved it holds the lock until its write ends, so taking the
+    /// lock orders this after that write; if the write failed, the caller
+    /// gets UNAVAILABLE and its retry gets the same outcome once a write
+    /// succeeds.
+    fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match (&st.store, st.unsaved) {
+            (Some(store), true) => Err(RendezvousError::Storage {
+                path: store.path(),
+                detail: "the change that decided this call is not written yet; retry".to_owned(),
+            }),
+            _ => outcome,
         }
     }
 

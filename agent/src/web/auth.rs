@@ -5,23 +5,66 @@
 //!
 //! A browser cannot send a bearer header when it opens a page: opening any
 //! path once as `?token=<token>` answers with a redirect to the same path
-//! and an `HttpOnly`, `SameSite=Strict` cookie holding the token (`Secure`
-//! over TLS), which the page's own requests then carry. The query and the
-//! cookie header are parsed by `form_urlencoded` and `cookie`.
+//! and an `HttpOnly`, `SameSite=Strict` cookie (`Secure` over TLS) holding
+//! a *session*: 32 random bytes this process remembers for
+//! [`COOKIE_MAX_AGE_SECS`], never the token itself, so a cookie that leaks
+//! (a shared profile, a proxy's log) reads pages for hours at most and
+//! cannot be replayed as a bearer token against the gRPC port. At most
+//! [`MAX_SESSIONS`] live at once (the oldest is forgotten first); a restart
+//! forgets them all. The query and the cookie header are parsed by
+//! `form_urlencoded` and `cookie`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use kindling_schemas::auth::{BearerCheck, Caller, Token};
-use kindling_schemas::credential::{hex, unhex};
+use kindling_schemas::credential::{hex, looks_like_credential};
+use sha2::{Digest, Sha256};
 
-/// The cookie a browser keeps the token in (hex-encoded).
-pub const COOKIE: &str = "kindling_token";
+/// The cookie a browser keeps its session in (hex-encoded).
+pub const COOKIE: &str = "kindling_session";
 
-/// How long a browser keeps that cookie: a working day, then the page asks
-/// for the token again.
+/// How long a session lives (and the browser keeps its cookie): a working
+/// day, then the page asks for the token again.
 pub const COOKIE_MAX_AGE_SECS: u64 = 8 * 3600;
+
+/// Most sessions remembered at once; a new one past it forgets the oldest.
+pub const MAX_SESSIONS: usize = 1024;
+
+/// Live sessions, by the SHA-256 of their cookie value (a lookup never
+/// compares the secret itself), with when each lapses.
+#[derive(Debug, Default)]
+struct Sessions {
+    lapses: HashMap<[u8; 32], Instant>,
+}
+
+impl Sessions {
+    fn key(value: &str) -> [u8; 32] {
+        Sha256::digest(value.as_bytes()).into()
+    }
+
+    /// A new session's cookie value.
+    fn open(&mut self, now: Instant, ttl: Duration) -> String {
+        self.lapses.retain(|_, lapses| *lapses > now);
+        if self.lapses.len() >= MAX_SESSIONS
+            && let Some(oldest) = self.lapses.iter().min_by_key(|(_, t)| **t).map(|(k, _)| *k)
+        {
+            self.lapses.remove(&oldest);
+        }
+        let value = hex(&rand::random::<[u8; 32]>());
+        self.lapses.insert(Self::key(&value), now + ttl);
+        value
+    }
+
+    fn admits(&self, value: &str, now: Instant) -> bool {
+        self.lapses.get(&Self::key(value)).is_some_and(|lapses| *lapses > now)
+    }
+}
 
 /// Who may read a port's pages.
 #[derive(Clone, Debug)]
@@ -29,6 +72,7 @@ pub struct HttpAuth {
     check: BearerCheck,
     viewer: Option<Token>,
     secure: bool,
+    sessions: Arc<Mutex<Sessions>>,
 }
 
 impl HttpAuth {
@@ -39,7 +83,12 @@ impl HttpAuth {
             check,
             viewer,
             secure,
+            sessions: Arc::default(),
         }
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Admits `token`, or says why not.
@@ -51,12 +100,10 @@ impl HttpAuth {
         }
         match self.check.caller_of(token) {
             Ok(Caller::Operator) => Ok(()),
-            Ok(Caller::Job(_)) => Err((
-                StatusCode::FORBIDDEN,
-                "a job credential cannot read this port's pages (they span every job): use the operator \
-                 or the viewer token\n"
-                    .into(),
-            )),
+            Ok(Caller::Job(_)) => Err(job_credential_refused()),
+            // A port that cannot verify credentials (the rendezvous holds no
+            // credential key) still tells a job credential what it is.
+            Err(_) if token.is_some_and(looks_like_credential) => Err(job_credential_refused()),
             Err(status) => Err((
                 StatusCode::UNAUTHORIZED,
                 format!(
@@ -69,6 +116,15 @@ impl HttpAuth {
     }
 }
 
+fn job_credential_refused() -> (StatusCode, String) {
+    (
+        StatusCode::FORBIDDEN,
+        "a job credential cannot read this port's pages (they span every job): use the operator \
+         or the viewer token\n"
+            .into(),
+    )
+}
+
 /// The middleware: the request goes on to the page only with an admitted
 /// token (bearer header, else our cookie); a `?token=` visit is answered
 /// with the cookie and a redirect to the same path without the query.
@@ -78,9 +134,11 @@ pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next
     if let Some(token) = request.uri().query().and_then(|q| query_param(q, "token")) {
         return match auth.admit(Some(&token)) {
             Ok(()) => {
+                let session = auth
+                    .sessions()
+                    .open(Instant::now(), Duration::from_secs(COOKIE_MAX_AGE_SECS));
                 let cookie = format!(
-                    "{COOKIE}={}; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}; HttpOnly; SameSite=Strict{}",
-                    hex(token.as_bytes()),
+                    "{COOKIE}={session}; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}; HttpOnly; SameSite=Strict{}",
                     if auth.secure { "; Secure" } else { "" }
                 );
                 // One leading slash: `//host/…` would send the browser to another site.
@@ -100,15 +158,20 @@ pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next
         .and_then(|a| a.to_str().ok())
         .and_then(|a| a.strip_prefix("Bearer "))
         .map(str::to_owned);
-    let token = bearer.or_else(|| cookie_token(request.headers()));
-    match auth.admit(token.as_deref()) {
+    if bearer.is_none()
+        && let Some(session) = cookie_session(request.headers())
+        && auth.sessions().admits(&session, Instant::now())
+    {
+        return next.run(request).await;
+    }
+    match auth.admit(bearer.as_deref()) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
 }
 
-/// The token in the request's cookies, if one is ours (and hex).
-fn cookie_token(headers: &HeaderMap) -> Option<String> {
+/// Our cookie's value, if the request carries it.
+fn cookie_session(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -116,8 +179,7 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
         .flat_map(cookie::Cookie::split_parse)
         .filter_map(Result::ok)
         .find(|c| c.name() == COOKIE)
-        .and_then(|c| unhex(c.value()))
-        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .map(|c| c.value().to_owned())
 }
 
 /// A query parameter's value, percent-decoded; `None` when absent or when
@@ -262,18 +324,68 @@ mod tests {
         let (status, _, body) = ask(&a, "GET", "/metrics", None, Some(&format!("a=b; {pair}"))).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(&body[..], b"m 1\n");
+        // The cookie holds a session, not the token: nothing of the token is
+        // in it, and its value is no bearer token.
+        let value = pair.split_once('=').expect("name=value").1;
+        assert!(!cookie.contains("view") && !cookie.contains(&hex(b"view er")), "{cookie}");
+        assert_eq!(value.len(), 64, "{value}");
+        let as_bearer = ask(&a, "GET", "/metrics", Some(&format!("Bearer {value}")), None).await.0;
+        assert_eq!(as_bearer, StatusCode::UNAUTHORIZED);
+        // Another process (a restart) knows no session.
+        let restarted = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, true);
+        let status = ask(&restarted, "GET", "/metrics", None, Some(pair)).await.0;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
         // A wrong token in the query sets nothing.
         let (status, headers, _) = ask(&a, "GET", "/metrics?token=nope", None, None).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert!(headers.get(header::SET_COOKIE).is_none() && headers.get(header::LOCATION).is_none());
-        // A cookie that is not ours, or not hex, admits nobody.
-        for cookie in [format!("{COOKIE}=zz"), "other=6f70".to_owned()] {
+        // A cookie that is no live session, or not ours, admits nobody; nor
+        // does the old cookie that held the token itself.
+        for cookie in [
+            format!("{COOKIE}=zz"),
+            format!("{COOKIE}={}", hex(b"view er")),
+            format!("kindling_token={}", hex(b"view er")),
+            "other=6f70".to_owned(),
+        ] {
             let status = ask(&a, "GET", "/metrics", None, Some(&cookie)).await.0;
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{cookie}");
         }
         // The redirect stays on this site, whatever the path.
         let (_, headers, _) = ask(&a, "GET", "//evil.example/x?token=op", None, None).await;
         assert_eq!(headers[header::LOCATION], "/evil.example/x");
+    }
+
+    #[test]
+    fn sessions_lapse_and_the_oldest_is_forgotten_past_the_cap() {
+        let mut sessions = Sessions::default();
+        let t0 = Instant::now();
+        let hour = Duration::from_secs(3600);
+        let first = sessions.open(t0, hour);
+        assert!(sessions.admits(&first, t0 + hour / 2));
+        assert!(!sessions.admits(&first, t0 + hour), "a lapsed session admits");
+        let later: Vec<String> = (1..=MAX_SESSIONS as u32)
+            .map(|i| sessions.open(t0 + Duration::from_millis(u64::from(i)), hour))
+            .collect();
+        assert_eq!(sessions.lapses.len(), MAX_SESSIONS);
+        assert!(!sessions.admits(&first, t0), "the oldest was not forgotten");
+        assert!(later.iter().all(|s| sessions.admits(s, t0)));
+    }
+
+    #[tokio::test]
+    async fn a_job_credential_is_forbidden_even_where_it_cannot_be_verified() {
+        // The rendezvous holds no credential key: a credential is still told
+        // it is one (403), where a wrong token is unauthenticated (401).
+        let a = auth();
+        let credential = kindling_schemas::credential::CredentialKey::generate().issue(
+            "j",
+            kindling_schemas::credential::Role::Producer,
+            Duration::from_secs(60),
+        );
+        let got = ask(&a, "GET", "/metrics", Some(&format!("Bearer {credential}")), None).await;
+        assert_eq!(got.0, StatusCode::FORBIDDEN);
+        assert!(String::from_utf8_lossy(&got.2).contains("job credential"));
+        let got = ask(&a, "GET", "/metrics", Some("Bearer kc2.nope"), None).await.0;
+        assert_eq!(got, StatusCode::UNAUTHORIZED);
     }
 
     #[test]

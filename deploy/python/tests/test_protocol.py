@@ -244,6 +244,28 @@ def test_create_job_with_other_parameters_is_already_exists_not_unavailable(
     assert not isinstance(err.value, Unavailable), "a client would retry UNAVAILABLE forever"
 
 
+def test_start_job_with_another_world_size_is_invalid_argument(
+    agents: List[AgentClient], job_id: str
+) -> None:
+    agent = agents[0]
+    rv = agent.create_job(job_id, 2)["rendezvous"]
+    for slots, says in ((1, "num_slots 1, but the job at the rendezvous has 2"), (3, "has not shrunk")):
+        with pytest.raises(InvalidArgument, match=says) as err:
+            agent.start_job(job_id, linear_spec(num_slots=slots), rv)
+        assert err.value.code == "INVALID_ARGUMENT", err.value
+    agent.start_job(job_id, linear_spec(num_slots=2), rv)
+    agent.cancel_job(job_id, "test over")
+
+
+def test_a_ganging_job_reports_the_attempt_it_joins_from_1(agents: List[AgentClient], job_id: str) -> None:
+    agent = agents[0]
+    rv = agent.create_job(job_id, 2)["rendezvous"]  # one agent: it stays ganging
+    agent.start_job(job_id, linear_spec(num_slots=2), rv)
+    status = agent.job_status(job_id)
+    assert (status["state"], status["attempt"], status["rank"]) == ("ganging", 1, None), status
+    agent.cancel_job(job_id, "test over")
+
+
 def test_unauthenticated_is_flight_unauthenticated_error(addresses: List[str]) -> None:
     for token in (None, "wrong"):
         with AgentClient(addresses[0], token) as anonymous:

@@ -82,6 +82,7 @@ impl Job {
             gang,
             events: watch::Sender::new(placeholder_status()),
             client_lease_until: None,
+            unpublished: false,
         };
         // Like an agent's, the client's lease starts afresh: a restart costs
         // the client no renewal.
@@ -144,15 +145,20 @@ impl RendezvousState {
     /// Writes the durable state if it changed (a no-op without a state dir).
     /// Called under the lock at the end of every call that may have changed
     /// it, so nothing is acknowledged before it is on disk.
+    /// Only then are the watchers told ([`Job::announce`]).
     pub(super) fn commit(st: &mut State) -> Result<()> {
-        if st.store.is_none() {
-            return Ok(());
+        if st.store.is_some() {
+            let snapshot = st.snapshot();
+            if let Some(store) = st.store.as_mut() {
+                let saved = store.save(&snapshot);
+                st.unsaved = saved.is_err();
+                saved?;
+            }
         }
-        let snapshot = st.snapshot();
-        match st.store.as_mut() {
-            Some(store) => store.save(&snapshot),
-            None => Ok(()),
+        for job in st.jobs.values_mut() {
+            job.announce();
         }
+        Ok(())
     }
 
     /// [`Self::commit`] where no caller waits for the outcome: a failed write

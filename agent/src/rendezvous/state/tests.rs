@@ -413,6 +413,41 @@ async fn a_change_that_cannot_be_written_is_refused_and_written_by_its_retry() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failed_attempt_is_announced_only_once_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    for id in ["a", "b"] {
+        s.register_agent(agent(id)).unwrap();
+    }
+    s.create_job(JobConfig::new("j", 2).with_max_attempts(3)).unwrap();
+    let mut watcher = s.watch("j").unwrap();
+    watcher.borrow_and_update();
+    let blocked = {
+        let s = s.clone();
+        tokio::spawn(async move { s.join("j", 1, "a").await })
+    };
+    tokio::task::yield_now().await;
+    let blocker = dir.path().join(".state.pb.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let err = s.report_failure("j", 1, "b", "boom").unwrap_err();
+    assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
+    // Neither the watcher nor the blocked member learns of attempt 2 while
+    // a crash could still take it back; the member is told to retry.
+    assert!(!watcher.has_changed().unwrap(), "announced before it was written");
+    assert_eq!(watcher.borrow().attempt, 1);
+    let err = blocked.await.unwrap().unwrap_err();
+    assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
+    std::fs::remove_dir(&blocker).unwrap();
+    // The reporter's retry writes it; now it is announced.
+    assert_eq!(s.report_failure("j", 1, "b", "boom").unwrap(), Some(2));
+    assert!(watcher.has_changed().unwrap());
+    assert_eq!(watcher.borrow_and_update().attempt, 2);
+    drop(s);
+    let restored = durable(dir.path()).job_status("j").unwrap();
+    assert_eq!((restored.attempt, restored.failures.len()), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_lapsed_client_lease_cancels_the_job_and_wakes_its_members() {
     let s = with_agents(&["a", "b"]);
     let lease = Duration::from_secs(3);
