@@ -39,6 +39,21 @@ pub struct AgentFlightService {
 }
 
 impl AgentFlightService {
+    /// A job credential must name the incarnation of the job `job_id` is
+    /// on this agent (a job created again under an old id refuses the old
+    /// job's credentials), or none for a model this agent serves. An id this
+    /// agent does not know passes here and is refused by the lookup after.
+    fn check_incarnation(&self, caller: &Caller, job_id: &str) -> Result<(), Status> {
+        if !matches!(caller, Caller::Job(_)) {
+            return Ok(());
+        }
+        match self.jobs.get(job_id) {
+            Ok(job) => caller.allow_incarnation(Some(job.incarnation)),
+            Err(_) if self.jobs.served().get(job_id).is_some() => caller.allow_incarnation(None),
+            Err(_) => Ok(()),
+        }
+    }
+
     /// Serves the jobs in `jobs`.
     pub fn new(jobs: Arc<JobRegistry>) -> Self {
         AgentFlightService { jobs }
@@ -135,7 +150,9 @@ impl FlightService for AgentFlightService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let path = DataPath::from_descriptor(request.get_ref()).map_err(AgentError::from)?;
-        Caller::of(&request).allow(path.job_id(), &[Role::Reader], "read a model")?;
+        let caller = Caller::of(&request);
+        caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
+        self.check_incarnation(&caller, path.job_id())?;
         let model = self.model_for(&path).await?;
         Ok(Response::new(model_info(&path, model.as_ref())?))
     }
@@ -163,7 +180,9 @@ impl FlightService for AgentFlightService {
 
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let path = DataPath::from_ticket(request.get_ref()).map_err(AgentError::from)?;
-        Caller::of(&request).allow(path.job_id(), &[Role::Reader], "read a model")?;
+        let caller = Caller::of(&request);
+        caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
+        self.check_incarnation(&caller, path.job_id())?;
         let model = self.model_for(&path).await?;
         let table = model.to_arrow()?;
         let stream = FlightDataEncoderBuilder::new()
@@ -177,6 +196,14 @@ impl FlightService for AgentFlightService {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         let caller = Caller::of(&request);
+        // A credential is checked before any message is read (a message may
+        // be as large as the decoding limit): it must be a producer's, for a
+        // job on this agent, of its current incarnation.
+        if let Caller::Job(claims) = &caller {
+            caller.allow(&claims.job_id, &[Role::Producer], "put rows")?;
+            self.jobs.get(&claims.job_id)?;
+            self.check_incarnation(&caller, &claims.job_id)?;
+        }
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoPut", &mut input).await?;
         let DataPath::Data { job_id, split } = path else {
@@ -236,6 +263,7 @@ impl FlightService for AgentFlightService {
             .into());
         };
         caller.allow(job_id, &[Role::Reader], "predict")?;
+        self.check_incarnation(&caller, job_id)?;
         // A job's own model, else a model served under that id.
         let (model, spec, served) = match self.jobs.get(job_id) {
             Ok(job) => {
@@ -287,7 +315,8 @@ impl FlightService for AgentFlightService {
         match &action {
             // A producer or reader may follow its own job; nothing else.
             Action::JobStatus(r) => {
-                caller.allow(&r.job_id, &[Role::Producer, Role::Reader], "read a job's status")?
+                caller.allow(&r.job_id, &[Role::Producer, Role::Reader], "read a job's status")?;
+                self.check_incarnation(&caller, &r.job_id)?;
             }
             other => caller.operator_only(&format!("call `{}`", other.kind().name()))?,
         }
@@ -318,7 +347,7 @@ impl FlightService for AgentFlightService {
             Action::ListJobs => ok_json(&JobList {
                 jobs: self.jobs.all().iter().map(|j| j.status()).collect(),
             }),
-            Action::IssueCredential(i) => ok_json(&self.jobs.issue_credential(&i)?),
+            Action::IssueCredential(i) => ok_json(&self.jobs.issue_credential(&i).await?),
             Action::ServeModel(serve) => {
                 let jobs = self.jobs.clone();
                 let answer = tokio::task::spawn_blocking(move || {

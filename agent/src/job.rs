@@ -58,7 +58,7 @@ pub struct JobEnv {
     /// files and checkpoints here before they are removed.
     pub finished_retention: Duration,
     /// Signs and checks job credentials; `None`: only the operator token.
-    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
+    pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
 }
 
 /// A producer's committed position in one split.
@@ -206,6 +206,9 @@ pub struct Job {
     pub spec: JobSpec,
     /// Rendezvous URL.
     pub rendezvous: String,
+    /// Which job under this id: when the rendezvous created it (Unix ms).
+    /// Credentials name it, so a later job under the same id refuses them.
+    pub incarnation: u64,
     /// Mutable state.
     pub data: Mutex<JobData>,
     /// Live training numbers.
@@ -225,11 +228,13 @@ pub struct Job {
 }
 
 impl Job {
-    /// A new job with empty caches, training on `device` (a label).
+    /// A new job with empty caches, training on `device` (a label), for
+    /// `incarnation` of `job_id` at `rendezvous`.
     pub fn new(
         job_id: String,
         spec: JobSpec,
         rendezvous: String,
+        incarnation: u64,
         device: String,
         env: JobEnv,
         cancel: CancellationToken,
@@ -249,6 +254,7 @@ impl Job {
             job_id,
             spec,
             rendezvous,
+            incarnation,
             data: Mutex::new(data),
             progress: Arc::new(Mutex::new(Progress::default())),
             cancel,
@@ -537,10 +543,11 @@ impl Job {
                 // With a credential key the ring speaks with a peer
                 // credential for this job only, not the operator token.
                 token: match &self.env.credentials {
-                    Some(key) => Some(Token::new(key.issue(
+                    Some(keys) => Some(Token::new(keys.issue(
                         &self.job_id,
                         Role::Peer,
                         PEER_CREDENTIAL_TTL,
+                        self.incarnation,
                     ))),
                     None => self.env.token.clone(),
                 },

@@ -57,10 +57,13 @@ struct Cli {
     /// files and checkpoints on this agent before they are removed (s).
     #[arg(long, env = "KINDLING_FINISHED_RETENTION_SECS", default_value_t = 3600)]
     finished_retention_secs: u64,
-    /// File with the cluster's job-credential key (32+ bytes, e.g. `openssl
-    /// rand -hex 32`): the agent issues and takes signed, expiring job
-    /// credentials (producer, peer, reader). Not the operator token: rotating
-    /// the token leaves running jobs' credentials valid.
+    /// File with the cluster's job-credential keys, one per line (32+ bytes
+    /// each, e.g. `openssl rand -hex 32`): the first signs, every line is
+    /// accepted, and the file is re-read when it changes, so a key rotates
+    /// without a restart (prepend the new key; after the longest credential
+    /// lifetime, drop the old line). The agent issues and takes signed,
+    /// expiring job credentials (producer, peer, reader). Not the operator
+    /// token: rotating the token leaves running jobs' credentials valid.
     #[arg(long, env = "KINDLING_CREDENTIAL_KEY_FILE")]
     credential_key_file: Option<PathBuf>,
     /// Rendezvous URL, e.g. http://kindling-rendezvous:7070 (required: an
@@ -204,17 +207,11 @@ impl TryFrom<&Cli> for AgentConfig {
         cli.tls
             .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
             .map_err(anyhow::Error::msg)?;
-        let credentials = match &cli.credential_key_file {
-            Some(path) => {
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("reading the credential key file {}", path.display()))?;
-                Some(
-                    kindling_schemas::credential::CredentialKey::new(&bytes)
-                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
-                )
-            }
-            None => None,
-        };
+        let credentials = cli
+            .credential_key_file
+            .as_deref()
+            .map(kindling_schemas::credential::CredentialKeys::from_file)
+            .transpose()?;
         let max_message_bytes =
             usize::try_from(cli.max_message_bytes).context("--max-message-bytes does not fit in memory")?;
         Ok(AgentConfig {
@@ -467,12 +464,16 @@ mod tests {
         let health = HealthServer::start(listener, ready.clone(), CancellationToken::new()).expect("health");
         let readyz = || async {
             let url = format!("http://{}/readyz", health.addr());
-            let mut s = tokio::net::TcpStream::connect(health.addr()).await.expect("connect");
+            let mut s = tokio::net::TcpStream::connect(health.addr())
+                .await
+                .expect("connect");
             tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
                 .await
                 .expect("write");
             let mut out = String::new();
-            tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out).await.expect("read");
+            tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out)
+                .await
+                .expect("read");
             (url, out)
         };
         let shutdown = CancellationToken::new();
@@ -487,7 +488,10 @@ mod tests {
         }
         assert!(readyz().await.1.starts_with("HTTP/1.1 200"));
         agent.abort_server();
-        let err = serving.await.expect("task").expect_err("a dead server is an error");
+        let err = serving
+            .await
+            .expect("task")
+            .expect_err("a dead server is an error");
         assert!(err.to_string().contains("stopped serving"), "{err}");
         let (url, answer) = readyz().await;
         assert!(answer.starts_with("HTTP/1.1 503"), "{url}: {answer}");

@@ -127,10 +127,13 @@ impl JobRegistry {
                 cap: self.env.max_jobs,
             });
         }
+        let incarnation = incarnation_of(&at_rendezvous);
+        self.env.inbox.set_incarnation(&start.job_id, incarnation);
         let job = Job::new(
             start.job_id.clone(),
             start.spec,
             start.rendezvous,
+            incarnation,
             device,
             self.env.clone(),
             self.cancel.child_token(),
@@ -198,6 +201,7 @@ impl JobRegistry {
                     return true;
                 }
                 jobs.remove(id);
+                self.env.inbox.drop_incarnation(id, job.incarnation);
                 job.lock().ingest.clear();
                 // Moved aside while the id is still held: once the job is
                 // unknown its files are gone from their place, and a job
@@ -241,28 +245,64 @@ impl JobRegistry {
         }
     }
 
-    /// `issue_credential`: a credential signed with this agent's key.
-    pub fn issue_credential(&self, i: &IssueCredential) -> Result<CredentialResponse, AgentError> {
-        let key = self.env.credentials.as_ref().ok_or_else(|| {
+    /// `issue_credential`: a credential signed with this agent's key, for
+    /// the job's current incarnation (the job on this agent, else at this
+    /// agent's rendezvous; a served model's reader names none).
+    pub async fn issue_credential(&self, i: &IssueCredential) -> Result<CredentialResponse, AgentError> {
+        let keys = self.env.credentials.as_ref().ok_or_else(|| {
             AgentError::Status(Box::new(tonic::Status::failed_precondition(format!(
                 "agent `{}` has no credential key (--credential-key-file, KINDLING_CREDENTIAL_KEY_FILE): \
                  it issues no job credentials",
                 self.env.agent_id
             ))))
         })?;
-        let claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
+        let mut claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
+        claims.incarnation = self.incarnation(&i.job_id).await?;
         Ok(CredentialResponse {
-            credential: key.sign(&claims),
+            credential: keys.sign(&claims),
             job_id: claims.job_id,
             role: claims.role,
             expires: claims.expires,
         })
     }
 
+    /// The incarnation a credential for `job_id` must name: the job's on
+    /// this agent, else the rendezvous' (a job not started here yet); `None`
+    /// for a model this agent serves and no job has.
+    async fn incarnation(&self, job_id: &str) -> Result<Option<u64>, AgentError> {
+        if let Ok(job) = self.get(job_id) {
+            return Ok(Some(job.incarnation));
+        }
+        if self.served.get(job_id).is_some() {
+            return Ok(None);
+        }
+        let url = self
+            .env
+            .rendezvous
+            .clone()
+            .ok_or_else(|| AgentError::UnknownJob(job_id.to_owned()))?;
+        let rendezvous =
+            RendezvousClient::connect_lazy_with(&url, self.env.token.as_ref(), &self.env.channel)
+                .map_err(|e| AgentError::rendezvous(&url, e))?
+                .with_outage_bound(self.env.rendezvous_outage);
+        let status = rendezvous
+            .status(job_id)
+            .await
+            .map_err(|e| AgentError::rendezvous(&url, e))?;
+        Ok(Some(incarnation_of(&status)))
+    }
+
     /// Every job.
     pub fn all(&self) -> Vec<Arc<Job>> {
         self.lock().values().cloned().collect()
     }
+}
+
+/// A job's incarnation: when the rendezvous created it, in Unix milliseconds.
+fn incarnation_of(job: &kindling_schemas::rendezvous::JobStatus) -> u64 {
+    job.created
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The spec's world must be the job's: the same `num_slots`, or more for a
@@ -285,4 +325,3 @@ fn check_world(start: &StartJob, job: &kindling_schemas::rendezvous::JobStatus) 
         },
     })
 }
-

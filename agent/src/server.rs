@@ -72,7 +72,8 @@ pub struct AgentConfig {
     pub finished_retention: Duration,
     /// The cluster's job-credential key: with it the agent issues and takes
     /// job credentials (`issue_credential`) and its rings use peer credentials.
-    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
+    /// A key file's keys are re-read when the file changes (a rotation).
+    pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
@@ -285,6 +286,27 @@ impl Drop for AgentHandle {
     }
 }
 
+/// How often the credential key file is checked for a rotation (a Secret
+/// volume itself takes up to a minute to show a change).
+const KEY_RELOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// Re-reads the credential key file whenever it changed, until `stop`.
+async fn reload_keys(keys: kindling_schemas::credential::CredentialKeys, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(KEY_RELOAD_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match keys.reload() {
+            Ok(true) => tracing::info!(key_ids = ?keys.ids(), "credential keys reloaded; the first signs"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "credential key file not reloaded; the keys in use stay"),
+        }
+    }
+}
+
 /// Whether `use_gpu` jobs can run here: built with the `gpu` feature and a
 /// wgpu adapter found (probed once, off the async threads). Logged either way.
 async fn gpu_backend() -> bool {
@@ -332,6 +354,9 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let jobs_cancel = cancel.child_token();
     let jobs = JobRegistry::new(env, tracker.clone(), jobs_cancel.clone());
     tracker.spawn(jobs.clone().reap_finished_until(cancel.clone()));
+    if let Some(keys) = config.credentials.clone() {
+        tracker.spawn(reload_keys(keys, cancel.clone()));
+    }
     let check = BearerCheck::new(config.token.clone()).with_credentials(config.credentials.clone());
     let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
         .max_decoding_message_size(config.max_message_bytes)

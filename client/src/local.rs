@@ -41,7 +41,7 @@ pub struct LocalClusterConfig {
     pub finished_retention: Duration,
     /// The agents' job-credential key (a random one by default): executor
     /// push then hands the executors a producer credential, not the token.
-    pub credentials: Option<kindling_schemas::credential::CredentialKey>,
+    pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
     /// A token that reads the rendezvous' status page and every `/metrics`
     /// and nothing else; `None` (the default): only the operator token does.
     pub viewer_token: Option<Token>,
@@ -71,7 +71,7 @@ impl LocalClusterConfig {
             max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
             tls: None,
             finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
-            credentials: Some(kindling_schemas::credential::CredentialKey::generate()),
+            credentials: Some(kindling_schemas::credential::CredentialKey::generate().into()),
             viewer_token: None,
             rendezvous_addr: None,
         }
@@ -115,6 +115,8 @@ impl LocalCluster {
         let rv_config = RendezvousConfig {
             lease: config.lease,
             gang_timeout: config.gang_timeout,
+            // Ended jobs leave the rendezvous when they leave the agents.
+            retention: config.finished_retention,
             ..RendezvousConfig::default()
         };
         let addr = config

@@ -6,16 +6,25 @@ small built-in renderer that covers exactly what these overlays use
 of named DaemonSets). Schemas: kubernetes-validate, strict (unknown fields
 are errors), offline.
 
-On each rendered overlay also: TLS files lie in mounted Secrets (made by
-Certificates under cert-manager), the NetworkPolicies admit to each gRPC
-port of the agents, the rendezvous and Spark Connect exactly the pods in
-GRPC_PEERS (and the overlay's EXTERNAL_PEERS), resolved through the labels of
-the rendered pod templates (check_network_policies), every pod meets the
-"restricted" Pod Security profile, only the Spark driver holds an API token
-and the executors mount no Secret but their client certificate
-(check_pod_security), every namespaced object lies in the
-base's namespace, and each server reads its operator and viewer tokens from
-two different rendered Secrets (check_tokens). Where an overlay monitors
+On each rendered overlay also: every object lies in its namespace, Spark's
+in SPARK_NAMESPACE and Kindling's in NAMESPACE (check_namespaces); TLS files
+lie in mounted Secrets (made by Certificates under cert-manager); the
+NetworkPolicies admit to each gRPC port of the agents, the rendezvous and
+Spark Connect exactly the pods in GRPC_PEERS (and the overlay's
+EXTERNAL_PEERS), resolved through the namespaces' and the rendered pod
+templates' labels, and to Spark Connect's exactly the peers in EXACT_PEERS
+(check_network_policies); every pod meets the "restricted" Pod Security
+profile, only the Spark driver holds an API token and every pod mounts
+exactly the Secrets in SECRETS_OF (check_pod_security); SPARK_NAMESPACE
+holds no Secret but SPARK_SECRETS and only its accounts may create pods,
+there alone (check_spark_namespace); Spark Connect takes its token from a
+Secret, listens in plaintext on loopback only, and clients send the token
+over TLS only, to the name its certificate carries (check_spark_connect);
+each server reads its operator and viewer tokens from two different
+rendered Secrets (check_tokens); every PodDisruptionBudget selects a
+workload's pods and never blocks a drain (check_disruption_budgets); every
+container requests and limits ephemeral-storage, within which its pod's
+emptyDirs fit (check_ephemeral_storage). Where an overlay monitors
 (overlays/monitoring): the ServiceMonitor and PodMonitor reach the servers'
 metrics port with the viewer token and TLS (check_monitors); the Grafana dashboard and the alerts name
 only metrics and labels the agent exports (agent/src/metrics.rs,
@@ -45,6 +54,14 @@ OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "
 # Not Kubernetes objects on their own: kustomize inputs, partial patches,
 # promtool's unit tests of the alerts.
 NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml", "alerts.test.yaml"}
+# The two namespaces (base/namespace.yaml): Kindling's servers, clients and
+# credentials; Spark's driver and executors, whose account creates pods.
+NAMESPACE = "kindling"
+SPARK_NAMESPACE = "kindling-spark"
+# cert-manager's cluster resource namespace, where a ClusterIssuer reads its
+# CA key (overlays/cert-manager/certificates.yaml).
+CERT_MANAGER_NAMESPACE = "cert-manager"
+CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding"}
 
 
 def docs(path):
@@ -63,7 +80,7 @@ def check_cert_manager(obj, where, name, errors):
     bad = lambda msg: errors.append(f"{where}: {name}: {msg}")  # noqa: E731
     if obj.get("apiVersion") != "cert-manager.io/v1":
         bad(f"apiVersion {obj.get('apiVersion')!r} is not cert-manager.io/v1")
-    if obj["kind"] == "Issuer":
+    if obj["kind"] in ("Issuer", "ClusterIssuer"):
         kinds = [k for k in ("selfSigned", "ca") if k in spec]
         if len(kinds) != 1 or set(spec) - {"selfSigned", "ca"}:
             bad(f"an Issuer needs exactly one of selfSigned, ca; has {sorted(spec)}")
@@ -78,6 +95,8 @@ def check_cert_manager(obj, where, name, errors):
             bad("no secretName")
         if not (spec.get("issuerRef") or {}).get("name"):
             bad("no issuerRef.name")
+        if (spec.get("issuerRef") or {}).get("kind", "Issuer") not in ("Issuer", "ClusterIssuer"):
+            bad(f"issuerRef.kind {spec['issuerRef']['kind']!r} is not Issuer or ClusterIssuer")
         if not (spec.get("dnsNames") or spec.get("commonName")):
             bad("neither dnsNames nor commonName")
         if set(spec.get("usages", [])) - CERT_MANAGER_USAGES:
@@ -237,6 +256,7 @@ PLACEHOLDER_SECRETS = {
     "token": "validate-only-not-a-secret\n",
     "credential-key": "validate-only-not-a-secret-key-of-32-bytes\n",
     "viewer-token": "validate-only-not-a-secret-viewer\n",
+    "spark-connect-token": "validate-only-not-a-secret-spark-connect\n",
 }
 
 
@@ -250,13 +270,14 @@ def with_dummy_token(tmp):
 
 
 def render_kubectl(root, overlay):
-    out = subprocess.run(
+    done = subprocess.run(
         ["kubectl", "kustomize", str(root / "overlays" / overlay)],
-        check=True,
         capture_output=True,
         text=True,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d is not None]
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"overlays/{overlay}: kubectl kustomize failed: {done.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
 
 
 def merge(base, patch):
@@ -301,15 +322,17 @@ def render_builtin(root, overlay):
         data = {}
         for f in gen["files"]:
             key, _, rel = f.partition("=")
-            data[key] = "(generated)"
             if not (base_dir / rel).exists():
                 raise SystemExit(f"secretGenerator {gen['name']}: missing {rel}")
-        objs.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]},
-                     "type": "Opaque", "stringData": data})
+            data[key] = (base_dir / rel).read_text()
+        meta = {"name": gen["name"]}
+        if gen.get("namespace"):
+            meta["namespace"] = gen["namespace"]
+        objs.append({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "stringData": data})
     objs += generated_config_maps(base_dir, base)
-    for o in objs:
-        if o["kind"] != "Namespace":
-            o["metadata"]["namespace"] = base["namespace"]
+    # As kustomize: a kustomization's `namespace:` moves all its namespaced
+    # objects; without one, each keeps the namespace it names.
+    set_namespace(objs, base.get("namespace"))
     over_dir = root / "overlays" / overlay
     over = docs(over_dir / "kustomization.yaml")[0]
     for r in over.get("resources", []):
@@ -324,36 +347,63 @@ def render_builtin(root, overlay):
         if len(hits) != 1:
             raise SystemExit(f"{overlay}: patch {p['path']} matches {len(hits)} objects")
         objs[objs.index(hits[0])] = merge(hits[0], patch)
+    set_namespace(objs, over.get("namespace"))
     for o in objs:
         set_images(o, base.get("images", []))
         set_images(o, over.get("images", []))
-        # As kustomize: the base's namespace is the base's objects'; the
-        # overlay's own objects have none unless the overlay sets one.
-        if o["kind"] != "Namespace" and over.get("namespace"):
-            o["metadata"]["namespace"] = over["namespace"]
         for pairs in over.get("labels", []):
             o["metadata"].setdefault("labels", {}).update(pairs["pairs"])
     return objs
 
 
+def set_namespace(objs, namespace):
+    if namespace:
+        for o in objs:
+            if o["kind"] not in CLUSTER_SCOPED:
+                o["metadata"]["namespace"] = namespace
+
+
 def generated_config_maps(directory, kustomization):
     for gen in kustomization.get("configMapGenerator", []):
         meta = {"name": gen["name"]}
+        if gen.get("namespace"):
+            meta["namespace"] = gen["namespace"]
         if (gen.get("options") or {}).get("labels"):
             meta["labels"] = dict(gen["options"]["labels"])
-        data = {pathlib.Path(f).name: (directory / f).read_text() for f in gen["files"]}
+        data = {}
+        for f in gen["files"]:
+            key, _, rel = f.partition("=") if "=" in f else (pathlib.Path(f).name, "", f)
+            data[key] = (directory / rel).read_text()
         yield {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
-def check_namespaces(objs, overlay, namespace, errors):
-    """Everything lands in the base's namespace: an overlay's own objects
-    get none from the base's `namespace:` (kustomize applies it to the
-    base's objects only), and `kubectl apply -k` would put them in the
-    context's namespace."""
+def check_namespaces(objs, overlay, errors):
+    """Both namespaces are rendered; every namespaced object names one of
+    them (cert-manager's own objects may also live in
+    CERT_MANAGER_NAMESPACE), a cluster-scoped one none; each pod runs in its
+    role's namespace (ROLE_NAMESPACE). Without a namespace `kubectl apply -k`
+    puts an object in the context's namespace, and a kustomization's
+    `namespace:` would move Spark's pods, and what its account may create,
+    next to Kindling's Secrets."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    rendered = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
+    for ns in (NAMESPACE, SPARK_NAMESPACE):
+        if ns not in rendered:
+            bad(f"no Namespace {ns} (base/namespace.yaml)")
     for o in objs:
-        if o["kind"] != "Namespace" and o["metadata"].get("namespace") != namespace:
-            errors.append(f"overlays/{overlay}: {o['kind']}/{o['metadata']['name']} is in namespace "
-                          f"{o['metadata'].get('namespace')!r}, not {namespace!r} (set `namespace:` in the overlay)")
+        ns, what = o["metadata"].get("namespace"), f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] in CLUSTER_SCOPED:
+            if ns:
+                bad(f"{what} is cluster-scoped but names namespace {ns!r}")
+        elif ns == CERT_MANAGER_NAMESPACE and str(o.get("apiVersion", "")).startswith("cert-manager.io/"):
+            continue
+        elif ns not in (NAMESPACE, SPARK_NAMESPACE):
+            bad(f"{what} is in namespace {ns!r}, not {NAMESPACE!r} or {SPARK_NAMESPACE!r} "
+                "(name it in metadata.namespace; no kustomization may set `namespace:`)")
+    for pod in pod_templates(objs):
+        want = ROLE_NAMESPACE.get(pod["role"])
+        if want and pod["namespace"] != want:
+            bad(f"{pod['who']} ({pod['role']}) is in namespace {pod['namespace']!r}, not {want!r}")
 
 
 def containers(objs, kind, name):
@@ -370,54 +420,60 @@ def pod_spec(obj):
     return spec.get("template", {}).get("spec") if "template" in spec else (spec if obj["kind"] == "Pod" else None)
 
 
+def certificates(objs):
+    """Certificates by the (namespace, Secret) they make."""
+    return {(o["metadata"].get("namespace"), o["spec"]["secretName"]): o for o in objs if o["kind"] == "Certificate"}
+
+
 def check_tls(objs, overlay, errors):
     """Every KINDLING_TLS_* file lies in a mounted Secret; with cert-manager,
-    a Certificate makes each such Secret and carries the names clients dial."""
+    a Certificate in the pod's namespace makes each such Secret, every
+    Certificate's issuer exists (an Issuer of its namespace, or a
+    ClusterIssuer whose CA key a Certificate in CERT_MANAGER_NAMESPACE
+    makes), and the agents' and the rendezvous' certificates carry the names
+    clients dial. (Spark Connect's: check_spark_connect.)"""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
     secrets = set()
-    env_of = {}
-    pods = [(o, pod_spec(o)) for o in objs]
-    for cm in (o for o in objs if o["kind"] == "ConfigMap"):
-        for key, text in cm.get("data", {}).items():
-            if not key.endswith((".yaml", ".yml")):
-                continue
-            for d in yaml.safe_load_all(text):
-                if isinstance(d, dict) and d.get("kind") == "Pod":
-                    pods.append((d, d["spec"]))
-    for o, pod in pods:
-        if not pod:
-            continue
-        who = o["metadata"].get("name", "executor pod template")
-        volumes = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
-        for c in pod.get("containers", []):
-            mounts = {m["mountPath"]: volumes.get(m["name"]) for m in c.get("volumeMounts", [])}
-            env = {e["name"]: e.get("value") for e in c.get("env", [])}
-            env_of[who] = env
+    env_by_role = {}
+    for pod in pod_templates(objs):
+        for c in pod["spec"].get("containers", []):
+            env = env_of(c)
+            if pod["role"]:
+                env_by_role.setdefault(pod["role"], env)
             for key in ("KINDLING_TLS_CERT", "KINDLING_TLS_KEY", "KINDLING_TLS_CA"):
-                path = env.get(key)
-                if path is None:
+                if env.get(key) is None:
                     continue
-                secret = next((s for m, s in mounts.items() if s and path.startswith(m.rstrip("/") + "/")), None)
-                if secret is None:
-                    errors.append(f"overlays/{overlay}: {who}: {key}={path} is in no mounted Secret")
+                found = mounted_file(pod["spec"], c, env[key])
+                if found is None:
+                    bad(f"{pod['who']}: {key}={env[key]} is in no mounted Secret")
                 else:
-                    secrets.add(secret)
-    certs = {o["spec"]["secretName"]: o for o in objs if o["kind"] == "Certificate"}
+                    secrets.add((pod["namespace"], found[0]))
+    certs = certificates(objs)
     if not certs:
         return
-    issuers = {o["metadata"]["name"] for o in objs if o["kind"] == "Issuer"}
-    for c in certs.values():
-        if c["spec"]["issuerRef"]["name"] not in issuers:
-            errors.append(f"overlays/{overlay}: Certificate/{c['metadata']['name']}: no Issuer "
-                          f"{c['spec']['issuerRef']['name']}")
-    for secret in sorted(secrets - set(certs)):
-        errors.append(f"overlays/{overlay}: Secret {secret} is mounted for TLS but no Certificate makes it")
-    agent = env_of.get("kindling-agent", {})
+    issuers = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs if o["kind"] == "Issuer"}
+    cluster_issuers = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ClusterIssuer"}
+    for (ns, _), c in sorted(certs.items()):
+        ref = c["spec"]["issuerRef"]
+        what = f"Certificate/{c['metadata']['name']} in {ns}"
+        if ref.get("kind", "Issuer") == "Issuer" and (ns, ref["name"]) not in issuers:
+            bad(f"{what}: no Issuer {ref['name']} in its namespace")
+        elif ref.get("kind") == "ClusterIssuer" and ref["name"] not in cluster_issuers:
+            bad(f"{what}: no ClusterIssuer {ref['name']}")
+    for name, ci in sorted(cluster_issuers.items()):
+        key = ((ci["spec"].get("ca") or {}).get("secretName"))
+        if key and (CERT_MANAGER_NAMESPACE, key) not in certs:
+            bad(f"ClusterIssuer/{name}: no Certificate in {CERT_MANAGER_NAMESPACE} (cert-manager's cluster "
+                f"resource namespace) makes its CA Secret {key}")
+    for ns, secret in sorted(secrets - set(certs)):
+        bad(f"Secret {secret} is mounted for TLS in {ns} but no Certificate there makes it")
+    agent = env_by_role.get("agent", {})
     rendezvous_host = (agent.get("KINDLING_RENDEZVOUS") or "").split("://")[-1].rsplit(":", 1)[0]
     wanted = [("kindling-rendezvous-tls", rendezvous_host), ("kindling-agent-tls", agent.get("KINDLING_TLS_SERVER_NAME"))]
     for secret, name in wanted:
-        names = certs.get(secret, {}).get("spec", {}).get("dnsNames", [])
+        names = certs.get((NAMESPACE, secret), {}).get("spec", {}).get("dnsNames", [])
         if name not in names:
-            errors.append(f"overlays/{overlay}: the certificate in {secret} lacks {name!r} (has {names})")
+            bad(f"the certificate in {secret} lacks {name!r} (has {names})")
 
 
 # NetworkPolicy. Pods are named by the object that makes them, not by their
@@ -430,16 +486,29 @@ POD_ROLES = {
     "executor": ("ConfigMap", "spark-executor-pod-template"),
     "spark-connect": ("Deployment", "spark-connect"),
 }
-# Each gRPC port of a Kindling server and exactly the pods that may connect to it.
+# The namespace each pod runs in: Spark's driver and executors in their own.
+ROLE_NAMESPACE = {"agent": NAMESPACE, "rendezvous": NAMESPACE, "client": NAMESPACE,
+                  "executor": SPARK_NAMESPACE, "spark-connect": SPARK_NAMESPACE}
+# Each gRPC port of a Kindling server and exactly the pods that may connect
+# to it, in whichever namespace they run (executors push from theirs).
 GRPC_PEERS = {
     ("agent", 50051): {"executor", "agent", "client"},  # Flight + collective ring
     ("rendezvous", 7070): {"agent", "client"},
-    # Spark Connect runs any caller's plan and UDFs, unauthenticated.
+    # Spark Connect (its TLS sidecar): any caller's plans and UDFs, given
+    # Spark Connect's token.
     ("spark-connect", 15002): {"client"},
     # The driver's RPC and block manager.
     ("spark-connect", 7078): {"executor"},
     ("spark-connect", 7079): {"executor"},
 }
+# The peers a port admits, exactly as written. GRPC_PEERS sees the pods these
+# manifests make; a peer also admits every pod its selectors will match, and
+# Spark's account creates pods with any label in SPARK_NAMESPACE. So Spark
+# Connect admits client pods of NAMESPACE only: a bare podSelector there
+# would admit a pod of SPARK_NAMESPACE labelled kindling-client.
+CLIENT_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kindling-client"}}}
+EXACT_PEERS = {("spark-connect", 15002): [CLIENT_PEER]}
 # The only pods NetworkPolicies may isolate: Spark's executors need traffic
 # (from the driver and each other) no policy here allows.
 ISOLATED = {"agent", "rendezvous", "spark-connect"}
@@ -459,11 +528,23 @@ SERVERS = {"agent", "rendezvous"}
 # The one pod that may hold a Kubernetes API token: the Spark driver creates
 # its executors. Every other pod runs with none.
 API_TOKEN_ROLES = {"spark-connect"}
-# The Secrets each pod may mount, exactly (volumes, projected volumes, env):
-# an executor holds the client certificate and nothing of the cluster's.
+# The Secrets each pod may mount (volumes, projected volumes, env), by name
+# without kustomize's hash: an executor holds the client certificate and
+# nothing of the cluster's; Spark Connect's token only its server and the
+# clients.
 SECRETS_OF = {
+    "agent": {"kindling-token", "kindling-viewer-token", "kindling-credential-key", "kindling-agent-tls"},
+    "rendezvous": {"kindling-token", "kindling-viewer-token", "kindling-rendezvous-tls"},
+    "client": {"kindling-token", "kindling-client-tls", "spark-connect-token"},
     "executor": {"kindling-client-tls"},
-    "spark-connect": set(),
+    "spark-connect": {"spark-connect-token", "spark-connect-tls"},
+}
+# Every Secret SPARK_NAMESPACE may hold: whoever may create a pod there (the
+# Spark driver's account, so any code that runs on the driver) can mount it.
+SPARK_SECRETS = {
+    "kindling-client-tls": "the executors' client certificate",
+    "spark-connect-token": "Spark Connect's own token",
+    "spark-connect-tls": "Spark Connect's server certificate",
 }
 # Pods whose root filesystem must be read-only (Spark's pods write under
 # their image's work directory).
@@ -580,11 +661,34 @@ def canonical(peer):
     return json.dumps(peer, sort_keys=True)
 
 
+def internal_peer(peer, namespace, rendered):
+    """(namespace, podSelector) of a NetworkPolicy peer that names pods of
+    one of the `rendered` namespaces (a bare podSelector: the policy's own
+    `namespace`; a namespaceSelector on kubernetes.io/metadata.name alone,
+    with or without a podSelector), else None: a peer outside these
+    manifests."""
+    if peer == ANYONE:
+        return None
+    if set(peer) == {"podSelector"}:
+        return namespace, peer["podSelector"] or {}
+    if set(peer) - {"podSelector"} != {"namespaceSelector"}:
+        return None
+    selector = peer["namespaceSelector"] or {}
+    names = selector.get("matchLabels") or {}
+    if set(selector) != {"matchLabels"} or set(names) != {"kubernetes.io/metadata.name"}:
+        return None
+    if names["kubernetes.io/metadata.name"] not in rendered:
+        return None
+    return names["kubernetes.io/metadata.name"], peer.get("podSelector") or {}
+
+
 def check_network_policies(objs, overlay, errors):
-    """The agents' and the rendezvous' gRPC ports admit exactly GRPC_PEERS
-    and the overlay's EXTERNAL_PEERS, their probe ports every source, and
-    every selector in a policy matches the labels of a pod the manifests
-    make (a renamed label fails here)."""
+    """The gRPC ports of the agents, the rendezvous and Spark Connect admit
+    exactly the pods in GRPC_PEERS, across the two namespaces, and the
+    overlay's EXTERNAL_PEERS; the ports in EXACT_PEERS admit exactly those
+    peers as written; probe ports admit every source; every selector in a
+    policy matches the labels of a pod the manifests make in the namespace
+    it names (a renamed label fails here)."""
     bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
     external = EXTERNAL_PEERS.get(overlay, {})
     known_external = [p for peers in external.values() for p in peers]
@@ -597,9 +701,14 @@ def check_network_policies(objs, overlay, errors):
     for role in sorted(set(POD_ROLES) - set(by_role)):
         bad(f"no pod template for {role} ({'/'.join(POD_ROLES[role])})")
     name = lambda p: p["role"] or p["who"]  # noqa: E731
+    rendered = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
 
     def matched(selector, namespace):
         return [p for p in pods if p["namespace"] == namespace and selects(selector, p["labels"])]
+
+    def peer_pods(peer, namespace):
+        inside_namespace, selector = internal_peer(peer, namespace, rendered)
+        return matched(selector, inside_namespace)
 
     for pol in policies:
         where = f"NetworkPolicy/{pol['metadata']['name']}"
@@ -619,11 +728,13 @@ def check_network_policies(objs, overlay, errors):
             for peer in rule.get("from") or []:
                 if peer in known_external:
                     continue
-                if set(peer) != {"podSelector"}:
-                    bad(f"{where}: peer {peer} is not a podSelector of the namespace"
-                        " (nor in EXTERNAL_PEERS for this overlay)")
-                elif not matched(peer["podSelector"], ns):
-                    bad(f"{where}: peer podSelector {peer['podSelector']} matches no pod template")
+                inside = internal_peer(peer, ns, rendered)
+                if inside is None:
+                    bad(f"{where}: peer {peer} names no pods of {sorted(rendered)} (a podSelector, with a "
+                        "namespaceSelector on kubernetes.io/metadata.name for another namespace)"
+                        " and is not in EXTERNAL_PEERS for this overlay")
+                elif not matched(inside[1], inside[0]):
+                    bad(f"{where}: peer {peer} matches no pod template in namespace {inside[0]}")
 
     for (role, number), wanted in GRPC_PEERS.items():
         pod = by_role.get(role)
@@ -635,16 +746,20 @@ def check_network_policies(objs, overlay, errors):
         if peers is None:
             bad(f"{pod['who']}: no NetworkPolicy isolates it: every pod may connect to {number}")
             continue
-        outside = [p for p in peers if p == ANYONE or set(p) != {"podSelector"}]
+        outside = [p for p in peers if internal_peer(p, pod["namespace"], rendered) is None]
         wanted_outside = external.get((role, number), [])
         if sorted(map(canonical, outside)) != sorted(map(canonical, wanted_outside)):
-            bad(f"{pod['who']}: port {number} admits from outside the namespace {outside}, "
+            bad(f"{pod['who']}: port {number} admits from outside {sorted(rendered)} {outside}, "
                 f"not {wanted_outside} (EXTERNAL_PEERS)")
         allowed = {name(p) for peer in peers if peer not in outside
-                   for p in matched(peer["podSelector"], pod["namespace"])}
+                   for p in peer_pods(peer, pod["namespace"])}
         if allowed != wanted:
             bad(f"{pod['who']}: port {number} admits {sorted(allowed)}, not {sorted(wanted)}"
                 f" (missing {sorted(wanted - allowed)}, extra {sorted(allowed - wanted)})")
+        exact = EXACT_PEERS.get((role, number))
+        if exact is not None and sorted(map(canonical, peers)) != sorted(map(canonical, exact + wanted_outside)):
+            bad(f"{pod['who']}: port {number} admits the peers {peers}, not exactly {exact} (EXACT_PEERS): "
+                f"only {sorted(wanted)} pods of the namespace named there, nothing of {SPARK_NAMESPACE}")
 
     for role, wanted in sorted(EGRESS.items()):
         pod = by_role.get(role)
@@ -666,10 +781,11 @@ def check_network_policies(objs, overlay, errors):
                         else:
                             bad(f"{pod['who']}: egress to DNS on ports {ports}, not 53")
                         continue
-                    if peer == ANYONE or set(peer) != {"podSelector"}:
+                    inside = internal_peer(peer, pod["namespace"], rendered)
+                    if inside is None:
                         allowed.add(f"anything: {peer}")
                         continue
-                    for target in matched(peer["podSelector"], pod["namespace"]):
+                    for target in matched(inside[1], inside[0]):
                         for number in sorted(set(target["ports"].values())):
                             if any(admits_port(rp, target, number) for rp in ports):
                                 allowed.add((target["role"] or target["who"], number))
@@ -723,11 +839,14 @@ def check_pod_security(objs, overlay, errors):
     escalation, every capability dropped, no host namespaces or paths);
     Kindling's own pods also run on a read-only root filesystem. Only the
     Spark driver mounts a Kubernetes API token (executors run under an
-    account of their own, bound to no Role, with none), and the executors and
-    the driver mount no Secret but the executors' client certificate."""
+    account of their own, bound to no Role, with none), and each pod mounts
+    no Secret but those SECRETS_OF allows its role."""
     bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
-    accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
-    bound = {sub["name"] for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+    generated = generated_secret_names()
+    accounts = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o
+                for o in objs if o["kind"] == "ServiceAccount"}
+    bound = {(sub.get("namespace") or o["metadata"].get("namespace"), sub["name"])
+             for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
              for sub in o.get("subjects") or [] if sub.get("kind") == "ServiceAccount"}
     spark_conf = " ".join(str(a) for c in containers(objs, "Deployment", "spark-connect")
                           for a in (c.get("args") or []))
@@ -761,16 +880,422 @@ def check_pod_security(objs, overlay, errors):
             wanted = f"spark.kubernetes.authenticate.executor.serviceAccountName={account}"
             if wanted not in spark_conf:
                 bad(f"{who}: the driver does not start executors under {account!r} ({wanted})")
-            if account in bound:
+            if (pod["namespace"], account) in bound:
                 bad(f"{who}: the executors' account {account!r} is bound to a Role")
         automount = spec.get("automountServiceAccountToken",
-                             (accounts.get(account) or {}).get("automountServiceAccountToken", True))
+                             (accounts.get((pod["namespace"], account)) or {}).get("automountServiceAccountToken", True))
         if automount and pod["role"] not in API_TOKEN_ROLES:
             bad(f"{who}: mounts the API token of service account {account!r}")
         if pod["role"] in SECRETS_OF:
-            extra = mounted_secrets(spec) - SECRETS_OF[pod["role"]]
+            extra = {unhashed(s, generated) for s in mounted_secrets(spec)} - SECRETS_OF[pod["role"]]
             if extra:
                 bad(f"{who}: mounts Secrets {sorted(extra)} (may: {sorted(SECRETS_OF[pod['role']])})")
+
+
+def generated_secret_names():
+    """The Secrets the base's secretGenerator makes."""
+    base = docs(ROOT / "base" / "kustomization.yaml")[0]
+    return {g["name"] for g in base.get("secretGenerator", [])}
+
+
+def unhashed(name, generated):
+    """A generated Secret's name without the hash `kubectl kustomize` appends."""
+    for g in generated:
+        if re.fullmatch(re.escape(g) + r"-[a-z0-9]{10}", name):
+            return g
+    return name
+
+
+def grants(rule, verbs, resource):
+    """Whether an RBAC rule grants one of `verbs` on the core `resource`."""
+    return bool(set(rule.get("apiGroups") or []) & {"", "*"}
+                and set(rule.get("resources") or []) & {resource, "*"}
+                and set(rule.get("verbs") or []) & (set(verbs) | {"*"}))
+
+
+def is_spark_subject(subject, namespace):
+    """Whether a binding's subject is an account, or every account, of SPARK_NAMESPACE."""
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "ServiceAccount":
+        return (subject.get("namespace") or namespace) == SPARK_NAMESPACE
+    return kind == "Group" and name in ("system:serviceaccounts", f"system:serviceaccounts:{SPARK_NAMESPACE}",
+                                        "system:authenticated")
+
+
+def driver_conf(objs):
+    """The Spark driver's --conf settings (key -> value)."""
+    conf, args = {}, [str(a) for c in containers(objs, "Deployment", "spark-connect") for a in c.get("args") or []]
+    for flag, value in zip(args, args[1:]):
+        if flag == "--conf":
+            key, _, val = value.partition("=")
+            conf[key] = val
+    return conf
+
+
+def check_spark_namespace(objs, overlay, errors):
+    """SPARK_NAMESPACE, where the driver's account creates pods, holds no
+    Secret but SPARK_SECRETS: none is rendered, made by a Certificate or
+    named by a pod or pod template there. Only ServiceAccounts of
+    SPARK_NAMESPACE may create pods, through a RoleBinding of SPARK_NAMESPACE
+    (so in no other namespace); no ClusterRoleBinding lets anyone create
+    pods or read Secrets; no binding gives an account of SPARK_NAMESPACE a
+    right anywhere else; a binding's Role or ClusterRole is rendered here
+    (else its rights are unknown); the driver runs as an account that may
+    create pods, of its own namespace, and starts its executors there."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    generated = generated_secret_names()
+    held = {}
+    for o in objs:
+        if o["metadata"].get("namespace") != SPARK_NAMESPACE:
+            continue
+        if o["kind"] == "Secret":
+            held.setdefault(unhashed(o["metadata"]["name"], generated), f"Secret/{o['metadata']['name']}")
+        elif o["kind"] == "Certificate":
+            held.setdefault(o["spec"]["secretName"], f"Certificate/{o['metadata']['name']}")
+    for pod in pod_templates(objs):
+        if pod["namespace"] == SPARK_NAMESPACE:
+            for s in sorted(mounted_secrets(pod["spec"])):
+                held.setdefault(unhashed(s, generated), pod["who"])
+    for secret, where in sorted(held.items()):
+        if secret not in SPARK_SECRETS:
+            bad(f"{where} puts Secret {secret} in {SPARK_NAMESPACE}, where the Spark driver's account can "
+                f"create a pod that mounts it: only {sorted(SPARK_SECRETS)} may be there (SPARK_SECRETS)")
+
+    roles = {(o["kind"], o["metadata"].get("namespace") if o["kind"] == "Role" else None, o["metadata"]["name"]): o
+             for o in objs if o["kind"] in ("Role", "ClusterRole")}
+    may_create_pods = set()
+    for b in (o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        ns = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
+        where = f"{b['kind']}/{b['metadata']['name']}" + (f" in {ns}" if ns else "")
+        ref = b.get("roleRef") or {}
+        role = roles.get((ref.get("kind"), ns if ref.get("kind") == "Role" else None, ref.get("name")))
+        subjects = b.get("subjects") or []
+        if role is None:
+            bad(f"{where} binds {ref.get('kind')}/{ref.get('name')}, which these manifests do not render: "
+                "its rights cannot be checked")
+            continue
+        rules = role.get("rules") or []
+        creates = any(grants(r, {"create"}, "pods") for r in rules)
+        reads = any(grants(r, {"get", "list", "watch"}, "secrets") for r in rules)
+        scope = ns or "every namespace"
+        if b["kind"] == "ClusterRoleBinding" and (creates or reads):
+            bad(f"{where} lets {subjects} {'create pods' if creates else 'read Secrets'} in every namespace, "
+                f"{NAMESPACE} included")
+        if creates and ns != SPARK_NAMESPACE and b["kind"] == "RoleBinding":
+            bad(f"{where} lets {subjects} create pods in {ns}: pods may be created in {SPARK_NAMESPACE} only")
+        for s in subjects:
+            spark = is_spark_subject(s, ns)
+            if creates:
+                if s.get("kind") == "ServiceAccount" and spark:
+                    may_create_pods.add(s["name"])
+                else:
+                    bad(f"{where} lets {s.get('kind')} {s.get('namespace') or ns}/{s.get('name')} create pods "
+                        f"in {scope}: only ServiceAccounts of {SPARK_NAMESPACE} may")
+            if spark and ns != SPARK_NAMESPACE:
+                bad(f"{where} gives {s.get('kind')} {s.get('name')} of {SPARK_NAMESPACE} rights in {scope}: "
+                    f"Spark's accounts may hold rights in {SPARK_NAMESPACE} only")
+
+    server = next((p for p in pod_templates(objs) if p["role"] == "spark-connect"), None)
+    if server is not None:
+        account = server["spec"].get("serviceAccountName", "default")
+        if account not in may_create_pods:
+            bad(f"{server['who']}: its account {SPARK_NAMESPACE}/{account} may not create pods: "
+                "the driver cannot start executors")
+        conf, env = driver_conf(objs), {}
+        for c in server["spec"].get("containers") or []:
+            env.update({e["name"]: e for e in c.get("env") or []})
+        where = conf.get("spark.kubernetes.namespace")
+        own = where == SPARK_NAMESPACE or (
+            where == "$(POD_NAMESPACE)"
+            and ((env.get("POD_NAMESPACE") or {}).get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+            == "metadata.namespace")
+        if not own:
+            bad(f"{server['who']}: spark.kubernetes.namespace={where!r}: the driver must start its executors in "
+                f"its own namespace ({SPARK_NAMESPACE}, or $(POD_NAMESPACE) from metadata.namespace)")
+
+
+SPARK_CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+SPARK_CONNECT_TOKEN_CONF = "spark.connect.authenticate.token"
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+def parse_remote(url):
+    """host, port and parameters of `sc://host[:port][/;key=value;...]`."""
+    m = re.fullmatch(r"sc://(\[[^\]]+\]|[^:/;]+)(?::(\d+))?/?(;.*)?", url or "")
+    if not m:
+        return None
+    params = dict(p.partition("=")[::2] for p in (m.group(3) or "").split(";") if p)
+    return m.group(1), int(m.group(2) or 15002), params
+
+
+def secret_value(objs, namespace, name, key, generated):
+    """A rendered Secret's value under `key` (data or stringData), or None."""
+    for o in objs:
+        if (o["kind"] == "Secret" and o["metadata"].get("namespace") == namespace
+                and unhashed(o["metadata"]["name"], generated) == unhashed(name, generated)):
+            data = {**(o.get("data") or {}), **(o.get("stringData") or {})}
+            return data.get(key)
+    return None
+
+
+def check_spark_connect(objs, overlay, errors):
+    """Spark Connect's server takes its token from a Secret of its
+    namespace (SPARK_CONNECT_TOKEN_ENV by secretKeyRef: never a literal
+    value, never SPARK_CONNECT_TOKEN_CONF on the command line, where the
+    process list and the SparkConf executors and the Config RPC read would
+    show it) and serves plaintext gRPC on loopback only; its Service reaches
+    another container, the TLS sidecar, which mounts its certificate from a
+    Secret. Every client pod with SPARK_REMOTE dials that Service by name,
+    with use_ssl=true and the token as $(VAR) of a secretKeyRef variable
+    set before it, from a Secret holding the server's value, and trusts a
+    CA from a mounted Secret (SSL_CERT_FILE). With cert-manager, a
+    Certificate in the server's namespace makes the sidecar's Secret for
+    every name clients dial, as a server certificate."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    generated = generated_secret_names()
+    server = next((p for p in pod_templates(objs) if p["role"] == "spark-connect"), None)
+    if server is None:
+        return
+    who, spec, ns = server["who"], server["spec"], server["namespace"]
+    spark = next((c for c in spec.get("containers") or []
+                  if "org.apache.spark.sql.connect.service.SparkConnectServer" in map(str, c.get("args") or [])), None)
+    if spark is None:
+        bad(f"{who}: no container runs SparkConnectServer")
+        return
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        texts = [str(a) for a in (c.get("command") or []) + (c.get("args") or [])]
+        texts += [str(e.get("value")) for e in c.get("env") or [] if "value" in e]
+        if any(SPARK_CONNECT_TOKEN_CONF in x for x in texts):
+            bad(f"{who}: container {c['name']} sets {SPARK_CONNECT_TOKEN_CONF} on its command line or in a "
+                f"literal: the token would show in the process list and the SparkConf; take "
+                f"{SPARK_CONNECT_TOKEN_ENV} from a Secret")
+    entry = next((e for e in spark.get("env") or [] if e["name"] == SPARK_CONNECT_TOKEN_ENV), None)
+    ref = ((entry or {}).get("valueFrom") or {}).get("secretKeyRef")
+    server_token = None
+    if entry is None:
+        bad(f"{who}: no {SPARK_CONNECT_TOKEN_ENV}: Spark Connect runs every caller's plans and UDFs "
+            "without authentication")
+    elif "value" in entry:
+        bad(f"{who}: {SPARK_CONNECT_TOKEN_ENV} is a literal value in the manifest: take it from a Secret "
+            "(valueFrom.secretKeyRef)")
+    elif secret_key(ref) is None:
+        bad(f"{who}: {SPARK_CONNECT_TOKEN_ENV} does not come from a Secret (valueFrom.secretKeyRef with name and key)")
+    else:
+        server_token = secret_value(objs, ns, ref["name"], ref["key"], generated)
+        if server_token is None:
+            bad(f"{who}: {SPARK_CONNECT_TOKEN_ENV}: the overlay renders no Secret {ref['name']} with key "
+                f"{ref['key']} in {ns}")
+    conf = driver_conf(objs)
+    address = conf.get("spark.connect.grpc.binding.address")
+    if address not in LOOPBACK:
+        bad(f"{who}: Spark Connect listens in plaintext on {address or 'every address'}: bind it to loopback "
+            "(spark.connect.grpc.binding.address=127.0.0.1) behind the TLS sidecar")
+    plain_port = int(conf.get("spark.connect.grpc.binding.port", 15002))
+    port_owner = {}  # container port, by name and by number -> (container, number)
+    for c in spec.get("containers") or []:
+        for cp in c.get("ports") or []:
+            for key in (cp["containerPort"], cp.get("name")):
+                if key is not None:
+                    port_owner[key] = (c, cp["containerPort"])
+    if plain_port in port_owner:
+        bad(f"{who}: the plaintext port {plain_port} is a container port")
+
+    dialled, tls_secrets = {}, set()
+    services = [s for s in objs if s["kind"] == "Service" and s["metadata"].get("namespace") == ns
+                and s["spec"].get("selector") and selects({"matchLabels": s["spec"]["selector"]}, server["labels"])]
+    if not services:
+        bad(f"{who}: no Service in {ns} selects it")
+    for svc in services:
+        for sp in svc["spec"].get("ports") or []:
+            target = sp.get("targetPort", sp["port"])
+            owner = port_owner.get(target)
+            if owner is None:
+                bad(f"Service/{svc['metadata']['name']} port {sp['port']}: no container port {target!r}")
+                continue
+            c, name = owner[0], svc["metadata"]["name"]
+            for host in (f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"):
+                dialled[(host, sp["port"])] = svc
+            if c is spark:
+                bad(f"Service/{svc['metadata']['name']} port {sp['port']} reaches the Spark container directly, "
+                    "in plaintext: point it at the TLS sidecar")
+                continue
+            volumes = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes") or [] if "secret" in v}
+            mounted = {volumes[m["name"]] for m in c.get("volumeMounts") or [] if m["name"] in volumes}
+            if not mounted:
+                bad(f"Service/{svc['metadata']['name']} port {sp['port']}: container {c['name']} mounts no Secret, "
+                    "so no certificate: it serves no TLS")
+            tls_secrets |= mounted
+
+    hosts = set()
+    for pod in pod_templates(objs):
+        for c in pod["spec"].get("containers") or []:
+            env_list = c.get("env") or []
+            names = [e["name"] for e in env_list]
+            env = {e["name"]: e for e in env_list}
+            if "SPARK_REMOTE" not in env or pod is server:
+                continue
+            at = f"{pod['who']}: container {c['name']}"
+            remote = env["SPARK_REMOTE"].get("value")
+            parsed = parse_remote(remote)
+            if parsed is None:
+                bad(f"{at}: SPARK_REMOTE {remote!r} is not sc://host:port/;key=value…")
+                continue
+            host, port, params = parsed
+            if (host, port) not in dialled:
+                bad(f"{at}: SPARK_REMOTE dials {host}:{port}, not Spark Connect's Service by name "
+                    f"({sorted(h for h, _ in dialled)}; from another namespace a short name does not resolve)")
+            hosts.add(host)
+            if params.get("use_ssl") != "true":
+                bad(f"{at}: SPARK_REMOTE lacks use_ssl=true: the token would cross the network in plaintext "
+                    "(the client refuses to send it)")
+            token = params.get("token")
+            m = re.fullmatch(r"\$\((\w+)\)", token or "")
+            if token is None:
+                bad(f"{at}: SPARK_REMOTE carries no token: Spark Connect refuses the client")
+            elif m is None:
+                bad(f"{at}: SPARK_REMOTE carries a literal token: take it from a Secret, as $(VAR) of a "
+                    "secretKeyRef variable")
+            else:
+                var = m.group(1)
+                vref = ((env.get(var) or {}).get("valueFrom") or {}).get("secretKeyRef")
+                if secret_key(vref) is None or names.index(var) > names.index("SPARK_REMOTE"):
+                    bad(f"{at}: SPARK_REMOTE's token $({var}) is not a secretKeyRef variable set before "
+                        "SPARK_REMOTE (Kubernetes expands only those)")
+                else:
+                    value = secret_value(objs, pod["namespace"], vref["name"], vref["key"], generated)
+                    if value is None:
+                        bad(f"{at}: $({var}): the overlay renders no Secret {vref['name']} with key "
+                            f"{vref['key']} in {pod['namespace']}")
+                    elif server_token is not None and value != server_token:
+                        bad(f"{at}: $({var}) from Secret {vref['name']} in {pod['namespace']} is not the "
+                            f"server's token (Secret {ref['name']} in {ns}): make both from one file")
+            ca = env.get("SSL_CERT_FILE", {}).get("value")
+            if mounted_file(pod["spec"], c, ca) is None:
+                bad(f"{at}: SSL_CERT_FILE {ca!r} is in no mounted Secret: the client cannot check Spark "
+                    "Connect's certificate")
+    certs = certificates(objs)
+    if certs:
+        for secret in sorted(tls_secrets):
+            cert = certs.get((ns, secret))
+            if cert is None:
+                bad(f"Secret {secret} is mounted for Spark Connect's TLS in {ns} but no Certificate there makes it")
+                continue
+            names = cert["spec"].get("dnsNames") or []
+            for host in sorted(hosts - set(names)):
+                bad(f"the certificate in {secret} lacks {host!r}, which clients dial (has {names})")
+            if "server auth" not in (cert["spec"].get("usages") or []):
+                bad(f"Certificate/{cert['metadata']['name']} in {ns}: no `server auth` usage")
+
+
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+FACTOR = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
+
+
+def quantity(q):
+    """A Kubernetes quantity in base units, or None if it is not one."""
+    m = QUANTITY.match(str(q))
+    return float(m.group(1)) * FACTOR[m.group(2)] if m else None
+
+
+def check_ephemeral_storage(objs, overlay, errors):
+    """Every container (and init container) of every pod the manifests make,
+    the executor template's included, requests and limits
+    ephemeral-storage, the request within the limit; every emptyDir on disk
+    has a sizeLimit; and each pod's limits add up to at least its disk
+    emptyDirs' sizeLimits, which count against them, so the kubelet never
+    evicts a pod for volumes that are within their own limits."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    for pod in pod_templates(objs):
+        spec, total, volumes = pod["spec"], 0.0, 0.0
+        for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+            res = c.get("resources") or {}
+            request = quantity((res.get("requests") or {}).get("ephemeral-storage"))
+            limit = quantity((res.get("limits") or {}).get("ephemeral-storage"))
+            at = f"{pod['who']}: container {c['name']}"
+            if request is None or limit is None:
+                bad(f"{at}: needs resources.requests and resources.limits of ephemeral-storage "
+                    f"(has {res.get('requests', {}).get('ephemeral-storage')!r}, "
+                    f"{res.get('limits', {}).get('ephemeral-storage')!r})")
+                continue
+            if request > limit:
+                bad(f"{at}: ephemeral-storage request {res['requests']['ephemeral-storage']} exceeds its limit "
+                    f"{res['limits']['ephemeral-storage']}")
+            if c in (spec.get("containers") or []):
+                total += limit
+        for v in spec.get("volumes") or []:
+            if "emptyDir" not in v or (v["emptyDir"] or {}).get("medium") == "Memory":
+                continue
+            size = quantity((v["emptyDir"] or {}).get("sizeLimit"))
+            if size is None:
+                bad(f"{pod['who']}: emptyDir {v['name']} has no sizeLimit: it may fill the node's disk")
+            else:
+                volumes += size
+        if total and volumes > total:
+            bad(f"{pod['who']}: its disk emptyDirs may hold {volumes / 2 ** 30:.2f} GiB but its containers' "
+                f"ephemeral-storage limits add up to {total / 2 ** 30:.2f} GiB: the kubelet evicts it first")
+
+
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"}
+
+
+def check_disruption_budgets(objs, overlay, errors):
+    """Every PodDisruptionBudget selects the pods of at least one workload
+    of its namespace; no workload's pods are selected by two (the eviction
+    API then refuses every eviction); none blocks a drain outright:
+    maxUnavailable at least 1, minAvailable (never on a DaemonSet, whose
+    pod count is the node count) below every selected workload's replicas,
+    and unhealthyPodEvictionPolicy AlwaysAllow, so an unready pod never holds
+    one up; every Deployment, StatefulSet and DaemonSet has one, so each
+    says what a drain may do to it."""
+    bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
+    workloads = [o for o in objs if o["kind"] in WORKLOADS]
+    covered = {}
+    for pdb in (o for o in objs if o["kind"] == "PodDisruptionBudget"):
+        spec, ns = pdb.get("spec") or {}, pdb["metadata"].get("namespace")
+        where = f"PodDisruptionBudget/{pdb['metadata']['name']} in {ns}"
+        selector = spec.get("selector") or {}
+        if not selector.get("matchLabels") and not selector.get("matchExpressions"):
+            bad(f"{where}: an empty selector selects every pod of its namespace")
+            continue
+        hits = [w for w in workloads if w["metadata"].get("namespace") == ns
+                and selects(selector, ((w["spec"].get("template") or {}).get("metadata") or {}).get("labels") or {})]
+        if not hits:
+            bad(f"{where}: selector {selector} selects no workload's pods")
+        for w in hits:
+            covered.setdefault((ns, w["kind"], w["metadata"]["name"]), []).append(pdb["metadata"]["name"])
+        if ("minAvailable" in spec) == ("maxUnavailable" in spec):
+            bad(f"{where}: needs exactly one of minAvailable, maxUnavailable")
+        if spec.get("unhealthyPodEvictionPolicy") != "AlwaysAllow":
+            bad(f"{where}: unhealthyPodEvictionPolicy is {spec.get('unhealthyPodEvictionPolicy')!r}, not "
+                "AlwaysAllow: a pod that is not Ready could hold a drain up")
+        if "maxUnavailable" in spec:
+            value = spec["maxUnavailable"]
+            if value in (0, "0", "0%"):
+                bad(f"{where}: maxUnavailable {value!r} allows no eviction: it blocks every drain")
+        if "minAvailable" in spec:
+            value = spec["minAvailable"]
+            for w in hits:
+                what = f"{w['kind']}/{w['metadata']['name']}"
+                if w["kind"] == "DaemonSet":
+                    bad(f"{where}: minAvailable {value!r} on {what}, whose pod count is the node count, unknown "
+                        "here: use maxUnavailable")
+                    continue
+                replicas = w["spec"].get("replicas", 1)
+                floor = (-(-replicas * int(str(value).rstrip("%")) // 100) if str(value).endswith("%")
+                         else int(value))
+                if floor >= replicas:
+                    bad(f"{where}: minAvailable {value!r} of {what}'s {replicas} replica(s) lets no pod be "
+                        "evicted: it blocks every drain of their nodes")
+    for w in workloads:
+        key = (w["metadata"].get("namespace"), w["kind"], w["metadata"]["name"])
+        names = covered.get(key, [])
+        if not names:
+            bad(f"{w['kind']}/{key[2]} in {key[0]}: no PodDisruptionBudget selects its pods: say what a drain "
+                "may do to it")
+        elif len(names) > 1:
+            bad(f"{w['kind']}/{key[2]} in {key[0]}: its pods are selected by {len(names)} PodDisruptionBudgets "
+                f"{sorted(names)}: the eviction API refuses every eviction of such a pod")
 
 
 # Monitoring (overlays/monitoring). The metrics the servers export are read
@@ -1260,7 +1785,6 @@ def main():
     renderer = args.renderer
     if renderer == "auto":
         renderer = "kubectl" if shutil.which("kubectl") else "builtin"
-    namespace = docs(ROOT / "base" / "kustomization.yaml")[0]["namespace"]
     exported = exported_metrics()
     with tempfile.TemporaryDirectory() as tmp:
         root = with_dummy_token(tmp)
@@ -1275,11 +1799,15 @@ def main():
             gpus = agent["resources"].get("limits", {}).get("nvidia.com/gpu")
             if (variant == "gpu") != (gpus is not None):
                 errors.append(f"overlays/{overlay}: agent nvidia.com/gpu limit is {gpus!r}")
-            check_namespaces(objs, overlay, namespace, errors)
+            check_namespaces(objs, overlay, errors)
             check_tls(objs, overlay, errors)
             check_network_policies(objs, overlay, errors)
             check_pod_security(objs, overlay, errors)
+            check_spark_namespace(objs, overlay, errors)
+            check_spark_connect(objs, overlay, errors)
             check_tokens(objs, overlay, errors)
+            check_disruption_budgets(objs, overlay, errors)
+            check_ephemeral_storage(objs, overlay, errors)
             rules, queries = check_monitors(objs, overlay, exported, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
             if rules or queries:

@@ -109,12 +109,16 @@ spark_home() {
   "$VENV/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))'
 }
 
-# A real query answered through Spark Connect, not just an open port.
+# A real query answered through Spark Connect, not just an open port. With
+# SPARK_CONNECT_AUTHENTICATE_TOKEN set (the server then requires it), the
+# query carries it: pyspark sends a token without TLS only to `localhost`.
 answers() {
   "$VENV/bin/python" - "$PORT" <<'PY' >/dev/null 2>&1
-import sys
+import os, sys
 from pyspark.sql import SparkSession
-s = SparkSession.builder.remote(f"sc://127.0.0.1:{sys.argv[1]}").getOrCreate()
+token = os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN")
+url = f"sc://localhost:{sys.argv[1]}/;token={token}" if token else f"sc://127.0.0.1:{sys.argv[1]}"
+s = SparkSession.builder.remote(url).getOrCreate()
 assert s.sql("select 1 + 1 as two").collect()[0].two == 2
 PY
 }

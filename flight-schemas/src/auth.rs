@@ -11,7 +11,7 @@ use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use crate::credential::{Claims, CredentialError, CredentialKey, Role};
+use crate::credential::{Claims, CredentialError, CredentialKeys, Role};
 
 /// The metadata key carrying the token.
 pub const AUTHORIZATION: &str = "authorization";
@@ -144,6 +144,24 @@ impl Caller {
         }
     }
 
+    /// Allows the operator, or a credential issued for `incarnation` of the
+    /// job it names (a job created again under an old id refuses the old
+    /// job's credentials). A served model's reader (no incarnation) passes
+    /// when `incarnation` is `None`.
+    pub fn allow_incarnation(&self, incarnation: Option<u64>) -> Result<(), Status> {
+        match self {
+            Caller::Job(c) if c.incarnation != incarnation => Err(Status::permission_denied(format!(
+                "this {} credential was issued for {} of job `{}`, not the job under that id now ({}): ask for a new one",
+                c.role,
+                c.incarnation
+                    .map_or_else(|| "no incarnation".to_owned(), |i| format!("incarnation {i}")),
+                c.job_id,
+                incarnation.map_or_else(|| "none".to_owned(), |i| format!("incarnation {i}")),
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Allows the operator only.
     pub fn operator_only(&self, what: &str) -> Result<(), Status> {
         match self {
@@ -163,7 +181,7 @@ impl Caller {
 #[derive(Clone, Debug)]
 pub struct BearerCheck {
     expected: Option<Token>,
-    credentials: Option<CredentialKey>,
+    credentials: Option<CredentialKeys>,
 }
 
 impl BearerCheck {
@@ -175,9 +193,9 @@ impl BearerCheck {
         }
     }
 
-    /// Also takes job credentials signed with `key`.
-    pub fn with_credentials(mut self, key: Option<CredentialKey>) -> Self {
-        self.credentials = key;
+    /// Also takes job credentials signed with one of `keys`.
+    pub fn with_credentials(mut self, keys: Option<CredentialKeys>) -> Self {
+        self.credentials = keys;
         self
     }
 

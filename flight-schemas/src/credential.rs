@@ -18,6 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+mod keys;
+
+pub use keys::{CredentialKeys, KeyFileError};
+
 const PREFIX: &str = "kc1.";
 
 /// What a credential allows.
@@ -51,16 +55,34 @@ pub struct Claims {
     pub role: Role,
     /// Unix seconds after which it is refused.
     pub expires: u64,
+    /// Which incarnation of `job_id` (when the rendezvous created it, Unix
+    /// milliseconds): a job created again under the same id after this one
+    /// ended refuses it. `None` only for a served model's reader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<u64>,
+    /// The id of the key that signed it ([`CredentialKey::id`]), so that
+    /// during a rotation the verifier picks the right one of its keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kid: Option<String>,
 }
 
 impl Claims {
-    /// `role` in `job_id` for `ttl` from now.
+    /// `role` in `job_id` for `ttl` from now (any incarnation; see
+    /// [`Claims::of_incarnation`]).
     pub fn expiring(job_id: &str, role: Role, ttl: Duration) -> Claims {
         Claims {
             job_id: job_id.to_owned(),
             role,
             expires: now().saturating_add(ttl.as_secs()),
+            incarnation: None,
+            kid: None,
         }
+    }
+
+    /// The same claims, for `incarnation` of the job only.
+    pub fn of_incarnation(mut self, incarnation: u64) -> Claims {
+        self.incarnation = Some(incarnation);
+        self
     }
 }
 
@@ -76,6 +98,15 @@ pub enum CredentialError {
     /// The claims do not decode.
     #[error("job credential claims do not decode")]
     Malformed,
+    /// Signed with a key this process does not hold (rotated out, or
+    /// another cluster's).
+    #[error(
+        "job credential signed with key `{kid}`, which this process does not hold (rotated out, or another cluster's)"
+    )]
+    UnknownKey {
+        /// The id the credential names.
+        kid: String,
+    },
     /// Past its expiry.
     #[error("job credential for `{job_id}` expired at {expires} (Unix seconds)")]
     Expired {
@@ -88,12 +119,24 @@ pub enum CredentialError {
 
 /// The cluster's credential key. Its `Debug` output never shows it.
 #[derive(Clone)]
-pub struct CredentialKey(ring::hmac::Key);
+pub struct CredentialKey {
+    key: ring::hmac::Key,
+    id: String,
+}
 
 impl fmt::Debug for CredentialKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CredentialKey(<redacted>)")
+        write!(f, "CredentialKey(<redacted>, id {})", self.id)
     }
+}
+
+/// A key's public id: 8 bytes of a SHA-256 over a label and the secret
+/// (the secret cannot be recovered from it; two keys have distinct ids).
+fn key_id(secret: &[u8]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"kindling credential key id\0");
+    ctx.update(secret);
+    hex(&ctx.finish().as_ref()[..8])
 }
 
 /// Fewest bytes of key material accepted.
@@ -110,10 +153,15 @@ impl CredentialKey {
                 secret.len()
             ));
         }
-        Ok(CredentialKey(ring::hmac::Key::new(
-            ring::hmac::HMAC_SHA256,
-            secret,
-        )))
+        Ok(CredentialKey {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),
+            id: key_id(secret),
+        })
+    }
+
+    /// The key's public id, carried in the credentials it signs.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// A random key (local mode: the process is the whole cluster).
@@ -121,7 +169,10 @@ impl CredentialKey {
         let mut secret = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
             .expect("the operating system's random number generator");
-        CredentialKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret))
+        CredentialKey {
+            key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &secret),
+            id: key_id(&secret),
+        }
     }
 
     /// A credential for `role` in `job_id`, valid for `ttl` (send it as a
@@ -141,25 +192,27 @@ impl CredentialKey {
         self.sign(&Claims::expiring(job_id, role, ttl))
     }
 
-    /// The credential for exactly these claims.
+    /// The credential for these claims, stamped with this key's id.
     pub fn sign(&self, claims: &Claims) -> String {
-        let body = hex(&serde_json::to_vec(claims).unwrap_or_default());
-        let tag = ring::hmac::sign(&self.0, body.as_bytes());
+        let claims = Claims {
+            kid: Some(self.id.clone()),
+            ..claims.clone()
+        };
+        let body = hex(&serde_json::to_vec(&claims).unwrap_or_default());
+        let tag = ring::hmac::sign(&self.key, body.as_bytes());
         format!("{PREFIX}{body}.{}", hex(tag.as_ref()))
     }
 
     /// The claims of `presented` if it is a credential this key signed and
     /// it has not expired (the signature is checked in constant time).
     pub fn verify(&self, presented: &str) -> Result<Claims, CredentialError> {
-        let rest = presented
-            .strip_prefix(PREFIX)
-            .ok_or(CredentialError::NotACredential)?;
-        let (body, tag) = rest.split_once('.').ok_or(CredentialError::NotACredential)?;
-        let tag = unhex(tag).ok_or(CredentialError::BadSignature)?;
-        ring::hmac::verify(&self.0, body.as_bytes(), &tag).map_err(|_| CredentialError::BadSignature)?;
-        let claims: Claims = unhex(body)
-            .and_then(|json| serde_json::from_slice(&json).ok())
-            .ok_or(CredentialError::Malformed)?;
+        let (body, tag) = split(presented)?;
+        self.verify_parts(body, &tag)
+    }
+
+    fn verify_parts(&self, body: &str, tag: &[u8]) -> Result<Claims, CredentialError> {
+        ring::hmac::verify(&self.key, body.as_bytes(), tag).map_err(|_| CredentialError::BadSignature)?;
+        let claims = decode_claims(body).ok_or(CredentialError::Malformed)?;
         if now() >= claims.expires {
             return Err(CredentialError::Expired {
                 job_id: claims.job_id,
@@ -168,6 +221,21 @@ impl CredentialKey {
         }
         Ok(claims)
     }
+}
+
+/// A credential's claims part (hex) and its signature's bytes.
+fn split(presented: &str) -> Result<(&str, Vec<u8>), CredentialError> {
+    let rest = presented
+        .strip_prefix(PREFIX)
+        .ok_or(CredentialError::NotACredential)?;
+    let (body, tag) = rest.split_once('.').ok_or(CredentialError::NotACredential)?;
+    let tag = unhex(tag).ok_or(CredentialError::BadSignature)?;
+    Ok((body, tag))
+}
+
+/// The claims in a credential's hex body, not yet verified.
+fn decode_claims(body: &str) -> Option<Claims> {
+    unhex(body).and_then(|json| serde_json::from_slice(&json).ok())
 }
 
 /// Whether `presented` has a job credential's shape (`kc1.<claims>.<tag>`),
@@ -221,8 +289,8 @@ mod tests {
         let (body, tag) = text[PREFIX.len()..].split_once('.').unwrap();
         let forged_claims = hex(&serde_json::to_vec(&Claims {
             job_id: "b".into(),
-            role: Role::Producer,
             expires: u64::MAX,
+            ..Claims::expiring("a", Role::Producer, Duration::ZERO)
         })
         .unwrap());
         assert_eq!(
@@ -239,14 +307,23 @@ mod tests {
         );
         // Expired.
         let old = k.sign(&Claims {
-            job_id: "a".into(),
-            role: Role::Reader,
             expires: 1,
+            ..Claims::expiring("a", Role::Reader, Duration::ZERO)
         });
         assert!(matches!(k.verify(&old), Err(CredentialError::Expired { .. })));
         // Not a credential; a short key.
         assert_eq!(k.verify("s3cret"), Err(CredentialError::NotACredential));
         assert!(CredentialKey::new(b"short").is_err());
-        assert_eq!(format!("{k:?}"), "CredentialKey(<redacted>)");
+        assert_eq!(
+            format!("{k:?}"),
+            format!("CredentialKey(<redacted>, id {})", k.id())
+        );
+        // A credential names the key that signed it, and keeps its incarnation.
+        let bound =
+            k.verify(&k.sign(&Claims::expiring("a", Role::Peer, Duration::from_secs(9)).of_incarnation(7)));
+        let bound = bound.unwrap();
+        assert_eq!((bound.kid.as_deref(), bound.incarnation), (Some(k.id()), Some(7)));
+        assert_eq!(k.id().len(), 16);
+        assert_ne!(k.id(), CredentialKey::generate().id());
     }
 }

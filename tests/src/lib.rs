@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod events;
+pub mod flight;
 pub mod http;
 pub mod mlflow;
 pub mod netns;

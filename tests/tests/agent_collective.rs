@@ -320,14 +320,28 @@ async fn connections_without_the_token_for_another_job_or_a_stale_attempt_are_re
     let key = CredentialKey::new(&[7u8; 32]).expect("key");
     let ps = peers_with(
         2,
-        BearerCheck::new(Some(token.clone())).with_credentials(Some(key.clone())),
+        BearerCheck::new(Some(token.clone())).with_credentials(Some(key.clone().into())),
     )
     .await;
     let url = &ps[1].url;
+    ps[1].inbox.set_incarnation("job", 9);
     ps[1].inbox.enter_attempt("job", 2);
-    let for_other_job = key.issue("other", Role::Peer, Duration::from_secs(60));
-    let producer = key.issue("job", Role::Producer, Duration::from_secs(60));
+    let issue = |job: &str, role: Role, incarnation: u64| {
+        key.sign(
+            &kindling_schemas::credential::Claims::expiring(job, role, Duration::from_secs(60))
+                .of_incarnation(incarnation),
+        )
+    };
+    let for_other_job = issue("other", Role::Peer, 9);
+    let producer = issue("job", Role::Producer, 9);
+    let earlier_job = issue("job", Role::Peer, 8);
     let cases = [
+        (
+            "a peer credential of an earlier job under the id",
+            hello("job", 2, 0, Some(&earlier_job)),
+            Code::PermissionDenied,
+            "incarnation 8",
+        ),
         (
             "no token",
             hello("job", 2, 0, None),

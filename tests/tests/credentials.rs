@@ -34,8 +34,10 @@ fn code(e: &kindling::feed::FeedError) -> Option<Code> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_credential_puts_into_its_job_and_does_nothing_else() {
-    let (cluster, _dir) =
-        cluster_with(1, |c| c.credentials = Some(CredentialKey::new(KEY).expect("key"))).await;
+    let (cluster, _dir) = cluster_with(1, |c| {
+        c.credentials = Some(CredentialKey::new(KEY).expect("key").into())
+    })
+    .await;
     let url = cluster.agent_url(0).expect("agent");
     let operator = agent_client(&cluster, 0);
     start_job(&cluster, "a", &linear_spec(1), &[0]).await;
@@ -148,15 +150,14 @@ async fn a_producer_credential_puts_into_its_job_and_does_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_expired_and_foreign_credentials_are_unauthenticated() {
     let key = CredentialKey::new(KEY).expect("key");
-    let (cluster, _dir) = cluster_with(1, |c| c.credentials = Some(key.clone())).await;
+    let (cluster, _dir) = cluster_with(1, |c| c.credentials = Some(key.clone().into())).await;
     let url = cluster.agent_url(0).expect("agent");
     let operator = agent_client(&cluster, 0);
     start_job(&cluster, "a", &linear_spec(1), &[0]).await;
     let good = issue(&operator, "a", Role::Producer).await;
     let expired = key.sign(&Claims {
-        job_id: "a".into(),
-        role: Role::Producer,
         expires: 1,
+        ..Claims::expiring("a", Role::Producer, Duration::ZERO)
     });
     let mut tampered = good.expose().to_owned();
     let last = tampered.pop().expect("char");
@@ -167,7 +168,7 @@ async fn tampered_expired_and_foreign_credentials_are_unauthenticated() {
     for (what, token, words) in [
         ("expired", expired, "expired"),
         ("tampered", tampered, "signature"),
-        ("another cluster's", foreign, "signature"),
+        ("another cluster's", foreign, "which this process does not hold"),
     ] {
         let client = AgentClient::connect(&url, Some(&Token::new(token))).expect("client");
         let e = put(&client, "a", Split::Train, "p", &[rule_batch(10, 1)])
@@ -190,18 +191,31 @@ async fn a_rotated_operator_token_leaves_job_credentials_valid() {
     // and after a rotation.
     let key = CredentialKey::new(KEY).expect("key");
     let (before, _d1) = cluster_with(1, |c| {
-        c.credentials = Some(key.clone());
+        c.credentials = Some(key.clone().into());
         c.token = Some(Token::new("operator-token-before"));
     })
     .await;
-    let credential = issue(&agent_client(&before, 0), "a", Role::Producer).await;
     before.shutdown().await;
     let (after, _d2) = cluster_with(1, |c| {
-        c.credentials = Some(key.clone());
+        c.credentials = Some(key.clone().into());
         c.token = Some(Token::new("operator-token-after"));
     })
     .await;
     start_job(&after, "a", &linear_spec(1), &[0]).await;
+    // A credential of the job, signed with the cluster key alone (as one
+    // issued before the token rotated was): nothing of the token is in it.
+    let rv = kindling_schemas::rendezvous::RendezvousClient::connect(after.rendezvous_url(), after.token())
+        .await
+        .expect("rendezvous");
+    let created = rv.status("a").await.expect("status").created;
+    let incarnation = created
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let credential =
+        Token::new(key.sign(
+            &Claims::expiring("a", Role::Producer, Duration::from_secs(600)).of_incarnation(incarnation),
+        ));
     let url = after.agent_url(0).expect("agent");
     let old_operator =
         AgentClient::connect(&url, Some(&Token::new("operator-token-before"))).expect("client");
@@ -239,4 +253,167 @@ async fn executors_push_with_a_producer_credential_and_no_cluster_secret() {
         .expect("executor push with a producer credential");
     let acc = kindling_tests::events::accuracy(&model);
     assert!(acc > 0.9, "accuracy {acc}");
+}
+
+/// A job created again under an old id (after the first ended and left the
+/// rendezvous and the agent) refuses the first job's credentials, and the
+/// refusal comes before DoPut reads a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_job_under_an_old_id_refuses_the_old_job_s_credentials() {
+    let (cluster, _dir) = cluster_with(1, |c| {
+        c.credentials = Some(CredentialKey::new(KEY).expect("key").into());
+        c.finished_retention = Duration::from_millis(200);
+    })
+    .await;
+    let url = cluster.agent_url(0).expect("agent");
+    let operator = agent_client(&cluster, 0);
+    start_job(&cluster, "a", &linear_spec(1), &[0]).await;
+    let first = issue(&operator, "a", Role::Producer).await;
+    let old_producer = AgentClient::connect(&url, Some(&first)).expect("client");
+    put(&old_producer, "a", Split::Train, "p", &[rule_batch(20, 1)])
+        .await
+        .expect("the first job takes its credential");
+    // The job ends everywhere; wait until the agent and the rendezvous forgot it.
+    operator.cancel_job("a", "done with it").await.expect("cancel");
+    let rv =
+        kindling_schemas::rendezvous::RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+            .await
+            .expect("rendezvous");
+    rv.cancel("a", "done with it")
+        .await
+        .expect("cancel at the rendezvous");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while operator.job_status("a").await.is_ok() || rv.status("a").await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first job was never removed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    start_job(&cluster, "a", &linear_spec(1), &[0]).await;
+
+    let e = put(&old_producer, "a", Split::Train, "p", &[rule_batch(20, 2)])
+        .await
+        .expect_err("the old job's credential");
+    assert_eq!(code(&e), Some(Code::PermissionDenied), "{e}");
+    assert!(e.to_string().contains("not the job under that id now"), "{e}");
+    let e = old_producer.job_status("a").await.expect_err("status");
+    assert_eq!(code(&e), Some(Code::PermissionDenied), "{e}");
+    // Refused from its headers alone: a DoPut that never sends a message
+    // still gets its answer.
+    let e = kindling_tests::flight::put_nothing(&url, &first).await;
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    // A reader credential cannot even start a DoPut.
+    let reader = issue(&operator, "a", Role::Reader).await;
+    let e = kindling_tests::flight::put_nothing(&url, &reader).await;
+    assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("reader credential"), "{e}");
+
+    let fresh =
+        AgentClient::connect(&url, Some(&issue(&operator, "a", Role::Producer).await)).expect("client");
+    let ok = put(&fresh, "a", Split::Train, "p", &[rule_batch(20, 3)])
+        .await
+        .expect("the new job takes a new credential");
+    assert_eq!(ok.rows_committed, 20);
+    cluster.shutdown().await;
+}
+
+/// The key rotates under a running job, as an operator rotates the Secret:
+/// the new key first (both accepted), then the old line dropped. The job's
+/// producer keeps putting throughout and the job trains to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_rotates_mid_job_and_nothing_fails() {
+    let keys_dir = tempfile::tempdir().expect("tempdir");
+    let file = keys_dir.path().join("credential-key");
+    let write = |text: &str| {
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &file).expect("rename");
+    };
+    const NEW: &str = "the-new-credential-key-0123456789abcdef";
+    write(&format!("{}\n", std::str::from_utf8(KEY).expect("utf-8")));
+    let keys = kindling_schemas::credential::CredentialKeys::from_file(&file).expect("keys");
+    let (cluster, _dir) = cluster_with(1, |c| c.credentials = Some(keys)).await;
+    let url = cluster.agent_url(0).expect("agent");
+    let operator = agent_client(&cluster, 0);
+    start_job(&cluster, "r", &linear_spec(1), &[0]).await;
+    let old_id = CredentialKey::new(KEY).expect("key").id().to_owned();
+    let new_id = CredentialKey::new(NEW.as_bytes()).expect("key").id().to_owned();
+    let kid = |t: &Token| {
+        let claims = CredentialKey::new(KEY)
+            .ok()
+            .and_then(|k| k.verify(t.expose()).ok());
+        claims.and_then(|c| c.kid)
+    };
+    let old = issue(&operator, "r", Role::Producer).await;
+    assert_eq!(kid(&old).as_deref(), Some(old_id.as_str()));
+    let by_old = AgentClient::connect(&url, Some(&old)).expect("client");
+    let mut sent = 0;
+    // A producer id per put: each is a whole producer's rows, not a retry.
+    let mut put_with = |client: AgentClient, producer: &'static str| {
+        sent += 1;
+        let seed = sent;
+        async move {
+            let producer = format!("{producer}-{seed}");
+            put(&client, "r", Split::Train, &producer, &[rule_batch(100, seed)])
+                .await
+                .map(|ack| ack.rows_committed)
+        }
+    };
+    assert_eq!(put_with(by_old.clone(), "old").await.expect("before"), 100);
+
+    // Step 1: the new key signs, the old one is still taken.
+    write(&format!("{NEW}\n{}\n", std::str::from_utf8(KEY).expect("utf-8")));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let new = loop {
+        let t = issue(&operator, "r", Role::Producer).await;
+        if kid(&t).is_none() {
+            break t; // signed with a key `kid` cannot verify: the new one
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the key file was never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let by_new = AgentClient::connect(&url, Some(&new)).expect("client");
+    assert!(
+        put_with(by_old.clone(), "old").await.is_ok(),
+        "the old key during the rotation"
+    );
+    assert!(put_with(by_new.clone(), "new").await.is_ok(), "the new key");
+
+    // Step 2: the old line dropped; only the new key is taken.
+    write(&format!("{NEW}\n"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let refused = loop {
+        match by_old.job_status("r").await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the old key was never dropped"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(code(&refused), Some(Code::Unauthenticated), "{refused}");
+    assert!(refused.to_string().contains(&old_id), "{refused}");
+    assert!(!new_id.is_empty());
+    assert!(
+        put_with(by_new.clone(), "new").await.is_ok(),
+        "the new key after the rotation"
+    );
+    // Every row put went in (the old producer's last put was before step 2),
+    // and the job trains on them.
+    let rows = 100 * 4;
+    end_of_data(&operator, "r", Split::Train, Some(rows)).await;
+    let done = wait_done(&operator, "r").await;
+    assert_eq!(
+        done.state,
+        kindling_schemas::action::AgentJobState::Succeeded,
+        "{done:#?}"
+    );
+    cluster.shutdown().await;
 }

@@ -59,3 +59,40 @@ fn url_parameters_and_redaction() -> Result<(), Error> {
     ));
     Ok(())
 }
+
+/// Spark Connect behind its token (`SPARK_CONNECT_AUTHENTICATE_TOKEN`, as
+/// the Kubernetes deployment runs it): the client's `token=` reaches it as a
+/// bearer header; no token or another one is refused, and the error never
+/// shows a token.
+#[tokio::test]
+async fn a_token_protected_server_takes_the_url_s_token_and_refuses_others() -> Result<(), Error> {
+    const TOKEN: &str = "spark-connect-test-token-7f3a";
+    let server = kindling_tests::spark::PrivateSpark::start_with(
+        "local[1]",
+        &[("SPARK_CONNECT_AUTHENTICATE_TOKEN", TOKEN)],
+    );
+    let spark = SparkSession::connect(&format!("{}/;token={TOKEN}", server.remote())).await?;
+    assert!(spark.version().await?.starts_with("4."));
+    for url in [
+        server.remote(),
+        format!("{}/;token=not-the-token", server.remote()),
+    ] {
+        let refused = match SparkSession::connect(&url).await {
+            Err(e) => e,
+            Ok(s) => s.version().await.expect_err("a wrong token is refused"),
+        };
+        let text = refused.to_string();
+        assert!(
+            matches!(
+                &refused,
+                Error::Spark {
+                    code: tonic::Code::Unauthenticated,
+                    ..
+                }
+            ) || matches!(&refused, Error::Connection { source, .. } if source.code() == tonic::Code::Unauthenticated),
+            "{url}: {refused:?}"
+        );
+        assert!(!text.contains(TOKEN) && !text.contains("not-the-token"), "{text}");
+    }
+    Ok(())
+}

@@ -78,6 +78,8 @@ struct InboxState {
     links: HashMap<Key, Slot>,
     /// The attempt each job is on; older attempts are fenced.
     attempts: HashMap<String, u32>,
+    /// The incarnation of each job started here: a peer credential must name it.
+    incarnations: HashMap<String, u64>,
     /// Per job attempt with connections: cancelled when it is fenced.
     fences: HashMap<(String, u32), CancellationToken>,
     /// Connections of rings this agent cancelled, kept open until the job
@@ -107,6 +109,31 @@ impl Inbox {
     /// A new, empty inbox.
     pub fn new() -> Arc<Self> {
         Arc::new(Inbox::default())
+    }
+
+    /// `incarnation` of `job_id` starts on this agent: peer credentials must
+    /// name it from now on, and any connection for the id that arrived
+    /// before (none of this incarnation can: its peers dial only once the
+    /// gang formed, which this agent joins after this) is dropped.
+    pub fn set_incarnation(&self, job_id: &str, incarnation: u64) {
+        let mut s = self.lock();
+        s.incarnations.insert(job_id.to_owned(), incarnation);
+        s.links
+            .retain(|k, slot| k.job_id != job_id || !matches!(slot, Slot::Arrived(..)));
+    }
+
+    /// The job's incarnation on this agent, if it was started here.
+    pub fn incarnation(&self, job_id: &str) -> Option<u64> {
+        self.lock().incarnations.get(job_id).copied()
+    }
+
+    /// Forgets `incarnation` of `job_id` (its job was removed), unless a
+    /// newer one replaced it.
+    pub fn drop_incarnation(&self, job_id: &str, incarnation: u64) {
+        let mut s = self.lock();
+        if s.incarnations.get(job_id) == Some(&incarnation) {
+            s.incarnations.remove(job_id);
+        }
     }
 
     /// Moves `job_id` to `attempt`: connections of older attempts are closed,
@@ -314,9 +341,16 @@ async fn accept(inbox: Arc<Inbox>, check: BearerCheck, mut conn: Conn) {
         }
         Err(_) => return tracing::info!(%peer, "a ring connection sent no hello in time"),
     };
-    let checked = check
-        .caller_of(hello.token.as_deref())
-        .and_then(|caller| caller.allow(&hello.job_id, &[Role::Peer], "send collective traffic"));
+    let checked = check.caller_of(hello.token.as_deref()).and_then(|caller| {
+        caller.allow(&hello.job_id, &[Role::Peer], "send collective traffic")?;
+        match (&caller, inbox.incarnation(&hello.job_id)) {
+            (kindling_schemas::auth::Caller::Job(_), None) => Err(Status::permission_denied(format!(
+                "job `{}` is not on this agent: its peer credentials are taken only once it started here",
+                hello.job_id
+            ))),
+            (_, incarnation) => caller.allow_incarnation(incarnation),
+        }
+    });
     if let Err(status) = checked {
         tracing::info!(%peer, job = %hello.job_id, error = %status.message(), "ring connection refused");
         let _ = ring::write_reply(&mut conn, &Err(status)).await;

@@ -453,22 +453,6 @@ impl RendezvousState {
         self.durable(outcome)
     }
 
-    /// Hands out an outcome only once the change that decided it is on disk.
-    /// Whoever resolved it holds the lock until its write ends, so taking the
-    /// lock orders this after that write; if the write failed, the caller
-    /// gets UNAVAILABLE and its retry gets the same outcome once a write
-    /// succeeds.
-    fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
-        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match (&st.store, st.unsaved) {
-            (Some(store), true) => Err(RendezvousError::Storage {
-                path: store.path(),
-                detail: "the change that decided this call is not written yet; retry".to_owned(),
-            }),
-            _ => outcome,
-        }
-    }
-
     /// A member (or the driver) reports the attempt failed. Returns the
     /// attempt to re-join, or `None` when the job ran out of attempts.
     /// Reporting an attempt that already failed changes nothing.

@@ -62,7 +62,9 @@ impl Sessions {
     }
 
     fn admits(&self, value: &str, now: Instant) -> bool {
-        self.lapses.get(&Self::key(value)).is_some_and(|lapses| *lapses > now)
+        self.lapses
+            .get(&Self::key(value))
+            .is_some_and(|lapses| *lapses > now)
     }
 }
 
@@ -327,9 +329,14 @@ mod tests {
         // The cookie holds a session, not the token: nothing of the token is
         // in it, and its value is no bearer token.
         let value = pair.split_once('=').expect("name=value").1;
-        assert!(!cookie.contains("view") && !cookie.contains(&hex(b"view er")), "{cookie}");
+        assert!(
+            !cookie.contains("view") && !cookie.contains(&hex(b"view er")),
+            "{cookie}"
+        );
         assert_eq!(value.len(), 64, "{value}");
-        let as_bearer = ask(&a, "GET", "/metrics", Some(&format!("Bearer {value}")), None).await.0;
+        let as_bearer = ask(&a, "GET", "/metrics", Some(&format!("Bearer {value}")), None)
+            .await
+            .0;
         assert_eq!(as_bearer, StatusCode::UNAUTHORIZED);
         // Another process (a restart) knows no session.
         let restarted = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, true);

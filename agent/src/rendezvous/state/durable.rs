@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::PoisonError;
 use std::time::SystemTime;
 
 use kindling_schemas::pb::rendezvous as pb;
@@ -159,6 +160,22 @@ impl RendezvousState {
             job.announce();
         }
         Ok(())
+    }
+
+    /// Hands out an outcome only once the change that decided it is on disk.
+    /// Whoever resolved it holds the lock until its write ends, so taking the
+    /// lock orders this after that write; if the write failed, the caller
+    /// gets UNAVAILABLE and its retry gets the same outcome once a write
+    /// succeeds.
+    pub(super) fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match (&st.store, st.unsaved) {
+            (Some(store), true) => Err(RendezvousError::Storage {
+                path: store.path(),
+                detail: "the change that decided this call is not written yet; retry".to_owned(),
+            }),
+            _ => outcome,
+        }
     }
 
     /// [`Self::commit`] where no caller waits for the outcome: a failed write
