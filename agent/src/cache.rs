@@ -118,6 +118,46 @@ impl Drop for CachedBatch {
     }
 }
 
+/// Bounds on what a job's `DoPut` streams stage before they commit: staged
+/// rows are nobody's until their stream ends, so a producer that never ends
+/// its stream must not hold the agent's memory or disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StagingLimits {
+    /// Most bytes one job's uncommitted streams hold, in memory and spilled
+    /// together; a batch past it is refused (`RESOURCE_EXHAUSTED`). `None`:
+    /// [`DEFAULT_MAX_STAGED_BYTES`]. Staged bytes past half the memory budget
+    /// always spill, so one job's staging leaves the other half to the rest.
+    pub max_staged_bytes: Option<u64>,
+    /// A stream that sends nothing for this long is ended, its staged rows
+    /// dropped (`DEADLINE_EXCEEDED`).
+    pub stream_idle: std::time::Duration,
+    /// A stream open longer than this is ended likewise.
+    pub stream_max_age: std::time::Duration,
+}
+
+impl Default for StagingLimits {
+    fn default() -> Self {
+        StagingLimits {
+            max_staged_bytes: None,
+            stream_idle: std::time::Duration::from_secs(300),
+            stream_max_age: std::time::Duration::from_secs(6 * 3600),
+        }
+    }
+}
+
+/// The default cap on one job's staged bytes: a partition pushed in one
+/// stream may be far larger than the memory budget (it spills), so the cap
+/// bounds the disk, not the memory (a third of the manifests' 50 GiB work
+/// volume).
+pub const DEFAULT_MAX_STAGED_BYTES: u64 = 16 << 30;
+
+impl StagingLimits {
+    /// The staged-bytes cap for a job.
+    pub fn cap(&self) -> u64 {
+        self.max_staged_bytes.unwrap_or(DEFAULT_MAX_STAGED_BYTES)
+    }
+}
+
 /// A batch whose place [`ShardCache::place`] decided, not yet stored.
 #[derive(Debug)]
 pub enum PlacedBatch {
@@ -213,7 +253,16 @@ pub struct ShardCache {
     /// trainer reading the shard while it arrives sees every batch once.
     committed: Vec<Arc<CachedBatch>>,
     committed_rows: u64,
+    /// Bytes of `staged`, in memory and on disk.
+    staged_bytes: u64,
     next_file: u64,
+}
+
+/// What a stored batch holds, in memory or on disk.
+fn stored_bytes(batch: &CachedBatch) -> u64 {
+    match batch {
+        CachedBatch::Memory { bytes, .. } | CachedBatch::Disk { bytes, .. } => *bytes,
+    }
 }
 
 impl ShardCache {
@@ -225,6 +274,7 @@ impl ShardCache {
             staged: Vec::new(),
             committed: Vec::new(),
             committed_rows: 0,
+            staged_bytes: 0,
             next_file: 0,
         }
     }
@@ -245,8 +295,14 @@ impl ShardCache {
     /// [`PlacedBatch::store`]. Cheap, so it can run under the job's lock while
     /// the spill write runs outside it.
     pub fn place(&mut self, batch: RecordBatch) -> PlacedBatch {
+        self.place_within(batch, true)
+    }
+
+    /// [`place`](Self::place), spilling whatever the budget holds when
+    /// `memory` is false.
+    pub fn place_within(&mut self, batch: RecordBatch, memory: bool) -> PlacedBatch {
         let (batch, bytes) = owned(batch);
-        if self.budget.try_reserve(bytes) {
+        if memory && self.budget.try_reserve(bytes) {
             return PlacedBatch::Memory(CachedBatch::Memory {
                 batch,
                 bytes,
@@ -265,6 +321,7 @@ impl ShardCache {
 
     /// Adds a stored batch of `stream`, not yet visible to readers.
     pub fn stage(&mut self, stream: u64, batch: CachedBatch) {
+        self.staged_bytes += stored_bytes(&batch);
         self.staged.push(Entry {
             stream,
             batch: Arc::new(batch),
@@ -278,6 +335,7 @@ impl ShardCache {
             .partition(|e| e.stream == stream);
         self.staged = others;
         for e in mine {
+            self.staged_bytes -= stored_bytes(&e.batch);
             self.committed_rows += e.batch.rows() as u64;
             self.committed.push(e.batch);
         }
@@ -285,7 +343,20 @@ impl ShardCache {
 
     /// Drops a stream's uncommitted batches.
     pub fn abort(&mut self, stream: u64) {
-        self.staged.retain(|e| e.stream != stream);
+        let mut freed = 0;
+        self.staged.retain(|e| {
+            let mine = e.stream == stream;
+            if mine {
+                freed += stored_bytes(&e.batch);
+            }
+            !mine
+        });
+        self.staged_bytes -= freed;
+    }
+
+    /// Bytes staged by streams that have not committed, in memory and on disk.
+    pub fn staged_bytes(&self) -> u64 {
+        self.staged_bytes
     }
 
     /// The committed batches, in commit order.
@@ -317,6 +388,7 @@ impl ShardCache {
     /// Drops everything.
     pub fn clear(&mut self) {
         self.staged.clear();
+        self.staged_bytes = 0;
         self.committed.clear();
         self.committed_rows = 0;
     }

@@ -349,6 +349,35 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// A job's uncommitted streams hold the staging cap: the batch is refused.
+    #[error(
+        "job `{job_id}`: streams that have not committed hold {staged} bytes, the cap is {cap} \
+         (--max-staged-bytes): end (commit) streams before sending more, or raise the cap"
+    )]
+    StagingFull {
+        /// The job.
+        job_id: String,
+        /// Bytes its uncommitted streams hold.
+        staged: u64,
+        /// The cap.
+        cap: u64,
+    },
+    /// A `DoPut` stream sent nothing for too long; its staged rows are dropped.
+    #[error(
+        "the stream sent nothing for {idle:?} (--stream-idle-secs): it was ended and its staged rows dropped"
+    )]
+    StreamIdle {
+        /// The bound.
+        idle: std::time::Duration,
+    },
+    /// A `DoPut` stream was open too long; its staged rows are dropped.
+    #[error(
+        "the stream was open longer than {max_age:?} (--stream-max-age-secs): it was ended and its staged rows dropped"
+    )]
+    StreamTooOld {
+        /// The bound.
+        max_age: std::time::Duration,
+    },
     /// The agent holds as many unfinished jobs as it may (`--max-jobs`).
     #[error(
         "agent `{agent_id}` already holds {active} unfinished job(s), its cap (--max-jobs, KINDLING_MAX_JOBS) is {cap}: wait for one to end, cancel one, or raise the cap"
@@ -594,8 +623,10 @@ impl From<AgentError> for Status {
             AgentError::PutStreamBroke(_) => Status::invalid_argument(msg),
             AgentError::SpillFull { .. }
             | AgentError::TooManyJobs { .. }
+            | AgentError::StagingFull { .. }
             | AgentError::TooManyModels { .. }
             | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
+            AgentError::StreamIdle { .. } | AgentError::StreamTooOld { .. } => Status::deadline_exceeded(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::Status(status) => *status,
             AgentError::Diverged { .. }
@@ -615,69 +646,4 @@ impl From<AgentError> for Status {
 }
 
 #[cfg(test)]
-mod tests {
-    use tonic::Code;
-
-    use super::*;
-
-    #[test]
-    fn codes_say_whose_fault_it_is() {
-        let gap = AgentError::SequenceGap {
-            producer: "p".into(),
-            got: 3,
-            expected: 1,
-        };
-        assert_eq!(Status::from(gap).code(), Code::InvalidArgument);
-        assert_eq!(
-            Status::from(AgentError::NoCheckpoint("j".into())).code(),
-            Code::NotFound
-        );
-        assert_eq!(
-            Status::from(AgentError::UnknownLayout).code(),
-            Code::FailedPrecondition
-        );
-        assert_eq!(
-            Status::from(AgentError::Unsupported("no")).code(),
-            Code::Unimplemented
-        );
-        let refused = AgentError::rendezvous(
-            "http://rv",
-            ClientError::rpc("join")(Status::unauthenticated("no")),
-        );
-        assert!(!refused.is_retryable());
-        assert_eq!(Status::from(refused).code(), Code::Unavailable);
-        let exists = AgentError::rendezvous(
-            "http://rv",
-            ClientError::rpc("create_job")(Status::already_exists("job `j` already exists")),
-        );
-        assert_eq!(
-            Status::from(exists).code(),
-            Code::AlreadyExists,
-            "the caller's own mistake keeps its code"
-        );
-        let down = AgentError::rendezvous("http://rv", ClientError::rpc("join")(Status::unavailable("down")));
-        assert!(down.is_retryable());
-        let timeout = AgentError::RendezvousTimeout {
-            url: "http://rv".into(),
-        };
-        assert!(timeout.is_retryable());
-    }
-
-    /// An agent error travels through a Flight stream and leaves with its own
-    /// status; the caller's broken stream keeps the status it broke with.
-    #[test]
-    fn flight_errors_keep_the_status_they_carry() {
-        let carried = FlightError::from(AgentError::BatchBeforeSchema);
-        let status = Status::from(AgentError::from(carried));
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert!(
-            status.message().contains("record batch before schema"),
-            "{status}"
-        );
-        let broken = FlightError::Tonic(Box::new(Status::cancelled("gone")));
-        let status = Status::from(AgentError::from(broken));
-        assert_eq!((status.code(), status.message()), (Code::Cancelled, "gone"));
-        let malformed = Status::from(AgentError::from(FlightError::protocol("bad header")));
-        assert_eq!(malformed.code(), Code::InvalidArgument);
-    }
-}
+mod tests;

@@ -219,7 +219,8 @@ impl FlightService for AgentFlightService {
         let counted = job.clone();
         let (tx, rx) = mpsc::channel(64);
         let messages = futures::stream::once(async move { Ok(first) })
-            .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))));
+            .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))))
+            .and_then(|m| futures::future::ready(kindling_schemas::ipc::no_dictionary(m)));
         let decoder = kindling_schemas::ipc::decode(messages);
         tokio::spawn(async move {
             let mut stream = PutStream::open(job, split);
@@ -292,7 +293,8 @@ impl FlightService for AgentFlightService {
         let first = (!first.data_header.is_empty()).then_some(first);
         let messages = futures::stream::iter(first.map(Ok))
             .chain(input.map_err(|s| FlightError::Tonic(Box::new(inbound(s)))))
-            .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())));
+            .try_filter(|m| futures::future::ready(!(m.data_header.is_empty() && m.data_body.is_empty())))
+            .and_then(|m| futures::future::ready(kindling_schemas::ipc::no_dictionary(m)));
         let batches = predict::predict_stream(kindling_schemas::ipc::decode(messages), model, spec)
             .inspect_ok(move |b| {
                 if let Some(s) = &served {
@@ -454,7 +456,26 @@ async fn receive_put(
     mut decoder: kindling_schemas::ipc::Decoded,
     tx: &mpsc::Sender<Result<PutResult, Status>>,
 ) -> Result<(), AgentError> {
-    while let Some(msg) = decoder.next().await {
+    // A stream that goes quiet, or stays open too long, is ended: what it
+    // staged is nobody's until it commits, so it must not be held forever.
+    let limits = stream.staging();
+    let too_old = tokio::time::Instant::now() + limits.stream_max_age;
+    loop {
+        let quiet = tokio::time::Instant::now() + limits.stream_idle;
+        let msg = match tokio::time::timeout_at(quiet.min(too_old), decoder.next()).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return Ok(()),
+            Err(_) if quiet < too_old => {
+                return Err(AgentError::StreamIdle {
+                    idle: limits.stream_idle,
+                });
+            }
+            Err(_) => {
+                return Err(AgentError::StreamTooOld {
+                    max_age: limits.stream_max_age,
+                });
+            }
+        };
         let msg = msg.map_err(|e| match e {
             FlightError::Tonic(s) => AgentError::PutStreamBroke(s),
             other => AgentError::MalformedFlight(other),
@@ -465,11 +486,24 @@ async fn receive_put(
             DecodedPayload::RecordBatch(batch) => {
                 let meta = BatchMetadata::decode(&msg.inner.app_metadata)?;
                 let ack = stream.accept_batch(meta, batch).await?;
-                if tx.send(Ok(put_result(&ack))).await.is_err() {
-                    return Err(AgentError::ProducerGone);
+                // A producer that stops reading its acks is as quiet as one
+                // that stops sending.
+                let quiet = tokio::time::Instant::now() + limits.stream_idle;
+                match tokio::time::timeout_at(quiet.min(too_old), tx.send(Ok(put_result(&ack)))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Err(AgentError::ProducerGone),
+                    Err(_) if quiet < too_old => {
+                        return Err(AgentError::StreamIdle {
+                            idle: limits.stream_idle,
+                        });
+                    }
+                    Err(_) => {
+                        return Err(AgentError::StreamTooOld {
+                            max_age: limits.stream_max_age,
+                        });
+                    }
                 }
             }
         }
     }
-    Ok(())
 }

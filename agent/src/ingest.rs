@@ -82,6 +82,11 @@ pub struct PutStream {
 }
 
 impl PutStream {
+    /// What the stream's job may stage, and for how long.
+    pub fn staging(&self) -> crate::cache::StagingLimits {
+        self.job.staging()
+    }
+
     /// A new stream into `split` of `job`.
     pub fn open(job: Arc<Job>, split: Split) -> Self {
         let stream = { job.lock().ingest.open_stream() };
@@ -158,7 +163,22 @@ impl PutStream {
                     expected: staged.next,
                 });
             }
-            split.cache.place(batch)
+            // What uncommitted streams hold is bounded per job: past the cap
+            // the batch is refused; past half the memory budget it spills.
+            let held = d.ingest.staged_bytes();
+            let budget = self.job.budget_limit();
+            let cap = self.job.staging().cap();
+            if held >= cap {
+                return Err(AgentError::StagingFull {
+                    job_id: self.job.job_id.clone(),
+                    staged: held,
+                    cap,
+                });
+            }
+            d.ingest
+                .split_mut(self.split)
+                .cache
+                .place_within(batch, held < budget / 2)
         };
         let bytes = placed.bytes();
         let stored = if placed.spills() {

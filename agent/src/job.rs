@@ -59,6 +59,8 @@ pub struct JobEnv {
     pub finished_retention: Duration,
     /// Signs and checks job credentials; `None`: only the operator token.
     pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
+    /// What a job's streams may stage before they commit, and for how long.
+    pub staging: crate::cache::StagingLimits,
 }
 
 /// A producer's committed position in one split.
@@ -170,6 +172,11 @@ impl IngestState {
         self.train.cache.clear();
         self.eval.cache.clear();
     }
+
+    /// Bytes the job's uncommitted streams hold, both splits.
+    pub fn staged_bytes(&self) -> u64 {
+        self.train.cache.staged_bytes() + self.eval.cache.staged_bytes()
+    }
 }
 
 /// How long a ring's peer credential lives (one attempt's ring; a new
@@ -265,6 +272,16 @@ impl Job {
             data_changed: watch::channel(0).0,
             env,
         })
+    }
+
+    /// What the job's streams may stage, and for how long.
+    pub fn staging(&self) -> crate::cache::StagingLimits {
+        self.env.staging
+    }
+
+    /// The agent's memory budget, in bytes.
+    pub fn budget_limit(&self) -> u64 {
+        self.env.budget.limit()
     }
 
     /// Locks the mutable state.

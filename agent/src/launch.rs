@@ -80,6 +80,18 @@ struct Cli {
     /// Cached batches kept in memory before spilling, e.g. `4GiB`, `512MiB`, `1000000`.
     #[arg(long, env = "KINDLING_MEMORY_BUDGET", default_value = "1GiB", value_parser = parse_bytes)]
     memory_budget: u64,
+    /// Most bytes one job's `DoPut` streams hold before they commit (in
+    /// memory and spilled together; default 16GiB): a batch past it is
+    /// refused. Staged bytes past half --memory-budget always spill.
+    #[arg(long, env = "KINDLING_MAX_STAGED_BYTES", value_parser = parse_bytes)]
+    max_staged_bytes: Option<u64>,
+    /// A `DoPut` stream that sends nothing (or reads no ack) for this long is
+    /// ended and what it staged dropped (s).
+    #[arg(long, env = "KINDLING_STREAM_IDLE_SECS", default_value_t = 300)]
+    stream_idle_secs: u64,
+    /// A `DoPut` stream open longer than this is ended likewise (s).
+    #[arg(long, env = "KINDLING_STREAM_MAX_AGE_SECS", default_value_t = 6 * 3600)]
+    stream_max_age_secs: u64,
     /// Threads the trainer computes on (0 = one per core). Leave cores for the
     /// Spark executors on the node: e.g. the CPU request of the agent's pod.
     #[arg(long, env = "KINDLING_TRAIN_THREADS", default_value_t = 0)]
@@ -239,6 +251,11 @@ impl TryFrom<&Cli> for AgentConfig {
             max_jobs: cli.max_jobs,
             finished_retention: Duration::from_secs(cli.finished_retention_secs),
             credentials,
+            staging: crate::cache::StagingLimits {
+                max_staged_bytes: cli.max_staged_bytes,
+                stream_idle: Duration::from_secs(cli.stream_idle_secs.max(1)),
+                stream_max_age: Duration::from_secs(cli.stream_max_age_secs.max(1)),
+            },
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),
         })

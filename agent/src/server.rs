@@ -74,6 +74,8 @@ pub struct AgentConfig {
     /// job credentials (`issue_credential`) and its rings use peer credentials.
     /// A key file's keys are re-read when the file changes (a rotation).
     pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
+    /// What a job's `DoPut` streams may stage before they commit, and for how long.
+    pub staging: crate::cache::StagingLimits,
     /// Threads the trainer computes on (burn's CPU kernels); 0 = one per core.
     /// Agents sharing a machine (local mode) each take their share.
     pub train_threads: usize,
@@ -108,6 +110,7 @@ impl AgentConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             finished_retention: DEFAULT_FINISHED_RETENTION,
             credentials: None,
+            staging: crate::cache::StagingLimits::default(),
             train_threads: 0,
             models: ModelRegistry::builtin(),
         }
@@ -482,6 +485,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         max_jobs: config.max_jobs,
         finished_retention: config.finished_retention,
         credentials: config.credentials.clone(),
+        staging: config.staging,
     })
 }
 

@@ -1080,3 +1080,63 @@ fn a_json_log_format_writes_one_json_object_per_line() {
     let _ = child.wait();
     assert!(seen.iter().any(|m| m == "rendezvous listening"), "{seen:?}");
 }
+
+/// Floods of silent connections at a real agent process: its probe port,
+/// and its main port (TLS handshakes never begun). Each listener holds at
+/// most its cap of them and closes the rest at once, so the process's
+/// descriptors stay within the caps; once the flood goes, the probe and a
+/// Flight call are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_serves_after() {
+    use kindling_agent::web::probes::MAX_PROBE_CONNECTIONS;
+    use kindling_schemas::tls::MAX_PENDING_CONNECTIONS;
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent("flood").await;
+    let pid = agent.child.id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let before = fds();
+    let main = url.trim_start_matches("https://").to_owned();
+    let extra = 100;
+    let mut flood = Vec::new();
+    for (addr, cap) in [
+        (agent.health.clone(), MAX_PROBE_CONNECTIONS),
+        (main.clone(), MAX_PENDING_CONNECTIONS),
+    ] {
+        for _ in 0..cap + extra {
+            flood.push(tokio::net::TcpStream::connect(&addr).await.expect("connect"));
+        }
+    }
+    // Every connection past a cap is closed unanswered, long before the
+    // held ones' read or handshake timeout (5 s, 10 s) ends them.
+    let mut closed = 0;
+    let mut peak = fds();
+    for conn in &mut flood {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut byte)).await {
+            closed += 1;
+        }
+        peak = peak.max(fds());
+    }
+    assert!(
+        closed >= 2 * extra,
+        "only {closed} connections past the caps were closed"
+    );
+    assert!(
+        peak <= before + MAX_PROBE_CONNECTIONS + MAX_PENDING_CONNECTIONS + 16,
+        "the agent held {} descriptors more than before the flood (caps {MAX_PROBE_CONNECTIONS} + {MAX_PENDING_CONNECTIONS})",
+        peak - before
+    );
+    drop(flood);
+    // The flood gone, the agent answers again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_status(&agent.health, "/readyz").await != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "not ready after the flood:\n{}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let jobs: serde_json::Value = action(&url, &Action::ListJobs).await;
+    assert!(jobs["jobs"].as_array().is_some_and(Vec::is_empty), "{jobs}");
+}

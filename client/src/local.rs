@@ -42,6 +42,8 @@ pub struct LocalClusterConfig {
     /// The agents' job-credential key (a random one by default): executor
     /// push then hands the executors a producer credential, not the token.
     pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
+    /// What a job's `DoPut` streams may stage before they commit, and for how long.
+    pub staging: kindling_agent::cache::StagingLimits,
     /// A token that reads the rendezvous' status page and every `/metrics`
     /// and nothing else; `None` (the default): only the operator token does.
     pub viewer_token: Option<Token>,
@@ -71,6 +73,7 @@ impl LocalClusterConfig {
             max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
             tls: None,
             finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
+            staging: kindling_agent::cache::StagingLimits::default(),
             credentials: Some(kindling_schemas::credential::CredentialKey::generate().into()),
             viewer_token: None,
             rendezvous_addr: None,
@@ -203,6 +206,7 @@ impl LocalCluster {
         c.max_jobs = self.config.max_jobs;
         c.finished_retention = self.config.finished_retention;
         c.credentials = self.config.credentials.clone();
+        c.staging = self.config.staging;
         c.models = self.config.models.clone();
         c.channel = c.channel.with_tls(self.config.tls.clone());
         let handle = kindling_agent::start(c).await?;

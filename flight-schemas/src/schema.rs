@@ -118,6 +118,15 @@ pub enum SchemaError {
         role: &'static str,
     },
     /// The stream has a column the spec does not use.
+    #[error(
+        "column `{column}` is dictionary-encoded ({found}): no stream takes dictionaries (a peer's deltas would grow for the life of the stream); cast it to its value type"
+    )]
+    Dictionary {
+        /// The column.
+        column: String,
+        /// Its type.
+        found: DataType,
+    },
     #[error("unknown column `{column}`: it is neither a feature nor the label of the job spec")]
     UnknownColumn {
         /// Column.
@@ -230,6 +239,25 @@ pub enum StreamKind {
     Predict,
 }
 
+/// Whether `t` holds a dictionary anywhere (itself, or a nested field).
+fn has_dictionary(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => has_dictionary(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| has_dictionary(f.data_type())),
+        DataType::Union(fields, _) => fields.iter().any(|(_, f)| has_dictionary(f.data_type())),
+        DataType::RunEndEncoded(ends, values) => {
+            has_dictionary(ends.data_type()) || has_dictionary(values.data_type())
+        }
+        _ => false,
+    }
+}
+
 /// Validates a stream's schema against the spec.
 ///
 /// ```
@@ -244,6 +272,12 @@ pub enum StreamKind {
 /// assert_eq!(validate(&schema, &spec, StreamKind::Train).unwrap().input_dim, 1);
 /// ```
 pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<FeatureLayout, SchemaError> {
+    if let Some(field) = schema.fields().iter().find(|f| has_dictionary(f.data_type())) {
+        return Err(SchemaError::Dictionary {
+            column: field.name().clone(),
+            found: field.data_type().clone(),
+        });
+    }
     let require_label = kind == StreamKind::Train;
     for field in schema.fields().iter().filter(|_| require_label) {
         if *field.name() != spec.label

@@ -438,12 +438,19 @@ enum Route {
     Http,
 }
 
+/// Connections a listener holds before it knows what they are for (the TLS
+/// handshake, or the first bytes of a plaintext one; each at most
+/// [`HANDSHAKE_TIMEOUT`]); one more is closed at once, so a flood of silent
+/// or slow handshakes holds no more than this many tasks and descriptors.
+pub const MAX_PENDING_CONNECTIONS: usize = 256;
+
 fn route(
     listener: TcpListener,
     tls: Option<Tls>,
     others: Option<(tokio::sync::mpsc::Sender<Conn>, tokio::sync::mpsc::Sender<Conn>)>,
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CONNECTIONS));
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -457,6 +464,10 @@ fn route(
                         continue;
                     }
                 },
+            };
+            let Ok(slot) = pending.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, cap = MAX_PENDING_CONNECTIONS, "connection refused: too many handshakes at once");
+                continue;
             };
             let _ = tcp.set_nodelay(true);
             let config = tls.as_ref().and_then(Tls::server_config);
@@ -488,6 +499,7 @@ fn route(
                         }
                     }
                 };
+                drop(slot);
                 match (route, others) {
                     (Route::Grpc, _) => {
                         let _ = tx.send(Ok(conn)).await;

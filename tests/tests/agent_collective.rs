@@ -608,3 +608,58 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
     assert_eq!(results[3], results[4], "buckets change the clipped weights");
     assert_ne!(results[0], results[3], "clipping at 0.05 changes the step");
 }
+
+/// A flood of ring connections that never say hello: the agent holds at
+/// most `MAX_RING_HELLOS` of them (each until `HELLO_TIMEOUT`) and closes the
+/// rest at once; when the flood goes, a real ring connection is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_ring_connections_past_the_hello_cap_are_closed_and_a_real_one_is_answered_after() {
+    use kindling_agent::collective::{HELLO_TIMEOUT, MAX_RING_HELLOS};
+    use tokio::io::AsyncReadExt;
+    let token = Token::new("t");
+    let ps = peers_with(1, BearerCheck::new(Some(token.clone()))).await;
+    let url = &ps[0].url;
+    let channel = kindling_schemas::channel::ChannelConfig::default();
+    let extra = 20;
+    let mut silent = Vec::new();
+    for _ in 0..MAX_RING_HELLOS + extra {
+        // The ring's magic (so the port routes it to the ring), then nothing.
+        let mut conn = channel.connect_ring(url, false).await.expect("connect");
+        conn.write_all(&kindling_schemas::ring::MAGIC)
+            .await
+            .expect("magic");
+        silent.push(conn);
+    }
+    // Those past the cap are closed unanswered (EOF long before the hello
+    // timeout); the others are still waiting for their hello.
+    // (Read all at once: one after the other, the waits would add up past
+    // the hello timeout.)
+    let reads = silent.iter_mut().map(|conn| async move {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(HELLO_TIMEOUT / 2, conn.read(&mut byte)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => true,
+            Ok(Ok(_)) => panic!("a silent connection got bytes"),
+            Err(_) => false,
+        }
+    });
+    let outcomes = futures::future::join_all(reads).await;
+    let closed = outcomes.iter().filter(|c| **c).count();
+    assert_eq!((outcomes.len() - closed, closed), (MAX_RING_HELLOS, extra));
+    drop(silent);
+    // The flood gone, a connection that says hello is answered.
+    let deadline = Instant::now() + HELLO_TIMEOUT * 3;
+    loop {
+        let mut conn = channel.connect_ring(url, false).await.expect("connect");
+        kindling_schemas::ring::write_hello(&mut conn, &hello("job", 1, 0, Some(token.expose())))
+            .await
+            .expect("hello");
+        match kindling_schemas::ring::read_reply(&mut conn).await {
+            Ok(answer) => {
+                answer.expect("admitted");
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "never answered again: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

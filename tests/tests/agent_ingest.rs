@@ -423,3 +423,90 @@ async fn a_finished_job_is_removed_with_its_files_after_the_retention() {
     assert_eq!(status(&c, "open").await.state, AgentJobState::Ingesting);
     cluster.shutdown().await;
 }
+
+/// One producer credential's worth of hostile staging: a stream held open
+/// and never committed, then another pushing past the job's staging cap.
+/// The second is refused (RESOURCE_EXHAUSTED) once the job's uncommitted
+/// bytes reach the cap; staged bytes past half the memory budget went to
+/// disk, not memory; the quiet stream is ended after the idle bound and all
+/// it staged is freed; another job on the agent trains to the end meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_is_capped_per_job_spills_past_half_the_budget_and_quiet_streams_end() {
+    const BUDGET: u64 = 4 << 20;
+    const CAP: u64 = 6 << 20;
+    let (cluster, _dir) = cluster_with(1, |c| {
+        c.memory_budget = BUDGET;
+        c.staging = kindling_agent::cache::StagingLimits {
+            max_staged_bytes: Some(CAP),
+            // Long enough that a loaded machine does not end the held
+            // stream before the checks below; the test waits it out at the end.
+            stream_idle: std::time::Duration::from_secs(15),
+            stream_max_age: std::time::Duration::from_secs(3600),
+        };
+    })
+    .await;
+    start_job(&cluster, "hostile", &spec(1), &[0]).await;
+    start_job(&cluster, "honest", &spec(1), &[0]).await;
+    let c = agent_client(&cluster, 0);
+    let path = kindling_schemas::descriptor::DataPath::data("hostile", Split::Train);
+    let batch = rule_batch(40_000, 1); // ~0.5 MiB of values
+    let one = kindling_schemas::schema::batch_bytes(&batch);
+
+    // A stream that stages about two thirds of the cap and stays open.
+    let mut held = c
+        .put(&path, "held", &batch.schema(), 64 << 20)
+        .await
+        .expect("open");
+    let mut sent = 0u64;
+    while sent < CAP * 2 / 3 {
+        held.write(&batch).await.expect("staged below the cap");
+        sent += one;
+    }
+    // Another stream of the same job runs into the cap.
+    let mut pushy = c
+        .put(&path, "pushy", &batch.schema(), 64 << 20)
+        .await
+        .expect("open");
+    let refused = loop {
+        if let Err(e) = pushy.write(&batch).await {
+            break e;
+        }
+    };
+    assert_eq!(refused.code(), Some(tonic::Code::ResourceExhausted), "{refused}");
+    assert!(refused.to_string().contains("the cap is"), "{refused}");
+    let s = status(&c, "hostile").await;
+    assert!(
+        s.cache_bytes_memory <= BUDGET / 2 + one,
+        "staging took {} bytes of memory, past half the budget ({})",
+        s.cache_bytes_memory,
+        BUDGET / 2
+    );
+    assert!(
+        s.cache_bytes_disk > 0,
+        "nothing past half the budget spilled: {s:?}"
+    );
+
+    // Another job on the agent trains to the end beside the held stream.
+    let honest = agent_client(&cluster, 0);
+    put(&honest, "honest", Split::Train, "p", &[rule_batch(2000, 2)])
+        .await
+        .expect("the honest job's rows");
+    end_of_data(&honest, "honest", Split::Train, Some(2000)).await;
+    assert_eq!(wait_done(&honest, "honest").await.state, AgentJobState::Succeeded);
+
+    // The held stream goes quiet: it is ended and what it staged freed.
+    let freed = wait_until(&c, "hostile", std::time::Duration::from_secs(60), |s| {
+        s.cache_bytes_memory + s.cache_bytes_disk == 0
+    })
+    .await;
+    assert_eq!(freed.rows_train, 0, "nothing was committed");
+    let ended = held.finish().await.expect_err("the quiet stream was ended");
+    assert_eq!(ended.code(), Some(tonic::Code::DeadlineExceeded), "{ended}");
+    assert!(ended.to_string().contains("sent nothing"), "{ended}");
+    // The job takes rows again, from a producer that finishes its stream.
+    let ok = put(&c, "hostile", Split::Train, "calm", &[rule_batch(100, 3)])
+        .await
+        .expect("a stream that commits");
+    assert_eq!(ok.rows_committed, 100);
+    cluster.shutdown().await;
+}

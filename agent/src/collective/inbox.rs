@@ -307,9 +307,22 @@ impl Inbox {
     }
 }
 
+/// Ring connections an agent holds at once, answered or not: a ring has one
+/// into each agent per job attempt, so this is far above any real load; one
+/// more is closed at once.
+pub const MAX_RING_CONNECTIONS: usize = 1024;
+
+/// Of those, connections that have not sent their hello yet (each waits at
+/// most [`HELLO_TIMEOUT`]): a flood of silent connections holds no more.
+pub const MAX_RING_HELLOS: usize = 64;
+
 /// Serves the ring connections an agent's listener routes here
-/// ([`kindling_schemas::tls::incoming_routed`]), each on a task of its own.
+/// ([`kindling_schemas::tls::incoming_routed`]), each on a task of its own,
+/// at most [`MAX_RING_CONNECTIONS`] (and [`MAX_RING_HELLOS`] before their
+/// hello) at once.
 pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Receiver<Conn>) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_RING_CONNECTIONS));
+    let hellos = Arc::new(tokio::sync::Semaphore::new(MAX_RING_HELLOS));
     loop {
         let conn = tokio::select! {
             _ = inbox.closed.cancelled() => return,
@@ -318,14 +331,32 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Recei
                 None => return,
             },
         };
+        let (Ok(held), Ok(hello)) = (
+            open.clone().try_acquire_owned(),
+            hellos.clone().try_acquire_owned(),
+        ) else {
+            tracing::info!(
+                open = MAX_RING_CONNECTIONS - open.available_permits(),
+                "ring connection refused: at the cap of open or not-yet-answered connections"
+            );
+            continue;
+        };
         let (inbox, check) = (inbox.clone(), check.clone());
-        tokio::spawn(async move { accept(inbox, check, conn).await });
+        tokio::spawn(async move {
+            accept(inbox, check, conn, hello).await;
+            drop(held);
+        });
     }
 }
 
 /// One ring connection: hello, checks, reply; then heartbeats until the ring
 /// that took it drops it (or the agent stops).
-async fn accept(inbox: Arc<Inbox>, check: BearerCheck, mut conn: Conn) {
+async fn accept(
+    inbox: Arc<Inbox>,
+    check: BearerCheck,
+    mut conn: Conn,
+    hello_slot: tokio::sync::OwnedSemaphorePermit,
+) {
     use tonic::transport::server::Connected;
     let peer = conn
         .connect_info()
@@ -341,6 +372,7 @@ async fn accept(inbox: Arc<Inbox>, check: BearerCheck, mut conn: Conn) {
         }
         Err(_) => return tracing::info!(%peer, "a ring connection sent no hello in time"),
     };
+    drop(hello_slot);
     let checked = check.caller_of(hello.token.as_deref()).and_then(|caller| {
         caller.allow(&hello.job_id, &[Role::Peer], "send collective traffic")?;
         match (&caller, inbox.incarnation(&hello.job_id)) {

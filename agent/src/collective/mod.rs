@@ -32,7 +32,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use inbox::Inbound;
-pub use inbox::{HELLO_TIMEOUT, Inbox, UNJOINED_LINK_TTL, UNJOINED_LINKS, serve};
+pub use inbox::{
+    HELLO_TIMEOUT, Inbox, MAX_RING_CONNECTIONS, MAX_RING_HELLOS, UNJOINED_LINK_TTL, UNJOINED_LINKS, serve,
+};
 use io::{Io, Side};
 use link::Outbound;
 

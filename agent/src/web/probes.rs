@@ -21,6 +21,12 @@ use tokio_util::task::TaskTracker;
 /// this long before the next, instead of spinning a core.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Probe connections served at once; one more is closed at once. The
+/// kubelet opens one per probe and closes it; anyone else gets no more of
+/// the process than this many tasks (each ends after one request, or after
+/// [`super::READ_TIMEOUT`] without one).
+pub const MAX_PROBE_CONNECTIONS: usize = 32;
+
 /// Whether `/readyz` answers 200. Cheap to clone; all clones share the flag.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness(Arc<AtomicBool>);
@@ -90,6 +96,7 @@ impl HealthServer {
         let tracker = TaskTracker::new();
         let (accept_tracker, accept_cancel) = (tracker.clone(), cancel.clone());
         let app = router(ready);
+        let open = Arc::new(tokio::sync::Semaphore::new(MAX_PROBE_CONNECTIONS));
         tracker.spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -98,9 +105,19 @@ impl HealthServer {
                 };
                 match accepted {
                     Ok((stream, _)) => {
+                        let Ok(permit) = open.clone().try_acquire_owned() else {
+                            tracing::debug!(
+                                cap = MAX_PROBE_CONNECTIONS,
+                                "probe connection refused: at the cap"
+                            );
+                            continue;
+                        };
                         let served =
                             super::serve_connection(stream, app.clone(), false, accept_cancel.clone());
-                        accept_tracker.spawn(served);
+                        accept_tracker.spawn(async move {
+                            served.await;
+                            drop(permit);
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "health listener accept failed");

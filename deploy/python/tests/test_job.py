@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import List
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from conftest import linear_spec, rule_table
-from kindling_client import AgentClient, Job, JobFailed, NotFound
+from kindling_client import AgentClient, InvalidArgument, Job, JobFailed, NotFound
 
 
 def test_a_gang_job_runs_from_creation_to_predictions(addresses: List[str], token: str, job_id: str) -> None:
@@ -61,6 +63,13 @@ def test_a_gang_job_runs_from_creation_to_predictions(addresses: List[str], toke
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
         assert np.abs(probs - np.asarray(pred["probabilities"].to_pylist())).max() < 1e-5
+
+        # A dictionary-encoded column, even one only passed through, is
+        # refused at the schema: no dictionary (nor its deltas) is kept.
+        passthrough = test.select(["id", "x1", "x2"])
+        coded = passthrough.set_column(0, "id", pc.dictionary_encode(passthrough["id"].cast(pa.string())))
+        with pytest.raises(InvalidArgument, match="dictionary-encoded"):
+            job.predict(coded, agent=0)
 
         listed = {j["job_id"]: j["state"] for j in job.agents[0].list_jobs()}
         assert listed[job_id] == "succeeded"

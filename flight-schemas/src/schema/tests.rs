@@ -310,3 +310,34 @@ fn several_regression_targets_need_a_list_label_of_that_length() {
         assert!(err.to_string().contains("`y`"), "{err}");
     }
 }
+
+#[test]
+fn a_dictionary_anywhere_in_any_column_is_refused_naming_it() {
+    let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+    let nested = DataType::Struct(
+        vec![Field::new(
+            "inner",
+            DataType::List(Arc::new(Field::new("item", dict.clone(), true))),
+            true,
+        )]
+        .into(),
+    );
+    for (column, t) in [("plain", dict), ("nested", nested)] {
+        let schema = Schema::new(vec![
+            Field::new("a", DataType::Float32, true),
+            Field::new(column, t, true),
+        ]);
+        // In a prediction stream the column is only passed through; still refused.
+        let err = validate(&schema, &spec(&["a"]), StreamKind::Predict).expect_err("a dictionary");
+        assert!(
+            matches!(&err, SchemaError::Dictionary { column: c, .. } if c == column),
+            "{err}"
+        );
+        assert!(err.to_string().contains("dictionary-encoded"), "{err}");
+    }
+    let plain = Schema::new(vec![
+        Field::new("a", DataType::Float32, true),
+        Field::new("id", DataType::Utf8, true),
+    ]);
+    assert!(validate(&plain, &spec(&["a"]), StreamKind::Predict).is_ok());
+}
