@@ -362,6 +362,18 @@ pub enum AgentError {
         /// The cap.
         cap: u64,
     },
+    /// One credential holds as many open streams on this agent as it may.
+    #[error(
+        "a {role} credential for job `{job_id}` already has {cap} streams open on this agent, its cap: end one first"
+    )]
+    TooManyStreams {
+        /// The credential's job.
+        job_id: String,
+        /// Its role.
+        role: kindling_schemas::credential::Role,
+        /// The cap.
+        cap: usize,
+    },
     /// A `DoPut` stream sent nothing for too long; its staged rows are dropped.
     #[error(
         "the stream sent nothing for {idle:?} (--stream-idle-secs): it was ended and its staged rows dropped"
@@ -624,6 +636,7 @@ impl From<AgentError> for Status {
             AgentError::SpillFull { .. }
             | AgentError::TooManyJobs { .. }
             | AgentError::StagingFull { .. }
+            | AgentError::TooManyStreams { .. }
             | AgentError::TooManyModels { .. }
             | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
             AgentError::StreamIdle { .. } | AgentError::StreamTooOld { .. } => Status::deadline_exceeded(msg),

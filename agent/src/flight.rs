@@ -204,6 +204,7 @@ impl FlightService for AgentFlightService {
             self.jobs.get(&claims.job_id)?;
             self.check_incarnation(&caller, &claims.job_id)?;
         }
+        let slot = self.jobs.stream_slot(&caller)?;
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoPut", &mut input).await?;
         let DataPath::Data { job_id, split } = path else {
@@ -223,6 +224,7 @@ impl FlightService for AgentFlightService {
             .and_then(|m| futures::future::ready(kindling_schemas::ipc::no_dictionary(m)));
         let decoder = kindling_schemas::ipc::decode(messages);
         tokio::spawn(async move {
+            let _slot = slot;
             let mut stream = PutStream::open(job, split);
             match receive_put(&mut stream, decoder, &tx).await {
                 Ok(()) => {
@@ -265,6 +267,7 @@ impl FlightService for AgentFlightService {
         };
         caller.allow(job_id, &[Role::Reader], "predict")?;
         self.check_incarnation(&caller, job_id)?;
+        let slot = self.jobs.stream_slot(&caller)?;
         // A job's own model, else a model served under that id.
         let (model, spec, served) = match self.jobs.get(job_id) {
             Ok(job) => {
@@ -303,7 +306,11 @@ impl FlightService for AgentFlightService {
             });
         let out = FlightDataEncoderBuilder::new()
             .build(batches)
-            .map_err(flight_status);
+            .map_err(flight_status)
+            // The credential's slot is held as long as the exchange.
+            .inspect(move |_| {
+                let _ = &slot;
+            });
         Ok(Response::new(Box::pin(out)))
     }
 

@@ -14,10 +14,37 @@ use tokio_util::task::TaskTracker;
 use crate::error::AgentError;
 use crate::job::{Job, JobEnv};
 
+/// Streams one job credential may have open on an agent at once (a Spark
+/// node's tasks push one stream each into their node's agent).
+pub const MAX_STREAMS_PER_CREDENTIAL: usize = 128;
+
+type StreamKey = (String, String, Option<u64>);
+type OpenStreams = Arc<Mutex<HashMap<StreamKey, usize>>>;
+
+/// One open stream of a job credential ([`JobRegistry::stream_slot`]);
+/// dropping it frees the slot.
+#[derive(Debug)]
+pub struct StreamSlot(Option<(OpenStreams, StreamKey)>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Some((open, key)) = self.0.take() {
+            let mut open = open.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(count) = open.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    open.remove(&key);
+                }
+            }
+        }
+    }
+}
+
 /// Every job on one agent.
 #[derive(Debug)]
 pub struct JobRegistry {
     jobs: Mutex<HashMap<String, Arc<Job>>>,
+    streams: OpenStreams,
     env: JobEnv,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -29,6 +56,7 @@ impl JobRegistry {
     pub fn new(env: JobEnv, tracker: TaskTracker, cancel: CancellationToken) -> Arc<Self> {
         Arc::new(JobRegistry {
             jobs: Mutex::new(HashMap::new()),
+            streams: Arc::default(),
             env,
             tracker,
             cancel,
@@ -290,6 +318,28 @@ impl JobRegistry {
             .await
             .map_err(|e| AgentError::rendezvous(&url, e))?;
         Ok(Some(incarnation_of(&status)))
+    }
+
+    /// A slot for one more `DoPut` or `DoExchange` stream of `caller`, held
+    /// until the slot is dropped: a job credential has at most
+    /// [`MAX_STREAMS_PER_CREDENTIAL`] open on this agent (the operator no cap
+    /// but each connection's).
+    pub fn stream_slot(&self, caller: &kindling_schemas::auth::Caller) -> Result<StreamSlot, AgentError> {
+        let kindling_schemas::auth::Caller::Job(claims) = caller else {
+            return Ok(StreamSlot(None));
+        };
+        let key = (claims.job_id.clone(), claims.role.to_string(), claims.incarnation);
+        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(key.clone()).or_default();
+        if *count >= MAX_STREAMS_PER_CREDENTIAL {
+            return Err(AgentError::TooManyStreams {
+                job_id: claims.job_id.clone(),
+                role: claims.role,
+                cap: MAX_STREAMS_PER_CREDENTIAL,
+            });
+        }
+        *count += 1;
+        Ok(StreamSlot(Some((self.streams.clone(), key))))
     }
 
     /// Every job.

@@ -199,10 +199,15 @@ impl ChannelConfig {
     pub fn server(&self) -> Server {
         Server::builder()
             .tcp_nodelay(true)
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
     }
 }
+
+/// Calls one connection may have open at once on a Kindling server (HTTP/2
+/// `MAX_CONCURRENT_STREAMS`); a client's next call waits for one to end.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// Why a URL cannot be dialled.
 #[derive(Debug, thiserror::Error)]

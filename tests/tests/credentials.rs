@@ -417,3 +417,59 @@ async fn the_key_rotates_mid_job_and_nothing_fails() {
     );
     cluster.shutdown().await;
 }
+
+/// One producer credential opens more streams than an agent takes from one
+/// credential: exactly the ones past the cap are refused, from their
+/// headers, and the others commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_credential_holds_at_most_its_cap_of_streams_on_an_agent() {
+    use kindling_agent::registry::MAX_STREAMS_PER_CREDENTIAL;
+    let (cluster, _dir) = cluster_with(1, |c| {
+        c.credentials = Some(CredentialKey::new(KEY).expect("key").into())
+    })
+    .await;
+    let url = cluster.agent_url(0).expect("agent");
+    let operator = agent_client(&cluster, 0);
+    start_job(&cluster, "s", &linear_spec(1), &[0]).await;
+    let producer =
+        AgentClient::connect(&url, Some(&issue(&operator, "s", Role::Producer).await)).expect("client");
+    let path = kindling_schemas::descriptor::DataPath::data("s", Split::Train);
+    let batch = rule_batch(100, 1);
+    let extra = 20;
+    let mut writers = Vec::new();
+    for i in 0..MAX_STREAMS_PER_CREDENTIAL + extra {
+        let mut w = producer
+            .put(&path, format!("p{i}"), &batch.schema(), 1 << 20)
+            .await
+            .expect("open");
+        let _ = w.write(&batch).await; // a refused stream may fail here already
+        writers.push(w);
+    }
+    // Every admitted stream staged its batch before any ends.
+    let one = kindling_schemas::schema::batch_bytes(&batch);
+    let staged = MAX_STREAMS_PER_CREDENTIAL as u64 * one;
+    wait_until(&operator, "s", Duration::from_secs(60), |s| {
+        s.cache_bytes_memory + s.cache_bytes_disk >= staged
+    })
+    .await;
+    let mut committed = 0;
+    let mut refused = 0;
+    for w in writers {
+        match w.finish().await {
+            Ok(receipt) => committed += receipt.rows_committed,
+            Err(e) => {
+                assert_eq!(code(&e), Some(Code::ResourceExhausted), "{e}");
+                assert!(e.to_string().contains("streams open on this agent"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, extra);
+    assert_eq!(committed, 100 * MAX_STREAMS_PER_CREDENTIAL as u64);
+    // The slots are free again.
+    let ok = put(&producer, "s", Split::Train, "after", &[rule_batch(10, 2)])
+        .await
+        .expect("a stream after the others ended");
+    assert_eq!(ok.rows_committed, 10);
+    cluster.shutdown().await;
+}
