@@ -161,8 +161,13 @@ impl StagingLimits {
 /// A batch whose place [`ShardCache::place`] decided, not yet stored.
 #[derive(Debug)]
 pub enum PlacedBatch {
-    /// Fits the budget (already charged).
-    Memory(CachedBatch),
+    /// Fits the budget (already charged what it holds).
+    Memory {
+        /// The batch, charged.
+        cached: CachedBatch,
+        /// Its Arrow size (the acks' `bytes`).
+        values: u64,
+    },
     /// Goes to a spill file.
     Spill {
         /// The spill directory (created on first spill).
@@ -177,12 +182,12 @@ pub enum PlacedBatch {
 }
 
 impl PlacedBatch {
-    /// The batch's Arrow size (what it charges the budget when it fits;
-    /// buffers shared by its columns, as after an IPC decode, count once).
+    /// The batch's Arrow size: the bytes of its values (buffers shared by
+    /// its columns, as after an IPC decode, count once). What it charges the
+    /// budget in memory is what it holds, at least this.
     pub fn bytes(&self) -> u64 {
         match self {
-            PlacedBatch::Memory(CachedBatch::Memory { bytes, .. }) => *bytes,
-            PlacedBatch::Memory(CachedBatch::Disk { .. }) => 0,
+            PlacedBatch::Memory { values, .. } => *values,
             PlacedBatch::Spill { bytes, .. } => *bytes,
         }
     }
@@ -196,7 +201,7 @@ impl PlacedBatch {
     /// Stores the batch: nothing to do in memory, else writes its spill file.
     pub fn store(self) -> Result<CachedBatch, AgentError> {
         match self {
-            PlacedBatch::Memory(cached) => Ok(cached),
+            PlacedBatch::Memory { cached, .. } => Ok(cached),
             PlacedBatch::Spill {
                 dir,
                 path,
@@ -301,13 +306,16 @@ impl ShardCache {
     /// [`place`](Self::place), spilling whatever the budget holds when
     /// `memory` is false.
     pub fn place_within(&mut self, batch: RecordBatch, memory: bool) -> PlacedBatch {
-        let (batch, bytes) = owned(batch);
-        if memory && self.budget.try_reserve(bytes) {
-            return PlacedBatch::Memory(CachedBatch::Memory {
-                batch,
-                bytes,
-                budget: self.budget.clone(),
-            });
+        let (batch, bytes, charge) = owned(batch);
+        if memory && self.budget.try_reserve(charge) {
+            return PlacedBatch::Memory {
+                cached: CachedBatch::Memory {
+                    batch,
+                    bytes: charge,
+                    budget: self.budget.clone(),
+                },
+                values: bytes,
+            };
         }
         let path = self.dir.join(format!("batch-{:08}.arrow", self.next_file));
         self.next_file += 1;
@@ -428,17 +436,19 @@ fn write_ipc_file(path: &Path, batch: &RecordBatch) -> Result<(), WriteError> {
 /// batch is copied into buffers of its own (IPC alignment, small messages).
 const COPY_SLACK: u64 = 1 << 20;
 
-/// `batch` as the cache keeps it, and what keeping it costs. A batch decoded
-/// from a Flight message slices the whole message body, so one padded far
-/// past its values (a one-row batch in a 60 MiB body) would hold the body
-/// while charged for its row: such a batch is copied into buffers of its own
-/// (the values only), and whatever it still holds after that (a dictionary
-/// shared with the body) is what it is charged.
-fn owned(batch: RecordBatch) -> (RecordBatch, u64) {
+/// `batch` as the cache keeps it, the bytes of its values, and what keeping
+/// it costs (what it charges the budget). A batch decoded from a Flight
+/// message slices the whole message body, so one padded past its values (a
+/// one-row batch in a 60 MiB body) holds the body: one padded far past them
+/// is copied into buffers of its own (the values only), and every batch is
+/// charged what it still holds, never less than its values — so padding
+/// below the copy threshold costs its sender budget, not the agent memory.
+fn owned(batch: RecordBatch) -> (RecordBatch, u64, u64) {
     let values = kindling_schemas::schema::batch_bytes(&batch);
     let limit = values.saturating_mul(2).saturating_add(COPY_SLACK);
-    if held(&batch) <= limit {
-        return (batch, values);
+    let before = held(&batch);
+    if before <= limit {
+        return (batch, values, before.max(values));
     }
     let rows = arrow::array::UInt32Array::from_iter_values(0..batch.num_rows() as u32);
     let copied = batch
@@ -448,8 +458,8 @@ fn owned(batch: RecordBatch) -> (RecordBatch, u64) {
         .collect::<Result<Vec<_>, _>>()
         .and_then(|columns| RecordBatch::try_new(batch.schema(), columns));
     let batch = copied.unwrap_or(batch);
-    let held = held(&batch);
-    (batch, if held > limit { held } else { values })
+    let after = held(&batch);
+    (batch, values, after.max(values))
 }
 
 /// The memory a batch keeps alive, at least: its largest column's buffers
@@ -545,8 +555,15 @@ mod tests {
         let budget = MemoryBudget::new(2 * values);
         let mut cache = ShardCache::new(dir.path(), budget.clone());
         assert_eq!(cache.append(1, decoded).expect("append"), values);
-        assert_eq!(cache.bytes(), (values, 0), "fits the budget: nothing spills");
-        assert_eq!(budget.used(), values);
+        let (memory, disk) = cache.bytes();
+        assert_eq!(disk, 0, "fits the budget: nothing spills");
+        // Charged what it holds: the one body (and an array's bookkeeping),
+        // not eight bodies.
+        assert!(
+            (values..values + 1024).contains(&memory),
+            "charged {memory} for {values}"
+        );
+        assert_eq!(budget.used(), memory);
     }
 
     /// A one-row batch whose value sits in a 16 MiB allocation, as a
@@ -567,14 +584,46 @@ mod tests {
         let kept = cache.snapshot()[0].load().expect("load");
         assert_eq!(kept, batch, "the same row");
         assert!(held(&kept) < 1 << 10, "still holds {} bytes", held(&kept));
-        assert_eq!(budget.used(), 8);
+        assert_eq!(budget.used(), held(&kept).max(8), "charged what the copy holds");
         // A batch that owns its buffers is kept as it is, not copied.
         let plain = super::tests::batch(0, 1000);
-        let (kept, bytes) = owned(plain.clone());
+        let (kept, bytes, charge) = owned(plain.clone());
         assert_eq!(bytes, 8000);
+        assert!(
+            (8000..8000 + 1024).contains(&charge),
+            "charged {charge}: its buffers and no more"
+        );
         assert_eq!(
             kept.column(0).to_data().buffers()[0].as_ptr(),
             plain.column(0).to_data().buffers()[0].as_ptr()
+        );
+    }
+
+    /// Padded below the copy threshold (a one-row batch in a 512 KiB body):
+    /// kept as it is, and charged the 512 KiB it holds, not its 8 bytes.
+    #[test]
+    fn a_batch_padded_below_the_copy_threshold_is_charged_what_it_holds() {
+        let body = arrow::buffer::Buffer::from_vec(vec![7i64; (512 << 10) / 8]);
+        let padded = Int64Array::new(arrow::buffer::ScalarBuffer::new(body, 0, 1), None);
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(padded)]).expect("batch");
+        let (_, values, charge) = owned(batch.clone());
+        assert_eq!(values, 8);
+        assert!(charge >= 512 << 10, "charged {charge}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let budget = MemoryBudget::new(3 << 19);
+        let mut cache = ShardCache::new(dir.path(), budget.clone());
+        for _ in 0..6 {
+            assert_eq!(
+                cache.append(1, batch.clone()).expect("append"),
+                8,
+                "acks say the values"
+            );
+        }
+        let (memory, disk) = cache.bytes();
+        assert!(
+            memory <= 3 << 19 && disk > 0,
+            "memory {memory}, disk {disk}: the padding must cost budget"
         );
     }
 

@@ -1140,3 +1140,193 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
     let jobs: serde_json::Value = action(&url, &Action::ListJobs).await;
     assert!(jobs["jobs"].as_array().is_some_and(Vec::is_empty), "{jobs}");
 }
+
+/// The memory oracle. One producer credential sends hostile traffic — 100
+/// streams whose message bodies are padded far past their one-row batches,
+/// staged and then held open; a stream of thousands of one-row batches,
+/// held; a dictionary-encoded stream; streams past the credential's cap —
+/// while another job trains on the same agent. The agent's peak resident
+/// memory stays within its budget plus [`ORACLE_OVERHEAD`], the hostile
+/// extras are refused, and the other job trains every row of both epochs.
+///
+/// Ignored until the transport's buffers are bounded: with 128 streams held
+/// after 1 MiB messages the agent's RSS stays at ~300 MiB while its cache
+/// holds under 1 MiB — each held stream keeps its receive and decode
+/// buffers (docs/operations.md, the residual bound). Run it with
+/// `cargo test -p kindling-agent --test deploy_processes hostile -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the transport keeps ~2 MiB per held stream after 1 MiB messages: the bound is not met yet"]
+async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other_job_trains() {
+    use kindling_schemas::action::{CredentialResponse, IssueCredential};
+    use kindling_schemas::credential::Role;
+    const BUDGET: u64 = 16 << 20;
+    const PAD: usize = 1 << 20;
+    const HELD: usize = 100;
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent_with_budget("oracle", "16MiB").await;
+    let pid = agent.child.id();
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(1024)
+        .epochs(2)
+        .seed(3)
+        .build()
+        .expect("spec");
+    let rv = cluster.rendezvous_client().await;
+    for job in ["hostile", "honest"] {
+        rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
+        start_on(&url, job, &spec, &cluster.rendezvous_url).await;
+    }
+    let idle = proc_memory(pid, "VmRSS:");
+    let credential: CredentialResponse = action(
+        &url,
+        &Action::IssueCredential(IssueCredential {
+            job_id: "hostile".into(),
+            role: Role::Producer,
+            ttl_secs: 600,
+        }),
+    )
+    .await;
+    let hostile = {
+        let channel = client_channel().dial(&url, true).expect("dial").connect_lazy();
+        let attach = BearerAttach::new(Some(&Token::new(credential.credential))).expect("token");
+        FlightServiceClient::with_interceptor(channel, attach)
+    };
+    // Each batch message padded with PAD bytes past its one row, then the
+    // stream held open (it never ends).
+    let held = |producer: String, rows: usize, batches: usize, pad: usize| {
+        let messages: Vec<arrow_flight::FlightData> = futures::executor::block_on(
+            put_messages(
+                "hostile",
+                Split::Train,
+                &producer,
+                &rule_schema(),
+                (0..batches).map(move |i| rule_batch(rows, i as u64)),
+            )
+            .collect(),
+        );
+        let padded = messages.into_iter().map(move |mut m| {
+            if !m.app_metadata.is_empty() && pad > 0 {
+                let mut body = m.data_body.to_vec();
+                body.resize(body.len() + pad, 0);
+                m.data_body = body.into();
+            }
+            m
+        });
+        futures::stream::iter(padded).chain(futures::stream::pending())
+    };
+    // A dictionary-encoded stream is refused at its schema (sent first: past
+    // the cap below it would be refused for that).
+    let dict_schema = arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+        "x1",
+        arrow::datatypes::DataType::Dictionary(
+            Box::new(arrow::datatypes::DataType::Int32),
+            Box::new(arrow::datatypes::DataType::Utf8),
+        ),
+        true,
+    )]);
+    let dict: Vec<arrow_flight::FlightData> =
+        put_messages("hostile", Split::Train, "dict", &dict_schema, std::iter::empty())
+            .collect()
+            .await;
+    let dict = futures::stream::iter(dict);
+    let refusal = match hostile.clone().do_put(dict).await {
+        Err(status) => status,
+        Ok(acks) => acks
+            .into_inner()
+            .next()
+            .await
+            .expect("an answer")
+            .expect_err("a dictionary"),
+    };
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
+
+    let mut open = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..HELD {
+        match hostile
+            .clone()
+            .do_put(held(format!("padded-{i}"), 1, 2, PAD))
+            .await
+        {
+            Ok(acks) => open.push(acks.into_inner()),
+            Err(status) => refused.push(status),
+        }
+    }
+    match hostile.clone().do_put(held("tiny".into(), 1, 3000, 0)).await {
+        Ok(acks) => open.push(acks.into_inner()),
+        Err(status) => panic!("the tiny-batch stream was refused: {status}"),
+    }
+    // Past the credential's cap of open streams.
+    for i in 0..40 {
+        match hostile.clone().do_put(held(format!("more-{i}"), 10, 1, 0)).await {
+            Ok(acks) => open.push(acks.into_inner()),
+            Err(status) => refused.push(status),
+        }
+    }
+    assert_eq!(refused.len(), HELD + 1 + 40 - 128, "{refused:?}");
+    assert!(
+        refused.iter().all(|s| s.code() == tonic::Code::ResourceExhausted),
+        "{refused:?}"
+    );
+    // Meanwhile the other job trains on the agent.
+    let rows = 64 * 1024;
+    let committed = put_generated(
+        &url,
+        "honest",
+        "shard",
+        pieces(&rule_batch(rows, 9), 4096).into_iter(),
+    )
+    .await;
+    assert_eq!(committed, rows as u64);
+    end_of_data(&url, "honest", rows as u64).await;
+    let done = wait_until(&url, "honest", |s| s.state.is_terminal()).await;
+    assert_eq!(
+        done.state,
+        AgentJobState::Succeeded,
+        "{done:#?}\n{}",
+        agent.logs()
+    );
+    assert_eq!(done.rows_trained_per_epoch, vec![rows as u64; 2]);
+    let hostile_status = status(&url, "hostile").await;
+    assert_eq!(
+        hostile_status.rows_train, 0,
+        "nothing of the held streams was committed"
+    );
+    eprintln!(
+        "memory oracle: the hostile job's cache holds {} B in memory, {} B on disk",
+        hostile_status.cache_bytes_memory, hostile_status.cache_bytes_disk
+    );
+
+    let peak = proc_memory(pid, "VmHWM:");
+    let now = proc_memory(pid, "VmRSS:");
+    eprintln!(
+        "memory oracle: agent RSS idle {} MiB, peak {} MiB, now {} MiB (budget {} MiB; {} streams held, {} MiB of padding sent)",
+        idle >> 20,
+        peak >> 20,
+        now >> 20,
+        BUDGET >> 20,
+        open.len(),
+        (HELD * 2 * PAD) >> 20
+    );
+    assert!(
+        peak <= idle + BUDGET + ORACLE_OVERHEAD,
+        "agent peak RSS {} MiB past idle {} MiB + budget {} MiB + overhead {} MiB",
+        peak >> 20,
+        idle >> 20,
+        BUDGET >> 20,
+        ORACLE_OVERHEAD >> 20
+    );
+    drop(open);
+}
+
+/// What an agent may hold past its budget under the memory oracle's
+/// traffic: the messages being decoded (one per active stream, each at most
+/// a flow-control window in flight), the held streams' tasks and buffers,
+/// the trainer's working set (docs/operations.md, caps).
+const ORACLE_OVERHEAD: u64 = 96 << 20;

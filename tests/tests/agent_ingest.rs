@@ -462,6 +462,12 @@ async fn staging_is_capped_per_job_spills_past_half_the_budget_and_quiet_streams
         held.write(&batch).await.expect("staged below the cap");
         sent += one;
     }
+    // Every batch of it staged before the next stream starts (else the two
+    // race for the cap, and the held one may be the one refused).
+    wait_until(&c, "hostile", std::time::Duration::from_secs(60), |s| {
+        s.cache_bytes_memory + s.cache_bytes_disk >= sent
+    })
+    .await;
     // Another stream of the same job runs into the cap.
     let mut pushy = c
         .put(&path, "pushy", &batch.schema(), 64 << 20)
