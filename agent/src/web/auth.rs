@@ -143,8 +143,9 @@ pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next
                     "{COOKIE}={session}; Path=/; Max-Age={COOKIE_MAX_AGE_SECS}; HttpOnly; SameSite=Strict{}",
                     if auth.secure { "; Secure" } else { "" }
                 );
-                // One leading slash: `//host/…` would send the browser to another site.
-                let location = format!("/{}", request.uri().path().trim_start_matches('/'));
+                // One leading slash: `//host/…` (or `/\host/…`, which a
+                // browser reads the same) would send it to another site.
+                let location = format!("/{}", request.uri().path().trim_start_matches(['/', '\\']));
                 (
                     StatusCode::SEE_OTHER,
                     [(header::LOCATION, location), (header::SET_COOKIE, cookie)],
@@ -359,6 +360,9 @@ mod tests {
         }
         // The redirect stays on this site, whatever the path.
         let (_, headers, _) = ask(&a, "GET", "//evil.example/x?token=op", None, None).await;
+        assert_eq!(headers[header::LOCATION], "/evil.example/x");
+        // A browser reads `\` as `/`: `/\host` is another site too.
+        let (_, headers, _) = ask(&a, "GET", "/\\evil.example/x?token=op", None, None).await;
         assert_eq!(headers[header::LOCATION], "/evil.example/x");
     }
 

@@ -48,6 +48,21 @@ impl Job {
         let config = JobConfig::from(record.config.ok_or("a job record without its config")?);
         let status = JobStatus::try_from(record.status.ok_or("a job record without its status")?)
             .map_err(|e| e.to_string())?;
+        // Only what a rendezvous writes: a record no call could reach or
+        // move on is refused, not restored as a job that never runs.
+        let job_id = &config.job_id;
+        if job_id.is_empty() {
+            return Err("a job record without a job id".into());
+        }
+        if config.num_slots == 0 {
+            return Err(format!("job `{job_id}`: num_slots 0"));
+        }
+        if status.attempt == 0 || status.attempt > config.max_attempts {
+            return Err(format!(
+                "job `{job_id}`: attempt {} outside 1..={} (max_attempts)",
+                status.attempt, config.max_attempts
+            ));
+        }
         let gang_timeout = config.gang_timeout.unwrap_or(defaults.gang_timeout);
         let barrier_timeout = config.barrier_timeout.unwrap_or(defaults.barrier_timeout);
         let ended = (record.finished_unix_ms > 0).then(|| from_unix_ms(record.finished_unix_ms));
