@@ -468,20 +468,8 @@ async fn receive_put(
     let limits = stream.staging();
     let too_old = tokio::time::Instant::now() + limits.stream_max_age;
     loop {
-        let quiet = tokio::time::Instant::now() + limits.stream_idle;
-        let msg = match tokio::time::timeout_at(quiet.min(too_old), decoder.next()).await {
-            Ok(Some(msg)) => msg,
-            Ok(None) => return Ok(()),
-            Err(_) if quiet < too_old => {
-                return Err(AgentError::StreamIdle {
-                    idle: limits.stream_idle,
-                });
-            }
-            Err(_) => {
-                return Err(AgentError::StreamTooOld {
-                    max_age: limits.stream_max_age,
-                });
-            }
+        let Some(msg) = in_time(decoder.next(), &limits, too_old).await? else {
+            return Ok(());
         };
         let msg = msg.map_err(|e| match e {
             FlightError::Tonic(s) => AgentError::PutStreamBroke(s),
@@ -495,22 +483,33 @@ async fn receive_put(
                 let ack = stream.accept_batch(meta, batch).await?;
                 // A producer that stops reading its acks is as quiet as one
                 // that stops sending.
-                let quiet = tokio::time::Instant::now() + limits.stream_idle;
-                match tokio::time::timeout_at(quiet.min(too_old), tx.send(Ok(put_result(&ack)))).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(AgentError::ProducerGone),
-                    Err(_) if quiet < too_old => {
-                        return Err(AgentError::StreamIdle {
-                            idle: limits.stream_idle,
-                        });
-                    }
-                    Err(_) => {
-                        return Err(AgentError::StreamTooOld {
-                            max_age: limits.stream_max_age,
-                        });
-                    }
-                }
+                in_time(tx.send(Ok(put_result(&ack))), &limits, too_old)
+                    .await?
+                    .map_err(|_| AgentError::ProducerGone)?;
             }
         }
     }
+}
+
+/// `work`'s outcome, unless the stream stays quiet for the idle bound or
+/// reaches `too_old` first.
+async fn in_time<T>(
+    work: impl std::future::Future<Output = T>,
+    limits: &crate::cache::StagingLimits,
+    too_old: tokio::time::Instant,
+) -> Result<T, AgentError> {
+    let quiet = tokio::time::Instant::now() + limits.stream_idle;
+    tokio::time::timeout_at(quiet.min(too_old), work)
+        .await
+        .map_err(|_| {
+            if quiet < too_old {
+                AgentError::StreamIdle {
+                    idle: limits.stream_idle,
+                }
+            } else {
+                AgentError::StreamTooOld {
+                    max_age: limits.stream_max_age,
+                }
+            }
+        })
 }
