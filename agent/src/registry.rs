@@ -83,6 +83,16 @@ impl JobRegistry {
         &self.env.checkpoint_dir
     }
 
+    /// A client of the rendezvous at `url` with this agent's token, channel
+    /// settings and outage bound (connected on first use).
+    fn rendezvous_at(&self, url: &str) -> Result<RendezvousClient, AgentError> {
+        Ok(
+            RendezvousClient::connect_lazy_with(url, self.env.token.as_ref(), &self.env.channel)
+                .map_err(|e| AgentError::rendezvous(url, e))?
+                .with_outage_bound(self.env.rendezvous_outage),
+        )
+    }
+
     /// `create_job`: creates the job at the rendezvous `create` names, or
     /// this agent's own, with this agent's credentials.
     pub async fn create_at_rendezvous(&self, create: CreateJob) -> Result<CreateJobResponse, AgentError> {
@@ -90,10 +100,7 @@ impl JobRegistry {
             .rendezvous
             .or_else(|| self.env.rendezvous.clone())
             .ok_or(AgentError::NoRendezvous)?;
-        let rendezvous =
-            RendezvousClient::connect_lazy_with(&url, self.env.token.as_ref(), &self.env.channel)
-                .map_err(|e| AgentError::rendezvous(&url, e))?
-                .with_outage_bound(self.env.rendezvous_outage);
+        let rendezvous = self.rendezvous_at(&url)?;
         let mut config =
             JobConfig::new(create.job_id.clone(), create.num_slots).with_max_attempts(create.max_attempts);
         config.gang_timeout = create.gang_timeout_ms.map(std::time::Duration::from_millis);
@@ -124,13 +131,7 @@ impl JobRegistry {
         let device = crate::device::label(&start.spec)?;
         // So is a model this agent does not have, or a config it refuses.
         self.env.models.check(&start.spec)?;
-        let rendezvous = RendezvousClient::connect_lazy_with(
-            &start.rendezvous,
-            self.env.token.as_ref(),
-            &self.env.channel,
-        )
-        .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?
-        .with_outage_bound(self.env.rendezvous_outage);
+        let rendezvous = self.rendezvous_at(&start.rendezvous)?;
         let at_rendezvous = match rendezvous.status(&start.job_id).await {
             Ok(status) => status,
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {
@@ -309,11 +310,8 @@ impl JobRegistry {
             .rendezvous
             .clone()
             .ok_or_else(|| AgentError::UnknownJob(job_id.to_owned()))?;
-        let rendezvous =
-            RendezvousClient::connect_lazy_with(&url, self.env.token.as_ref(), &self.env.channel)
-                .map_err(|e| AgentError::rendezvous(&url, e))?
-                .with_outage_bound(self.env.rendezvous_outage);
-        let status = rendezvous
+        let status = self
+            .rendezvous_at(&url)?
             .status(job_id)
             .await
             .map_err(|e| AgentError::rendezvous(&url, e))?;

@@ -763,18 +763,7 @@ async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory()
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent_with_budget("big", "16MiB").await;
     let pid = agent.child.id();
-    let spec = JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.05))
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(8192)
-        .epochs(2)
-        .seed(3)
-        .build()
-        .expect("spec");
+    let spec = one_agent_rule_spec(8192);
     let rv = cluster.rendezvous_client().await;
     rv.create_job(&JobConfig::new("big", 1))
         .await
@@ -838,6 +827,22 @@ async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory()
         idle >> 20,
         BUDGET >> 20
     );
+}
+
+/// The rule's linear classifier on one agent, two epochs, in batches of `batch_size`.
+fn one_agent_rule_spec(batch_size: usize) -> JobSpec {
+    JobSpec::builder()
+        .model(ModelSpec::Linear)
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.05))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(batch_size)
+        .epochs(2)
+        .seed(3)
+        .build()
+        .expect("spec")
 }
 
 /// A rule job of `epochs` on the agents at `urls`, one 3000-row shard each.
@@ -1165,18 +1170,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent_with_budget("oracle", "16MiB").await;
     let pid = agent.child.id();
-    let spec = JobSpec::builder()
-        .model(ModelSpec::Linear)
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.05))
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(1024)
-        .epochs(2)
-        .seed(3)
-        .build()
-        .expect("spec");
+    let spec = one_agent_rule_spec(1024);
     let rv = cluster.rendezvous_client().await;
     for job in ["hostile", "honest"] {
         rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
