@@ -6,22 +6,18 @@
 //! synthetic data.
 //!
 //! Rows, in samples/s:
-//! - `kindling step`: what the trainer does per step on one rank — the Arrow
-//!   batch to tensors on the device, forward, backward, the gradients read
-//!   back into the all-reduce buffer, the flat Adam step on the master weights,
-//!   the weights written back to the device,
-//!   the next batch's inputs staged on the device meanwhile;
-//! - `kindling step, next batch not staged` (MLP, f32): the same without the
-//!   staging, each step converting and uploading its own batch first;
+//! - `kindling step`: what the trainer does per step on a job's one rank —
+//!   the Arrow batch to tensors on the device, forward, backward and the
+//!   optimizer on the device ([`DeviceOptimizer`]: nothing to all-reduce),
+//!   the loss read back, the next batch's inputs staged meanwhile;
+//! - `data-parallel rank` (MLP, f32): what each rank of a job of several
+//!   agents does — the same, but the gradients read back into the
+//!   all-reduce buffer, the flat Adam step on the host's master weights, the
+//!   weights written back to the device (the all-reduce itself left out);
+//!   with a breakdown by phase (median ms);
 //! - `burn alone` (MLP): the same model and batch as device tensors already,
-//!   forward, backward and burn's Adam on the device (no Arrow, no host round
-//!   trip): what the host round trips cost.
-//!
-//! - `MLP step, one read back` against `MLP step, a read back per parameter +
-//!   the loss`: the step's gradients and loss joined on the device and read
-//!   back in one transfer (what the trainer does on a GPU: each read back
-//!   waits for the device), against one per parameter and the loss read on
-//!   its own (what it did before); each with a breakdown by phase (median ms).
+//!   forward, backward and burn's Adam on the device (no Arrow, no loss read
+//!   back per step): burn's kernels alone.
 //!
 //! PyTorch eager on the same GPU is `deploy/gpu/bench_gpu.py`, which
 //! `deploy/gpu/prove.sh` runs in the same run and sets beside these rows.
@@ -40,7 +36,7 @@ use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
 use kindling_agent::model::staged::Pipeline;
 use kindling_agent::model::{Inputs, KindlingModel, ModelRegistry, task_loss};
-use kindling_agent::optim::FlatOptimizer;
+use kindling_agent::optim::{DeviceOptimizer, FlatOptimizer};
 use kindling_agent::{device, params, tensorize, trainer};
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
@@ -83,6 +79,8 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
+/// `resident`: one rank's step, kept on the device; else a data-parallel
+/// rank's (the gradients down to the host optimizer, the weights back up).
 fn kindling_step(
     spec: &JobSpec,
     layout: &Layout,
@@ -90,24 +88,43 @@ fn kindling_step(
     device: &Device,
     (steps, warmup): (usize, usize),
     staging: bool,
+    resident: bool,
 ) -> anyhow::Result<f64> {
     let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
     let mut weights = model.flat_weights();
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let sizes: Vec<usize> = model.param_layout().iter().map(|(_, n)| *n).collect();
+    let mut on_device = resident.then(|| DeviceOptimizer::upload(&optim, &weights, &sizes, None, device));
     let mut pipeline = Pipeline::new(staging);
     let mut t = Instant::now();
+    let failed = |e| anyhow::anyhow!("{e:?}");
     for i in 0..warmup + steps {
         if i == warmup {
             t = Instant::now();
         }
-        // Reading the gradients back is the step's sync point: every step
-        // timed here has finished on the device. The next batch is staged
-        // meanwhile, as the trainer does on a GPU.
+        // Reading the loss (or the gradients) back is the step's sync point:
+        // every step timed here has finished on the device. The next batch
+        // is staged meanwhile, as the trainer does on a GPU.
         let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
-        let buf = pipeline
-            .gradients(model.as_ref(), &data[i % data.len()], next, layout, spec, device)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
+        let batch = &data[i % data.len()];
+        match on_device.as_mut() {
+            Some(opt) => {
+                let share = pipeline
+                    .run(batch, next, layout, spec, device, |b| {
+                        model.device_gradients(b, opt)
+                    })
+                    .map_err(failed)?;
+                model = model.device_step(opt, (1.0 / share.weight) as f32);
+                let loss = share.loss_sum.map(|l| l.into_scalar::<f32>());
+                std::hint::black_box(loss);
+            }
+            None => {
+                let buf = pipeline
+                    .gradients(model.as_ref(), batch, next, layout, spec, device)
+                    .map_err(failed)?;
+                model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
+            }
+        }
     }
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
@@ -155,17 +172,14 @@ fn burn_alone(
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Median ms of each phase of an MLP step, and the step's samples/s: with the
-/// gradients and the loss read back as one buffer (`one_buffer`, the trainer's
-/// path on a GPU), or one read back per parameter and the loss on its own (the
-/// path before, still the CPU's).
+/// Median ms of each phase of a data-parallel rank's MLP step (the
+/// gradients and the loss read back as one buffer), and the step's samples/s.
 fn phases(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
     device: &Device,
     steps: usize,
-    one_buffer: bool,
 ) -> anyhow::Result<(Vec<(&'static str, f64)>, f64)> {
     let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
     let mut weights = params::flat_weights(&model);
@@ -179,18 +193,11 @@ fn phases(
         let y = tensorize::targets(b, "y", spec.task, device)?;
         let t1 = Instant::now();
         let loss = task_loss(spec.task, model.forward_features(x), y, device);
-        let (buf, t2, t3) = if one_buffer {
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let t2 = Instant::now();
-            let mut buf = params::flatten_grads_and(&model, &grads, loss);
-            std::hint::black_box(buf.pop());
-            (buf, t2, Instant::now())
-        } else {
-            std::hint::black_box(loss.clone().into_scalar::<f32>());
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let t2 = Instant::now();
-            (params::flatten_grads(&model, &grads), t2, Instant::now())
-        };
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let t2 = Instant::now();
+        let mut buf = params::flatten_grads_and(&model, &grads, loss);
+        std::hint::black_box(buf.pop());
+        let t3 = Instant::now();
         optim.step(&mut weights, &buf, 1.0);
         let t4 = Instant::now();
         model = params::load_flat(model, &weights);
@@ -208,7 +215,7 @@ fn phases(
     }
     let names = [
         "Arrow batch → device tensors (upload queued)",
-        "forward + loss + backward (queued; before: the loss read back on its own)",
+        "forward + loss + backward (queued)",
         "gradients (and loss) read back into the all-reduce buffer (waits for the device)",
         "Adam step on the host (flat, fused)",
         "weights back to the device",
@@ -228,7 +235,7 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
-/// `--ab`: the MLP step (f32) with and without the next batch staged, in
+/// `--ab`: the MLP step (f32, one rank) with and without the next batch staged, in
 /// `rounds` alternating rounds of `steps` after one untimed round of each (so
 /// that neither pays for kernel compilation and autotuning, and drift hits
 /// both alike); prints each round's samples/s and the medians.
@@ -243,8 +250,8 @@ fn staging_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize)
         let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
         let (mut on, mut off) = (Vec::new(), Vec::new());
         for round in 0..=rounds {
-            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true)?;
-            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false)?;
+            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true, true)?;
+            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false, true)?;
             eprintln!("batch {batch} round {round}: staged {a:.0}, not staged {b:.0} samples/s");
             if round > 0 {
                 on.push(a);
@@ -305,7 +312,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, true)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
             }
@@ -315,21 +322,15 @@ fn main() -> anyhow::Result<()> {
                 let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
-                eprintln!(
-                    "{model} batch {batch} f32: kindling step, next batch not staged {sps:.0} samples/s"
-                );
-                rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "kindling step, next batch not staged", "samples_per_sec": sps}));
-                for (one_buffer, path) in [
-                    (false, "a read back per parameter + the loss"),
-                    (true, "one read back"),
-                ] {
-                    let (phases, sps) = phases(&spec, &layout, &data, &autodiff, steps.min(50), one_buffer)?;
-                    eprintln!("{model} batch {batch} f32: MLP step, {path}: {sps:.0} samples/s");
-                    rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": format!("MLP step, {path}"), "samples_per_sec": sps}));
-                    for (phase, ms) in phases {
-                        all_phases.push(json!({"batch": batch, "path": path, "phase": phase, "ms": ms}));
-                    }
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, false)?;
+                let path = "data-parallel rank (gradients to the host and back)";
+                eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
+                rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));
+                let (phases, _) = phases(&spec, &layout, &data, &autodiff, steps.min(50))?;
+                for (phase, ms) in phases {
+                    all_phases.push(
+                        json!({"batch": batch, "path": "data-parallel rank", "phase": phase, "ms": ms}),
+                    );
                 }
             }
         }
@@ -361,7 +362,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!();
-    println!("| batch | transfers | phase of an MLP step | median ms |");
+    println!("| batch | path | phase of an MLP step | median ms |");
     println!("|---:|---|---|---:|");
     for p in &all_phases {
         println!(

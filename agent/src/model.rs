@@ -53,6 +53,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::AgentError;
+use crate::optim::DeviceOptimizer;
 use crate::params;
 pub use crate::tensorize::{Sequence, Targets};
 
@@ -494,6 +495,15 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     /// over its rows (module visit order), then `[rows, weight, loss sum]`
     /// (the weight is the rows' total weight, or the rows unweighted).
     fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError>;
+    /// [`gradients`](Self::gradients) kept on the device: the sums added to
+    /// `opt`'s, the weighted loss left there too (read after the step).
+    fn device_gradients(
+        &self,
+        batch: &Batch<'_>,
+        opt: &mut DeviceOptimizer,
+    ) -> Result<DeviceShare, StepError>;
+    /// One step of `opt` on the sums gathered, on the device.
+    fn device_step(self: Box<Self>, opt: &mut DeviceOptimizer, scale: f32) -> Box<dyn AnyModel>;
     /// Zero gradients laid out like [`gradients`](AnyModel::gradients)' (no trailer).
     fn zero_grads(&self) -> Vec<f32>;
     /// The weights in one buffer, laid out like the gradients.
@@ -526,6 +536,25 @@ fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// The batch's share of a step: its rows, or its rows' weight.
+fn batch_weight(batch: &Batch<'_>) -> Result<f64, AgentError> {
+    Ok(match batch.row_weights()? {
+        Some(w) => w.iter().map(|&v| v as f64).sum::<f64>(),
+        None => batch.rows() as f64,
+    })
+}
+
+/// A micro-batch's share of a step kept on the device.
+#[derive(Debug)]
+pub struct DeviceShare {
+    /// Its rows.
+    pub rows: u64,
+    /// Its rows' weight (the rows when the job weights none).
+    pub weight: f64,
+    /// Its weighted loss sum, on the device (none when it weighs nothing).
+    pub loss_sum: Option<Tensor<1>>,
+}
+
 #[derive(Debug, Clone)]
 struct Erased<M>(M);
 
@@ -556,11 +585,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
 
     fn gradients(&self, batch: &Batch<'_>) -> Result<Vec<f32>, StepError> {
         let n = batch.rows();
-        // The batch's share of the step: its rows, or its rows' weight.
-        let weight = match batch.row_weights()? {
-            Some(w) => w.iter().map(|&v| v as f64).sum::<f64>(),
-            None => n as f64,
-        };
+        let weight = batch_weight(batch)?;
         if weight == 0.0 {
             // Rows that all weigh nothing move nothing (and their weighted
             // mean loss would be 0/0).
@@ -584,6 +609,38 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
         buf.push(weight as f32);
         buf.push((loss_value * weight) as f32);
         Ok(buf)
+    }
+
+    fn device_gradients(
+        &self,
+        batch: &Batch<'_>,
+        opt: &mut DeviceOptimizer,
+    ) -> Result<DeviceShare, StepError> {
+        let (rows, weight) = (batch.rows() as u64, batch_weight(batch)?);
+        if weight == 0.0 {
+            return Ok(DeviceShare {
+                rows,
+                weight,
+                loss_sum: None,
+            });
+        }
+        let output = AnyModel::forward(self, batch)?;
+        let loss = self.0.loss(output, batch)?.mul_scalar(weight as f32);
+        crate::optim::device::gather(
+            &self.0,
+            &GradientsParams::from_grads(loss.backward(), &self.0),
+            opt,
+        );
+        let loss_sum = Some(loss.inner());
+        Ok(DeviceShare {
+            rows,
+            weight,
+            loss_sum,
+        })
+    }
+
+    fn device_step(self: Box<Self>, opt: &mut DeviceOptimizer, scale: f32) -> Box<dyn AnyModel> {
+        Box::new(Erased(crate::optim::device::step(self.0, opt, scale)))
     }
 
     fn zero_grads(&self) -> Vec<f32> {

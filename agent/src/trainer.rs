@@ -49,7 +49,7 @@ use crate::error::AgentError;
 use crate::exchange::{Exchange, StepTimes};
 use crate::model::staged::Pipeline;
 use crate::model::{AnyModel, ModelRegistry};
-use crate::optim::FlatOptimizer;
+use crate::optim::{DeviceOptimizer, FlatOptimizer};
 use crate::schedule::{LrSchedule, Stopper};
 
 mod cursor;
@@ -170,6 +170,9 @@ struct Trainer {
     best: Option<(u32, Vec<u8>)>,
     /// Steps' gradients, the next batch staged meanwhile on a GPU.
     pipeline: Pipeline,
+    /// One rank on a GPU: the optimizer, its state and the master weights
+    /// kept on the device (nothing to all-reduce, so no host round trip).
+    resident: Option<DeviceOptimizer>,
 }
 
 /// Trains one attempt to the end. Returns early with an error when the ring
@@ -201,11 +204,19 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         rows_per_epoch: Vec::new(),
         stopper: None,
         best: None,
+        resident: None,
         optim,
         spec,
     };
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
+    if ctx.ring.world() == 1 && crate::device::is_gpu(&t.device) {
+        let sizes: Vec<usize> = model.param_layout().iter().map(|(_, n)| *n).collect();
+        let clip_norm = t.exchange.clip_norm;
+        t.resident = Some(DeviceOptimizer::upload(
+            &t.optim, &t.weights, &sizes, clip_norm, &t.device,
+        ));
+    }
     t.stopper = t.spec.early_stopping.map(|rule| Stopper::new(rule, &t.history));
     for epoch in start_epoch + 1..=t.spec.epochs {
         let (trained, metrics) = epoch::train_epoch(&mut ctx, &mut t, model, epoch)?;

@@ -124,6 +124,23 @@ impl Pipeline {
         spec: &JobSpec,
         device: &Device,
     ) -> Result<Vec<f32>, StepError> {
+        self.run(records, next, layout, spec, device, |batch| {
+            model.gradients(batch)
+        })
+    }
+
+    /// `step` (a model's gradients, on the host or kept on the device) on
+    /// `records`, with `next`'s inputs staged meanwhile as
+    /// [`gradients`](Self::gradients) does.
+    pub fn run<T>(
+        &mut self,
+        records: &RecordBatch,
+        next: Option<&RecordBatch>,
+        layout: &FeatureLayout,
+        spec: &JobSpec,
+        device: &Device,
+        step: impl FnOnce(&Batch<'_>) -> Result<T, StepError>,
+    ) -> Result<T, StepError> {
         let staged = self
             .ahead
             .take()
@@ -142,7 +159,7 @@ impl Pipeline {
                     )
                 })
             });
-            let result = model.gradients(&batch);
+            let result = step(&batch);
             (result, stager.and_then(|h| h.join().ok()))
         });
         self.asked = log.take();

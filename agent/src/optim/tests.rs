@@ -22,7 +22,7 @@ fn run(spec: &OptimizerSpec, steps: usize) -> (Vec<f32>, FlatOptimizer) {
     (w, opt)
 }
 
-fn every_rule() -> Vec<OptimizerSpec> {
+pub(super) fn every_rule() -> Vec<OptimizerSpec> {
     vec![
         OptimizerSpec::adam(0.05),
         OptimizerSpec::adam(0.05).with_weight_decay(0.1),

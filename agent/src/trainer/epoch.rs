@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use burn::tensor::Tensor;
 use kindling_schemas::action::EpochMetrics;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -12,7 +13,7 @@ use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
 use crate::exchange::Trailer;
-use crate::model::AnyModel;
+use crate::model::{AnyModel, DeviceShare, StepError};
 
 /// What every rank agreed at an epoch's start.
 #[derive(Clone, Debug, PartialEq)]
@@ -95,7 +96,9 @@ fn cancelled(ctx: &TrainContext) -> AgentError {
 }
 
 /// This rank's share of the step being gathered: the sums of up to
-/// `accumulate` micro-batches' gradients.
+/// `accumulate` micro-batches' gradients (on the device, in the
+/// [`DeviceOptimizer`](crate::optim::DeviceOptimizer), when the step stays
+/// there; their losses too, read after the step).
 #[derive(Clone, Debug)]
 struct Local {
     sums: Vec<f32>,
@@ -103,6 +106,7 @@ struct Local {
     weight: f64,
     loss_sum: f64,
     micro: u32,
+    losses: Vec<Tensor<1>>,
 }
 
 impl Local {
@@ -129,9 +133,40 @@ impl Local {
                     weight,
                     loss_sum: loss,
                     micro: 1,
+                    losses: Vec::new(),
                 })
             }
         }
+    }
+
+    /// Adds a micro-batch whose gradient sums stayed on the device.
+    fn add_device(slot: &mut Option<Local>, share: DeviceShare) {
+        let l = slot.get_or_insert_with(|| Local {
+            sums: Vec::new(),
+            rows: 0,
+            weight: 0.0,
+            loss_sum: 0.0,
+            micro: 0,
+            losses: Vec::new(),
+        });
+        l.rows += share.rows;
+        l.weight += share.weight;
+        l.micro += 1;
+        l.losses.extend(share.loss_sum);
+    }
+}
+
+/// The summed loss of a step kept on the device, read back once (the step's
+/// only wait for the device); a non-finite one is the divergence error.
+fn read_losses(losses: Vec<Tensor<1>>) -> Result<f32, StepError> {
+    let sum = match losses.len() {
+        0 => return Ok(0.0),
+        1 => losses.into_iter().map(|l| l.into_scalar::<f32>()).sum(),
+        _ => Tensor::cat(losses, 0).sum().into_scalar::<f32>(),
+    };
+    match sum.is_finite() {
+        true => Ok(sum),
+        false => Err(StepError::NonFinite(sum as f64)),
     }
 }
 
@@ -164,7 +199,8 @@ pub(super) fn train_epoch(
     let mut drained = false;
     let mut step = 0u64;
     let mut lr = t.optim.learning_rate();
-    let grads = t.weights.len();
+    // With the step on the device, the buffer is the trailer alone.
+    let grads = if t.resident.is_some() { 0 } else { t.weights.len() };
     loop {
         if !live && step >= plan.steps {
             break;
@@ -191,12 +227,24 @@ pub(super) fn train_epoch(
                         _ => None,
                     };
                     let computing = Instant::now();
-                    let buf = t
-                        .pipeline
-                        .gradients(model.as_ref(), &batch, next, &ctx.layout, &t.spec, &t.device)
-                        .map_err(|e| e.at(epoch, step))?;
+                    let (pipeline, layout, spec, device) = (&mut t.pipeline, &ctx.layout, &t.spec, &t.device);
+                    match t.resident.as_mut() {
+                        Some(opt) => {
+                            let share = pipeline
+                                .run(&batch, next, layout, spec, device, |b| {
+                                    model.device_gradients(b, opt)
+                                })
+                                .map_err(|e| e.at(epoch, step))?;
+                            Local::add_device(&mut local, share);
+                        }
+                        None => {
+                            let buf = pipeline
+                                .gradients(model.as_ref(), &batch, next, layout, spec, device)
+                                .map_err(|e| e.at(epoch, step))?;
+                            Local::add(&mut local, buf);
+                        }
+                    }
                     t.times.compute += computing.elapsed();
-                    Local::add(&mut local, buf);
                 }
                 Pull::NotYet => {
                     not_ready = true;
@@ -212,6 +260,7 @@ pub(super) fn train_epoch(
             (false, true) => local.clone(),
             (false, false) => local.take(),
         };
+        let losses = mine.as_ref().map(|l| l.losses.clone()).unwrap_or_default();
         let (mut buf, rows) = match mine {
             Some(l) => {
                 let trailer = Trailer {
@@ -225,7 +274,10 @@ pub(super) fn train_epoch(
                 (buf, l.rows)
             }
             None => {
-                let mut buf = model.zero_grads();
+                let mut buf = match t.resident {
+                    Some(_) => Vec::new(),
+                    None => model.zero_grads(),
+                };
                 let trailer = Trailer {
                     not_ready: if not_ready { 1.0 } else { 0.0 },
                     exhausted: if exhausted { 1.0 } else { 0.0 },
@@ -238,20 +290,37 @@ pub(super) fn train_epoch(
         lr = t.schedule.rate(epoch, step, plan.steps, &t.history);
         t.optim.set_learning_rate(lr);
         let world_f = world as f32;
-        let taken = t.exchange.run(
-            &ctx.runtime,
-            &mut ctx.ring,
-            &mut buf,
-            grads,
-            &mut t.optim,
-            &mut t.weights,
-            &mut t.times,
-            |sum| {
-                let skipped = live && (sum.not_ready > 0.0 || sum.exhausted >= world_f);
-                (!skipped && sum.weight > 0.0).then(|| 1.0 / sum.weight)
-            },
-        )?;
-        let sum = Trailer::read(&buf[grads..]);
+        let take = |sum: &Trailer| {
+            let skipped = live && (sum.not_ready > 0.0 || sum.exhausted >= world_f);
+            (!skipped && sum.weight > 0.0).then(|| 1.0 / sum.weight)
+        };
+        let taken = match t.resident.as_mut() {
+            // One rank: nothing to all-reduce; the step stays on the device.
+            Some(opt) => {
+                opt.set_learning_rate(lr);
+                t.times.steps += 1;
+                match take(&Trailer::read(&buf)) {
+                    Some(scale) => {
+                        let started = Instant::now();
+                        model = model.device_step(opt, scale);
+                        t.times.optimizer += started.elapsed();
+                        true
+                    }
+                    None => false,
+                }
+            }
+            None => t.exchange.run(
+                &ctx.runtime,
+                &mut ctx.ring,
+                &mut buf,
+                grads,
+                &mut t.optim,
+                &mut t.weights,
+                &mut t.times,
+                take,
+            )?,
+        };
+        let mut sum = Trailer::read(&buf[grads..]);
         if live {
             if sum.not_ready > 0.0 {
                 continue; // nobody steps; ready ranks keep their batch
@@ -262,8 +331,13 @@ pub(super) fn train_epoch(
         }
         local = None;
         rows_mine += rows;
-        if taken {
-            model = model.load_flat(&t.weights);
+        match t.resident.as_mut() {
+            Some(opt) => {
+                opt.clear();
+                sum.loss_sum = read_losses(losses).map_err(|e| e.at(epoch, step))?;
+            }
+            None if taken => model = model.load_flat(&t.weights),
+            None => {}
         }
         loss_sum += sum.loss_sum as f64;
         weight_total += sum.weight as f64;
@@ -283,6 +357,10 @@ pub(super) fn train_epoch(
         if rows_total == 0.0 {
             return Err(empty(&ctx.job_id, world));
         }
+    }
+    if let Some(opt) = &t.resident {
+        // The host's copies, for a checkpoint and the next attempt.
+        opt.download_into(&mut t.optim, &mut t.weights);
     }
     let eval = eval::evaluate(ctx, model.valid().as_ref(), rank, world)?;
     t.rows_per_epoch.push(rows_total as u64);

@@ -1,0 +1,431 @@
+//! The flat optimizer's step kept on the device, for a rank with nothing to
+//! all-reduce (a job of one agent on a GPU): the gradients, the master
+//! weights and the optimizer state stay on the GPU, so a step reads back
+//! nothing but its loss instead of the gradients down and the weights up.
+//!
+//! Per parameter, not one flat buffer: a parameter written back as a slice of
+//! one large device buffer made every later step slower on wgpu. The
+//! arithmetic is [`FlatOptimizer`]'s (burn 0.22's) as tensor operations, which
+//! burn's fusion joins into a few kernels per parameter; clipping by global
+//! norm is computed on the device too (no read back). The state moves between
+//! the host's [`FlatOptimizer`] and the device at an attempt's start and each
+//! epoch's end ([`upload`](DeviceOptimizer::upload),
+//! [`download_into`](DeviceOptimizer::download_into)), so checkpoints, the
+//! data-parallel path and a resumed job see one optimizer.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{DType, Device, Tensor, TensorData};
+
+use super::{FlatOptimizer, Rule};
+
+/// An optimizer whose weights, state and gradient sums live on a device.
+#[derive(Debug)]
+pub struct DeviceOptimizer {
+    rule: Rule,
+    lr: f64,
+    weight_decay: f64,
+    /// Per parameter: whether it takes weight decay.
+    decay: Vec<bool>,
+    clip_value: Option<f32>,
+    clip_norm: Option<f64>,
+    time: u64,
+    sizes: Vec<usize>,
+    /// Per parameter, the `f32` master weights (flat).
+    master: Vec<Tensor<1>>,
+    /// Per slot ([`Rule::slots`]), per parameter.
+    state: Vec<Vec<Tensor<1>>>,
+    /// Per parameter, the gradient sums gathered for the next step.
+    sums: Vec<Option<Tensor<1>>>,
+}
+
+impl DeviceOptimizer {
+    /// `flat`'s rule, rate, groups and state, with `weights` (laid out as
+    /// `sizes`, the parameters' value counts in flat order) as the master
+    /// weights, on `device`; `clip_norm` clips the mean gradient's global
+    /// norm ([`crate::exchange::Exchange::clipped`]'s rule).
+    ///
+    /// # Panics
+    /// If `weights` or `sizes` do not match `flat`'s length (a layout bug).
+    pub fn upload(
+        flat: &FlatOptimizer,
+        weights: &[f32],
+        sizes: &[usize],
+        clip_norm: Option<f64>,
+        device: &Device,
+    ) -> Self {
+        assert_eq!(weights.len(), flat.len, "weights laid out for another model");
+        assert_eq!(
+            sizes.iter().sum::<usize>(),
+            flat.len,
+            "parameters laid out for another model"
+        );
+        let device = device.clone().without_autodiff();
+        let part = |values: &[f32], at: usize, n: usize| {
+            Tensor::<1>::from_data(TensorData::new(values[at..at + n].to_vec(), [n]), &device)
+        };
+        let mut decay = Vec::with_capacity(sizes.len());
+        let mut master = Vec::with_capacity(sizes.len());
+        let slots = flat.rule.slots();
+        let mut state: Vec<Vec<Tensor<1>>> = vec![Vec::with_capacity(sizes.len()); slots];
+        let mut at = 0;
+        for &n in sizes {
+            decay.push(flat.groups.iter().any(|g| g.decay && g.start <= at && at < g.end));
+            master.push(part(weights, at, n));
+            for (s, slot) in state.iter_mut().enumerate() {
+                slot.push(part(&flat.state, s * flat.len + at, n));
+            }
+            at += n;
+        }
+        DeviceOptimizer {
+            rule: flat.rule,
+            lr: flat.lr,
+            weight_decay: flat.weight_decay,
+            decay,
+            clip_value: flat.clip_value,
+            clip_norm,
+            time: flat.time,
+            sums: vec![None; sizes.len()],
+            sizes: sizes.to_vec(),
+            master,
+            state,
+        }
+    }
+
+    /// Writes the steps taken, the state and the master weights back into
+    /// `flat` and `weights` (one read back per tensor: an epoch's end, a
+    /// checkpoint).
+    pub fn download_into(&self, flat: &mut FlatOptimizer, weights: &mut Vec<f32>) {
+        let read = |t: &Tensor<1>, out: &mut [f32]| {
+            let data = t.clone().into_data().convert::<f32>();
+            if let Ok(values) = data.as_slice::<f32>() {
+                out.copy_from_slice(values);
+            }
+        };
+        weights.resize(flat.len, 0.0);
+        let mut at = 0;
+        for (i, &n) in self.sizes.iter().enumerate() {
+            read(&self.master[i], &mut weights[at..at + n]);
+            for (s, slot) in self.state.iter().enumerate() {
+                let start = s * flat.len + at;
+                read(&slot[i], &mut flat.state[start..start + n]);
+            }
+            at += n;
+        }
+        flat.time = self.time;
+    }
+
+    /// Sets the rate of the next steps.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.time
+    }
+
+    /// Adds parameter `index`'s gradient sums (flat, `f32`, on the device) to
+    /// those gathered for the next step.
+    pub(crate) fn add_gradient(&mut self, index: usize, grad: Tensor<1>) {
+        let slot = &mut self.sums[index];
+        *slot = Some(match slot.take() {
+            Some(sum) => sum + grad,
+            None => grad,
+        });
+    }
+
+    /// Drops the gradients gathered (a step not taken).
+    pub fn clear(&mut self) {
+        self.sums.iter_mut().for_each(|s| *s = None);
+    }
+
+    /// The number of parameters this optimizer steps.
+    pub fn params(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Starts a step on the gathered sums, `scale` turning them into means
+    /// (clipped to the global norm on the device where the job clips so);
+    /// each parameter is then stepped once by [`step_param`](Self::step_param).
+    pub(crate) fn begin_step(&mut self, scale: f32) -> StepScale {
+        self.time += 1;
+        let Some(max_norm) = self.clip_norm else {
+            return StepScale::Host(scale);
+        };
+        let squares = self
+            .sums
+            .iter()
+            .flatten()
+            .map(|g| g.clone().powi_scalar(2).sum())
+            .reduce(|a, b| a + b);
+        let Some(squares) = squares else {
+            return StepScale::Host(scale);
+        };
+        // max_norm / (‖sums · scale‖ + 1e-6), at most 1, times scale.
+        let norm = squares.mul_scalar(scale * scale).sqrt().add_scalar(1e-6);
+        let coef = norm.recip().mul_scalar(max_norm as f32).clamp_max(1.0);
+        StepScale::Device(Box::new(coef.mul_scalar(scale)))
+    }
+
+    /// Steps parameter `index` (its gathered sums taken, none counted as
+    /// zeros) and returns its new master weights.
+    pub(crate) fn step_param(&mut self, index: usize, scale: &StepScale) -> Tensor<1> {
+        let w = self.master[index].clone();
+        let g = match self.sums[index].take() {
+            Some(g) => g,
+            None => w.zeros_like(),
+        };
+        let g = match scale {
+            StepScale::Host(s) => g.mul_scalar(*s),
+            StepScale::Device(s) => g.mul(s.as_ref().clone()),
+        };
+        let g = match self.clip_value {
+            Some(c) => g.clamp(-c, c),
+            None => g,
+        };
+        let wd = if self.decay[index] { self.weight_decay } else { 0.0 };
+        let lr = self.lr as f32;
+        // The mean gradient with L2 decay added (every rule but AdamW's).
+        let with_l2 = |g: Tensor<1>, w: &Tensor<1>| match wd > 0.0 {
+            true => g + w.clone().mul_scalar(wd as f32),
+            false => g,
+        };
+        let slot = |s: &mut Self, k: usize| s.state[k][index].clone();
+        let next = match self.rule {
+            Rule::Sgd { momentum, nesterov } if momentum > 0.0 => {
+                let g = with_l2(g, &w);
+                let v = g.clone() + slot(self, 0).mul_scalar(momentum);
+                self.state[0][index] = v.clone();
+                let d = if nesterov { v.mul_scalar(momentum) + g } else { v };
+                w - d.mul_scalar(lr)
+            }
+            Rule::Sgd { .. } => {
+                let g = with_l2(g, &w);
+                w - g.mul_scalar(lr)
+            }
+            Rule::Adam {
+                beta1,
+                beta2,
+                epsilon,
+            } => {
+                let t = self.time.min(i32::MAX as u64) as i32;
+                let bias2_sqrt = (1.0 - beta2.powi(t)).sqrt();
+                let factor = bias2_sqrt / (1.0 - beta1.powi(t));
+                let eps = epsilon * bias2_sqrt;
+                let g = with_l2(g, &w);
+                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
+                let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
+                self.state[0][index] = m.clone();
+                self.state[1][index] = v.clone();
+                w - m.mul_scalar(factor).div(v.sqrt().add_scalar(eps)).mul_scalar(lr)
+            }
+            Rule::AdamW {
+                beta1,
+                beta2,
+                epsilon,
+            } => {
+                let t = self.time.min(i32::MAX as u64) as i32;
+                let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
+                let keep = (1.0 - self.lr * wd) as f32;
+                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
+                let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
+                self.state[0][index] = m.clone();
+                self.state[1][index] = v.clone();
+                let delta = m.div_scalar(c1).div(v.div_scalar(c2).sqrt().add_scalar(epsilon));
+                let decayed = if wd > 0.0 { w.mul_scalar(keep) } else { w };
+                decayed - delta.mul_scalar(lr)
+            }
+            Rule::RmsProp {
+                alpha,
+                epsilon,
+                momentum,
+                centered,
+            } => {
+                let f = 1.0 - alpha;
+                let g = with_l2(g, &w);
+                let sq = slot(self, 0).mul_scalar(alpha) + g.clone().mul(g.clone()).mul_scalar(f);
+                self.state[0][index] = sq.clone();
+                let denom = match centered {
+                    true => {
+                        let avg = slot(self, 1).mul_scalar(alpha) + g.clone().mul_scalar(f);
+                        self.state[1][index] = avg.clone();
+                        sq - avg.clone().mul(avg)
+                    }
+                    false => sq,
+                };
+                let mut d = g.div(denom.sqrt().add_scalar(epsilon));
+                if momentum > 0.0 {
+                    let k = 1 + usize::from(centered);
+                    let b = slot(self, k).mul_scalar(momentum) + d;
+                    self.state[k][index] = b.clone();
+                    d = b;
+                }
+                w - d.mul_scalar(lr)
+            }
+        };
+        self.master[index] = next.clone();
+        next
+    }
+}
+
+/// What turns a step's gradient sums into means: a number, or a one-value
+/// tensor on the device (clipping by norm, computed there).
+#[derive(Debug, Clone)]
+pub(crate) enum StepScale {
+    Host(f32),
+    Device(Box<Tensor<1>>),
+}
+
+/// Adds `grads` of `model`'s parameters to `opt`'s sums, in flat order (a
+/// parameter without a gradient adds nothing).
+pub(crate) fn gather<M: Module>(model: &M, grads: &GradientsParams, opt: &mut DeviceOptimizer) {
+    struct Gather<'a> {
+        grads: &'a GradientsParams,
+        opt: &'a mut DeviceOptimizer,
+        index: usize,
+    }
+    impl ModuleVisitor for Gather<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if let Some(grad) = self.grads.get::<D>(param.id) {
+                let n = param.lazy_shape().num_elements();
+                self.opt
+                    .add_gradient(self.index, grad.inner().reshape([n]).cast(DType::F32));
+            }
+            self.index += 1;
+        }
+    }
+    model.visit(&mut Gather { grads, opt, index: 0 });
+}
+
+/// `model` after one step of `opt` on the sums gathered (`scale` turning
+/// them into means): each parameter replaced by its new weights, in its
+/// dtype, tracked as before.
+pub(crate) fn step<M: Module>(model: M, opt: &mut DeviceOptimizer, scale: f32) -> M {
+    struct Step<'a> {
+        opt: &'a mut DeviceOptimizer,
+        scale: StepScale,
+        index: usize,
+    }
+    impl ModuleMapper for Step<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let shape = param.lazy_shape().dims::<D>();
+            let w = self.opt.step_param(self.index, &self.scale);
+            self.index += 1;
+            param.map(|t| {
+                let (tracked, autodiff, dtype) = (t.is_require_grad(), t.is_autodiff(), t.dtype());
+                let fresh: Tensor<D> = w.reshape(shape);
+                let fresh = if dtype == DType::F32 {
+                    fresh
+                } else {
+                    fresh.cast(dtype)
+                };
+                let fresh = if autodiff { fresh.autodiff() } else { fresh };
+                if tracked { fresh.require_grad() } else { fresh }
+            })
+        }
+    }
+    let scale = opt.begin_step(scale);
+    model.map(&mut Step { opt, scale, index: 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Tensor, TensorData};
+    use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec};
+
+    use super::DeviceOptimizer;
+    use crate::exchange::Exchange;
+    use crate::optim::FlatOptimizer;
+
+    const SIZES: [usize; 3] = [6, 3, 5];
+
+    /// Step `s`'s gradient sums (of two micro-batches' worth of rows).
+    fn sums(s: usize) -> Vec<f32> {
+        (0..14)
+            .map(|i| ((i * 5 + s * 3) as f32 * 0.37).sin() * 3.0)
+            .collect()
+    }
+
+    fn spec(optimizer: OptimizerSpec, clip: Option<GradientClip>) -> JobSpec {
+        let decays = optimizer.weight_decay() > 0.0;
+        let b = JobSpec::builder().features(["a"]).label("y").optimizer(optimizer);
+        let b = if decays { b.no_weight_decay(["bias"]) } else { b };
+        match clip {
+            Some(c) => b.clip(c),
+            None => b,
+        }
+        .build()
+        .expect("spec")
+    }
+
+    /// The device optimizer against the host's (burn's rules, checked against
+    /// burn's optimizers in `optim::tests`): every rule, decay groups, both
+    /// clippings, a start from a host state mid-way, the sums of two
+    /// micro-batches; weights and state within f32 rounding after 25 steps.
+    #[test]
+    fn steps_on_the_device_like_the_flat_optimizer_on_the_host() {
+        let layout: Vec<(String, usize)> = ["a.weight", "a.bias", "b.weight"]
+            .iter()
+            .zip(SIZES)
+            .map(|(p, n)| (p.to_string(), n))
+            .collect();
+        let clips = [
+            None,
+            Some(GradientClip::Value { max_value: 0.4 }),
+            Some(GradientClip::Norm { max_norm: 0.5 }),
+        ];
+        let device = Device::default();
+        for optimizer in super::super::tests::every_rule() {
+            for clip in clips {
+                let spec = spec(optimizer.clone(), clip);
+                let exchange = Exchange::for_spec(&spec);
+                let mut host = FlatOptimizer::for_job(&spec, &layout).expect("optimizer");
+                let mut w: Vec<f32> = (0..14).map(|i| (i as f32 * 0.7).cos()).collect();
+                let scale = 0.25;
+                let host_step = |host: &mut FlatOptimizer, w: &mut Vec<f32>, s: usize| {
+                    let g = sums(s);
+                    host.step(w, &g, exchange.clipped(&g, scale));
+                };
+                for s in 0..5 {
+                    host_step(&mut host, &mut w, s);
+                }
+                let mut dev = DeviceOptimizer::upload(&host, &w, &SIZES, exchange.clip_norm, &device);
+                for s in 5..25 {
+                    host_step(&mut host, &mut w, s);
+                    let g = sums(s);
+                    let mut at = 0;
+                    for (i, n) in SIZES.into_iter().enumerate() {
+                        // Two micro-batches' halves, summed on the device.
+                        for _ in 0..2 {
+                            let half: Vec<f32> = g[at..at + n].iter().map(|x| x / 2.0).collect();
+                            dev.add_gradient(i, Tensor::from_data(TensorData::new(half, [n]), &device));
+                        }
+                        at += n;
+                    }
+                    let sc = dev.begin_step(scale);
+                    for i in 0..dev.params() {
+                        dev.step_param(i, &sc);
+                    }
+                }
+                let mut back = FlatOptimizer::for_job(&spec, &layout).expect("optimizer");
+                let mut wd = Vec::new();
+                dev.download_into(&mut back, &mut wd);
+                assert_eq!(back.steps(), host.steps(), "{optimizer:?} {clip:?}");
+                let close = |a: &[f32], b: &[f32], what: &str| {
+                    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                        assert!(
+                            (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                            "{optimizer:?} {clip:?}: {what}[{i}] {x} on the device, {y} on the host"
+                        );
+                    }
+                };
+                close(&wd, &w, "weight");
+                close(&back.state, &host.state, "state");
+                if !host.state.is_empty() {
+                    assert!(back.state.iter().any(|&x| x != 0.0), "state came back");
+                }
+            }
+        }
+    }
+}
