@@ -12,7 +12,9 @@ lie in mounted Secrets (made by Certificates under cert-manager); the
 NetworkPolicies admit to each gRPC port of the agents, the rendezvous and
 Spark Connect exactly the pods in GRPC_PEERS (and the overlay's
 EXTERNAL_PEERS), resolved through the namespaces' and the rendered pod
-templates' labels, and to Spark Connect's exactly the peers in EXACT_PEERS
+templates' labels, and to Spark Connect's exactly the peers in EXACT_PEERS,
+and every pod (agents, rendezvous, clients, the Spark driver, executors)
+may dial exactly the destinations in validate_egress.EGRESS
 (check_network_policies); every pod meets the "restricted" Pod Security
 profile, only the Spark driver holds an API token and every pod mounts
 exactly the Secrets in SECRETS_OF (check_pod_security); SPARK_NAMESPACE
@@ -46,6 +48,8 @@ import tempfile
 
 import kubernetes_validate
 import yaml
+
+from validate_egress import EGRESS, check_egress, policy_types
 
 ROOT = pathlib.Path(__file__).resolve().parent
 REPO = ROOT.parents[1]
@@ -509,20 +513,10 @@ GRPC_PEERS = {
 CLIENT_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kindling-client"}}}
 EXACT_PEERS = {("spark-connect", 15002): [CLIENT_PEER]}
-# The only pods NetworkPolicies may isolate: Spark's executors need traffic
-# (from the driver and each other) no policy here allows.
+# The only pods an Ingress policy may isolate: Spark's executors need
+# traffic (from the driver and each other) no policy here allows. Egress:
+# every role's exactly as in EGRESS (validate_egress.py).
 ISOLATED = {"agent", "rendezvous", "spark-connect"}
-# Where each egress-isolated pod may connect, exactly: (role, TCP port) of a
-# pod of the namespace, or DNS (kube-dns, UDP and TCP 53). Other pods keep
-# their egress (Spark's driver and executors reach the API server and data
-# sources; clients reach Spark Connect, agents, the rendezvous, a tracker).
-DNS = "dns"
-DNS_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
-EGRESS = {
-    "agent": {("rendezvous", 7070), ("agent", 50051), DNS},
-    "rendezvous": {DNS},
-}
 # Kindling's own servers: the tokens, TLS and metrics checks are about them.
 SERVERS = {"agent", "rendezvous"}
 # The one pod that may hold a Kubernetes API token: the Spark driver creates
@@ -621,11 +615,6 @@ def selects(selector, labels):
     return True
 
 
-def policy_types(policy):
-    spec = policy.get("spec") or {}
-    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if "egress" in spec else []))
-
-
 def admits_port(rule_port, pod, number):
     if rule_port.get("protocol", "TCP") != "TCP":
         return False
@@ -688,7 +677,8 @@ def check_network_policies(objs, overlay, errors):
     overlay's EXTERNAL_PEERS; the ports in EXACT_PEERS admit exactly those
     peers as written; probe ports admit every source; every selector in a
     policy matches the labels of a pod the manifests make in the namespace
-    it names (a renamed label fails here)."""
+    it names (a renamed label fails here); each pod may dial exactly its
+    destinations in EGRESS (validate_egress.check_egress)."""
     bad = lambda msg: errors.append(f"overlays/{overlay}: {msg}")  # noqa: E731
     external = EXTERNAL_PEERS.get(overlay, {})
     known_external = [p for peers in external.values() for p in peers]
@@ -722,7 +712,7 @@ def check_network_policies(objs, overlay, errors):
         if not targets:
             bad(f"{where}: podSelector {spec.get('podSelector')} matches no pod template")
         for t in targets:
-            if t["role"] not in ISOLATED:
+            if "Ingress" in policy_types(pol) and t["role"] not in ISOLATED:
                 bad(f"{where} selects {name(t)}: only {sorted(ISOLATED)} may be isolated")
         for rule in spec.get("ingress") or []:
             for peer in rule.get("from") or []:
@@ -761,40 +751,11 @@ def check_network_policies(objs, overlay, errors):
             bad(f"{pod['who']}: port {number} admits the peers {peers}, not exactly {exact} (EXACT_PEERS): "
                 f"only {sorted(wanted)} pods of the namespace named there, nothing of {SPARK_NAMESPACE}")
 
-    for role, wanted in sorted(EGRESS.items()):
-        pod = by_role.get(role)
-        if pod is None:
-            continue
-        isolated, allowed = False, set()
-        for pol in policies:
-            if pol["metadata"].get("namespace") != pod["namespace"] or "Egress" not in policy_types(pol):
-                continue
-            if not selects(pol["spec"].get("podSelector") or {}, pod["labels"]):
-                continue
-            isolated = True
-            for rule in pol["spec"].get("egress") or []:
-                ports = rule.get("ports") or [{}]
-                for peer in rule.get("to") or [ANYONE]:
-                    if peer == DNS_PEER:
-                        if all(p.get("port") == 53 for p in ports):
-                            allowed.add(DNS)
-                        else:
-                            bad(f"{pod['who']}: egress to DNS on ports {ports}, not 53")
-                        continue
-                    inside = internal_peer(peer, pod["namespace"], rendered)
-                    if inside is None:
-                        allowed.add(f"anything: {peer}")
-                        continue
-                    for target in matched(inside[1], inside[0]):
-                        for number in sorted(set(target["ports"].values())):
-                            if any(admits_port(rp, target, number) for rp in ports):
-                                allowed.add((target["role"] or target["who"], number))
-        if not isolated:
-            bad(f"{pod['who']}: no NetworkPolicy restricts its egress")
-        elif allowed != wanted:
-            fmt = lambda xs: sorted(map(str, xs))  # noqa: E731
-            bad(f"{pod['who']}: egress to {fmt(allowed)}, not {fmt(wanted)} "
-                f"(missing {fmt(wanted - allowed)}, extra {fmt(allowed - wanted)})")
+    def resolve(peer, namespace):
+        inside = internal_peer(peer, namespace, rendered)
+        return None if inside is None else (*inside, matched(inside[1], inside[0]))
+
+    check_egress(overlay, pods, policies, resolve, selects, driver_conf(objs), bad)
 
     for role in sorted(ISOLATED):
         pod = by_role.get(role)
