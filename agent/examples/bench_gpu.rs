@@ -5,16 +5,20 @@
 //! compute, f16 where the adapter has no bf16), Adam, cross-entropy,
 //! synthetic data.
 //!
+//! Every configuration first runs untimed (its kernels compiled and
+//! autotuned: cubecl tunes a new shape while steps run, which made the first
+//! row of each batch size pay for it), then each is timed.
+//!
 //! Rows, in samples/s:
-//! - `kindling step`: what the trainer does per step on a job's one rank —
-//!   the Arrow batch to tensors on the device, forward, backward and the
-//!   optimizer on the device ([`DeviceOptimizer`]: nothing to all-reduce),
-//!   the loss read back, the next batch's inputs staged meanwhile;
-//! - `data-parallel rank` (MLP, f32): what each rank of a job of several
-//!   agents does — the same, but the gradients read back into the
-//!   all-reduce buffer, the flat Adam step on the host's master weights, the
-//!   weights written back to the device (the all-reduce itself left out);
-//!   with a breakdown by phase (median ms);
+//! - `kindling step`: what the trainer does per step on a rank — the Arrow
+//!   batch to tensors on the device, forward, backward, the gradients read
+//!   back into the all-reduce buffer, the flat Adam step on the host's master
+//!   weights, the weights written back to the device (the all-reduce itself
+//!   left out: one rank), the next batch's inputs staged meanwhile; for the
+//!   MLP with a breakdown by phase (median ms);
+//! - `step on the device` (MLP, f32): a job of one agent with
+//!   `--gpu-step-on-device` ([`DeviceOptimizer`]: the optimizer, its state
+//!   and the master weights on the device, the loss the only read back);
 //! - `burn alone` (MLP): the same model and batch as device tensors already,
 //!   forward, backward and burn's Adam on the device (no Arrow, no loss read
 //!   back per step): burn's kernels alone.
@@ -25,8 +29,8 @@
 //! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
-//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step with and
-//! without the next batch staged, in alternating rounds.
+//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step with the
+//! optimizer on the host and on the device, in alternating rounds.
 
 use std::time::{Duration, Instant};
 
@@ -172,8 +176,8 @@ fn burn_alone(
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Median ms of each phase of a data-parallel rank's MLP step (the
-/// gradients and the loss read back as one buffer), and the step's samples/s.
+/// Median ms of each phase of the trainer's MLP step (the gradients and the
+/// loss read back as one buffer), and the step's samples/s.
 fn phases(
     spec: &JobSpec,
     layout: &Layout,
@@ -235,13 +239,14 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
-/// `--ab`: the MLP step (f32, one rank) with and without the next batch staged, in
-/// `rounds` alternating rounds of `steps` after one untimed round of each (so
-/// that neither pays for kernel compilation and autotuning, and drift hits
-/// both alike); prints each round's samples/s and the medians.
-fn staging_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
+/// `--ab`: the MLP step (f32, one rank) with the optimizer on the host and
+/// on the device (`--gpu-step-on-device`), in `rounds` alternating rounds of
+/// `steps` after one untimed round of each (so that neither pays for kernel
+/// compilation and autotuning, and drift hits both alike); prints each
+/// round's samples/s and the medians.
+fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
     println!(
-        "| batch | staged, median samples/s | not staged, median samples/s | staged / not staged | rounds |"
+        "| batch | on the device, median samples/s | host round trip, median samples/s | device / host | rounds |"
     );
     println!("|---:|---:|---:|---:|---|");
     for &batch in batches {
@@ -251,8 +256,8 @@ fn staging_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize)
         let (mut on, mut off) = (Vec::new(), Vec::new());
         for round in 0..=rounds {
             let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true, true)?;
-            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false, true)?;
-            eprintln!("batch {batch} round {round}: staged {a:.0}, not staged {b:.0} samples/s");
+            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true, false)?;
+            eprintln!("batch {batch} round {round}: on the device {a:.0}, host round trip {b:.0} samples/s");
             if round > 0 {
                 on.push(a);
                 off.push(b);
@@ -285,13 +290,15 @@ fn main() -> anyhow::Result<()> {
     let autodiff = gpu.clone().autodiff();
     gpu.seed(0);
     if std::env::args().any(|a| a == "--ab") {
-        println!("Staging A/B on {info}: MLP 784-256-128-10, f32, Adam, {steps} steps a round");
+        println!(
+            "Optimizer on the device against the host, on {info}: MLP 784-256-128-10, f32, Adam, {steps} steps a round"
+        );
         println!();
         let batches: Vec<usize> = list("--batches", "256,4096")
             .iter()
             .map(|b| b.parse())
             .collect::<Result<_, _>>()?;
-        return staging_ab(&autodiff, &batches, steps, arg("--rounds", 5));
+        return device_ab(&autodiff, &batches, steps, arg("--rounds", 5));
     }
     let mut rows = Vec::new();
     let mut all_phases = Vec::new();
@@ -302,17 +309,31 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|b| b.parse())
         .collect::<Result<_, _>>()?;
+    let precisions = [(Precision::F32, "f32", "f32"), (Precision::Bf16, "bf16", half)];
+    let precisions: Vec<_> = precisions
+        .into_iter()
+        .filter(|(p, ..)| *p == Precision::F32 || info.bf16 || info.f16)
+        .collect();
+    // The untimed pass: every configuration's kernels compiled and tuned.
     for model in models.iter().map(String::as_str) {
         for &batch in &batch_sizes {
             let data = mlp_batches(DISTINCT, batch);
-            for (precision, name, dtype) in [(Precision::F32, "f32", "f32"), (Precision::Bf16, "bf16", half)]
-            {
-                if precision == Precision::Bf16 && !(info.bf16 || info.f16) {
-                    continue;
-                }
+            for &(precision, ..) in &precisions {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, true)?;
+                for resident in [false, model == "mlp" && precision == Precision::F32] {
+                    kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), true, resident)?;
+                }
+            }
+        }
+    }
+    for model in models.iter().map(String::as_str) {
+        for &batch in &batch_sizes {
+            let data = mlp_batches(DISTINCT, batch);
+            for &(precision, name, dtype) in &precisions {
+                let spec = spec(model, batch, precision)?;
+                let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, false)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
             }
@@ -322,15 +343,14 @@ fn main() -> anyhow::Result<()> {
                 let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, false)?;
-                let path = "data-parallel rank (gradients to the host and back)";
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, true)?;
+                let path = "step on the device (--gpu-step-on-device)";
                 eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));
                 let (phases, _) = phases(&spec, &layout, &data, &autodiff, steps.min(50))?;
                 for (phase, ms) in phases {
-                    all_phases.push(
-                        json!({"batch": batch, "path": "data-parallel rank", "phase": phase, "ms": ms}),
-                    );
+                    all_phases
+                        .push(json!({"batch": batch, "path": "kindling step", "phase": phase, "ms": ms}));
                 }
             }
         }

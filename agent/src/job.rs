@@ -42,6 +42,8 @@ pub struct JobEnv {
     pub token: Option<Token>,
     /// How long a ring operation waits for a peer.
     pub collective_timeout: Duration,
+    /// A GPU job of one agent keeps its step on the device.
+    pub gpu_step_on_device: bool,
     /// How long rendezvous calls retry an unreachable rendezvous.
     pub rendezvous_outage: Duration,
     /// The threads trainers compute on.
@@ -592,6 +594,7 @@ impl Job {
             progress: self.progress.clone(),
             cancel,
             shuffle: self.spec.shuffle,
+            step_on_device: self.env.gpu_step_on_device,
         };
         let pool = self.env.train_pool.clone();
         let outcome = tokio::task::spawn_blocking(move || pool.install(|| trainer::train(ctx)))

@@ -99,6 +99,11 @@ struct Cli {
     /// How long a collective step waits for a peer (ms).
     #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
     collective_timeout_ms: u64,
+    /// Experimental: a GPU job of one agent keeps its optimizer step on the
+    /// device instead of the host (measured faster at batch 256, slower at
+    /// 4096 on an H200: docs/benchmarks.md#gpu).
+    #[arg(long, env = "KINDLING_GPU_STEP_ON_DEVICE")]
+    gpu_step_on_device: bool,
     /// How long calls to the rendezvous ride out its outage (a restart) —
     /// retrying with jittered backoff — before a job gives up on it (s).
     #[arg(long, env = "KINDLING_RENDEZVOUS_OUTAGE_SECS", default_value_t = 60)]
@@ -238,6 +243,7 @@ impl TryFrom<&Cli> for AgentConfig {
             work_dir: cli.work_dir.clone(),
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
+            gpu_step_on_device: cli.gpu_step_on_device,
             rendezvous_outage: Duration::from_secs(cli.rendezvous_outage_secs),
             channel: ChannelConfig::default()
                 .with_keepalive(

@@ -56,6 +56,9 @@ pub struct AgentConfig {
     pub memory_budget: u64,
     /// How long a collective step waits for a peer.
     pub collective_timeout: Duration,
+    /// A GPU job of one agent keeps its optimizer step on the device
+    /// ([`crate::optim::DeviceOptimizer`]); experimental, off by default.
+    pub gpu_step_on_device: bool,
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
     pub rendezvous_outage: Duration,
@@ -104,6 +107,7 @@ impl AgentConfig {
             work_dir: work_dir.into(),
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
+            gpu_step_on_device: false,
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -478,6 +482,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         inbox,
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
+        gpu_step_on_device: config.gpu_step_on_device,
         rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),

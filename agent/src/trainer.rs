@@ -22,6 +22,12 @@
 //! of a job always trains in commit order (shuffling starts with epoch 2), so
 //! streamed and fully-cached starts train identically.
 //!
+//! A job of one agent on a GPU has nothing to all-reduce: with the agent's
+//! `--gpu-step-on-device` (experimental) its step stays on the device
+//! ([`DeviceOptimizer`]: gradients, optimizer state and master weights
+//! there, the loss the only read back), and the host's copies are brought up
+//! to date at each epoch's end for the checkpoint.
+//!
 //! A step is `accumulate` micro-batches of `batch_size` rows per rank,
 //! their gradient sums added up before the one all-reduce. The learning
 //! rate of every step comes from the job's schedule ([`LrSchedule`]) by
@@ -115,6 +121,8 @@ pub struct TrainContext {
     pub cancel: CancellationToken,
     /// Shuffle the order of cached batches every epoch.
     pub shuffle: bool,
+    /// On a GPU with one rank, keep the step on the device.
+    pub step_on_device: bool,
 }
 
 /// How long a rank with no full batch waits for rows before it tells its
@@ -210,7 +218,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
-    if ctx.ring.world() == 1 && crate::device::is_gpu(&t.device) {
+    if ctx.step_on_device && ctx.ring.world() == 1 && crate::device::is_gpu(&t.device) {
         let sizes: Vec<usize> = model.param_layout().iter().map(|(_, n)| *n).collect();
         let clip_norm = t.exchange.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(

@@ -35,6 +35,11 @@ struct Local {
 
 impl Local {
     async fn start() -> Local {
+        Local::start_with(false).await
+    }
+
+    /// An agent that keeps a one-agent GPU job's step on the device with `step_on_device`.
+    async fn start_with(step_on_device: bool) -> Local {
         let dir = tempfile::tempdir().expect("tempdir");
         let token = Some(Token::new(TOKEN));
         let rendezvous = EmbeddedRendezvous::start(RendezvousConfig::default(), token.clone())
@@ -43,6 +48,7 @@ impl Local {
         let mut config = AgentConfig::local("gpu-agent", dir.path());
         config.token = token;
         config.rendezvous = Some(rendezvous.url());
+        config.gpu_step_on_device = step_on_device;
         let agent = kindling_agent::start(config).await.expect("agent");
         Local {
             rendezvous,
@@ -224,6 +230,65 @@ mod on_gpu {
         (status, local.weights(job_id).await)
     }
 
+    type Weights = Vec<(String, Vec<f32>)>;
+
+    /// The GPU run learned the rule and agrees with the CPU run (same start,
+    /// same batches) up to float rounding, epoch by epoch and weight by
+    /// weight. Returns its final eval accuracy.
+    fn assert_like_the_cpu(
+        gpu: &AgentJobStatus,
+        gpu_weights: &Weights,
+        cpu: &AgentJobStatus,
+        cpu_weights: &Weights,
+    ) -> f64 {
+        // It learns.
+        let accuracy = gpu
+            .history
+            .last()
+            .and_then(|m| m.eval_accuracy)
+            .expect("accuracy");
+        assert!(accuracy > 0.95, "GPU eval accuracy {accuracy}");
+        assert!(gpu.history.last().expect("history").train_loss < gpu.history[0].train_loss);
+
+        // Same start, same batches: per-epoch metrics and weights agree up to float rounding.
+        assert_eq!(gpu.history.len(), cpu.history.len());
+        for (g, c) in gpu.history.iter().zip(&cpu.history) {
+            assert_eq!(g.rows, c.rows);
+            let loss_diff = (g.train_loss - c.train_loss).abs();
+            assert!(
+                loss_diff < 1e-3 * c.train_loss.max(0.1),
+                "epoch {}: loss {g:?} vs {c:?}",
+                g.epoch
+            );
+            let acc_diff = (g.eval_accuracy.unwrap_or(0.0) - c.eval_accuracy.unwrap_or(0.0)).abs();
+            assert!(acc_diff <= 0.005, "epoch {}: accuracy {g:?} vs {c:?}", g.epoch);
+        }
+        assert_eq!(gpu_weights.len(), cpu_weights.len());
+        let mut max_diff = 0f32;
+        let mut max_abs = 0f32;
+        for ((gn, gv), (cn, cv)) in gpu_weights.iter().zip(cpu_weights) {
+            assert_eq!(gn, cn);
+            assert_eq!(gv.len(), cv.len(), "{gn}");
+            for (g, c) in gv.iter().zip(cv) {
+                max_diff = max_diff.max((g - c).abs());
+                max_abs = max_abs.max(c.abs());
+            }
+        }
+        eprintln!(
+            "GPU vs CPU: final accuracy {accuracy:.4} vs {:.4}, max |Δw| {max_diff:.2e} (max |w| {max_abs:.2})",
+            cpu.history
+                .last()
+                .and_then(|m| m.eval_accuracy)
+                .unwrap_or(f64::NAN)
+        );
+        assert!(max_abs > 0.0);
+        assert!(
+            max_diff < 1e-3 * max_abs.max(1.0),
+            "GPU weights differ from the CPU's by {max_diff} (largest weight {max_abs})"
+        );
+        accuracy
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_gpu_learns_the_rule_and_matches_the_cpu() {
         let required = std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1");
@@ -265,51 +330,7 @@ mod on_gpu {
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
         assert_eq!(cpu.device, "cpu (flex)");
 
-        // It learns.
-        let accuracy = gpu
-            .history
-            .last()
-            .and_then(|m| m.eval_accuracy)
-            .expect("accuracy");
-        assert!(accuracy > 0.95, "GPU eval accuracy {accuracy}");
-        assert!(gpu.history.last().expect("history").train_loss < gpu.history[0].train_loss);
-
-        // Same start, same batches: per-epoch metrics and weights agree up to float rounding.
-        assert_eq!(gpu.history.len(), cpu.history.len());
-        for (g, c) in gpu.history.iter().zip(&cpu.history) {
-            assert_eq!(g.rows, c.rows);
-            let loss_diff = (g.train_loss - c.train_loss).abs();
-            assert!(
-                loss_diff < 1e-3 * c.train_loss.max(0.1),
-                "epoch {}: loss {g:?} vs {c:?}",
-                g.epoch
-            );
-            let acc_diff = (g.eval_accuracy.unwrap_or(0.0) - c.eval_accuracy.unwrap_or(0.0)).abs();
-            assert!(acc_diff <= 0.005, "epoch {}: accuracy {g:?} vs {c:?}", g.epoch);
-        }
-        assert_eq!(gpu_weights.len(), cpu_weights.len());
-        let mut max_diff = 0f32;
-        let mut max_abs = 0f32;
-        for ((gn, gv), (cn, cv)) in gpu_weights.iter().zip(&cpu_weights) {
-            assert_eq!(gn, cn);
-            assert_eq!(gv.len(), cv.len(), "{gn}");
-            for (g, c) in gv.iter().zip(cv) {
-                max_diff = max_diff.max((g - c).abs());
-                max_abs = max_abs.max(c.abs());
-            }
-        }
-        eprintln!(
-            "GPU vs CPU: final accuracy {accuracy:.4} vs {:.4}, max |Δw| {max_diff:.2e} (max |w| {max_abs:.2})",
-            cpu.history
-                .last()
-                .and_then(|m| m.eval_accuracy)
-                .unwrap_or(f64::NAN)
-        );
-        assert!(max_abs > 0.0);
-        assert!(
-            max_diff < 1e-3 * max_abs.max(1.0),
-            "GPU weights differ from the CPU's by {max_diff} (largest weight {max_abs})"
-        );
+        let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
 
         // Mixed precision: half-precision compute (bf16, or f16 where the
         // adapter has no bf16) with f32 master weights and all-reduce. It
@@ -360,6 +381,25 @@ mod on_gpu {
             half_diff > 0.0,
             "the mixed-precision weights equal the f32 run's bit for bit"
         );
+        local.stop().await;
+    }
+
+    /// `--gpu-step-on-device`: the same job with its optimizer, state and
+    /// master weights kept on the device gives the CPU's answer too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_step_kept_on_the_device_matches_the_cpu() {
+        if kindling_agent::device::gpu().is_err() {
+            assert!(
+                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
+                "KINDLING_GPU_TESTS=1 but no GPU"
+            );
+            eprintln!("NOT TRAINED ON A GPU: no adapter (the other test says why)");
+            return;
+        }
+        let local = Local::start_with(true).await;
+        let (gpu, gpu_weights) = train(&local, "resident", &mlp(true)).await;
+        let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
+        assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
         local.stop().await;
     }
 }

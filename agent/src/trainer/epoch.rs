@@ -170,6 +170,152 @@ fn read_losses(losses: Vec<Tensor<1>>) -> Result<f32, StepError> {
     }
 }
 
+/// Where an epoch's batches come from and what this rank gathered of the
+/// step: the cursor, a batch pulled ahead of its step (staged while the step
+/// before runs), whether the shard has ended, and the micro-batches so far.
+struct Gather {
+    cursor: BatchCursor,
+    ahead: Option<Pull>,
+    drained: bool,
+    local: Option<Local>,
+    accumulate: u32,
+}
+
+impl Gather {
+    /// Gathers micro-batches until the step's are in or the shard ends.
+    /// Returns whether this rank is not ready (a live split with no full
+    /// batch yet).
+    fn gather(
+        &mut self,
+        ctx: &TrainContext,
+        t: &mut Trainer,
+        model: &dyn AnyModel,
+        (epoch, step): (u32, u64),
+    ) -> Result<bool, AgentError> {
+        while !self.drained && self.local.as_ref().is_none_or(|l| l.micro < self.accumulate) {
+            let pulled = match self.ahead.take() {
+                Some(pulled) => pulled,
+                None => self.cursor.pull(LIVE_WAIT)?,
+            };
+            let batch = match pulled {
+                Pull::Ready(batch) => batch,
+                Pull::NotYet => return Ok(true),
+                Pull::Exhausted => {
+                    self.drained = true;
+                    continue;
+                }
+            };
+            // The next batch, where it is in already, is staged while this one runs.
+            self.ahead = match self.cursor.pull(Duration::ZERO)? {
+                Pull::NotYet => None,
+                next => Some(next),
+            };
+            let next = match &self.ahead {
+                Some(Pull::Ready(next)) => Some(next),
+                _ => None,
+            };
+            let computing = Instant::now();
+            let (pipeline, layout, spec, device) = (&mut t.pipeline, &ctx.layout, &t.spec, &t.device);
+            match t.resident.as_mut() {
+                Some(opt) => {
+                    let share = pipeline
+                        .run(&batch, next, layout, spec, device, |b| {
+                            model.device_gradients(b, opt)
+                        })
+                        .map_err(|e| e.at(epoch, step))?;
+                    Local::add_device(&mut self.local, share);
+                }
+                None => {
+                    let buf = pipeline
+                        .gradients(model, &batch, next, layout, spec, device)
+                        .map_err(|e| e.at(epoch, step))?;
+                    Local::add(&mut self.local, buf);
+                }
+            }
+            t.times.compute += computing.elapsed();
+        }
+        Ok(false)
+    }
+}
+
+/// The step's buffer from this rank's share (`[sums…, trailer]`; the
+/// trailer alone when the step stays on the device), its rows and the
+/// losses still on the device.
+fn step_buffer(
+    t: &Trainer,
+    model: &dyn AnyModel,
+    mine: Option<Local>,
+    not_ready: bool,
+    exhausted: bool,
+) -> (Vec<f32>, u64, Vec<Tensor<1>>) {
+    match mine {
+        Some(l) => {
+            let trailer = Trailer {
+                rows: l.rows as f32,
+                weight: l.weight as f32,
+                loss_sum: l.loss_sum as f32,
+                ..Trailer::default()
+            };
+            let mut buf = l.sums;
+            trailer.append_to(&mut buf);
+            (buf, l.rows, l.losses)
+        }
+        None => {
+            let mut buf = match t.resident {
+                Some(_) => Vec::new(),
+                None => model.zero_grads(),
+            };
+            let trailer = Trailer {
+                not_ready: if not_ready { 1.0 } else { 0.0 },
+                exhausted: if exhausted { 1.0 } else { 0.0 },
+                ..Trailer::default()
+            };
+            trailer.append_to(&mut buf);
+            (buf, 0, Vec::new())
+        }
+    }
+}
+
+/// The step: all-reduced and taken on the host's weights, or, with one rank
+/// on a GPU, taken on the device. `take` decides from the summed trailer
+/// whether the step is taken and with what scale. Returns the model, stepped
+/// where the step was taken.
+fn take_step(
+    ctx: &mut TrainContext,
+    t: &mut Trainer,
+    model: Box<dyn AnyModel>,
+    buf: &mut [f32],
+    lr: f64,
+    take: impl FnOnce(&Trailer) -> Option<f32>,
+) -> Result<Box<dyn AnyModel>, AgentError> {
+    t.optim.set_learning_rate(lr);
+    let Some(opt) = t.resident.as_mut() else {
+        let grads = t.weights.len();
+        let exchange = &t.exchange;
+        let taken = exchange.run(
+            &ctx.runtime,
+            &mut ctx.ring,
+            buf,
+            grads,
+            &mut t.optim,
+            &mut t.weights,
+            &mut t.times,
+            take,
+        )?;
+        return Ok(if taken { model.load_flat(&t.weights) } else { model });
+    };
+    // One rank: nothing to all-reduce; the step stays on the device.
+    opt.set_learning_rate(lr);
+    t.times.steps += 1;
+    let Some(scale) = take(&Trailer::read(buf)) else {
+        return Ok(model);
+    };
+    let started = Instant::now();
+    let model = model.device_step(opt, scale);
+    t.times.optimizer += started.elapsed();
+    Ok(model)
+}
+
 /// Trains epoch `epoch` and evaluates it; returns its metrics.
 pub(super) fn train_epoch(
     ctx: &mut TrainContext,
@@ -191,12 +337,14 @@ pub(super) fn train_epoch(
         p.step = 0;
         p.steps_per_epoch = plan.steps;
     }
-    let mut cursor = cursor_for(ctx, t, committed, epoch, live, rank);
+    let mut g = Gather {
+        cursor: cursor_for(ctx, t, committed, epoch, live, rank),
+        ahead: None,
+        drained: false,
+        local: None,
+        accumulate,
+    };
     let (mut loss_sum, mut weight_total, mut rows_total, mut rows_mine) = (0f64, 0f64, 0f64, 0u64);
-    let mut local: Option<Local> = None;
-    // A batch pulled ahead of its step, to be staged while the step before runs.
-    let mut ahead: Option<Pull> = None;
-    let mut drained = false;
     let mut step = 0u64;
     let mut lr = t.optim.learning_rate();
     // With the step on the device, the buffer is the trailer alone.
@@ -208,118 +356,22 @@ pub(super) fn train_epoch(
         if ctx.cancel.is_cancelled() {
             return Err(cancelled(ctx));
         }
-        // Gather micro-batches until the step's are in (or the shard ends).
-        let mut not_ready = false;
-        while !drained && local.as_ref().is_none_or(|l| l.micro < accumulate) {
-            let pulled = match ahead.take() {
-                Some(pulled) => pulled,
-                None => cursor.pull(LIVE_WAIT)?,
-            };
-            match pulled {
-                Pull::Ready(batch) => {
-                    // The next batch, where it is in already, is staged while this one runs.
-                    ahead = match cursor.pull(Duration::ZERO)? {
-                        Pull::NotYet => None,
-                        next => Some(next),
-                    };
-                    let next = match &ahead {
-                        Some(Pull::Ready(next)) => Some(next),
-                        _ => None,
-                    };
-                    let computing = Instant::now();
-                    let (pipeline, layout, spec, device) = (&mut t.pipeline, &ctx.layout, &t.spec, &t.device);
-                    match t.resident.as_mut() {
-                        Some(opt) => {
-                            let share = pipeline
-                                .run(&batch, next, layout, spec, device, |b| {
-                                    model.device_gradients(b, opt)
-                                })
-                                .map_err(|e| e.at(epoch, step))?;
-                            Local::add_device(&mut local, share);
-                        }
-                        None => {
-                            let buf = pipeline
-                                .gradients(model.as_ref(), &batch, next, layout, spec, device)
-                                .map_err(|e| e.at(epoch, step))?;
-                            Local::add(&mut local, buf);
-                        }
-                    }
-                    t.times.compute += computing.elapsed();
-                }
-                Pull::NotYet => {
-                    not_ready = true;
-                    break;
-                }
-                Pull::Exhausted => drained = true,
-            }
-        }
-        let exhausted = drained && local.is_none();
+        let not_ready = g.gather(ctx, t, model.as_ref(), (epoch, step))?;
+        let exhausted = g.drained && g.local.is_none();
         // A live step may not be taken: keep this rank's gradients until it is.
         let mine = match (not_ready, live) {
             (true, _) => None,
-            (false, true) => local.clone(),
-            (false, false) => local.take(),
+            (false, true) => g.local.clone(),
+            (false, false) => g.local.take(),
         };
-        let losses = mine.as_ref().map(|l| l.losses.clone()).unwrap_or_default();
-        let (mut buf, rows) = match mine {
-            Some(l) => {
-                let trailer = Trailer {
-                    rows: l.rows as f32,
-                    weight: l.weight as f32,
-                    loss_sum: l.loss_sum as f32,
-                    ..Trailer::default()
-                };
-                let mut buf = l.sums;
-                trailer.append_to(&mut buf);
-                (buf, l.rows)
-            }
-            None => {
-                let mut buf = match t.resident {
-                    Some(_) => Vec::new(),
-                    None => model.zero_grads(),
-                };
-                let trailer = Trailer {
-                    not_ready: if not_ready { 1.0 } else { 0.0 },
-                    exhausted: if exhausted { 1.0 } else { 0.0 },
-                    ..Trailer::default()
-                };
-                trailer.append_to(&mut buf);
-                (buf, 0)
-            }
-        };
+        let (mut buf, rows, losses) = step_buffer(t, model.as_ref(), mine, not_ready, exhausted);
         lr = t.schedule.rate(epoch, step, plan.steps, &t.history);
-        t.optim.set_learning_rate(lr);
         let world_f = world as f32;
         let take = |sum: &Trailer| {
             let skipped = live && (sum.not_ready > 0.0 || sum.exhausted >= world_f);
             (!skipped && sum.weight > 0.0).then(|| 1.0 / sum.weight)
         };
-        let taken = match t.resident.as_mut() {
-            // One rank: nothing to all-reduce; the step stays on the device.
-            Some(opt) => {
-                opt.set_learning_rate(lr);
-                t.times.steps += 1;
-                match take(&Trailer::read(&buf)) {
-                    Some(scale) => {
-                        let started = Instant::now();
-                        model = model.device_step(opt, scale);
-                        t.times.optimizer += started.elapsed();
-                        true
-                    }
-                    None => false,
-                }
-            }
-            None => t.exchange.run(
-                &ctx.runtime,
-                &mut ctx.ring,
-                &mut buf,
-                grads,
-                &mut t.optim,
-                &mut t.weights,
-                &mut t.times,
-                take,
-            )?,
-        };
+        model = take_step(ctx, t, model, &mut buf, lr, take)?;
         let mut sum = Trailer::read(&buf[grads..]);
         if live {
             if sum.not_ready > 0.0 {
@@ -329,15 +381,11 @@ pub(super) fn train_epoch(
                 break;
             }
         }
-        local = None;
+        g.local = None;
         rows_mine += rows;
-        match t.resident.as_mut() {
-            Some(opt) => {
-                opt.clear();
-                sum.loss_sum = read_losses(losses).map_err(|e| e.at(epoch, step))?;
-            }
-            None if taken => model = model.load_flat(&t.weights),
-            None => {}
+        if let Some(opt) = t.resident.as_mut() {
+            opt.clear(); // what a step not taken gathered
+            sum.loss_sum = read_losses(losses).map_err(|e| e.at(epoch, step))?;
         }
         loss_sum += sum.loss_sum as f64;
         weight_total += sum.weight as f64;
