@@ -1086,15 +1086,53 @@ fn a_json_log_format_writes_one_json_object_per_line() {
     assert!(seen.iter().any(|m| m == "rendezvous listening"), "{seen:?}");
 }
 
+/// Silent connections from `from` (a loopback address of its own) to `addr`.
+async fn silent_connections(from: std::net::Ipv4Addr, addr: &str, n: usize) -> Vec<tokio::net::TcpStream> {
+    let to = tokio::net::lookup_host(addr)
+        .await
+        .expect("resolve")
+        .find(std::net::SocketAddr::is_ipv4)
+        .expect("an IPv4 address");
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind((from, 0).into()).expect("bind a loopback address");
+        conns.push(socket.connect(to).await.expect("connect"));
+    }
+    conns
+}
+
+/// How many of `conns` the server closed unanswered: each is read at once,
+/// all together, for 2 s (within a held one's read or handshake timeout, 5 s
+/// or 10 s, so those closed at accept count, if nothing slows the test).
+async fn closed_of(conns: &mut [tokio::net::TcpStream]) -> usize {
+    let reads = conns.iter_mut().map(|conn| async move {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), conn.read(&mut byte)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    });
+    futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .filter(|&c| c)
+        .count()
+}
+
 /// Floods of silent connections at a real agent process: its probe port,
 /// and its main port (TLS handshakes never begun). Each listener holds at
 /// most its cap of them and closes the rest at once, so the process's
-/// descriptors stay within the caps; once the flood goes, the probe and a
-/// Flight call are answered again.
+/// descriptors stay within the caps. One address holds at most its share of
+/// the main port's pending handshakes, so a Flight call from another
+/// address is answered during that flood; once the floods go, the probe and
+/// a Flight call are answered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_serves_after() {
+    use std::net::Ipv4Addr;
+
     use kindling_agent::web::probes::MAX_PROBE_CONNECTIONS;
-    use kindling_schemas::tls::MAX_PENDING_CONNECTIONS;
+    use kindling_schemas::tls::{MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_PEER};
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent("flood").await;
     let pid = agent.child.id();
@@ -1102,36 +1140,39 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
     let before = fds();
     let main = url.trim_start_matches("https://").to_owned();
     let extra = 100;
-    let mut flood = Vec::new();
-    for (addr, cap) in [
-        (agent.health.clone(), MAX_PROBE_CONNECTIONS),
-        (main.clone(), MAX_PENDING_CONNECTIONS),
-    ] {
-        for _ in 0..cap + extra {
-            flood.push(tokio::net::TcpStream::connect(&addr).await.expect("connect"));
-        }
-    }
-    // Every connection past a cap is closed unanswered, long before the
-    // held ones' read or handshake timeout (5 s, 10 s) ends them.
-    let mut closed = 0;
-    let mut peak = fds();
-    for conn in &mut flood {
-        let mut byte = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut byte)).await {
-            closed += 1;
-        }
-        peak = peak.max(fds());
-    }
+    // One address floods the main port: it holds its share, no more, and a
+    // caller from another address is answered while the flood is held.
+    let from = Ipv4Addr::new(127, 0, 0, 2);
+    let mut one = silent_connections(from, &main, MAX_PENDING_PER_PEER + extra).await;
+    let jobs: serde_json::Value = action(&url, &Action::ListJobs).await;
     assert!(
-        closed >= 2 * extra,
-        "only {closed} connections past the caps were closed"
+        jobs["jobs"].as_array().is_some_and(Vec::is_empty),
+        "during the flood: {jobs}"
     );
+    let closed = closed_of(&mut one).await;
+    assert!(
+        closed >= extra,
+        "only {closed} of one address's connections past its share were closed"
+    );
+    // Many addresses, and the probe port: every listener holds its cap.
+    let mut flood =
+        silent_connections(Ipv4Addr::LOCALHOST, &agent.health, MAX_PROBE_CONNECTIONS + extra).await;
+    for a in 0..MAX_PENDING_CONNECTIONS / MAX_PENDING_PER_PEER {
+        let from = Ipv4Addr::new(127, 0, 0, 3 + a as u8);
+        flood.extend(silent_connections(from, &main, MAX_PENDING_PER_PEER).await);
+    }
+    let peak = fds();
     assert!(
         peak <= before + MAX_PROBE_CONNECTIONS + MAX_PENDING_CONNECTIONS + 16,
         "the agent held {} descriptors more than before the flood (caps {MAX_PROBE_CONNECTIONS} + {MAX_PENDING_CONNECTIONS})",
         peak - before
     );
-    drop(flood);
+    let closed = closed_of(&mut flood).await;
+    assert!(
+        closed >= extra,
+        "only {closed} connections past the caps were closed"
+    );
+    drop((one, flood));
     // The flood gone, the agent answers again.
     let deadline = Instant::now() + Duration::from_secs(60);
     while http_status(&agent.health, "/readyz").await != Some(200) {

@@ -14,10 +14,10 @@ by ``kindling_client`` (``deploy/python``), as any language would drive them.
    same seed, batches and epochs. The test accuracy comes from the agents'
    predictions; each GPU run must be within ``--tolerance`` points (0.5) of the
    CPU run with the same number of agents.
-2. **Speed.** ``bench_gpu`` (the trainer's own step on one agent: Arrow batch
-   to tensors, forward, backward and the optimizer on the device, the loss read
-   back; for the MLP also a data-parallel rank's step, its gradients to the host
-   optimizer and the weights back) and ``bench_gpu.py`` (PyTorch eager, the
+2. **Speed.** ``bench_gpu`` (the trainer's own step: Arrow batch to tensors,
+   forward, backward, the gradients to the host optimizer and the weights back;
+   for the MLP also the step kept on the device, ``--gpu-step-on-device``, and
+   burn alone; every configuration run untimed once before any is timed) and ``bench_gpu.py`` (PyTorch eager, the
    same models, optimizer and batches, on CUDA when it has a GPU; for the MLP
    also with each batch copied from host memory as a data loader's is) for the
    MLP 784-256-128-10 and the CNN, batch 256 and 4096, f32 and bf16.

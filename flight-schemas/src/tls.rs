@@ -444,6 +444,49 @@ enum Route {
 /// or slow handshakes holds no more than this many tasks and descriptors.
 pub const MAX_PENDING_CONNECTIONS: usize = 256;
 
+/// Of [`MAX_PENDING_CONNECTIONS`], the most one peer address holds: a flood
+/// of silent handshakes from one pod leaves the others' room to connect.
+pub const MAX_PENDING_PER_PEER: usize = 32;
+
+/// Pending connections per peer address (an entry only while one is held,
+/// so at most [`MAX_PENDING_CONNECTIONS`] entries). Counted by hand: tower's
+/// and tokio's limits are global, not per peer.
+#[derive(Debug, Default)]
+struct PeerSlots(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One pending connection of `ip`, given back when dropped.
+struct PeerSlot {
+    slots: Arc<PeerSlots>,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlots {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= MAX_PENDING_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            slots: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
 fn route(
     listener: TcpListener,
     tls: Option<Tls>,
@@ -451,6 +494,7 @@ fn route(
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CONNECTIONS));
+    let peers = Arc::new(PeerSlots::default());
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -467,6 +511,10 @@ fn route(
             };
             let Ok(slot) = pending.clone().try_acquire_owned() else {
                 tracing::debug!(%peer, cap = MAX_PENDING_CONNECTIONS, "connection refused: too many handshakes at once");
+                continue;
+            };
+            let Some(peer_slot) = peers.take(peer.ip()) else {
+                tracing::debug!(%peer, cap = MAX_PENDING_PER_PEER, "connection refused: too many handshakes from one address");
                 continue;
             };
             let _ = tcp.set_nodelay(true);
@@ -499,7 +547,7 @@ fn route(
                         }
                     }
                 };
-                drop(slot);
+                drop((slot, peer_slot));
                 match (route, others) {
                     (Route::Grpc, _) => {
                         let _ = tx.send(Ok(conn)).await;
