@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+mod peers;
+
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
@@ -448,45 +450,6 @@ pub const MAX_PENDING_CONNECTIONS: usize = 256;
 /// of silent handshakes from one pod leaves the others' room to connect.
 pub const MAX_PENDING_PER_PEER: usize = 32;
 
-/// Pending connections per peer address (an entry only while one is held,
-/// so at most [`MAX_PENDING_CONNECTIONS`] entries). Counted by hand: tower's
-/// and tokio's limits are global, not per peer.
-#[derive(Debug, Default)]
-struct PeerSlots(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One pending connection of `ip`, given back when dropped.
-struct PeerSlot {
-    slots: Arc<PeerSlots>,
-    ip: std::net::IpAddr,
-}
-
-impl PeerSlots {
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.entry(ip).or_insert(0);
-        if *n >= MAX_PENDING_PER_PEER {
-            return None;
-        }
-        *n += 1;
-        Some(PeerSlot {
-            slots: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut held = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.ip);
-            }
-        }
-    }
-}
-
 fn route(
     listener: TcpListener,
     tls: Option<Tls>,
@@ -494,7 +457,7 @@ fn route(
 ) -> ReceiverStream<io::Result<Conn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CONNECTIONS));
-    let peers = Arc::new(PeerSlots::default());
+    let peers = Arc::new(peers::PeerSlots::default());
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {

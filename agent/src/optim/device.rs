@@ -43,7 +43,7 @@ impl DeviceOptimizer {
     /// `flat`'s rule, rate, groups and state, with `weights` (laid out as
     /// `sizes`, the parameters' value counts in flat order) as the master
     /// weights, on `device`; `clip_norm` clips the mean gradient's global
-    /// norm ([`crate::exchange::Exchange::clipped`]'s rule).
+    /// norm (`clip_grad_norm_`'s rule, as the exchange does on the host).
     ///
     /// # Panics
     /// If `weights` or `sizes` do not match `flat`'s length (a layout bug).
@@ -335,7 +335,6 @@ mod tests {
     use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec};
 
     use super::DeviceOptimizer;
-    use crate::exchange::Exchange;
     use crate::optim::FlatOptimizer;
 
     const SIZES: [usize; 3] = [6, 3, 5];
@@ -345,6 +344,25 @@ mod tests {
         (0..14)
             .map(|i| ((i * 5 + s * 3) as f32 * 0.37).sin() * 3.0)
             .collect()
+    }
+
+    /// `scale` with `clip_grad_norm_`'s factor for the mean gradient `sums ·
+    /// scale` (PyTorch's rule: `max_norm / (norm + 1e-6)`, at most 1).
+    fn clipped(clip: Option<GradientClip>, sums: &[f32], scale: f32) -> f32 {
+        let Some(GradientClip::Norm { max_norm }) = clip else {
+            return scale;
+        };
+        let norm = sums
+            .iter()
+            .map(|&g| (g as f64 * scale as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            (scale as f64 * coef) as f32
+        } else {
+            scale
+        }
     }
 
     fn spec(optimizer: OptimizerSpec, clip: Option<GradientClip>) -> JobSpec {
@@ -379,18 +397,21 @@ mod tests {
         for optimizer in super::super::tests::every_rule() {
             for clip in clips {
                 let spec = spec(optimizer.clone(), clip);
-                let exchange = Exchange::for_spec(&spec);
                 let mut host = FlatOptimizer::for_job(&spec, &layout).expect("optimizer");
                 let mut w: Vec<f32> = (0..14).map(|i| (i as f32 * 0.7).cos()).collect();
                 let scale = 0.25;
                 let host_step = |host: &mut FlatOptimizer, w: &mut Vec<f32>, s: usize| {
                     let g = sums(s);
-                    host.step(w, &g, exchange.clipped(&g, scale));
+                    host.step(w, &g, clipped(clip, &g, scale));
                 };
                 for s in 0..5 {
                     host_step(&mut host, &mut w, s);
                 }
-                let mut dev = DeviceOptimizer::upload(&host, &w, &SIZES, exchange.clip_norm, &device);
+                let clip_norm = match clip {
+                    Some(GradientClip::Norm { max_norm }) => Some(max_norm),
+                    _ => None,
+                };
+                let mut dev = DeviceOptimizer::upload(&host, &w, &SIZES, clip_norm, &device);
                 for s in 5..25 {
                     host_step(&mut host, &mut w, s);
                     let g = sums(s);
