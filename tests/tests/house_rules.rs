@@ -15,10 +15,9 @@ const MAX_LINES: usize = 700;
 const MAX_FN_LINES: usize = 120;
 /// Functions still longer (file, name, their lines when the rule came): each
 /// may shrink, none may grow; split one and take it off this list.
-const LONG_FNS: [(&str, &str, usize); 4] = [
+const LONG_FNS: [(&str, &str, usize); 3] = [
     ("client/src/job/fit.rs", "train", 206),
     ("client/src/feed/push.rs", "push", 178),
-    ("client/src/job/progress.rs", "show", 139),
     ("flight-schemas/src/schema.rs", "validate", 134),
 ];
 

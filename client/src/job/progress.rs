@@ -201,142 +201,150 @@ impl Reporter {
     }
 
     fn show(&mut self, event: &TrainingEvent) {
-        if let Some(bars) = &self.bars {
-            match event {
-                TrainingEvent::Streamed {
-                    split,
-                    shard,
-                    rows,
-                    rows_per_sec,
-                } => {
-                    let bar = self.shard_bars.entry((split, *shard)).or_insert_with(|| {
-                        let b = bars.add(ProgressBar::new_spinner());
-                        b.set_style(
-                            ProgressStyle::with_template("{prefix:>12} {spinner} {msg}")
-                                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-                        );
-                        b.set_prefix(format!("{split} shard {shard}"));
-                        b
-                    });
-                    bar.set_message(format!("{rows} rows  {rows_per_sec:.0} rows/s"));
-                    bar.tick();
-                }
-                TrainingEvent::Fed { split, .. } => {
-                    for ((s, _), b) in &self.shard_bars {
-                        if s == split {
-                            b.finish();
-                        }
-                    }
-                }
-                TrainingEvent::Step {
-                    epoch,
-                    step,
-                    steps,
-                    loss,
-                    samples_per_sec,
-                } => {
-                    let bar = self.train_bar.get_or_insert_with(|| {
-                        let b = bars.add(ProgressBar::new(*steps));
-                        b.set_style(
-                            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
-                                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                        );
-                        b
-                    });
-                    bar.set_length((*steps).max(*step));
-                    bar.set_position(*step);
-                    bar.set_prefix(format!("epoch {epoch}"));
-                    let loss = loss.map(|l| format!("loss {l:.4}")).unwrap_or_default();
-                    bar.set_message(format!("{loss}  {samples_per_sec:.0} samples/s"));
-                }
-                TrainingEvent::Epoch(m) => {
-                    let _ = bars.println(epoch_line(m));
-                }
-                TrainingEvent::Shrunk { lost, world_size } => {
-                    let _ = bars.println(shrunk_line(lost, *world_size));
-                }
-                TrainingEvent::Recovering {
-                    attempt,
-                    resent_shards,
-                } => {
-                    let _ = bars.println(format!(
-                        "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
-                    ));
-                }
-                TrainingEvent::AgentLog { job_id, event } => {
-                    let _ = bars.println(agent_log_line(job_id, event));
-                }
-                TrainingEvent::EarlyStopped { epoch, best_epoch } => {
-                    let _ = bars.println(early_stop_line(*epoch, *best_epoch));
-                }
-                TrainingEvent::Finished { .. } => {
-                    if let Some(b) = self.train_bar.take() {
-                        b.finish_and_clear();
-                    }
-                }
-                TrainingEvent::Started { .. } => {}
+        if let Some(bars) = self.bars.clone() {
+            self.show_bars(&bars, event);
+        } else if self.log
+            && let Some(line) = self.log_line(event)
+        {
+            self.last_log = Instant::now();
+            eprintln!("[kindling] {line}");
+        }
+    }
+
+    /// `event` on the terminal's progress bars.
+    fn show_bars(&mut self, bars: &MultiProgress, event: &TrainingEvent) {
+        match event {
+            TrainingEvent::Streamed {
+                split,
+                shard,
+                rows,
+                rows_per_sec,
+            } => {
+                let bar = self.shard_bars.entry((split, *shard)).or_insert_with(|| {
+                    let b = bars.add(ProgressBar::new_spinner());
+                    b.set_style(
+                        ProgressStyle::with_template("{prefix:>12} {spinner} {msg}")
+                            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                    );
+                    b.set_prefix(format!("{split} shard {shard}"));
+                    b
+                });
+                bar.set_message(format!("{rows} rows  {rows_per_sec:.0} rows/s"));
+                bar.tick();
             }
-        } else if self.log {
-            let line = match event {
-                TrainingEvent::Started { job_id, agents } => {
-                    Some(format!("job {job_id} started on {} agents", agents.len()))
+            TrainingEvent::Fed { split, .. } => {
+                for ((s, _), b) in &self.shard_bars {
+                    if s == split {
+                        b.finish();
+                    }
                 }
-                TrainingEvent::Streamed {
-                    split,
-                    shard,
-                    rows,
-                    rows_per_sec,
-                } => (self.last_log.elapsed().as_secs() >= 2)
-                    .then(|| format!("{split} shard {shard}: {rows} rows ({rows_per_sec:.0} rows/s)")),
-                TrainingEvent::Fed {
-                    split,
-                    rows_per_shard,
-                    feed,
-                    client_bytes,
-                    seconds,
-                    queries,
-                    partitions,
-                } => Some(format!(
-                    "{split}: every row landed once ({feed}, {seconds:.1} s, {client_bytes} bytes through \
-                     the client{}{}), rows per shard {rows_per_shard:?}",
-                    if *queries > 1 {
-                        format!(", {queries} Spark queries")
-                    } else {
-                        String::new()
-                    },
-                    node_local_part(partitions),
-                )),
-                TrainingEvent::Step {
-                    epoch,
-                    step,
-                    steps,
-                    loss,
-                    samples_per_sec,
-                } => (self.last_log.elapsed().as_secs() >= 2).then(|| {
-                    let of = if *steps > 0 { steps.to_string() } else { "?".into() };
-                    format!(
-                        "epoch {epoch} step {step}/{of} loss {:.4} {samples_per_sec:.0} samples/s",
-                        loss.unwrap_or(f64::NAN)
-                    )
-                }),
-                TrainingEvent::Epoch(m) => Some(epoch_line(m)),
-                TrainingEvent::Shrunk { lost, world_size } => Some(shrunk_line(lost, *world_size)),
-                TrainingEvent::Recovering {
-                    attempt,
-                    resent_shards,
-                } => Some(format!(
+            }
+            TrainingEvent::Step {
+                epoch,
+                step,
+                steps,
+                loss,
+                samples_per_sec,
+            } => {
+                let bar = self.train_bar.get_or_insert_with(|| {
+                    let b = bars.add(ProgressBar::new(*steps));
+                    b.set_style(
+                        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg}")
+                            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                    );
+                    b
+                });
+                bar.set_length((*steps).max(*step));
+                bar.set_position(*step);
+                bar.set_prefix(format!("epoch {epoch}"));
+                let loss = loss.map(|l| format!("loss {l:.4}")).unwrap_or_default();
+                bar.set_message(format!("{loss}  {samples_per_sec:.0} samples/s"));
+            }
+            TrainingEvent::Epoch(m) => {
+                let _ = bars.println(epoch_line(m));
+            }
+            TrainingEvent::Shrunk { lost, world_size } => {
+                let _ = bars.println(shrunk_line(lost, *world_size));
+            }
+            TrainingEvent::Recovering {
+                attempt,
+                resent_shards,
+            } => {
+                let _ = bars.println(format!(
                     "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
-                )),
-                TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
-                TrainingEvent::EarlyStopped { epoch, best_epoch } => {
-                    Some(early_stop_line(*epoch, *best_epoch))
-                }
-                TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
-            };
-            if let Some(line) = line {
-                self.last_log = Instant::now();
-                eprintln!("[kindling] {line}");
+                ));
             }
+            TrainingEvent::AgentLog { job_id, event } => {
+                let _ = bars.println(agent_log_line(job_id, event));
+            }
+            TrainingEvent::EarlyStopped { epoch, best_epoch } => {
+                let _ = bars.println(early_stop_line(*epoch, *best_epoch));
+            }
+            TrainingEvent::Finished { .. } => {
+                if let Some(b) = self.train_bar.take() {
+                    b.finish_and_clear();
+                }
+            }
+            TrainingEvent::Started { .. } => {}
+        }
+    }
+
+    /// `event` as a log line, when it makes one (streaming and steps at most
+    /// every 2 s).
+    fn log_line(&self, event: &TrainingEvent) -> Option<String> {
+        match event {
+            TrainingEvent::Started { job_id, agents } => {
+                Some(format!("job {job_id} started on {} agents", agents.len()))
+            }
+            TrainingEvent::Streamed {
+                split,
+                shard,
+                rows,
+                rows_per_sec,
+            } => (self.last_log.elapsed().as_secs() >= 2)
+                .then(|| format!("{split} shard {shard}: {rows} rows ({rows_per_sec:.0} rows/s)")),
+            TrainingEvent::Fed {
+                split,
+                rows_per_shard,
+                feed,
+                client_bytes,
+                seconds,
+                queries,
+                partitions,
+            } => Some(format!(
+                "{split}: every row landed once ({feed}, {seconds:.1} s, {client_bytes} bytes through \
+                 the client{}{}), rows per shard {rows_per_shard:?}",
+                if *queries > 1 {
+                    format!(", {queries} Spark queries")
+                } else {
+                    String::new()
+                },
+                node_local_part(partitions),
+            )),
+            TrainingEvent::Step {
+                epoch,
+                step,
+                steps,
+                loss,
+                samples_per_sec,
+            } => (self.last_log.elapsed().as_secs() >= 2).then(|| {
+                let of = if *steps > 0 { steps.to_string() } else { "?".into() };
+                format!(
+                    "epoch {epoch} step {step}/{of} loss {:.4} {samples_per_sec:.0} samples/s",
+                    loss.unwrap_or(f64::NAN)
+                )
+            }),
+            TrainingEvent::Epoch(m) => Some(epoch_line(m)),
+            TrainingEvent::Shrunk { lost, world_size } => Some(shrunk_line(lost, *world_size)),
+            TrainingEvent::Recovering {
+                attempt,
+                resent_shards,
+            } => Some(format!(
+                "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
+            )),
+            TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
+            TrainingEvent::EarlyStopped { epoch, best_epoch } => Some(early_stop_line(*epoch, *best_epoch)),
+            TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
         }
     }
 }
