@@ -91,15 +91,16 @@ fn kindling_step(
     data: &[RecordBatch],
     device: &Device,
     (steps, warmup): (usize, usize),
-    staging: bool,
     resident: bool,
 ) -> anyhow::Result<f64> {
     let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
     let mut weights = model.flat_weights();
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
-    let sizes: Vec<usize> = model.param_layout().iter().map(|(_, n)| *n).collect();
-    let mut on_device = resident.then(|| DeviceOptimizer::upload(&optim, &weights, &sizes, None, device));
-    let mut pipeline = Pipeline::new(staging);
+    let layout_of_params = model.param_layout();
+    let mut on_device =
+        resident.then(|| DeviceOptimizer::upload(&optim, &weights, &layout_of_params, None, device));
+    // The next batch staged meanwhile, as the trainer does on a GPU.
+    let mut pipeline = Pipeline::new(true);
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
     for i in 0..warmup + steps {
@@ -255,8 +256,8 @@ fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) 
         let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
         let (mut on, mut off) = (Vec::new(), Vec::new());
         for round in 0..=rounds {
-            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true, true)?;
-            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true, false)?;
+            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true)?;
+            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false)?;
             eprintln!("batch {batch} round {round}: on the device {a:.0}, host round trip {b:.0} samples/s");
             if round > 0 {
                 on.push(a);
@@ -322,7 +323,7 @@ fn main() -> anyhow::Result<()> {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
                 for resident in [false, model == "mlp" && precision == Precision::F32] {
-                    kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), true, resident)?;
+                    kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), resident)?;
                 }
             }
         }
@@ -333,7 +334,7 @@ fn main() -> anyhow::Result<()> {
             for &(precision, name, dtype) in &precisions {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, false)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
             }
@@ -343,7 +344,7 @@ fn main() -> anyhow::Result<()> {
                 let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true, true)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true)?;
                 let path = "step on the device (--gpu-step-on-device)";
                 eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));

@@ -63,6 +63,19 @@ impl Trailer {
     /// # Panics
     /// If `values` is shorter than [`LEN`](Self::LEN) (a layout bug).
     pub fn read(values: &[f32]) -> Trailer {
+        Trailer::from_values(values)
+    }
+
+    /// The trailer that ends a step's buffer (`[sums…, trailer]`, or the
+    /// trailer alone).
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`](Self::LEN) (a layout bug).
+    pub fn of(buf: &[f32]) -> Trailer {
+        Trailer::from_values(&buf[buf.len() - Self::LEN..])
+    }
+
+    fn from_values(values: &[f32]) -> Trailer {
         Trailer {
             rows: values[0],
             weight: values[1],

@@ -219,10 +219,10 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
     if ctx.step_on_device && ctx.ring.world() == 1 && crate::device::is_gpu(&t.device) {
-        let sizes: Vec<usize> = model.param_layout().iter().map(|(_, n)| *n).collect();
+        let layout = model.param_layout();
         let clip_norm = t.exchange.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(
-            &t.optim, &t.weights, &sizes, clip_norm, &t.device,
+            &t.optim, &t.weights, &layout, clip_norm, &t.device,
         ));
     }
     t.stopper = t.spec.early_stopping.map(|rule| Stopper::new(rule, &t.history));

@@ -41,8 +41,8 @@ pub struct DeviceOptimizer {
 
 impl DeviceOptimizer {
     /// `flat`'s rule, rate, groups and state, with `weights` (laid out as
-    /// `sizes`, the parameters' value counts in flat order) as the master
-    /// weights, on `device`; `clip_norm` clips the mean gradient's global
+    /// `layout`, the parameters' paths and value counts in flat order) as the
+    /// master weights, on `device`; `clip_norm` clips the mean gradient's global
     /// norm (`clip_grad_norm_`'s rule, as the exchange does on the host).
     ///
     /// # Panics
@@ -50,10 +50,11 @@ impl DeviceOptimizer {
     pub fn upload(
         flat: &FlatOptimizer,
         weights: &[f32],
-        sizes: &[usize],
+        layout: &[(String, usize)],
         clip_norm: Option<f64>,
         device: &Device,
     ) -> Self {
+        let sizes: Vec<usize> = layout.iter().map(|(_, n)| *n).collect();
         assert_eq!(weights.len(), flat.len, "weights laid out for another model");
         assert_eq!(
             sizes.iter().sum::<usize>(),
@@ -69,7 +70,7 @@ impl DeviceOptimizer {
         let slots = flat.rule.slots();
         let mut state: Vec<Vec<Tensor<1>>> = vec![Vec::with_capacity(sizes.len()); slots];
         let mut at = 0;
-        for &n in sizes {
+        for &n in &sizes {
             decay.push(flat.groups.iter().any(|g| g.decay && g.start <= at && at < g.end));
             master.push(part(weights, at, n));
             for (s, slot) in state.iter_mut().enumerate() {
@@ -86,7 +87,7 @@ impl DeviceOptimizer {
             clip_norm,
             time: flat.time,
             sums: vec![None; sizes.len()],
-            sizes: sizes.to_vec(),
+            sizes,
             master,
             state,
         }
@@ -120,11 +121,6 @@ impl DeviceOptimizer {
         self.lr = lr;
     }
 
-    /// Steps taken so far.
-    pub fn steps(&self) -> u64 {
-        self.time
-    }
-
     /// Adds parameter `index`'s gradient sums (flat, `f32`, on the device) to
     /// those gathered for the next step.
     pub(crate) fn add_gradient(&mut self, index: usize, grad: Tensor<1>) {
@@ -138,11 +134,6 @@ impl DeviceOptimizer {
     /// Drops the gradients gathered (a step not taken).
     pub fn clear(&mut self) {
         self.sums.iter_mut().for_each(|s| *s = None);
-    }
-
-    /// The number of parameters this optimizer steps.
-    pub fn params(&self) -> usize {
-        self.sizes.len()
     }
 
     /// Starts a step on the gathered sums, `scale` turning them into means
@@ -411,7 +402,7 @@ mod tests {
                     Some(GradientClip::Norm { max_norm }) => Some(max_norm),
                     _ => None,
                 };
-                let mut dev = DeviceOptimizer::upload(&host, &w, &SIZES, clip_norm, &device);
+                let mut dev = DeviceOptimizer::upload(&host, &w, &layout, clip_norm, &device);
                 for s in 5..25 {
                     host_step(&mut host, &mut w, s);
                     let g = sums(s);
@@ -425,7 +416,7 @@ mod tests {
                         at += n;
                     }
                     let sc = dev.begin_step(scale);
-                    for i in 0..dev.params() {
+                    for i in 0..SIZES.len() {
                         dev.step_param(i, &sc);
                     }
                 }

@@ -99,7 +99,7 @@ fn cancelled(ctx: &TrainContext) -> AgentError {
 /// `accumulate` micro-batches' gradients (on the device, in the
 /// [`DeviceOptimizer`](crate::optim::DeviceOptimizer), when the step stays
 /// there; their losses too, read after the step).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct Local {
     sums: Vec<f32>,
     rows: u64,
@@ -141,14 +141,7 @@ impl Local {
 
     /// Adds a micro-batch whose gradient sums stayed on the device.
     fn add_device(slot: &mut Option<Local>, share: DeviceShare) {
-        let l = slot.get_or_insert_with(|| Local {
-            sums: Vec::new(),
-            rows: 0,
-            weight: 0.0,
-            loss_sum: 0.0,
-            micro: 0,
-            losses: Vec::new(),
-        });
+        let l = slot.get_or_insert_with(Local::default);
         l.rows += share.rows;
         l.weight += share.weight;
         l.micro += 1;
@@ -307,7 +300,7 @@ fn take_step(
     // One rank: nothing to all-reduce; the step stays on the device.
     opt.set_learning_rate(lr);
     t.times.steps += 1;
-    let Some(scale) = take(&Trailer::read(buf)) else {
+    let Some(scale) = take(&Trailer::of(buf)) else {
         return Ok(model);
     };
     let started = Instant::now();
@@ -347,8 +340,6 @@ pub(super) fn train_epoch(
     let (mut loss_sum, mut weight_total, mut rows_total, mut rows_mine) = (0f64, 0f64, 0f64, 0u64);
     let mut step = 0u64;
     let mut lr = t.optim.learning_rate();
-    // With the step on the device, the buffer is the trailer alone.
-    let grads = if t.resident.is_some() { 0 } else { t.weights.len() };
     loop {
         if !live && step >= plan.steps {
             break;
@@ -372,7 +363,7 @@ pub(super) fn train_epoch(
             (!skipped && sum.weight > 0.0).then(|| 1.0 / sum.weight)
         };
         model = take_step(ctx, t, model, &mut buf, lr, take)?;
-        let mut sum = Trailer::read(&buf[grads..]);
+        let mut sum = Trailer::of(&buf);
         if live {
             if sum.not_ready > 0.0 {
                 continue; // nobody steps; ready ranks keep their batch

@@ -270,9 +270,7 @@ impl Reporter {
                 attempt,
                 resent_shards,
             } => {
-                let _ = bars.println(format!(
-                    "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
-                ));
+                let _ = bars.println(recovering_line(*attempt, resent_shards));
             }
             TrainingEvent::AgentLog { job_id, event } => {
                 let _ = bars.println(agent_log_line(job_id, event));
@@ -339,9 +337,7 @@ impl Reporter {
             TrainingEvent::Recovering {
                 attempt,
                 resent_shards,
-            } => Some(format!(
-                "attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}"
-            )),
+            } => Some(recovering_line(*attempt, resent_shards)),
             TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
             TrainingEvent::EarlyStopped { epoch, best_epoch } => Some(early_stop_line(*epoch, *best_epoch)),
             TrainingEvent::Finished { job_id } => Some(format!("job {job_id} finished")),
@@ -357,6 +353,10 @@ pub fn agent_log_line(job_id: &str, e: &JobEvent) -> String {
         "{} agent {} (job {job_id}, rank {rank}, attempt {}): {}",
         e.level, e.agent_id, e.attempt, e.message
     )
+}
+
+fn recovering_line(attempt: u32, resent_shards: &[usize]) -> String {
+    format!("attempt failed; attempt {attempt} re-forming, re-sent shards {resent_shards:?}")
 }
 
 fn shrunk_line(lost: &[String], world_size: u32) -> String {
