@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
+use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::action::{Action, CancelJob, StartJob};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::{JobSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

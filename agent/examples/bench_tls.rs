@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kindling_agent::collective::{Inbox, Ring, RingConfig};
-use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
+use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::action::{Action, CancelJob, StartJob};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::{DataPath, Split};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::{JobSpec, Task};
 use tokio_util::sync::CancellationToken;
 

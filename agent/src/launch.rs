@@ -12,10 +12,10 @@ use clap::Parser;
 use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{TlsArgs, TokenArgs};
 use crate::model::ModelRegistry;
 use crate::server::AgentConfig;
-use crate::web::probes::{HealthServer, Readiness};
+use kindling_ops::cli::{TlsArgs, TokenArgs};
+use kindling_ops::web::probes::{HealthServer, Readiness};
 
 /// Kindling training agent: receives Arrow shards over Flight and trains with
 /// its gang (ring all-reduce), ganged by the rendezvous.
@@ -126,7 +126,7 @@ struct Cli {
     #[arg(long, env = "KINDLING_LOG", default_value = "info")]
     log_level: String,
     #[command(flatten)]
-    log: crate::cli::LogArgs,
+    log: kindling_ops::cli::LogArgs,
 }
 
 const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
@@ -316,7 +316,7 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
         .context("invalid --log-level")?;
     // Logs go to stderr; stdout stays free.
-    crate::cli::init_logging(filter, cli.log.log_format);
+    kindling_ops::cli::init_logging(filter, cli.log.log_format);
     let config = AgentConfig {
         models: models.with_max_params(cli.max_model_params),
         ..AgentConfig::try_from(&cli)?

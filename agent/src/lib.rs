@@ -1,12 +1,11 @@
-//! The Kindling agent and the barrier rendezvous service.
+//! The Kindling agent: Flight ingest, the shard cache, the burn trainer, the
+//! ring all-reduce and prediction. Its HTTP side, Prometheus page and shared
+//! flags are `kindling_ops`'s; the rendezvous it joins is the
+//! `kindling-rendezvous` crate (client: `kindling_schemas::rendezvous`).
 //!
 //! - [`launch`]: the agent process ([`run`]: command line, signals, probes),
 //!   for the `kindling-agent` binary and agents built from user crates.
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
-//! - [`web`]: the HTTP side on axum and hyper: pages and `/metrics` behind one
-//!   auth layer on the main port, `/healthz` and `/readyz` on the health port.
-//! - [`exposition`]: `/metrics` (Prometheus text format) on both binaries' port; the rendezvous' metrics.
-//! - [`cli`]: command-line pieces both binaries share (the token flags).
 //! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
 //! - [`predict`]: inference and the `DoExchange` prediction stream.
 //! - [`registry`]: the jobs on an agent, and starting their tasks.
@@ -28,8 +27,6 @@
 //! - [`device`]: CPU (`flex`) or GPU (burn-wgpu, `gpu` feature) per job.
 //! - [`cache`]: shard cache with memory budget and disk spill.
 //! - [`error`]: [`AgentError`] and its one mapping to `tonic::Status`.
-//! - [`rendezvous`]: the barrier rendezvous service (server, embedded mode);
-//!   its client is `kindling_schemas::rendezvous::RendezvousClient`.
 //!
 //! The modules form layers, listed lowest first in the README's layout
 //! table: a module uses only modules listed before it
@@ -38,12 +35,10 @@
 pub mod builtin;
 pub mod cache;
 pub mod checkpoint;
-pub mod cli;
 pub mod collective;
 pub mod device;
 pub mod error;
 pub mod exchange;
-pub mod exposition;
 pub mod flight;
 pub mod ingest;
 pub mod job;
@@ -55,13 +50,11 @@ pub mod optim;
 pub mod params;
 pub mod predict;
 pub mod registry;
-pub mod rendezvous;
 pub mod schedule;
 pub mod server;
 pub mod serving;
 pub mod tensorize;
 pub mod trainer;
-pub mod web;
 
 /// burn at the version the agent trains with, for models of one's own.
 pub use burn;

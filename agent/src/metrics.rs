@@ -1,4 +1,4 @@
-//! The agent's Prometheus families (served by [`crate::exposition`]): the
+//! The agent's Prometheus families (served by `kindling_ops::exposition`): the
 //! cache against its budget, and per job and rank its rows, state, epoch,
 //! step, losses, throughput, where step time goes, refused `DoPut`s, and its
 //! rings' all-reduces (count, bytes, a time histogram).
@@ -14,8 +14,8 @@ use kindling_schemas::action::AgentJobState;
 
 use crate::cache::MemoryBudget;
 use crate::collective::ALL_REDUCE_SECONDS;
-use crate::exposition::family;
 use crate::registry::JobRegistry;
+use kindling_ops::exposition::family;
 
 /// The report an agent's heartbeats carry to the rendezvous' status page
 /// ([`AgentReport`](kindling_schemas::rendezvous::AgentReport) JSON): its

@@ -376,8 +376,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
-    let auth = crate::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
-    tokio::spawn(crate::web::serve(
+    let auth = kindling_ops::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
+    tokio::spawn(kindling_ops::web::serve(
         routed.http,
         auth,
         cancel.clone(),
@@ -495,16 +495,17 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
 }
 
 /// The agent's HTTP pages: `/metrics`, rendered at most once per
-/// [`RENDER_TTL`](crate::web::RENDER_TTL).
-fn metrics_page(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> crate::web::Pages {
-    let registry = crate::exposition::registry("agent", crate::metrics::AgentCollector::new(jobs, budget));
-    let pages: crate::web::Pages = Arc::new(move |path: &str| {
-        (path == "/metrics").then(|| crate::web::Page {
-            content_type: crate::exposition::CONTENT_TYPE,
-            body: crate::exposition::encode(&registry).into(),
+/// [`RENDER_TTL`](kindling_ops::web::RENDER_TTL).
+fn metrics_page(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> kindling_ops::web::Pages {
+    let registry =
+        kindling_ops::exposition::registry("agent", crate::metrics::AgentCollector::new(jobs, budget));
+    let pages: kindling_ops::web::Pages = Arc::new(move |path: &str| {
+        (path == "/metrics").then(|| kindling_ops::web::Page {
+            content_type: kindling_ops::exposition::CONTENT_TYPE,
+            body: kindling_ops::exposition::encode(&registry).into(),
         })
     });
-    crate::web::cached(pages, crate::web::RENDER_TTL)
+    kindling_ops::web::cached(pages, kindling_ops::web::RENDER_TTL)
 }
 
 /// Registers `info` with the rendezvous at `rv`, its heartbeats carrying the

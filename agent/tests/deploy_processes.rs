@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
-use kindling_agent::rendezvous::{JobConfig, RendezvousClient};
 use kindling_fixtures::pki::{Files, TestCa};
 use kindling_fixtures::{committed_rows, pieces, put_messages, rule_batch, rule_schema};
 use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData, JobRef, StartJob};
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::descriptor::Split;
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,7 +32,33 @@ const TOKEN: &str = "deploy-test-token";
 /// The viewer token the manifests mount: reads `/metrics` and the status page only.
 const VIEWER_TOKEN: &str = "deploy-test-viewer-token";
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-agent");
-const RENDEZVOUS_BIN: &str = env!("CARGO_BIN_EXE_kindling-rendezvous");
+
+/// The `kindling-rendezvous` binary: another package's, so cargo names no
+/// path for it here. It is built next to this test (`target/<profile>/`) by
+/// the README's test command (`--bins`), or named by
+/// `KINDLING_RENDEZVOUS_BIN`.
+fn rendezvous_bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let path = std::env::var_os("KINDLING_RENDEZVOUS_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                let exe = std::env::current_exe().expect("test executable");
+                // target/<profile>/deps/deploy_processes-<hash> → target/<profile>/kindling-rendezvous
+                exe.parent()
+                    .and_then(Path::parent)
+                    .expect("target dir")
+                    .join("kindling-rendezvous")
+            });
+        assert!(
+            path.is_file(),
+            "{} not found: build it first with `cargo build -p kindling-rendezvous` (same \
+             CARGO_TARGET_DIR), or set KINDLING_RENDEZVOUS_BIN",
+            path.display()
+        );
+        path.to_string_lossy().into_owned()
+    })
+}
 
 /// The name on the agents' shared certificate (the DaemonSet's
 /// `KINDLING_TLS_SERVER_NAME`): agents are dialled by IP.
@@ -274,7 +300,7 @@ impl Cluster {
     async fn start_rendezvous(&mut self) {
         let health = format!("127.0.0.1:{}", free_port());
         let env = self.rendezvous_env(self.rendezvous_port, &health);
-        let mut rendezvous = Proc::spawn("rendezvous", RENDEZVOUS_BIN, &env, health, self.dir.path());
+        let mut rendezvous = Proc::spawn("rendezvous", rendezvous_bin(), &env, health, self.dir.path());
         rendezvous.wait_ready().await;
         self.rendezvous = Some(rendezvous);
     }
@@ -487,7 +513,7 @@ async fn end_of_data(url: &str, job_id: &str, rows: u64) {
 fn every_variable_the_manifests_set_is_read_by_the_binary() {
     for (bin, manifest) in [
         (AGENT_BIN, "agent-daemonset.yaml"),
-        (RENDEZVOUS_BIN, "rendezvous.yaml"),
+        (rendezvous_bin(), "rendezvous.yaml"),
     ] {
         let help = Command::new(bin).arg("--help").output().expect("--help");
         assert!(help.status.success());
@@ -617,7 +643,7 @@ async fn a_second_rendezvous_on_a_state_dir_refuses_to_start_naming_the_first() 
     let first = cluster.rendezvous.as_ref().expect("rendezvous").child.id();
     let health = format!("127.0.0.1:{}", free_port());
     let env = cluster.rendezvous_env(free_port(), &health);
-    let mut second = Proc::spawn("rendezvous-2", RENDEZVOUS_BIN, &env, health, cluster.dir.path());
+    let mut second = Proc::spawn("rendezvous-2", rendezvous_bin(), &env, health, cluster.dir.path());
     let exit = second.wait_exit().await;
     assert!(!exit.success(), "the second rendezvous must not start: {exit}");
     let logs = second.logs();
@@ -697,7 +723,7 @@ async fn a_sigkilled_rendezvous_restarted_on_its_address_loses_no_job_and_no_att
     let job = rv.status("outage").await.expect("status after the restart");
     assert_eq!(
         job.state,
-        kindling_agent::rendezvous::JobState::Succeeded,
+        kindling_schemas::rendezvous::JobState::Succeeded,
         "{job:#?}"
     );
     assert_eq!(job.attempt, 1, "{job:#?}");
@@ -1018,7 +1044,7 @@ fn a_server_that_would_take_a_token_in_plaintext_off_loopback_refuses_to_start()
         ("KINDLING_RENDEZVOUS_HEALTH_LISTEN", "127.0.0.1:0"),
         ("KINDLING_TOKEN_FILE", &token),
     ];
-    for (bin, env) in [(AGENT_BIN, &agent[..]), (RENDEZVOUS_BIN, &rendezvous[..])] {
+    for (bin, env) in [(AGENT_BIN, &agent[..]), (rendezvous_bin(), &rendezvous[..])] {
         let out = Command::new(bin)
             .env_clear()
             .envs(env.iter().copied())
@@ -1047,7 +1073,7 @@ fn a_server_that_would_take_a_token_in_plaintext_off_loopback_refuses_to_start()
 #[test]
 fn a_json_log_format_writes_one_json_object_per_line() {
     use std::io::{BufRead, BufReader};
-    let mut child = Command::new(RENDEZVOUS_BIN)
+    let mut child = Command::new(rendezvous_bin())
         .env_clear()
         .args(["--allow-unauthenticated", "--log-format", "json"])
         .args(["--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"])
@@ -1131,7 +1157,7 @@ async fn closed_of(conns: &mut [tokio::net::TcpStream]) -> usize {
 async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_serves_after() {
     use std::net::Ipv4Addr;
 
-    use kindling_agent::web::probes::MAX_PROBE_CONNECTIONS;
+    use kindling_ops::web::probes::MAX_PROBE_CONNECTIONS;
     use kindling_schemas::tls::{MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_PEER};
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent("flood").await;

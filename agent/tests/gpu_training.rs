@@ -16,10 +16,11 @@
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
-use kindling_agent::rendezvous::{EmbeddedRendezvous, JobConfig, RendezvousClient, RendezvousConfig};
 use kindling_agent::{AgentConfig, AgentHandle};
+use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::action::{Action, AgentJobStatus, JobRef, StartJob};
 use kindling_schemas::auth::{BearerAttach, Token};
+use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};

@@ -18,7 +18,8 @@ pub mod feed;
 pub mod job;
 #[cfg(feature = "local")]
 pub mod local;
-pub mod spark;
+/// The Spark Connect client (the `kindling-spark` crate, usable on its own).
+pub use kindling_spark as spark;
 
 pub use spark::{Column, DataFrame, Error as SparkError, SparkSession, functions};
 

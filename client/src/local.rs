@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kindling_agent::rendezvous::{EmbeddedRendezvous, RendezvousConfig, RendezvousError, ServerConfig};
 use kindling_agent::{AgentConfig, AgentError, AgentHandle};
+use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig, RendezvousError, ServerConfig};
 use kindling_schemas::auth::Token;
 
 /// Settings of a local cluster.

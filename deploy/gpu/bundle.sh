@@ -31,6 +31,7 @@ esac
 
 echo "== $profile build: kindling-agent, kindling-rendezvous and bench_gpu with --features $feature"
 cargo build --profile "$profile" -p kindling-agent --features "$feature" --bins --example bench_gpu
+cargo build --profile "$profile" -p kindling-rendezvous --bins
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/deb"

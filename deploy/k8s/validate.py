@@ -29,8 +29,8 @@ container requests and limits ephemeral-storage, within which its pod's
 emptyDirs fit (check_ephemeral_storage). Where an overlay monitors
 (overlays/monitoring): the ServiceMonitor and PodMonitor reach the servers'
 metrics port with the viewer token and TLS (check_monitors); the Grafana dashboard and the alerts name
-only metrics and labels the agent exports (agent/src/metrics.rs,
-agent/src/exposition.rs), and, with promtool installed, parse as PromQL and
+only metrics and labels the servers export (agent/src/metrics.rs,
+agent/rendezvous/src/metrics.rs, agent/ops/src/exposition.rs), and, with promtool installed, parse as PromQL and
 pass overlays/monitoring/alerts.test.yaml (check_promql_with_promtool).
 
 Usage: validate.py [--k8s-version 1.31.0] [--renderer auto|kubectl|builtin]
@@ -1261,7 +1261,7 @@ def check_disruption_budgets(objs, overlay, errors):
 
 # Monitoring (overlays/monitoring). The metrics the servers export are read
 # from their source: a metric or label renamed there fails here.
-METRIC_SOURCES = ("agent/src/metrics.rs", "agent/src/exposition.rs")
+METRIC_SOURCES = ("agent/src/metrics.rs", "agent/rendezvous/src/metrics.rs", "agent/ops/src/exposition.rs")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus gives every series it scrapes through a PodMonitor or a
 # ServiceMonitor, and the metrics of its own the dashboard and alerts may use.

@@ -16,7 +16,7 @@
 //! - [`pb`]: the generated rendezvous gRPC service.
 //! - [`rendezvous`]: the rendezvous's value types, their one conversion to
 //!   `pb`, and the typed async [`RendezvousClient`](rendezvous::RendezvousClient)
-//!   (the server lives in `kindling_agent::rendezvous`).
+//!   (the server is the `kindling-rendezvous` crate).
 
 pub mod action;
 pub mod auth;

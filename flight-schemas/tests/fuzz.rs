@@ -35,6 +35,7 @@ use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc, Ticket};
 use futures::{StreamExt, TryStreamExt};
+use kindling_fixtures::fuzz::{edits, mutate};
 use kindling_schemas::action::Action;
 use kindling_schemas::auth::{BearerCheck, Caller, Token};
 use kindling_schemas::credential::{
@@ -47,40 +48,6 @@ use kindling_schemas::schema::{SchemaError, StreamKind, validate, validate_batch
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 use proptest::prelude::*;
 use prost::Message;
-
-/// `bytes` with `edits` applied: (position, byte) overwrites, then a cut.
-fn mutate(
-    mut bytes: Vec<u8>,
-    edits: &[(usize, u8)],
-    cut: Option<usize>,
-    insert: Option<(usize, u8)>,
-) -> Vec<u8> {
-    if !bytes.is_empty() {
-        for &(at, b) in edits {
-            let i = at % bytes.len();
-            bytes[i] ^= b;
-        }
-    }
-    if let Some((at, b)) = insert {
-        let i = at % (bytes.len() + 1);
-        bytes.insert(i, b);
-    }
-    if let Some(c) = cut {
-        bytes.truncate(c % (bytes.len() + 1));
-    }
-    bytes
-}
-
-/// Byte flips, a cut, an inserted byte ([`mutate`]).
-type Edits = (Vec<(usize, u8)>, Option<usize>, Option<(usize, u8)>);
-
-fn edits() -> impl Strategy<Value = Edits> {
-    (
-        prop::collection::vec((any::<usize>(), 1u8..=255), 0..6),
-        prop::option::of(any::<usize>()),
-        prop::option::of((any::<usize>(), any::<u8>())),
-    )
-}
 
 fn spec() -> JobSpec {
     JobSpec::builder()

@@ -200,7 +200,7 @@ pub fn binary(name: &str, env: &str) -> PathBuf {
     });
     assert!(
         path.is_file(),
-        "{} not found: build it first with `cargo build -p kindling-agent --bins` (same \
+        "{} not found: build it first with `cargo build -p kindling-agent -p kindling-rendezvous --bins` (same \
          CARGO_TARGET_DIR), or set {env}",
         path.display()
     );

@@ -775,10 +775,10 @@ async fn forty_kinds_of_bad_input_are_refused_by_name_and_change_nothing() {
 
     // ----- the health port: a malformed request gets a 4xx, and it serves on.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let ready = kindling_agent::web::probes::Readiness::new();
+    let ready = kindling_ops::web::probes::Readiness::new();
     ready.set(true);
-    let health = kindling_agent::web::probes::HealthServer::start(listener, ready, Default::default())
-        .expect("health");
+    let health =
+        kindling_ops::web::probes::HealthServer::start(listener, ready, Default::default()).expect("health");
     let addr = health.addr();
     let ask = |request: &'static [u8]| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");

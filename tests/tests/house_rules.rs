@@ -8,7 +8,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The product crates: folder, and the crate name in the README's table.
-const CRATES: [&str; 3] = ["flight-schemas", "agent", "client"];
+const CRATES: [&str; 6] = [
+    "flight-schemas",
+    "agent/ops",
+    "agent/rendezvous",
+    "agent",
+    "client/spark",
+    "client",
+];
 /// The most lines a source file of a product crate may have.
 const MAX_LINES: usize = 700;
 /// The most lines a function of a product crate may have.
@@ -47,14 +54,25 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The layers of `folder`'s crate, lowest first, from the README's layout
-/// table: the backticked names of the row's last cell, in order.
-fn readme_layers(readme: &str, folder: &str) -> Vec<String> {
+/// table: the row's last cell, layers separated by `·`, each the backticked
+/// names of its rooms (several joined by `/` form one layer).
+fn readme_layers(readme: &str, folder: &str) -> Vec<Vec<String>> {
     let row = readme
         .lines()
         .find(|l| l.starts_with(&format!("| `{folder}/`")))
         .unwrap_or_else(|| panic!("the README's layout table has no row for `{folder}/`"));
     let last = row.trim_end_matches('|').rsplit('|').next().unwrap_or_default();
-    last.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    last.split('·')
+        .map(|layer| {
+            layer
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|layer| !layer.is_empty())
+        .collect()
 }
 
 /// The top-level module a source file belongs to (`None` for the crate root
@@ -108,7 +126,7 @@ fn modules_import_only_from_the_layers_below_them() {
     for folder in CRATES {
         let layers = readme_layers(&readme, folder);
         assert!(!layers.is_empty(), "no layers listed for `{folder}/`");
-        let rank = |m: &str| layers.iter().position(|l| l == m);
+        let rank = |m: &str| layers.iter().position(|l| l.iter().any(|r| r == m));
         let src = root.join(folder).join("src");
         for file in rust_files(&src) {
             let Some(module) = module_of(&src, &file) else {
@@ -236,33 +254,47 @@ fn no_product_function_passes_120_lines() {
     );
 }
 
+/// `cargo tree` of `package`'s normal dependencies, one crate per line.
+fn dependency_tree(package: &str, features: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(repo_root())
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "-p",
+            package,
+            "--prefix",
+            "none",
+        ])
+        .args(features)
+        .output()
+        .expect("cargo tree");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn links_burn(tree: &str) -> bool {
+    tree.lines().any(|l| l.starts_with("burn"))
+}
+
 #[test]
-fn the_client_without_default_features_links_no_burn() {
-    let root = repo_root();
-    let tree = |features: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO"))
-            .current_dir(&root)
-            .args([
-                "tree",
-                "--offline",
-                "-e",
-                "normal",
-                "-p",
-                "kindling",
-                "--prefix",
-                "none",
-            ])
-            .args(features)
-            .output()
-            .expect("cargo tree");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let links_burn = |tree: &str| tree.lines().any(|l| l.starts_with("burn"));
+fn the_rendezvous_the_spark_client_and_the_client_without_default_features_link_no_burn() {
+    for (package, features) in [
+        ("kindling-ops", &[][..]),
+        ("kindling-rendezvous", &[][..]),
+        ("kindling-spark", &[][..]),
+        ("kindling", &["--no-default-features"][..]),
+    ] {
+        assert!(
+            !links_burn(&dependency_tree(package, features)),
+            "{package} {features:?} links burn"
+        );
+    }
+    // The check itself sees burn where it is: with the client's default `local` feature.
     assert!(
-        !links_burn(&tree(&["--no-default-features"])),
-        "kindling without `local` links burn"
+        links_burn(&dependency_tree("kindling", &[])),
+        "kindling with `local` should link burn"
     );
-    // The check itself sees burn where it is: with the default `local` feature.
-    assert!(links_burn(&tree(&[])), "kindling with `local` should link burn");
 }

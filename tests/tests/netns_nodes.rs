@@ -13,7 +13,7 @@
 //! `skipped: <reason>` on stderr and passes, except under `CI=true`, where only
 //! "not root" is accepted. Without netem in the kernel the nodes are shaped to
 //! the rate alone (tbf, no delay), with a note on stderr. The binaries are the
-//! ones next to this test's (`cargo build -p kindling-agent --bins`), or
+//! ones next to this test's (`cargo build -p kindling-agent -p kindling-rendezvous --bins`), or
 //! `KINDLING_AGENT_BIN` / `KINDLING_RENDEZVOUS_BIN`.
 
 use std::collections::BTreeSet;

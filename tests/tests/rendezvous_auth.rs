@@ -4,8 +4,8 @@
 
 use crate::rendezvous_common;
 
-use kindling_agent::rendezvous::{ClientError, JobConfig, RendezvousClient};
 use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::{ClientError, JobConfig, RendezvousClient};
 use rendezvous_common::{Fixture, agent_info, join_all, test_config};
 use tonic::Code;
 

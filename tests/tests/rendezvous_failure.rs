@@ -8,8 +8,9 @@ use crate::rendezvous_common;
 
 use std::time::Duration;
 
-use kindling_agent::rendezvous::{ClientError, JobConfig, JobState, RendezvousClient, ServerConfig, serve};
+use kindling_rendezvous::{ServerConfig, serve};
 use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::{ClientError, JobConfig, JobState, RendezvousClient};
 use rendezvous_common::{Fixture, GUARD, TOKEN, agent_info, join_all, test_config, watch_until};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ use crate::rendezvous_common;
 
 use std::time::Duration;
 
-use kindling_agent::rendezvous::{JobConfig, JobState};
+use kindling_schemas::rendezvous::{JobConfig, JobState};
 use rendezvous_common::{Fixture, join_all};
 
 async fn gang_of(n: usize) {

@@ -92,7 +92,7 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
         ),
         (
             cluster.rendezvous_url(),
-            kindling_agent::rendezvous::server::RENDEZVOUS_SERVICE,
+            kindling_rendezvous::server::RENDEZVOUS_SERVICE,
         ),
     ] {
         let conn = channel

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{StreamExt, stream};
-use spark_connect_proto::spark_connect_service_client::SparkConnectServiceClient;
-use spark_connect_proto::{
+use kindling::spark::proto::spark_connect_service_client::SparkConnectServiceClient;
+use kindling::spark::proto::{
     AnalyzePlanRequest, AnalyzePlanResponse, ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachOptions,
     ReleaseExecuteRequest, ReleaseExecuteResponse, Sql, SqlCommand, UserContext, analyze_plan_request,
     analyze_plan_response,
@@ -119,8 +119,8 @@ impl Recording {
     }
 }
 
-fn sql_relation(sql: &str) -> spark_connect_proto::Relation {
-    spark_connect_proto::Relation {
+fn sql_relation(sql: &str) -> kindling::spark::proto::Relation {
+    kindling::spark::proto::Relation {
         rel_type: Some(RelType::Sql(Sql {
             query: sql.to_string(),
             ..Default::default()

@@ -3,7 +3,7 @@
 //! — beside the protocol, as arrow-flight keeps its `FlightClient`.
 //!
 //! The server (state machine, tonic service, embedded mode) lives in
-//! `kindling_agent::rendezvous`; this module needs no agent and no burn.
+//! the `kindling-rendezvous` crate; this module needs neither it nor the agent.
 //!
 //! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
 //! - [`wire`]: the one place those values meet their `pb` messages.

@@ -5,10 +5,9 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use kindling_agent::rendezvous::{
-    AgentInfo, AgentLease, EmbeddedRendezvous, Gang, JobStatus, JobWatch, RendezvousClient, RendezvousConfig,
-};
+use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::{AgentInfo, AgentLease, Gang, JobStatus, JobWatch, RendezvousClient};
 
 pub const TOKEN: &str = "rendezvous-test-token";
 
@@ -92,7 +91,7 @@ pub async fn join_all(
     job: &str,
     attempt: u32,
     ids: &[String],
-) -> Vec<Result<Gang, kindling_agent::rendezvous::ClientError>> {
+) -> Vec<Result<Gang, kindling_schemas::rendezvous::ClientError>> {
     let calls = ids.iter().map(|id| {
         let client = client.clone();
         let (job, id) = (job.to_owned(), id.clone());

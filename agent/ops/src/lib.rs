@@ -1,0 +1,17 @@
+//! What every Kindling server process (the agent, the rendezvous) shares
+//! around its gRPC service: how it takes its flags for tokens, TLS and logs,
+//! how it writes its Prometheus page, and how it serves pages, `/metrics`
+//! and the Kubernetes probes over HTTP.
+//!
+//! - [`cli`]: the token, TLS and logging flags and the logger.
+//! - [`exposition`]: the Prometheus page (OpenMetrics through
+//!   `prometheus-client`), build info and the process' own metrics; each
+//!   binary brings its families.
+//! - [`web`]: the HTTP side on axum and hyper: pages and `/metrics` behind one
+//!   auth layer on the main port, `/healthz` and `/readyz` on the health port.
+//!
+//! The modules form layers, listed lowest first in the README's layout table.
+
+pub mod cli;
+pub mod exposition;
+pub mod web;

@@ -1,0 +1,157 @@
+//! [`RendezvousError`]: what the state machine (and so the server) refuses a
+//! request with; `server.rs` maps it to a `tonic::Status` in one place.
+//! (What the client returns, `ClientError`, is the protocol's: it lives in
+//! `kindling_schemas::rendezvous`.)
+
+use std::time::Duration;
+
+/// Why the rendezvous refused or aborted a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RendezvousError {
+    /// The request is malformed: empty id, zero slots, rank out of range, …
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// An all-gather payload is larger than the configured maximum.
+    #[error("payload of {size} bytes exceeds the maximum of {max} bytes")]
+    PayloadTooLarge { size: usize, max: usize },
+
+    /// No job with this id (never created, or garbage-collected).
+    #[error("job `{job_id}` not found")]
+    JobNotFound { job_id: String },
+
+    /// The agent is not registered, or its lease lapsed.
+    #[error("agent `{agent_id}` is not registered (or its lease lapsed); register again")]
+    AgentNotRegistered { agent_id: String },
+
+    /// `CreateJob` named an existing job with different parameters, or a finished one.
+    #[error("job `{job_id}` already exists: {detail}")]
+    JobExists { job_id: String, detail: String },
+
+    /// The call names an attempt that is not the job's current one (fencing).
+    #[error("job `{job_id}`: attempt {given} is not the current attempt (current attempt is {current})")]
+    StaleAttempt {
+        job_id: String,
+        current: u32,
+        given: u32,
+    },
+
+    /// The call is valid but the job or attempt is in the wrong state for it.
+    #[error("job `{job_id}`: {detail}")]
+    WrongState { job_id: String, detail: String },
+
+    /// The job was cancelled (woken calls, and calls arriving afterwards).
+    #[error("job `{job_id}` was cancelled: {reason}")]
+    JobCancelled { job_id: String, reason: String },
+
+    /// Not every member joined the attempt within the gang timeout.
+    #[error(
+        "gang timeout: job `{job_id}` attempt {attempt}: {joined} of {expected} members joined within {timeout:?}; {}",
+        next_step(.next_attempt)
+    )]
+    GangTimeout {
+        job_id: String,
+        attempt: u32,
+        joined: usize,
+        expected: usize,
+        timeout: Duration,
+        next_attempt: Option<u32>,
+    },
+
+    /// Not every member reached an all-gather/barrier within the barrier timeout.
+    #[error(
+        "barrier timeout: job `{job_id}` attempt {attempt} collective {seq}: {arrived} of {expected} members arrived within {timeout:?}; {}",
+        next_step(.next_attempt)
+    )]
+    BarrierTimeout {
+        job_id: String,
+        attempt: u32,
+        seq: u64,
+        arrived: usize,
+        expected: usize,
+        timeout: Duration,
+        next_attempt: Option<u32>,
+    },
+
+    /// The attempt failed (a member's lease lapsed, a member reported failure,
+    /// a timeout) while this call was blocked in it.
+    #[error("job `{job_id}` attempt {attempt} failed: {cause}; {}", next_step(.next_attempt))]
+    AttemptFailed {
+        job_id: String,
+        attempt: u32,
+        cause: String,
+        next_attempt: Option<u32>,
+    },
+
+    /// The same member called again for the same step; the older call gives way.
+    #[error("superseded by a newer call from the same member")]
+    Superseded,
+
+    /// The server is shutting down.
+    #[error("the rendezvous server is shutting down")]
+    ShuttingDown,
+
+    /// The state file could not be written (the change was not acknowledged)
+    /// or read at start-up.
+    #[error("rendezvous state file `{}`: {detail}", .path.display())]
+    Storage {
+        path: std::path::PathBuf,
+        detail: String,
+    },
+
+    /// Binding or serving the gRPC endpoint failed.
+    #[error("rendezvous transport error: {context}")]
+    Transport {
+        context: String,
+        #[source]
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn next_step(next_attempt: &Option<u32>) -> String {
+    match *next_attempt {
+        Some(n) => format!("members re-join attempt {n}"),
+        None => "no attempts left, the job failed".to_owned(),
+    }
+}
+
+impl RendezvousError {
+    /// Whether trying again (usually at the next attempt) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RendezvousError::GangTimeout { next_attempt, .. }
+            | RendezvousError::BarrierTimeout { next_attempt, .. }
+            | RendezvousError::AttemptFailed { next_attempt, .. } => next_attempt.is_some(),
+            RendezvousError::StaleAttempt { .. }
+            | RendezvousError::ShuttingDown
+            | RendezvousError::Storage { .. }
+            | RendezvousError::Transport { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The attempt members should now join, when the error implies one.
+    pub fn current_attempt(&self) -> Option<u32> {
+        match self {
+            RendezvousError::GangTimeout { next_attempt, .. }
+            | RendezvousError::BarrierTimeout { next_attempt, .. }
+            | RendezvousError::AttemptFailed { next_attempt, .. } => *next_attempt,
+            RendezvousError::StaleAttempt { current, .. } => Some(*current),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        RendezvousError::InvalidArgument(msg.into())
+    }
+
+    pub(crate) fn transport(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        RendezvousError::Transport {
+            context: context.into(),
+            source: std::sync::Arc::new(source),
+        }
+    }
+}

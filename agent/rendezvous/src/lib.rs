@@ -1,0 +1,36 @@
+//! The barrier rendezvous service: gang start, barrier / all-gather, leases
+//! and whole-group retry for the agents of a training job (see
+//! `docs/rendezvous.md`; wire contract `flight-schemas/proto/rendezvous.proto`).
+//!
+//! This crate is the server side and links no burn. The client side — the
+//! typed `RendezvousClient` and the value types both sides share
+//! (`JobConfig`, `JobState`, `JobStatus`, `ClientError`, …) — has one home,
+//! `kindling_schemas::rendezvous`, beside the protocol, so a client needs
+//! neither this crate nor the agent.
+//!
+//! - [`types`]: the server's own settings ([`RendezvousConfig`]) and [`ReapReport`].
+//! - [`state`]: the pure state machine of agents, jobs and attempts (no gRPC).
+//! - [`store`]: the state file that lets a restarted rendezvous lose nothing.
+//! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`].
+//! - [`metrics`]: the Prometheus families (`/metrics`).
+//! - [`page`]: the status page and its data (`/`, `/api/status`), from the
+//!   state and the agents' heartbeat reports.
+//! - [`embedded`]: the same server in-process on `127.0.0.1:0` ([`EmbeddedRendezvous`]).
+//! - [`error`]: [`RendezvousError`], what the state machine refuses a request with.
+//!
+//! The modules form layers, listed lowest first in the README's layout table.
+
+pub mod embedded;
+pub mod error;
+pub mod metrics;
+pub mod page;
+pub mod server;
+pub mod state;
+pub mod store;
+pub mod types;
+
+pub use embedded::EmbeddedRendezvous;
+pub use error::RendezvousError;
+pub use server::{RendezvousService, ServerConfig, serve};
+pub use state::RendezvousState;
+pub use types::{ReapReport, RendezvousConfig};

@@ -1,0 +1,203 @@
+//! Durability: the state as the state file keeps it (a snapshot), and the
+//! state read back from it after a restart (see [`crate::store`] and
+//! docs/rendezvous.md, "Restarts").
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::PoisonError;
+use std::time::SystemTime;
+
+use kindling_schemas::pb::rendezvous as pb;
+use kindling_schemas::rendezvous::wire::{from_unix_ms, unix_ms};
+use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobState, JobStatus};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::gang::Joiner;
+use super::{
+    Agent, Gang, Job, RendezvousConfig, RendezvousError, RendezvousState, Result, State, placeholder_status,
+};
+use crate::store::{STATE_FORMAT, StateStore};
+
+impl Job {
+    /// The job as the state file keeps it.
+    fn record(&self) -> pb::JobRecord {
+        let config = JobConfig {
+            gang_timeout: Some(self.gang_timeout),
+            barrier_timeout: Some(self.barrier_timeout),
+            ..self.config.clone()
+        };
+        let mut status = pb::JobStatusResponse::from(&self.status());
+        status.members.clear();
+        pb::JobRecord {
+            config: Some(pb::CreateJobRequest::from(&config)),
+            status: Some(status),
+            members: self
+                .gang
+                .members
+                .as_deref()
+                .map(<[AgentInfo]>::to_vec)
+                .unwrap_or_default(),
+            finished_unix_ms: self.ended.map_or(0, unix_ms),
+        }
+    }
+
+    /// A job read back from the state file: blocked calls and all-gathers
+    /// are gone (their callers retry); a formed gang keeps its members.
+    fn restore(record: pb::JobRecord, defaults: &RendezvousConfig) -> Result<Job, String> {
+        let config = JobConfig::from(record.config.ok_or("a job record without its config")?);
+        let status = JobStatus::try_from(record.status.ok_or("a job record without its status")?)
+            .map_err(|e| e.to_string())?;
+        // Only what a rendezvous writes: a record no call could reach or
+        // move on is refused, not restored as a job that never runs.
+        let job_id = &config.job_id;
+        if job_id.is_empty() {
+            return Err("a job record without a job id".into());
+        }
+        if config.num_slots == 0 {
+            return Err(format!("job `{job_id}`: num_slots 0"));
+        }
+        if status.attempt == 0 || status.attempt > config.max_attempts {
+            return Err(format!(
+                "job `{job_id}`: attempt {} outside 1..={} (max_attempts)",
+                status.attempt, config.max_attempts
+            ));
+        }
+        let gang_timeout = config.gang_timeout.unwrap_or(defaults.gang_timeout);
+        let barrier_timeout = config.barrier_timeout.unwrap_or(defaults.barrier_timeout);
+        let ended = (record.finished_unix_ms > 0).then(|| from_unix_ms(record.finished_unix_ms));
+        let finished_at = ended.map(|t| {
+            let ago = SystemTime::now().duration_since(t).unwrap_or_default();
+            Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+        });
+        let mut gang = Gang::default();
+        if !record.members.is_empty() {
+            gang.joined = record
+                .members
+                .iter()
+                .map(|m| Joiner {
+                    agent_id: m.agent_id.clone(),
+                    waiter: None,
+                })
+                .collect();
+            gang.members = Some(record.members.into());
+            gang.resumed = status.state == JobState::Running;
+        }
+        let mut job = Job {
+            config,
+            gang_timeout,
+            barrier_timeout,
+            state: status.state,
+            attempt: status.attempt,
+            failures: status.failures,
+            cancel_reason: status.cancel_reason,
+            created: status.created,
+            updated: status.updated,
+            finished_at,
+            ended,
+            gang,
+            events: watch::Sender::new(placeholder_status()),
+            client_lease_until: None,
+            unpublished: false,
+        };
+        // Like an agent's, the client's lease starts afresh: a restart costs
+        // the client no renewal.
+        job.renew_client_lease();
+        job.events.send_replace(job.status());
+        Ok(job)
+    }
+}
+
+impl State {
+    /// What a restart must not lose, in a stable order.
+    fn snapshot(&self) -> pb::StateSnapshot {
+        let mut agents: Vec<AgentInfo> = self.agents.values().map(|a| a.info.clone()).collect();
+        agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        let mut jobs: Vec<&Job> = self.jobs.values().collect();
+        jobs.sort_by(|a, b| a.config.job_id.cmp(&b.config.job_id));
+        pb::StateSnapshot {
+            format: STATE_FORMAT,
+            agents,
+            jobs: jobs.into_iter().map(Job::record).collect(),
+        }
+    }
+}
+
+impl State {
+    /// The state kept in `dir` (empty when it holds none yet), writing there from now on.
+    pub(super) fn restore(dir: &Path, config: &RendezvousConfig) -> Result<State> {
+        let mut state = State::default();
+        let (store, snapshot) = StateStore::open(dir)?;
+        if let Some(snapshot) = snapshot {
+            let now = Instant::now();
+            for info in snapshot.agents {
+                let agent = Agent {
+                    info,
+                    lease_until: now + config.lease,
+                    notices: BTreeMap::new(),
+                };
+                state.agents.insert(agent.info.agent_id.clone(), agent);
+            }
+            for record in snapshot.jobs {
+                let job = Job::restore(record, config).map_err(|detail| RendezvousError::Storage {
+                    path: store.path(),
+                    detail,
+                })?;
+                state.jobs.insert(job.config.job_id.clone(), job);
+            }
+            tracing::info!(
+                file = %store.path().display(),
+                agents = state.agents.len(),
+                jobs = state.jobs.len(),
+                "state restored"
+            );
+        }
+        state.store = Some(store);
+        Ok(state)
+    }
+}
+
+impl RendezvousState {
+    /// Writes the durable state if it changed (a no-op without a state dir).
+    /// Called under the lock at the end of every call that may have changed
+    /// it, so nothing is acknowledged before it is on disk.
+    /// Only then are the watchers told ([`Job::announce`]).
+    pub(super) fn commit(st: &mut State) -> Result<()> {
+        if st.store.is_some() {
+            let snapshot = st.snapshot();
+            if let Some(store) = st.store.as_mut() {
+                let saved = store.save(&snapshot);
+                st.unsaved = saved.is_err();
+                saved?;
+            }
+        }
+        for job in st.jobs.values_mut() {
+            job.announce();
+        }
+        Ok(())
+    }
+
+    /// Hands out an outcome only once the change that decided it is on disk.
+    /// Whoever resolved it holds the lock until its write ends, so taking the
+    /// lock orders this after that write; if the write failed, the caller
+    /// gets UNAVAILABLE and its retry gets the same outcome once a write
+    /// succeeds.
+    pub(super) fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
+        let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match (&st.store, st.unsaved) {
+            (Some(store), true) => Err(RendezvousError::Storage {
+                path: store.path(),
+                detail: "the change that decided this call is not written yet; retry".to_owned(),
+            }),
+            _ => outcome,
+        }
+    }
+
+    /// [`Self::commit`] where no caller waits for the outcome: a failed write
+    /// is logged and retried by the next change.
+    pub(super) fn commit_or_log(st: &mut State) {
+        if let Err(e) = Self::commit(st) {
+            tracing::error!(error = %e, "could not persist the rendezvous state");
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Executing a plan: a pulled stream of Arrow batches with reattach and ReleaseExecute.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::ipc::reader::StreamDecoder;
+use futures::Stream;
+use spark_connect_core::{ExecutePlanResponseReattachableIterator, RetryPolicyState};
+use spark_connect_proto::execute_plan_response::ResponseType;
+use spark_connect_proto::{ExecutePlanRequest, ExecutePlanResponse, Plan, ReleaseExecuteRequest};
+use tonic::Streaming;
+
+use crate::error::{Result, is_transport_failure};
+use crate::transport::Transport;
+use crate::types::spark_to_arrow_schema;
+
+/// A boxed, `Send + 'static` stream of record batches.
+///
+/// ```no_run
+/// # async fn demo(df: kindling_spark::DataFrame) -> Result<(), kindling_spark::Error> {
+/// use futures::StreamExt;
+/// let mut batches: kindling_spark::RecordBatchStream = Box::pin(df.execute_stream().await?);
+/// while let Some(batch) = batches.next().await { println!("{}", batch?.num_rows()); }
+/// # Ok(()) }
+/// ```
+pub type RecordBatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch>> + Send + 'static>>;
+
+/// The result of a Spark query as it arrives: one item per Arrow batch Spark sends,
+/// never concatenated, so memory stays flat whatever the result size.
+///
+/// A dropped connection is resumed with `ReattachExecute` from the last response
+/// received; the server's buffers are released as batches are consumed, and the
+/// whole operation is released (and interrupted, if still running) when the stream
+/// finishes or is dropped.
+///
+/// ```no_run
+/// # async fn demo(spark: kindling_spark::SparkSession) -> Result<(), kindling_spark::Error> {
+/// use futures::TryStreamExt;
+/// let mut stream = spark.range(0, 10_000_000, 1).execute_stream().await?;
+/// println!("schema: {}", stream.schema());
+/// let mut rows = 0;
+/// while let Some(batch) = stream.try_next().await? { rows += batch.num_rows(); }
+/// assert_eq!(rows, 10_000_000);
+/// # Ok(()) }
+/// ```
+pub struct SparkStream {
+    schema: SchemaRef,
+    inner: RecordBatchStream,
+}
+
+impl fmt::Debug for SparkStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SparkStream")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SparkStream {
+    /// The result schema: the first batch's, or the schema Spark announced for an
+    /// empty result.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling_spark::DataFrame) -> Result<(), kindling_spark::Error> {
+    /// let stream = df.execute_stream().await?;
+    /// for field in stream.schema().fields() { println!("{}", field.name()); }
+    /// # Ok(()) }
+    /// ```
+    pub fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    /// The plain boxed stream, dropping the schema handle.
+    ///
+    /// ```no_run
+    /// # async fn demo(df: kindling_spark::DataFrame) -> Result<(), kindling_spark::Error> {
+    /// let boxed: kindling_spark::RecordBatchStream = df.execute_stream().await?.into_inner();
+    /// # Ok(()) }
+    /// ```
+    pub fn into_inner(self) -> RecordBatchStream {
+        self.inner
+    }
+}
+
+impl Stream for SparkStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+/// Starts `plan` and waits for its first batch (or its end) to learn the schema.
+pub(crate) async fn execute(transport: &Transport, plan: Plan) -> Result<SparkStream> {
+    let mut execution = Execution::start(transport, plan).await?;
+    let first = execution.next_batch().await?;
+    let schema = match (&first, &execution.announced_schema) {
+        (Some(batch), _) => batch.schema(),
+        (None, Some(schema)) => schema.clone(),
+        (None, None) => Arc::new(Schema::empty()),
+    };
+    let rest = futures::stream::unfold(Some(execution), |state| async move {
+        let mut execution = state?;
+        match execution.next_batch().await {
+            Ok(Some(batch)) => Some((Ok(batch), Some(execution))),
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    let inner: RecordBatchStream = match first {
+        Some(batch) => Box::pin(futures::StreamExt::chain(
+            futures::stream::iter([Ok(batch)]),
+            rest,
+        )),
+        None => Box::pin(rest),
+    };
+    Ok(SparkStream { schema, inner })
+}
+
+/// Runs a command plan to completion and returns its non-batch responses.
+pub(crate) async fn execute_command(transport: &Transport, plan: Plan) -> Result<Vec<ExecutePlanResponse>> {
+    let mut execution = Execution::start(transport, plan).await?;
+    let mut responses = Vec::new();
+    while let Some(response) = execution.next_response().await? {
+        responses.push(response);
+    }
+    Ok(responses)
+}
+
+/// One reattachable ExecutePlan operation, pulled one response at a time.
+struct Execution {
+    transport: Transport,
+    tracker: ExecutePlanResponseReattachableIterator,
+    responses: Streaming<ExecutePlanResponse>,
+    retry: RetryPolicyState,
+    pending: VecDeque<RecordBatch>,
+    announced_schema: Option<SchemaRef>,
+    complete: bool,
+    unreleased: usize,
+    /// Whether the retry budget was used since the last response (it is
+    /// restored by the next response, so every drop gets the full budget).
+    retried: bool,
+    guard: ReleaseGuard,
+}
+
+/// Arrow responses between two ReleaseExecute(until) calls.
+const RELEASE_EVERY: usize = 16;
+
+impl Execution {
+    async fn start(transport: &Transport, plan: Plan) -> Result<Self> {
+        let request = ExecutePlanRequest {
+            session_id: transport.session_id().to_string(),
+            user_context: Some(transport.user_context()),
+            client_type: Some(transport.client_type().to_string()),
+            plan: Some(plan),
+            ..Default::default()
+        };
+        let tracker = ExecutePlanResponseReattachableIterator::new(request);
+        let request = tracker.request().clone();
+        let responses = transport
+            .retrying(|mut stub| {
+                let request = request.clone();
+                async move { stub.execute_plan(request).await }
+            })
+            .await?;
+        let guard = ReleaseGuard {
+            transport: Some(transport.clone()),
+            request: tracker.create_release_request(true).await,
+        };
+        Ok(Self {
+            transport: transport.clone(),
+            tracker,
+            responses,
+            retry: RetryPolicyState::new(transport.retry_policy().clone()),
+            pending: VecDeque::new(),
+            announced_schema: None,
+            complete: false,
+            unreleased: 0,
+            retried: false,
+            guard,
+        })
+    }
+
+    /// The next record batch with at least one row, or `None` when Spark is done.
+    async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        loop {
+            if let Some(batch) = self.pending.pop_front() {
+                return Ok(Some(batch));
+            }
+            let Some(response) = self.next_response().await? else {
+                return Ok(None);
+            };
+            match response.response_type {
+                Some(ResponseType::ArrowBatch(batch)) => {
+                    self.transport
+                        .bytes_in
+                        .fetch_add(batch.data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.decode(batch.data)?;
+                    self.unreleased += 1;
+                    // Releasing every response would cost the server one RPC per
+                    // batch; every few is enough to bound its buffer.
+                    if self.unreleased >= RELEASE_EVERY {
+                        self.unreleased = 0;
+                        self.release_consumed().await;
+                    }
+                }
+                _ => {
+                    if let Some(schema) = response.schema {
+                        self.announced_schema = Some(Arc::new(spark_to_arrow_schema(&schema)?));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next response, reattaching when the connection drops or the server
+    /// ends the stream before `ResultComplete` (it does after a size/time budget).
+    async fn next_response(&mut self) -> Result<Option<ExecutePlanResponse>> {
+        loop {
+            if self.complete {
+                return Ok(None);
+            }
+            match self.responses.message().await {
+                Ok(Some(response)) => {
+                    if self.retried {
+                        self.retried = false;
+                        self.retry = RetryPolicyState::new(self.transport.retry_policy().clone());
+                    }
+                    self.tracker.set_last_response_id(&response).await;
+                    if matches!(response.response_type, Some(ResponseType::ResultComplete(_))) {
+                        self.complete = true;
+                        self.guard.release_now();
+                    }
+                    return Ok(Some(response));
+                }
+                Ok(None) => self.reattach(None).await?,
+                Err(status) => self.reattach(Some(status)).await?,
+            }
+        }
+    }
+
+    async fn reattach(&mut self, cause: Option<tonic::Status>) -> Result<()> {
+        if let Some(status) = cause {
+            // A broken connection surfaces mid-stream as a locally made status
+            // (UNKNOWN "h2 protocol error", INTERNAL, ...) rather than UNAVAILABLE.
+            if !(is_transport_failure(&status) || self.transport.retry_policy().can_retry(&status)) {
+                return Err(self.transport.error(status));
+            }
+            tracing::debug!(%status, "Spark result stream broke; reattaching");
+            self.backoff(status).await?;
+        }
+        loop {
+            let request = self.tracker.create_reattach_request().await;
+            tracing::debug!(operation = %request.operation_id, "reattaching to Spark execution");
+            match self.transport.stub().reattach_execute(request).await {
+                Ok(response) => {
+                    self.responses = response.into_inner();
+                    return Ok(());
+                }
+                Err(status) if self.transport.retry_policy().can_retry(&status) => {
+                    self.backoff(status).await?;
+                }
+                Err(status) => return Err(self.transport.error(status)),
+            }
+        }
+    }
+
+    async fn backoff(&mut self, status: tonic::Status) -> Result<()> {
+        self.retried = true;
+        match self.retry.next_attempt(None) {
+            Some(wait_ms) => {
+                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                Ok(())
+            }
+            None => Err(self.transport.error(status)),
+        }
+    }
+
+    /// Each `arrow_batch.data` is a complete IPC stream (schema + batches); decode
+    /// it without copying the message bytes.
+    fn decode(&mut self, data: bytes::Bytes) -> Result<()> {
+        let mut decoder = StreamDecoder::new();
+        let mut buffer = Buffer::from(data);
+        while !buffer.is_empty() {
+            match decoder.decode(&mut buffer)? {
+                Some(batch) if batch.num_rows() > 0 => self.pending.push_back(batch),
+                Some(batch) => self.announced_schema = Some(batch.schema()),
+                None => {}
+            }
+        }
+        decoder.finish()?;
+        if self.announced_schema.is_none() {
+            self.announced_schema = decoder.schema();
+        }
+        Ok(())
+    }
+
+    /// Lets the server drop responses we already hold (ReleaseUntil), off the hot path.
+    async fn release_consumed(&self) {
+        let request = self.tracker.create_release_request(false).await;
+        if request.release.is_some() {
+            spawn_release(self.transport.clone(), request);
+        }
+    }
+}
+
+/// Releases (and so interrupts, if unfinished) the operation when dropped.
+struct ReleaseGuard {
+    transport: Option<Transport>,
+    request: ReleaseExecuteRequest,
+}
+
+impl ReleaseGuard {
+    fn release_now(&mut self) {
+        if let Some(transport) = self.transport.take() {
+            spawn_release(transport, self.request.clone());
+        }
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        self.release_now();
+    }
+}
+
+/// ReleaseExecute is best effort: the server also expires abandoned operations.
+fn spawn_release(transport: Transport, request: ReleaseExecuteRequest) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Err(status) = transport.stub().release_execute(request).await {
+            tracing::debug!(%status, "ReleaseExecute failed");
+        }
+    });
+}
