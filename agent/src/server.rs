@@ -369,6 +369,9 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let flight = InterceptedService::new(flight, check.clone());
+    let (reflection, reflection_alpha) =
+        kindling_ops::grpc::reflection(kindling_schemas::pb::FLIGHT_FILE_DESCRIPTOR_SET)
+            .map_err(|e| AgentError::io("building gRPC reflection", std::io::Error::other(e)))?;
     let shutdown = cancel.clone();
     let mut server_builder = collective::server_builder(&config.channel);
     // One port: gRPC (Flight) and the ring data plane, told apart by their
@@ -401,6 +404,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             .await;
         let result = server_builder
             .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
             .add_service(flight)
             .serve_with_incoming_shutdown(incoming, stopping)
             .await;

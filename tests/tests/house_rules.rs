@@ -86,13 +86,10 @@ fn module_of(src: &Path, file: &Path) -> Option<String> {
         .to_string_lossy()
         .into_owned();
     match first.as_str() {
+        // The crate root and the binaries (`src/bin/<name>/…`) may use anything.
         "lib.rs" | "main.rs" | "bin" => None,
-        _ if rel.components().count() == 1 => {
-            let name = first.trim_end_matches(".rs").to_owned();
-            (!name.starts_with("bin_")).then_some(name)
-        }
-        // A binary's own module folder (`bin_cli/`) is the binary's too.
-        _ => (!first.starts_with("bin_")).then_some(first),
+        _ if rel.components().count() == 1 => Some(first.trim_end_matches(".rs").to_owned()),
+        _ => Some(first),
     }
 }
 

@@ -16,6 +16,7 @@ mod cpp_flight;
 mod credentials;
 mod evaluation;
 mod executor_push;
+mod grpc_reflection;
 mod house_rules;
 mod job_fit;
 mod job_fit_arrow;

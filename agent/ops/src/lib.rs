@@ -7,6 +7,8 @@
 //! - [`exposition`]: the Prometheus page (OpenMetrics through
 //!   `prometheus-client`), build info and the process' own metrics; each
 //!   binary brings its families.
+//! - [`grpc`]: gRPC server reflection, served beside health and each
+//!   server's own service.
 //! - [`web`]: the HTTP side on axum and hyper: pages and `/metrics` behind one
 //!   auth layer on the main port, `/healthz` and `/readyz` on the health port.
 //!
@@ -14,4 +16,5 @@
 
 pub mod cli;
 pub mod exposition;
+pub mod grpc;
 pub mod web;

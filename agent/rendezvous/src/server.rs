@@ -135,10 +135,16 @@ pub async fn serve(
     health
         .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::Serving)
         .await;
+    // Server reflection, open like health: `grpcurl list` finds every service.
+    let (reflection, reflection_alpha) =
+        kindling_ops::grpc::reflection(kindling_schemas::pb::rendezvous::FILE_DESCRIPTOR_SET)
+            .map_err(|e| RendezvousError::transport("building gRPC reflection", e))?;
     let result = ChannelConfig::default()
         .server()
         .max_concurrent_streams(config.max_concurrent_streams)
         .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, signal)
         .await

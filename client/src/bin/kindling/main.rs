@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futures::TryStreamExt;
 use kindling::spark::SparkSession;
 
-mod bin_cli;
+mod commands;
 
 /// Kindling: Spark ETL streamed as Arrow into training agents.
 #[derive(Debug, Parser)]
@@ -27,13 +27,13 @@ enum Command {
     /// Run a Spark SQL query through Spark Connect and stream its result.
     Sql(SqlArgs),
     /// Train a model on a Spark query, table or file (local mode or a cluster).
-    Train(Box<bin_cli::TrainArgs>),
+    Train(Box<commands::TrainArgs>),
     /// Predict with a saved model over a Spark query, table or file.
-    Predict(bin_cli::PredictArgs),
+    Predict(commands::PredictArgs),
     /// Score a saved model on a Spark query, table or file (every metric).
-    Evaluate(bin_cli::EvaluateArgs),
+    Evaluate(commands::EvaluateArgs),
     /// Show the agents and jobs a rendezvous knows.
-    Status(bin_cli::StatusArgs),
+    Status(commands::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,10 +71,10 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Sql(args) => sql(args).await,
-        Command::Train(args) => bin_cli::train(*args).await,
-        Command::Predict(args) => bin_cli::predict(args).await,
-        Command::Evaluate(args) => bin_cli::evaluate(args).await,
-        Command::Status(args) => bin_cli::status(args).await,
+        Command::Train(args) => commands::train(*args).await,
+        Command::Predict(args) => commands::predict(args).await,
+        Command::Evaluate(args) => commands::evaluate(args).await,
+        Command::Status(args) => commands::status(args).await,
     }
 }
 
