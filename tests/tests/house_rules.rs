@@ -22,8 +22,7 @@ const MAX_LINES: usize = 700;
 const MAX_FN_LINES: usize = 120;
 /// Functions still longer (file, name, their lines when the rule came): each
 /// may shrink, none may grow; split one and take it off this list.
-const LONG_FNS: [(&str, &str, usize); 3] = [
-    ("client/src/job/fit.rs", "train", 206),
+const LONG_FNS: [(&str, &str, usize); 2] = [
     ("client/src/feed/push.rs", "push", 178),
     ("flight-schemas/src/schema.rs", "validate", 134),
 ];
@@ -242,12 +241,12 @@ fn no_product_function_passes_120_lines() {
     }
     assert!(wrong.is_empty(), "functions too long:\n{}", wrong.join("\n"));
     // The scanner finds functions at all: a known long one is seen at its length.
-    let fit = std::fs::read_to_string(root.join("client/src/job/fit.rs")).expect("fit.rs");
+    let push = std::fs::read_to_string(root.join("client/src/feed/push.rs")).expect("push.rs");
     assert!(
-        function_lengths(&fit)
+        function_lengths(&push)
             .iter()
-            .any(|(name, n)| name == "train" && *n > MAX_FN_LINES),
-        "the function scanner no longer sees fit.rs's train"
+            .any(|(name, n)| name == "push" && *n > MAX_FN_LINES),
+        "the function scanner no longer sees push.rs's push"
     );
 }
 

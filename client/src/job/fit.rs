@@ -5,14 +5,14 @@ use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use futures::future::BoxFuture;
-use kindling_schemas::action::AgentJobState;
-use kindling_schemas::auth::Token;
+use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{JobConfig, JobState, RendezvousClient};
 use kindling_schemas::schema::{self, StreamKind};
 
 use super::progress::{Reporter, TrainingEvent};
-use super::recover::{Follow, Holders, pick_agents};
+use super::recover::{Follow, Holders};
+use super::target::{Target, pick_agents};
 use super::tracking::{Tracker, TrackerHandle};
 use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
@@ -24,51 +24,6 @@ use crate::spark::{DataFrame, RecordBatchStream};
 
 /// How often the agents are asked for their progress.
 const POLL: Duration = Duration::from_millis(200);
-
-/// Where the job runs.
-pub(super) enum Target<'a> {
-    #[cfg(feature = "local")]
-    Local(&'a LocalCluster),
-    Remote {
-        url: &'a str,
-        token: Option<Token>,
-    },
-}
-
-impl Target<'_> {
-    pub(super) fn rendezvous(&self) -> String {
-        match self {
-            #[cfg(feature = "local")]
-            Target::Local(c) => c.rendezvous_url(),
-            Target::Remote { url, .. } => (*url).to_owned(),
-        }
-    }
-
-    fn is_local(&self) -> bool {
-        #[cfg(feature = "local")]
-        return matches!(self, Target::Local(_));
-        #[cfg(not(feature = "local"))]
-        false
-    }
-
-    /// The cluster serving the model trained here (`transform`).
-    fn serving(&self, channel: &kindling_schemas::channel::ChannelConfig) -> super::ServingCluster {
-        super::ServingCluster {
-            rendezvous: self.rendezvous(),
-            token: self.token(),
-            channel: channel.clone(),
-            local: self.is_local(),
-        }
-    }
-
-    pub(super) fn token(&self) -> Option<Token> {
-        match self {
-            #[cfg(feature = "local")]
-            Target::Local(c) => c.token().cloned(),
-            Target::Remote { token, .. } => token.clone(),
-        }
-    }
-}
 
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.
@@ -381,113 +336,20 @@ impl TrainingJob {
             return Err(failed_at_rendezvous(&rv, &job_id).await.unwrap_or(e));
         }
 
-        // Follow training: the rendezvous's state as it changes (its watch
-        // stream), the agents' progress every POLL; replace lost agents.
-        let mut follow = Follow::new(rv.clone(), &job_id);
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen_epochs = 0;
-        let mut seen_events = std::collections::HashMap::<String, u64>::new();
-        let winner = loop {
-            tokio::select! {
-                status = follow.next() => {
-                    let status = status?;
-                    if matches!(status.state, JobState::Failed | JobState::Cancelled) {
-                        // What the agents logged on the way reaches the user first.
-                        for &s in &holders.members() {
-                            if let Ok(st) = holders.clients[s].job_status(&job_id).await {
-                                emit_agent_events(&mut reporter, &job_id, &st, &mut seen_events);
-                            }
-                        }
-                        let cause = status.first_cause().unwrap_or("cancelled").to_owned();
-                        return Err(JobError::TrainingFailed { job_id, cause });
-                    }
-                    continue;
-                }
-                _ = tick.tick() => {}
-            }
-            let members = holders.members();
-            let mut statuses = Vec::with_capacity(members.len());
-            let mut lost = Vec::new();
-            for &s in &members {
-                let c = &holders.clients[s];
-                match c.job_status(&job_id).await {
-                    Ok(st) => statuses.push(st),
-                    Err(e) if e.is_retryable() || e.code() == Some(tonic::Code::NotFound) => {
-                        tracing::warn!(shard = s, agent = c.url(), error = %e, "agent lost");
-                        lost.push(holders.agent_ids[s].clone());
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            // Agents' warnings and errors reach the user before a failure ends the job.
-            for st in &statuses {
-                emit_agent_events(&mut reporter, &job_id, st, &mut seen_events);
-            }
-            for st in &statuses {
-                if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {
-                    let cause = st.error.clone().unwrap_or_else(|| format!("{:?}", st.state));
-                    return Err(JobError::TrainingFailed { job_id, cause });
-                }
-            }
-            if let Some(lead) = statuses.iter().find(|s| s.rank == Some(0)).or(statuses.first()) {
-                while seen_epochs < lead.history.len() {
-                    reporter.emit(TrainingEvent::Epoch(lead.history[seen_epochs].clone()));
-                    seen_epochs += 1;
-                }
-                if lead.state == AgentJobState::Training {
-                    let total: f64 = statuses.iter().map(|s| s.samples_per_sec).sum();
-                    reporter.emit(TrainingEvent::Step {
-                        epoch: lead.epoch,
-                        step: lead.step,
-                        steps: lead.steps_per_epoch,
-                        loss: lead.loss,
-                        samples_per_sec: total,
-                    });
-                }
-            }
-            if !lost.is_empty() {
-                let recovery = self.reassign(&rv, &target, &job_id, &mut holders, &lost).await?;
-                guard.clients = holders.member_clients();
-                let only = Some(recovery.resent.as_slice());
-                self.feed_splits(
-                    &feed,
-                    train_df,
-                    eval_df,
-                    &mut holders,
-                    only,
-                    &mut placed,
-                    &mut reporter,
-                )
-                .await?;
-                let attempt = match recovery.shrunk_to {
-                    Some(world) => {
-                        let attempt = self.shrink(&rv, &job_id, world).await?;
-                        reporter.emit(TrainingEvent::Shrunk {
-                            lost: lost.clone(),
-                            world_size: world,
-                        });
-                        attempt
-                    }
-                    None => rv.status(&job_id).await?.attempt,
-                };
-                reporter.emit(TrainingEvent::Recovering {
-                    attempt,
-                    resent_shards: recovery.resent,
-                });
-                continue;
-            }
-            if statuses.len() == members.len() && statuses.iter().all(|s| s.state == AgentJobState::Succeeded)
-            {
-                break statuses.into_iter().next();
-            }
-        };
-        let Some(final_status) = winner else {
-            return Err(JobError::TrainingFailed {
-                job_id,
-                cause: "no agent reported the result".into(),
-            });
-        };
+        let final_status = self
+            .follow(
+                &rv,
+                &target,
+                &feed,
+                (train_df, eval_df),
+                &mut holders,
+                &mut guard,
+                &mut placed,
+                &mut reporter,
+                &mut seen_epochs,
+            )
+            .await?;
         while seen_epochs < final_status.history.len() {
             reporter.emit(TrainingEvent::Epoch(final_status.history[seen_epochs].clone()));
             seen_epochs += 1;
@@ -518,6 +380,125 @@ impl TrainingJob {
             job_id: job_id.clone(),
         });
         Ok(model)
+    }
+
+    /// Follows training to its end: the rendezvous's state as it changes,
+    /// the agents' progress and logs every [`POLL`], and lost agents replaced
+    /// (their shards fed again, or the gang shrunk). Returns the status of an
+    /// agent that finished.
+    #[allow(clippy::too_many_arguments)]
+    async fn follow(
+        &self,
+        rv: &RendezvousClient,
+        target: &Target<'_>,
+        feed: &PushCtx<'_>,
+        (train_df, eval_df): (&Rows<'_>, Option<&Rows<'_>>),
+        holders: &mut Holders,
+        guard: &mut CancelGuard,
+        placed: &mut Placements,
+        reporter: &mut Reporter,
+        seen_epochs: &mut usize,
+    ) -> Result<AgentJobStatus, JobError> {
+        let job_id = feed.job_id.to_owned();
+        // Follow training: the rendezvous's state as it changes (its watch
+        // stream), the agents' progress every POLL; replace lost agents.
+        let mut follow = Follow::new(rv.clone(), &job_id);
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen_events = std::collections::HashMap::<String, u64>::new();
+        let winner = loop {
+            tokio::select! {
+                status = follow.next() => {
+                    let status = status?;
+                    if matches!(status.state, JobState::Failed | JobState::Cancelled) {
+                        // What the agents logged on the way reaches the user first.
+                        for &s in &holders.members() {
+                            if let Ok(st) = holders.clients[s].job_status(&job_id).await {
+                                emit_agent_events(reporter, &job_id, &st, &mut seen_events);
+                            }
+                        }
+                        let cause = status.first_cause().unwrap_or("cancelled").to_owned();
+                        return Err(JobError::TrainingFailed { job_id: job_id.clone(), cause });
+                    }
+                    continue;
+                }
+                _ = tick.tick() => {}
+            }
+            let members = holders.members();
+            let mut statuses = Vec::with_capacity(members.len());
+            let mut lost = Vec::new();
+            for &s in &members {
+                let c = &holders.clients[s];
+                match c.job_status(&job_id).await {
+                    Ok(st) => statuses.push(st),
+                    Err(e) if e.is_retryable() || e.code() == Some(tonic::Code::NotFound) => {
+                        tracing::warn!(shard = s, agent = c.url(), error = %e, "agent lost");
+                        lost.push(holders.agent_ids[s].clone());
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Agents' warnings and errors reach the user before a failure ends the job.
+            for st in &statuses {
+                emit_agent_events(reporter, &job_id, st, &mut seen_events);
+            }
+            for st in &statuses {
+                if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {
+                    let cause = st.error.clone().unwrap_or_else(|| format!("{:?}", st.state));
+                    return Err(JobError::TrainingFailed {
+                        job_id: job_id.clone(),
+                        cause,
+                    });
+                }
+            }
+            if let Some(lead) = statuses.iter().find(|s| s.rank == Some(0)).or(statuses.first()) {
+                while *seen_epochs < lead.history.len() {
+                    reporter.emit(TrainingEvent::Epoch(lead.history[*seen_epochs].clone()));
+                    *seen_epochs += 1;
+                }
+                if lead.state == AgentJobState::Training {
+                    let total: f64 = statuses.iter().map(|s| s.samples_per_sec).sum();
+                    reporter.emit(TrainingEvent::Step {
+                        epoch: lead.epoch,
+                        step: lead.step,
+                        steps: lead.steps_per_epoch,
+                        loss: lead.loss,
+                        samples_per_sec: total,
+                    });
+                }
+            }
+            if !lost.is_empty() {
+                let recovery = self.reassign(rv, target, &job_id, holders, &lost).await?;
+                guard.clients = holders.member_clients();
+                let only = Some(recovery.resent.as_slice());
+                self.feed_splits(feed, train_df, eval_df, holders, only, placed, reporter)
+                    .await?;
+                let attempt = match recovery.shrunk_to {
+                    Some(world) => {
+                        let attempt = self.shrink(rv, &job_id, world).await?;
+                        reporter.emit(TrainingEvent::Shrunk {
+                            lost: lost.clone(),
+                            world_size: world,
+                        });
+                        attempt
+                    }
+                    None => rv.status(&job_id).await?.attempt,
+                };
+                reporter.emit(TrainingEvent::Recovering {
+                    attempt,
+                    resent_shards: recovery.resent,
+                });
+                continue;
+            }
+            if statuses.len() == members.len() && statuses.iter().all(|s| s.state == AgentJobState::Succeeded)
+            {
+                break statuses.into_iter().next();
+            }
+        };
+        winner.ok_or_else(|| JobError::TrainingFailed {
+            job_id: job_id.clone(),
+            cause: "no agent reported the result".into(),
+        })
     }
 
     /// Feeds the eval split (if any), then the train split: every shard, or

@@ -14,6 +14,7 @@ mod fit;
 mod model;
 mod progress;
 mod recover;
+mod target;
 mod tracking;
 mod transform;
 

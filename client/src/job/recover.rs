@@ -8,7 +8,7 @@ use futures::StreamExt;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{AgentInfo, JobState, JobStatus, JobWatch, RendezvousClient};
 
-use super::fit::Target;
+use super::target::{Target, pick_agents};
 use super::{JobError, TrainingJob};
 use crate::feed::AgentClient;
 use crate::feed::relay::Shards;
@@ -337,60 +337,5 @@ impl TrainingJob {
             }
         }
         Ok(found)
-    }
-}
-
-/// Picks `count` live agents not in `exclude`, in a stable order. In local
-/// mode a missing agent is started; on a cluster too few is an error.
-#[cfg_attr(not(feature = "local"), allow(clippy::never_loop))]
-pub(super) async fn pick_agents(
-    rv: &RendezvousClient,
-    target: &Target<'_>,
-    count: usize,
-    exclude: &[String],
-    model: &str,
-) -> Result<Vec<AgentInfo>, JobError> {
-    #[cfg(feature = "local")]
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (mut live, lacking): (Vec<AgentInfo>, Vec<AgentInfo>) = rv
-            .list_agents()
-            .await?
-            .into_iter()
-            .filter(|a| !exclude.contains(&a.flight_address))
-            .partition(|a| a.models.iter().any(|m| m == model));
-        live.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        if live.len() >= count {
-            live.truncate(count);
-            return Ok(live);
-        }
-        // Agents without the model would only refuse the job: say what they have.
-        if !lacking.is_empty() && live.len() + lacking.len() >= count {
-            let mut others: Vec<String> = lacking
-                .iter()
-                .map(|a| format!("{} has {}", a.agent_id, a.models.join(", ")))
-                .collect();
-            others.sort();
-            return Err(JobError::ModelUnavailable {
-                model: model.to_owned(),
-                needed: count as u32,
-                with_model: live.len(),
-                others: others.join("; "),
-            });
-        }
-        #[cfg(feature = "local")]
-        if let Target::Local(cluster) = target {
-            for _ in live.len()..count {
-                cluster.add_agent().await?;
-            }
-            if Instant::now() <= deadline {
-                continue;
-            }
-        }
-        return Err(JobError::NotEnoughAgents {
-            needed: count as u32,
-            live: live.len(),
-            rendezvous: target.rendezvous(),
-        });
     }
 }

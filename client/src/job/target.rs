@@ -1,0 +1,115 @@
+//! Where a job runs — agents started in this process (local mode) or a
+//! cluster's, behind its rendezvous — and choosing its agents there.
+
+#[cfg(feature = "local")]
+use std::time::{Duration, Instant};
+
+use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
+
+use super::JobError;
+#[cfg(feature = "local")]
+use crate::local::LocalCluster;
+
+/// Where the job runs.
+pub(super) enum Target<'a> {
+    #[cfg(feature = "local")]
+    Local(&'a LocalCluster),
+    Remote {
+        url: &'a str,
+        token: Option<Token>,
+    },
+}
+
+impl Target<'_> {
+    pub(super) fn rendezvous(&self) -> String {
+        match self {
+            #[cfg(feature = "local")]
+            Target::Local(c) => c.rendezvous_url(),
+            Target::Remote { url, .. } => (*url).to_owned(),
+        }
+    }
+
+    pub(super) fn is_local(&self) -> bool {
+        #[cfg(feature = "local")]
+        return matches!(self, Target::Local(_));
+        #[cfg(not(feature = "local"))]
+        false
+    }
+
+    /// The cluster serving the model trained here (`transform`).
+    pub(super) fn serving(
+        &self,
+        channel: &kindling_schemas::channel::ChannelConfig,
+    ) -> super::ServingCluster {
+        super::ServingCluster {
+            rendezvous: self.rendezvous(),
+            token: self.token(),
+            channel: channel.clone(),
+            local: self.is_local(),
+        }
+    }
+
+    pub(super) fn token(&self) -> Option<Token> {
+        match self {
+            #[cfg(feature = "local")]
+            Target::Local(c) => c.token().cloned(),
+            Target::Remote { token, .. } => token.clone(),
+        }
+    }
+}
+
+/// Picks `count` live agents not in `exclude`, in a stable order. In local
+/// mode a missing agent is started; on a cluster too few is an error.
+#[cfg_attr(not(feature = "local"), allow(clippy::never_loop))]
+pub(super) async fn pick_agents(
+    rv: &RendezvousClient,
+    target: &Target<'_>,
+    count: usize,
+    exclude: &[String],
+    model: &str,
+) -> Result<Vec<AgentInfo>, JobError> {
+    #[cfg(feature = "local")]
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (mut live, lacking): (Vec<AgentInfo>, Vec<AgentInfo>) = rv
+            .list_agents()
+            .await?
+            .into_iter()
+            .filter(|a| !exclude.contains(&a.flight_address))
+            .partition(|a| a.models.iter().any(|m| m == model));
+        live.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        if live.len() >= count {
+            live.truncate(count);
+            return Ok(live);
+        }
+        // Agents without the model would only refuse the job: say what they have.
+        if !lacking.is_empty() && live.len() + lacking.len() >= count {
+            let mut others: Vec<String> = lacking
+                .iter()
+                .map(|a| format!("{} has {}", a.agent_id, a.models.join(", ")))
+                .collect();
+            others.sort();
+            return Err(JobError::ModelUnavailable {
+                model: model.to_owned(),
+                needed: count as u32,
+                with_model: live.len(),
+                others: others.join("; "),
+            });
+        }
+        #[cfg(feature = "local")]
+        if let Target::Local(cluster) = target {
+            for _ in live.len()..count {
+                cluster.add_agent().await?;
+            }
+            if Instant::now() <= deadline {
+                continue;
+            }
+        }
+        return Err(JobError::NotEnoughAgents {
+            needed: count as u32,
+            live: live.len(),
+            rendezvous: target.rendezvous(),
+        });
+    }
+}
