@@ -1,5 +1,5 @@
 """Egress of the pods deploy/k8s makes, checked on every rendered overlay
-(validate.py's check_network_policies calls check_egress).
+(validate_network.py's check_network_policies calls check_egress).
 
 Each pod role in EGRESS must be selected by a NetworkPolicy of its
 namespace with policyTypes Egress, and the egress rules of all such
@@ -12,7 +12,7 @@ names the pod, the policy and the rule.
 import json
 
 # A destination is (what, port). `what` is a pod role of these manifests
-# (validate.py's POD_ROLES: a peer is resolved through the rendered
+# (validate_common.py's POD_ROLES: a peer is resolved through the rendered
 # namespaces and pod templates' labels), KUBE_DNS, an ipBlock's CIDR, or the
 # peer as written when it names pods outside the rendered namespaces.
 # `port` is a TCP port number, or a string for anything else ("UDP 53",
