@@ -17,6 +17,7 @@ use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::cache::{MemoryBudget, ShardCache};
 use crate::checkpoint::CheckpointStore;
@@ -471,7 +472,11 @@ impl Job {
             }
             self.env.inbox.enter_attempt(&self.job_id, attempt);
             let attempt_cancel = self.cancel.child_token();
-            let work = self.clone().run_attempt(&gang, attempt_cancel.clone());
+            let span = tracing::info_span!("attempt", attempt, rank = gang.rank());
+            let work = self
+                .clone()
+                .run_attempt(&gang, attempt_cancel.clone())
+                .instrument(span);
             tokio::pin!(work);
             let mut ended_from_outside = false;
             let result = tokio::select! {
@@ -597,12 +602,15 @@ impl Job {
             step_on_device: self.env.gpu_step_on_device,
         };
         let pool = self.env.train_pool.clone();
-        let outcome = tokio::task::spawn_blocking(move || pool.install(|| trainer::train(ctx)))
-            .await
-            .map_err(|source| AgentError::Panicked {
-                task: "the trainer thread",
-                source,
-            })??;
+        // The trainer (on the training pool's thread) logs under the attempt's span.
+        let span = tracing::Span::current();
+        let outcome =
+            tokio::task::spawn_blocking(move || pool.install(|| span.in_scope(|| trainer::train(ctx))))
+                .await
+                .map_err(|source| AgentError::Panicked {
+                    task: "the trainer thread",
+                    source,
+                })??;
         Ok(outcome.model)
     }
 }

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use kindling_schemas::action::{CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, StartJob};
 use kindling_schemas::credential::Claims;
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
+use kindling_schemas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 use crate::error::AgentError;
 use crate::job::{Job, JobEnv};
@@ -170,7 +172,20 @@ impl JobRegistry {
         // Until it joins, the job reports the attempt it will join (from 1).
         job.lock().attempt = at_rendezvous.attempt.max(1);
         jobs.insert(start.job_id, job.clone());
-        self.tracker.spawn(job.clone().run(rendezvous));
+        // All of the job's work logs under its span, with the trace id of
+        // the `fit` that started it; its calls to the rendezvous carry it on.
+        let span =
+            tracing::info_span!(parent: None, "job", job = %job.job_id, trace_id = tracing::field::Empty);
+        let run = job.clone().run(rendezvous).instrument(span.clone());
+        match TraceContext::current() {
+            Some(trace) => {
+                span.record("trace_id", trace.trace_id());
+                self.tracker.spawn(trace.scope(run));
+            }
+            None => {
+                self.tracker.spawn(run);
+            }
+        }
         Ok(job)
     }
 

@@ -339,20 +339,9 @@ async fn gpu_backend() -> bool {
 
 /// Starts an agent: binds, serves, and registers with the rendezvous if one is configured.
 pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| AgentError::io(format!("bind {}", config.listen), e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| AgentError::io("local address", e))?;
-    let host = config
-        .advertise_host
-        .clone()
-        .unwrap_or_else(|| addr.ip().to_string());
+    let (listener, addr, url) = bind(&config).await?;
     let tls = config.channel.tls.clone().filter(|t| t.serves());
     let secure = tls.is_some();
-    let scheme = if secure { "https" } else { "http" };
-    let url = format!("{scheme}://{host}:{}", addr.port());
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let inbox = Inbox::new();
@@ -373,7 +362,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         kindling_ops::grpc::reflection(kindling_schemas::pb::FLIGHT_FILE_DESCRIPTOR_SET)
             .map_err(|e| AgentError::io("building gRPC reflection", std::io::Error::other(e)))?;
     let shutdown = cancel.clone();
-    let mut server_builder = collective::server_builder(&config.channel);
+    let server_builder = collective::server_builder(&config.channel);
     // One port: gRPC (Flight) and the ring data plane, told apart by their
     // first bytes (or TLS ALPN).
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
@@ -403,6 +392,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             .set_service_status(FLIGHT_SERVICE, tonic_health::ServingStatus::Serving)
             .await;
         let result = server_builder
+            .layer(kindling_ops::grpc::TraceLayer)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_alpha)
@@ -457,6 +447,24 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         token: config.token,
         channel: config.channel,
     })
+}
+
+/// The agent's port, its address, and the URL it advertises (`https` when
+/// it serves TLS).
+async fn bind(config: &AgentConfig) -> Result<(TcpListener, std::net::SocketAddr, String), AgentError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| AgentError::io(format!("bind {}", config.listen), e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| AgentError::io("local address", e))?;
+    let host = config
+        .advertise_host
+        .clone()
+        .unwrap_or_else(|| addr.ip().to_string());
+    let serves_tls = config.channel.tls.as_ref().is_some_and(|t| t.serves());
+    let scheme = if serves_tls { "https" } else { "http" };
+    Ok((listener, addr, format!("{scheme}://{host}:{}", addr.port())))
 }
 
 /// What every job on the agent shares: the trainer's thread pool, the

@@ -24,6 +24,7 @@ use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::{CheckpointPolicy, JobSpec, ModelSpec, OptimizerSpec, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
+use kindling_schemas::trace::TraceContext;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -237,6 +238,8 @@ struct Cluster {
     rendezvous_port: u16,
     rendezvous_url: String,
     rendezvous: Option<Proc>,
+    /// The servers log JSON lines (`KINDLING_LOG_FORMAT=json`) instead of text.
+    json_logs: bool,
 }
 
 impl Cluster {
@@ -260,6 +263,7 @@ impl Cluster {
             // Dialled by name: its certificate is checked for `localhost`.
             rendezvous_url: format!("https://localhost:{port}"),
             rendezvous: None,
+            json_logs: false,
         };
         cluster.issue_certificates(&PKI.ca);
         cluster
@@ -334,6 +338,9 @@ impl Cluster {
         );
         env.insert("KINDLING_RENDEZVOUS_GANG_TIMEOUT_MS".into(), "60000".into());
         env.insert("RUST_LOG".into(), "info".into());
+        if self.json_logs {
+            env.insert("KINDLING_LOG_FORMAT".into(), "json".into());
+        }
         env
     }
 
@@ -391,6 +398,9 @@ impl Cluster {
             manifest_env("agent-daemonset.yaml"),
             "the test sets exactly the agent DaemonSet's variables"
         );
+        if self.json_logs {
+            env.insert("KINDLING_LOG_FORMAT".into(), "json".into());
+        }
         let agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
         (agent, format!("https://127.0.0.1:{port}"))
     }
@@ -1391,3 +1401,98 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
 /// a flow-control window in flight), the held streams' tasks and buffers,
 /// the trainer's working set (docs/operations.md, caps).
 const ORACLE_OVERHEAD: u64 = 96 << 20;
+
+/// The JSON log lines of `logs` whose message is `message`.
+fn json_lines(logs: &str, message: &str) -> Vec<serde_json::Value> {
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == message)
+        .collect()
+}
+
+/// The value of `field` in the spans a JSON log line was written in, innermost last.
+fn span_field<'a>(line: &'a serde_json::Value, field: &str) -> Vec<&'a serde_json::Value> {
+    line["spans"]
+        .as_array()
+        .map(|spans| spans.iter().filter_map(|s| s.get(field)).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_job_logs_its_trace_id_on_the_rendezvous_and_on_every_agent_with_rank_and_attempt() {
+    let mut cluster = Cluster::new();
+    cluster.json_logs = true;
+    cluster.start_rendezvous().await;
+    let (a, url_a) = cluster.agent("trace-a").await;
+    let (b, url_b) = cluster.agent("trace-b").await;
+    // What `fit` does: every call of the job made inside one trace.
+    let trace = TraceContext::new_root();
+    let id = serde_json::Value::from(trace.trace_id());
+    trace
+        .scope(rule_job_on(&cluster, "traced", &[&url_a, &url_b], 2))
+        .await;
+    for url in [&url_a, &url_b] {
+        wait_until(url, "traced", |s| s.state == AgentJobState::Succeeded).await;
+    }
+    // A job started outside any trace logs none.
+    rule_job_on(&cluster, "untraced", &[&url_a, &url_b], 1).await;
+    for url in [&url_a, &url_b] {
+        wait_until(url, "untraced", |s| s.state == AgentJobState::Succeeded).await;
+    }
+
+    // The rendezvous: the client's CreateJob, the agents' last Join and their
+    // CompleteJob, each in a call span with the trace id.
+    let rendezvous = cluster.rendezvous.as_ref().expect("rendezvous").logs();
+    for (message, job) in [
+        ("job created", "traced"),
+        ("gang formed", "traced"),
+        ("job succeeded", "traced"),
+    ] {
+        let lines: Vec<_> = json_lines(&rendezvous, message)
+            .into_iter()
+            .filter(|l| l["fields"]["job"] == job)
+            .collect();
+        assert!(!lines.is_empty(), "no `{message}` line for {job}:\n{rendezvous}");
+        for line in &lines {
+            assert_eq!(span_field(line, "trace_id"), [&id], "{line}");
+            assert!(
+                span_field(line, "rpc")[0]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("/kindling.rendezvous.v1.Rendezvous/")),
+                "{line}"
+            );
+        }
+    }
+    let untraced = json_lines(&rendezvous, "job created")
+        .into_iter()
+        .find(|l| l["fields"]["job"] == "untraced")
+        .expect("the untraced job was created");
+    assert!(span_field(&untraced, "trace_id").is_empty(), "{untraced}");
+
+    // Each agent: every epoch of the traced job logged in the job's span
+    // (its trace id) and the attempt's (attempt 1, the agent's rank).
+    let mut ranks = BTreeSet::new();
+    for agent in [&a, &b] {
+        let logs = agent.logs();
+        let epochs: Vec<_> = json_lines(&logs, "epoch done")
+            .into_iter()
+            .filter(|l| l["fields"]["job"] == "traced")
+            .collect();
+        assert_eq!(epochs.len(), 2, "{logs}");
+        for line in &epochs {
+            assert_eq!(span_field(line, "trace_id"), [&id], "{line}");
+            assert_eq!(
+                span_field(line, "attempt"),
+                [&serde_json::Value::from(1)],
+                "{line}"
+            );
+            ranks.insert(span_field(line, "rank")[0].as_u64().expect("a rank"));
+        }
+        let untraced = json_lines(&logs, "epoch done")
+            .into_iter()
+            .find(|l| l["fields"]["job"] == "untraced")
+            .expect("the untraced job trained");
+        assert!(span_field(&untraced, "trace_id").is_empty(), "{untraced}");
+    }
+    assert_eq!(ranks, BTreeSet::from([0, 1]));
+}

@@ -255,7 +255,8 @@ impl Interceptor for BearerCheck {
     }
 }
 
-/// Client-side interceptor: attaches the bearer token to every call.
+/// Client-side interceptor: attaches the bearer token to every call, and
+/// the trace context of the task making it ([`crate::trace`]).
 #[derive(Clone, Debug)]
 pub struct BearerAttach {
     header: Option<MetadataValue<tonic::metadata::Ascii>>,
@@ -277,6 +278,13 @@ impl Interceptor for BearerAttach {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(h) = &self.header {
             request.metadata_mut().insert(AUTHORIZATION, h.clone());
+        }
+        // Inside a traced task (a `fit`, an agent's job), the call carries
+        // a child of its trace context.
+        if let Some(trace) = crate::trace::TraceContext::current()
+            && let Ok(value) = trace.child().header().parse()
+        {
+            request.metadata_mut().insert(crate::trace::METADATA_KEY, value);
         }
         Ok(request)
     }

@@ -10,6 +10,7 @@
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.
 //! - [`credential`]: signed, expiring job credentials by role (producer, peer, reader).
+//! - [`trace`]: the W3C trace context (`traceparent`) calls carry between processes.
 //! - [`channel`], [`tls`]: how connections are made and served (keepalive,
 //!   deadlines, TLS and mutual TLS with certificates reloaded on change).
 //! - [`ring`]: the ring data plane between agents (hello, frames, heartbeats).
@@ -33,6 +34,7 @@ pub mod serving;
 pub mod spec;
 pub mod status;
 pub mod tls;
+pub mod trace;
 
 /// Generated protobuf messages and tonic services.
 pub mod pb {

@@ -1,11 +1,72 @@
-//! The standard gRPC services every Kindling server serves beside its own:
-//! server reflection (`tonic-reflection`, v1 and the older v1alpha that some
-//! tools still ask first), so `grpcurl list` / `describe` and other standard
-//! tools discover the health service, reflection itself and the server's own
-//! service from the server alone. Like the health service they answer
-//! without a token: they describe public protocols and hold no job's data.
+//! What every Kindling gRPC server adds around its own service: server
+//! reflection (`tonic-reflection`, v1 and the older v1alpha that some tools
+//! still ask first), so `grpcurl list` / `describe` and other standard tools
+//! discover the health service, reflection itself and the server's own
+//! service from the server alone — like the health service it answers
+//! without a token: it describes public protocols and holds no job's data —
+//! and [`TraceLayer`], which gives each call a span with the caller's trace
+//! id (`kindling_schemas::trace`).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use kindling_schemas::trace::{METADATA_KEY, TraceContext};
+use tonic::codegen::http;
 use tonic_reflection::server::{Builder, Error, v1, v1alpha};
+use tracing::Instrument as _;
+
+/// A tower layer for a tonic server: each call runs in a span `rpc` with
+/// its method's path and, when the caller sent a valid `traceparent`, its
+/// trace id — and with that trace context as the task's current one, so the
+/// calls the handler makes carry it on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TraceLayer;
+
+impl<S> tower::Layer<S> for TraceLayer {
+    type Service = Traced<S>;
+
+    fn layer(&self, inner: S) -> Traced<S> {
+        Traced { inner }
+    }
+}
+
+/// A service wrapped by [`TraceLayer`].
+#[derive(Clone, Debug)]
+pub struct Traced<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Traced<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let trace = request
+            .headers()
+            .get(METADATA_KEY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(TraceContext::parse);
+        let span = tracing::info_span!("rpc", rpc = %request.uri().path(), trace_id = tracing::field::Empty);
+        if let Some(trace) = &trace {
+            span.record("trace_id", trace.trace_id());
+        }
+        let call = self.inner.call(request).instrument(span);
+        match trace {
+            Some(trace) => Box::pin(trace.scope(call)),
+            None => Box::pin(call),
+        }
+    }
+}
 
 /// Reflection over the health service, reflection itself and `own` (an
 /// encoded descriptor set: `kindling_schemas::pb::FLIGHT_FILE_DESCRIPTOR_SET`

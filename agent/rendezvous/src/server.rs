@@ -142,6 +142,7 @@ pub async fn serve(
     let result = ChannelConfig::default()
         .server()
         .max_concurrent_streams(config.max_concurrent_streams)
+        .layer(kindling_ops::grpc::TraceLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)

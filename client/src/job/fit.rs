@@ -9,6 +9,8 @@ use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{JobConfig, JobState, RendezvousClient};
 use kindling_schemas::schema::{self, StreamKind};
+use kindling_schemas::trace::TraceContext;
+use tracing::Instrument as _;
 
 use super::progress::{Reporter, TrainingEvent};
 use super::recover::{Follow, Holders};
@@ -143,8 +145,15 @@ impl TrainingJob {
             Some(m) => Some(Tracker::start(m, &self.spec)?),
             None => None,
         };
-        let result = self
-            .run_tracked(target, rows, tracker.as_ref().map(Tracker::handle))
+        // One trace per run: every call made in it carries the trace context,
+        // so the agents' and the rendezvous' log lines of this job share its id.
+        let trace = TraceContext::new_root();
+        let span = tracing::info_span!("fit", trace_id = %trace.trace_id());
+        let result = trace
+            .scope(
+                self.run_tracked(target, rows, tracker.as_ref().map(Tracker::handle))
+                    .instrument(span),
+            )
             .await;
         if let Some(tracker) = tracker {
             tracker.finish(&result).await;
@@ -159,7 +168,6 @@ impl TrainingJob {
         tracking: Option<TrackerHandle>,
     ) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
-        #[cfg_attr(not(feature = "local"), allow(unused_mut))]
         let mut reporter = Reporter::new(self.progress, self.events.clone()).tracked(tracking);
         // In local mode the in-process rendezvous serves the status page on
         // loopback, under this run's own token.
@@ -178,6 +186,12 @@ impl TrainingJob {
             .job_id
             .clone()
             .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        if let Some(trace) = TraceContext::current() {
+            reporter.note(&format!(
+                "trace id {} (on the agents' and the rendezvous' log lines of this job)",
+                trace.trace_id()
+            ));
+        }
 
         // The data, checked before anything starts on the agents. A persisted
         // query is released at the end, whatever fails after it was persisted.

@@ -190,8 +190,8 @@ impl Reporter {
         }
     }
 
-    /// Shows a line that is no event (where to watch the job), unless silent.
-    #[cfg(feature = "local")]
+    /// Shows a line that is no event (where to watch the job, its trace
+    /// id), unless silent.
     pub(crate) fn note(&mut self, line: &str) {
         if let Some(bars) = &self.bars {
             let _ = bars.println(line);
