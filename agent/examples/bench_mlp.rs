@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
-use kindling_agent::exchange::Exchange;
+use kindling_agent::gradients::GradientStep;
 use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::schedule::LrSchedule;
@@ -116,7 +116,7 @@ fn main() -> anyhow::Result<()> {
     let mut t_model = ModelRegistry::builtin().build(&tuned, &layout, &device)?;
     let mut t_weights = t_model.flat_weights();
     let mut t_optim = FlatOptimizer::for_job(&tuned, &t_model.param_layout())?;
-    let (t_schedule, t_exchange) = (LrSchedule::of(&tuned), Exchange::for_spec(&tuned));
+    let (t_schedule, t_exchange) = (LrSchedule::of(&tuned), GradientStep::for_spec(&tuned));
     let t_steps_per_epoch = ((steps.div_ceil(rounds) * rounds + warmup) as u64)
         .div_ceil(10)
         .max(1);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use kindling_agent::collective::{Precision, Ring, RingConfig};
-use kindling_agent::exchange::{BUCKET_VALUES, Exchange, StepTimes};
+use kindling_agent::gradients::{BUCKET_VALUES, GradientStep, StepTimes};
 use kindling_agent::model::{Batch, ModelRegistry};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::trainer;
@@ -50,7 +50,7 @@ async fn run(
     world: usize,
     steps: usize,
     rows: usize,
-    exchange: Exchange,
+    exchange: GradientStep,
 ) -> anyhow::Result<(StepTimes, usize)> {
     let spec = JobSpec::builder()
         .model(ModelSpec::Mlp {
@@ -151,7 +151,7 @@ async fn main() -> anyhow::Result<()> {
             ("f32, overlap", Precision::F32, true),
             ("bf16, overlap", Precision::Bf16, true),
         ] {
-            let exchange = Exchange {
+            let exchange = GradientStep {
                 precision,
                 bucket_values: BUCKET_VALUES,
                 overlap,

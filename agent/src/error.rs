@@ -260,6 +260,14 @@ pub enum AgentError {
     /// `gpu` feature, or no adapter on the node).
     #[error("{0}")]
     GpuUnavailable(String),
+    /// `issue_credential` on an agent started without a credential key.
+    #[error(
+        "agent `{agent_id}` has no credential key (--credential-key-file, KINDLING_CREDENTIAL_KEY_FILE): it issues no job credentials"
+    )]
+    NoCredentialKey {
+        /// The agent.
+        agent_id: String,
+    },
 
     // Retryable: the attempt or a peer failed.
     /// The current attempt failed (a peer died, the rendezvous failed it).
@@ -302,9 +310,15 @@ pub enum AgentError {
     /// A Flight call the agent does not offer; says what to use instead.
     #[error("{0}")]
     Unsupported(&'static str),
-    /// A status already decided elsewhere (the caller's own stream failed with it).
-    #[error("{}", .0.message())]
-    Status(Box<Status>),
+    /// The caller's own stream failed (a message over this agent's cap, a
+    /// broken connection): its gRPC code and message, answered as they are.
+    #[error("{message}")]
+    CallerStream {
+        /// The stream's status code.
+        code: tonic::Code,
+        /// Its message.
+        message: String,
+    },
 
     // The agent failed (Internal).
     /// The loss became non-finite.
@@ -470,6 +484,14 @@ pub enum AgentError {
 }
 
 impl AgentError {
+    /// The caller's stream failed with `status`.
+    pub fn caller_stream(status: &Status) -> Self {
+        AgentError::CallerStream {
+            code: status.code(),
+            message: status.message().to_owned(),
+        }
+    }
+
     /// Wraps an Arrow error.
     pub fn arrow(e: arrow::error::ArrowError) -> Self {
         AgentError::Arrow(e)
@@ -541,7 +563,7 @@ impl AgentError {
 impl From<FlightError> for AgentError {
     fn from(e: FlightError) -> Self {
         match e {
-            FlightError::Tonic(s) => AgentError::Status(s),
+            FlightError::Tonic(s) => AgentError::caller_stream(&s),
             FlightError::ExternalError(inner) => match inner.downcast::<AgentError>() {
                 Ok(agent) => *agent,
                 Err(other) => AgentError::MalformedFlight(FlightError::ExternalError(other)),
@@ -613,7 +635,8 @@ impl From<AgentError> for Status {
             | AgentError::UnknownLayout
             | AgentError::NoData
             | AgentError::RowCountMismatch { .. }
-            | AgentError::GpuUnavailable(_) => Status::failed_precondition(msg),
+            | AgentError::GpuUnavailable(_)
+            | AgentError::NoCredentialKey { .. } => Status::failed_precondition(msg),
             AgentError::AttemptFailed { .. } => Status::aborted(msg),
             // A rendezvous address or token that cannot work is the caller's input.
             AgentError::Rendezvous { ref source, .. }
@@ -641,7 +664,7 @@ impl From<AgentError> for Status {
             | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
             AgentError::StreamIdle { .. } | AgentError::StreamTooOld { .. } => Status::deadline_exceeded(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
-            AgentError::Status(status) => *status,
+            AgentError::CallerStream { code, message } => Status::new(code, message),
             AgentError::Diverged { .. }
             | AgentError::Panicked { .. }
             | AgentError::TensorData(_)

@@ -26,8 +26,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::AgentError;
 use crate::ingest::{self, PutStream};
+use crate::jobs::JobRegistry;
 use crate::model::{AnyModel, ModelRegistry};
-use crate::registry::JobRegistry;
 use crate::{params, predict, trainer};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -90,7 +90,7 @@ async fn open_stream(
     let first = input
         .message()
         .await
-        .map_err(|s| AgentError::Status(Box::new(inbound(s))))?
+        .map_err(|s| AgentError::caller_stream(&inbound(s)))?
         .ok_or(AgentError::EmptyStream { call })?;
     let descriptor = first
         .flight_descriptor

@@ -8,12 +8,13 @@
 //! - [`server`]: start/stop an agent (Flight + collective on one port).
 //! - [`flight`]: the Flight adapter (decodes requests, encodes responses).
 //! - [`predict`]: inference and the `DoExchange` prediction stream.
-//! - [`registry`]: the jobs on an agent, and starting their tasks.
+//! - [`served`]: models served without having been trained here (`serve_model`).
+//! - [`jobs`]: the jobs on an agent, and starting their tasks.
 //! - [`metrics`]: the agent's metrics.
 //! - [`ingest`]: exactly-once ingest (producers, streams, end of data).
 //! - [`job`]: one job's data, state and lifecycle (gang, train, re-join).
 //! - [`trainer`]: the data-parallel burn training loop.
-//! - [`exchange`]: a step's gradient all-reduce (buckets, `bf16`) and optimizer step.
+//! - [`gradients`]: a step's gradient all-reduce (buckets, `bf16`), clipping and optimizer step.
 //! - [`tensorize`]: Arrow batches → tensors.
 //! - [`checkpoint`]: checkpoints per job and attempt.
 //! - [`optim`]: the optimizers on flat weight buffers, their parameter groups and state.
@@ -38,21 +39,21 @@ pub mod checkpoint;
 pub mod collective;
 pub mod device;
 pub mod error;
-pub mod exchange;
 pub mod flight;
+pub mod gradients;
 pub mod ingest;
 pub mod job;
 pub mod joblog;
+pub mod jobs;
 pub mod launch;
 pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod params;
 pub mod predict;
-pub mod registry;
 pub mod schedule;
+pub mod served;
 pub mod server;
-pub mod serving;
 pub mod tensorize;
 pub mod trainer;
 

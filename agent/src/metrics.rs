@@ -14,7 +14,7 @@ use kindling_schemas::action::AgentJobState;
 
 use crate::cache::MemoryBudget;
 use crate::collective::ALL_REDUCE_SECONDS;
-use crate::registry::JobRegistry;
+use crate::jobs::JobRegistry;
 use kindling_ops::exposition::family;
 
 /// The report an agent's heartbeats carry to the rendezvous' status page

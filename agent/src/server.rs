@@ -21,8 +21,8 @@ use crate::collective::{self, Inbox};
 use crate::error::AgentError;
 use crate::flight::AgentFlightService;
 use crate::job::JobEnv;
+use crate::jobs::JobRegistry;
 use crate::model::ModelRegistry;
-use crate::registry::JobRegistry;
 
 /// Largest Flight message an agent accepts (one record batch).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;

@@ -5,7 +5,7 @@
 //! else rank 0's fresh weights) and broadcast it; per epoch: agree on the
 //! number of steps (every rank's row count); per step: forward, backward,
 //! all-reduce of `[gradient sums…, rows, weight, loss sum]`, divide by the total weight (the rows, unweighted),
-//! the same optimizer step everywhere ([`crate::exchange`]: in buckets, the
+//! the same optimizer step everywhere ([`crate::gradients`]: in buckets, the
 //! optimizer overlapping the all-reduce, for large models). A rank that ran out of rows contributes
 //! zeros, so every row of every shard is trained exactly once per epoch and
 //! the replicas stay bitwise identical.
@@ -52,7 +52,7 @@ use crate::cache::CachedBatch;
 use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
-use crate::exchange::{Exchange, StepTimes};
+use crate::gradients::{GradientStep, StepTimes};
 use crate::model::staged::Pipeline;
 use crate::model::{AnyModel, ModelRegistry};
 use crate::optim::{DeviceOptimizer, FlatOptimizer};
@@ -168,7 +168,7 @@ struct Trainer {
     optim: FlatOptimizer,
     /// The master copy of the weights the optimizer steps (the model's, flat).
     weights: Vec<f32>,
-    exchange: Exchange,
+    exchange: GradientStep,
     times: StepTimes,
     schedule: LrSchedule,
     history: Vec<EpochMetrics>,
@@ -205,7 +205,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         pipeline: Pipeline::new(crate::device::is_gpu(&device)),
         device,
         weights: Vec::new(),
-        exchange: Exchange::for_spec(&spec),
+        exchange: GradientStep::for_spec(&spec),
         times: StepTimes::default(),
         schedule: LrSchedule::of(&spec),
         history: Vec::new(),

@@ -533,13 +533,13 @@ async fn a_rank_killed_mid_operation_fails_every_other_rank_within_a_second_nami
 /// bitwise the weights of one whole all-reduce and one whole step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
-    use kindling_agent::exchange::{Exchange, StepTimes};
+    use kindling_agent::gradients::{GradientStep, StepTimes};
     use kindling_agent::optim::FlatOptimizer;
     use kindling_schemas::spec::OptimizerSpec;
     let token = Token::new("t");
     let ps = peers(2, &token).await;
     let grads = 1003;
-    let run = |exchange: Exchange, job: &'static str| {
+    let run = |exchange: GradientStep, job: &'static str| {
         let rings = rings(&ps, &token, job);
         let rt = tokio::runtime::Handle::current();
         rings
@@ -587,7 +587,7 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
         ("whole-clipped", usize::MAX, false, Some(0.05)),
         ("overlap-clipped", 100, true, Some(0.05)),
     ] {
-        let exchange = Exchange {
+        let exchange = GradientStep {
             precision: Precision::F32,
             bucket_values,
             overlap,

@@ -423,7 +423,7 @@ async fn the_key_rotates_mid_job_and_nothing_fails() {
 /// headers, and the others commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_credential_holds_at_most_its_cap_of_streams_on_an_agent() {
-    use kindling_agent::registry::MAX_STREAMS_PER_CREDENTIAL;
+    use kindling_agent::jobs::MAX_STREAMS_PER_CREDENTIAL;
     let (cluster, _dir) = cluster_with(1, |c| {
         c.credentials = Some(CredentialKey::new(KEY).expect("key").into())
     })

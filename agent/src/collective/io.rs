@@ -8,8 +8,8 @@ use kindling_schemas::ring::{FrameHeader, Kind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::error::RingError;
 use super::{CAUSE_WAIT, link};
-use crate::error::AgentError;
 
 /// What one operation's reads and writes need to fail well.
 pub(super) struct Io {
@@ -60,7 +60,7 @@ impl Io {
         side: Side,
         step: usize,
         io: impl Future<Output = std::io::Result<T>>,
-    ) -> Result<T, AgentError> {
+    ) -> Result<T, RingError> {
         let mut broken = self.broken.clone();
         let next_broke = async {
             match broken.as_mut() {
@@ -83,7 +83,7 @@ impl Io {
             biased;
             _ = self.closed.cancelled() => Err(self.shutting_down()),
             _ = self.cancel.cancelled() => Err(self.cancelled()),
-            _ = fenced => Err(AgentError::AttemptFailed {
+            _ = fenced => Err(RingError::AttemptFailed {
                 job_id: self.job_id.to_string(),
                 attempt: self.attempt,
                 cause: "this agent fenced the attempt: the job is on a newer one".into(),
@@ -104,8 +104,8 @@ impl Io {
                         None => None,
                     };
                     Err(match known {
-                        Some(cause) => AgentError::PeerUnavailable { peer: self.next.to_string(), reason: cause },
-                        None => AgentError::PeerUnavailable {
+                        Some(cause) => RingError::PeerUnavailable { peer: self.next.to_string(), reason: cause },
+                        None => RingError::PeerUnavailable {
                             peer: self.peer(side),
                             reason: if e.kind() == std::io::ErrorKind::UnexpectedEof {
                                 format!("it closed the connection ({what} {})", at())
@@ -115,12 +115,12 @@ impl Io {
                         },
                     })
                 }
-                Err(_) => Err(AgentError::PeerUnavailable {
+                Err(_) => Err(RingError::PeerUnavailable {
                     peer: self.peer(side),
                     reason: format!("no data within {:?} ({what} {})", self.timeout, at()),
                 }),
             },
-            Some(cause) = next_broke => Err(AgentError::PeerUnavailable { peer: self.next.to_string(), reason: cause }),
+            Some(cause) = next_broke => Err(RingError::PeerUnavailable { peer: self.next.to_string(), reason: cause }),
         }
     }
 
@@ -133,7 +133,7 @@ impl Io {
         kind: Kind,
         len: usize,
         buf: &mut [u8],
-    ) -> Result<(), AgentError> {
+    ) -> Result<(), RingError> {
         let header = self.guard(Side::Prev, step, link::read_header(read)).await?;
         let expected = self.header(step, part, kind, len);
         match header {
@@ -143,13 +143,13 @@ impl Io {
                 let _ = self
                     .guard(Side::Prev, step, link::read_payload(read, &mut reason))
                     .await;
-                return Err(AgentError::PeerUnavailable {
+                return Err(RingError::PeerUnavailable {
                     peer: self.prev.to_string(),
                     reason: format!("its ring failed: {}", String::from_utf8_lossy(&reason)),
                 });
             }
             got => {
-                return Err(AgentError::PeerUnavailable {
+                return Err(RingError::PeerUnavailable {
                     peer: self.prev.to_string(),
                     reason: format!(
                         "sent {} where {expected:?} was next (a duplicate, out-of-order or malformed frame); \
@@ -166,23 +166,23 @@ impl Io {
             .await
     }
 
-    pub(super) fn broken_ring(&self) -> AgentError {
-        AgentError::PeerUnavailable {
+    pub(super) fn broken_ring(&self) -> RingError {
+        RingError::PeerUnavailable {
             peer: self.next.to_string(),
             reason: "the ring's connections are closed".into(),
         }
     }
 
-    pub(super) fn cancelled(&self) -> AgentError {
-        AgentError::AttemptFailed {
+    pub(super) fn cancelled(&self) -> RingError {
+        RingError::AttemptFailed {
             job_id: self.job_id.to_string(),
             attempt: self.attempt,
             cause: "collective operation aborted".into(),
         }
     }
 
-    pub(super) fn shutting_down(&self) -> AgentError {
-        AgentError::AttemptFailed {
+    pub(super) fn shutting_down(&self) -> RingError {
+        RingError::AttemptFailed {
             job_id: self.job_id.to_string(),
             attempt: self.attempt,
             cause: "this agent is shutting down".into(),

@@ -9,7 +9,7 @@ use kindling_schemas::tls::Conn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{oneshot, watch};
 
-use crate::error::AgentError;
+use super::error::RingError;
 
 /// A ring connection to the next rank. A background task reads the
 /// receiver's heartbeats; when the connection closes, resets or stays
@@ -32,8 +32,8 @@ pub(super) async fn connect(
     url: &str,
     hello: &Hello,
     silent_after: Duration,
-) -> Result<Outbound, AgentError> {
-    let unavailable = |reason: String| AgentError::PeerUnavailable {
+) -> Result<Outbound, RingError> {
+    let unavailable = |reason: String| RingError::PeerUnavailable {
         peer: url.to_owned(),
         reason,
     };
@@ -72,12 +72,12 @@ pub(super) async fn connect(
 pub(super) async fn unless_broken<T>(
     out: &Outbound,
     url: &str,
-    wait: impl Future<Output = Result<T, AgentError>>,
-) -> Result<T, AgentError> {
+    wait: impl Future<Output = Result<T, RingError>>,
+) -> Result<T, RingError> {
     let mut broken = out.broken.clone();
     tokio::select! {
         r = wait => r,
-        cause = broke(&mut broken) => Err(AgentError::PeerUnavailable {
+        cause = broke(&mut broken) => Err(RingError::PeerUnavailable {
             peer: url.to_owned(),
             reason: cause.unwrap_or_else(|| "it closed the connection".to_owned()),
         }),

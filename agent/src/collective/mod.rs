@@ -14,6 +14,7 @@
 //! A rank only ever sends to the next rank and reads from the previous one,
 //! so a ring of `W` ranks moves `2(W-1)/W` of the buffer per rank, whatever `W`.
 
+mod error;
 mod inbox;
 mod io;
 mod link;
@@ -40,10 +41,9 @@ use link::Outbound;
 
 /// A ring's connections: to the next rank, from the previous one.
 type Links = (Outbound, Inbound);
+pub use error::RingError;
 use plan::{Combine, Step, byte_parts, combine, encode_bf16, pieces, plan};
 pub use plan::{bf16_to_f32, f32_to_bf16};
-
-use crate::error::AgentError;
 
 #[cfg(target_endian = "big")]
 compile_error!("the ring data plane sends values in the machine's byte order, which must be little-endian");
@@ -155,7 +155,7 @@ pub struct Ring {
     /// the first operation).
     links: Option<Links>,
     /// Why an earlier operation failed: the ring is broken for good.
-    failed: Option<AgentError>,
+    failed: Option<RingError>,
     /// The job, the next and the previous rank's addresses, for errors.
     names: (Arc<str>, Arc<str>, Arc<str>),
     /// Where its all-reduces are counted.
@@ -168,10 +168,10 @@ pub struct Ring {
 
 impl Ring {
     /// A ring for `config`; connects on its first operation.
-    pub fn new(config: RingConfig, inbox: Arc<Inbox>, cancel: CancellationToken) -> Result<Ring, AgentError> {
+    pub fn new(config: RingConfig, inbox: Arc<Inbox>, cancel: CancellationToken) -> Result<Ring, RingError> {
         let world = config.peers.len() as u32;
         if world == 0 || config.rank >= world {
-            return Err(AgentError::RankOutsideWorld {
+            return Err(RingError::RankOutsideWorld {
                 rank: config.rank,
                 world,
             });
@@ -215,7 +215,7 @@ impl Ring {
 
     /// Sums `buf` element-wise across all ranks, in place, in `f32`; every
     /// rank ends with bitwise-identical values.
-    pub async fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), AgentError> {
+    pub async fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), RingError> {
         self.all_reduce(buf, Precision::F32).await
     }
 
@@ -225,7 +225,7 @@ impl Ring {
     /// Two ranks swap their whole buffers in one step (a + b and b + a are
     /// the same float); more run reduce-scatter then all-gather, each step
     /// in parts of [`PART_VALUES`], a part forwarded as soon as it is reduced.
-    pub async fn all_reduce(&mut self, buf: &mut [f32], precision: Precision) -> Result<(), AgentError> {
+    pub async fn all_reduce(&mut self, buf: &mut [f32], precision: Precision) -> Result<(), RingError> {
         self.op += 1;
         if self.world == 1 {
             return Ok(());
@@ -244,13 +244,13 @@ impl Ring {
 
     /// Sends `bytes` from `root` to every rank; returns them on every rank.
     /// Parts are relayed along the ring as they arrive.
-    pub async fn broadcast(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, AgentError> {
+    pub async fn broadcast(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, RingError> {
         self.op += 1;
         if self.world == 1 {
-            return bytes.ok_or(AgentError::BroadcastWithoutPayload);
+            return bytes.ok_or(RingError::BroadcastWithoutPayload);
         }
         if self.config.rank == root && bytes.is_none() {
-            return Err(AgentError::BroadcastWithoutPayload);
+            return Err(RingError::BroadcastWithoutPayload);
         }
         let result = match self.ready().await {
             Ok(()) => self.relay(root, bytes).await,
@@ -262,12 +262,12 @@ impl Ring {
     /// Keeps the first failure: the ring is broken after it. The next rank
     /// is told why and its connections close at once, so the failure goes
     /// round the ring with its cause.
-    async fn settle<T>(&mut self, result: Result<T, AgentError>) -> Result<T, AgentError> {
+    async fn settle<T>(&mut self, result: Result<T, RingError>) -> Result<T, RingError> {
         if let Err(e) = &result {
             // Cancelled here: the connections stay (see `Drop`).
             if self.cancel.is_cancelled() {
                 if self.failed.is_none() {
-                    self.failed = Some(clone_error(e));
+                    self.failed = Some(e.clone());
                 }
                 return result;
             }
@@ -279,16 +279,16 @@ impl Ring {
             }
             self.links = None;
             if self.failed.is_none() {
-                self.failed = Some(clone_error(e));
+                self.failed = Some(e.clone());
             }
         }
         result
     }
 
     /// Fails with the ring's earlier failure, or opens its connections.
-    async fn ready(&mut self) -> Result<(), AgentError> {
+    async fn ready(&mut self) -> Result<(), RingError> {
         if let Some(e) = &self.failed {
-            return Err(clone_error(e));
+            return Err(e.clone());
         }
         if self.links.is_some() {
             return Ok(());
@@ -320,7 +320,7 @@ impl Ring {
                 Err(rx) => match tokio::time::timeout(self.config.timeout, rx).await {
                     Ok(Ok(inbound)) => Ok(inbound),
                     Ok(Err(_)) => Err(self.shutting_down()),
-                    Err(_) => Err(AgentError::PeerUnavailable {
+                    Err(_) => Err(RingError::PeerUnavailable {
                         peer: prev_url.clone(),
                         reason: format!("rank {prev} did not connect within {:?}", self.config.timeout),
                     }),
@@ -335,7 +335,7 @@ impl Ring {
                 out = &mut connect => out?,
                 inn = &mut accept => {
                     let inn = inn?;
-                    return Ok::<_, AgentError>((connect.await?, inn));
+                    return Ok::<_, RingError>((connect.await?, inn));
                 }
             };
             let inn = link::unless_broken(&out, next_url, accept).await?;
@@ -354,7 +354,7 @@ impl Ring {
         Ok(())
     }
 
-    async fn ring_all_reduce(&mut self, buf: &mut [f32], precision: Precision) -> Result<(), AgentError> {
+    async fn ring_all_reduce(&mut self, buf: &mut [f32], precision: Precision) -> Result<(), RingError> {
         let (w, r) = (self.world as usize, self.config.rank as usize);
         let kind = precision.kind();
         let steps = plan(w, r);
@@ -407,7 +407,7 @@ impl Ring {
                     sent_tx.send_replace(woff[s] + p + 1);
                 }
             }
-            Ok::<(), AgentError>(())
+            Ok::<(), RingError>(())
         };
         let reader = async {
             let mut sent = sent.clone();
@@ -439,12 +439,12 @@ impl Ring {
                     reduced_tx.send_replace(roff[s] + p + 1);
                 }
             }
-            Ok::<(), AgentError>(())
+            Ok::<(), RingError>(())
         };
         tokio::try_join!(writer, reader).map(|_| ())
     }
 
-    async fn relay(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, AgentError> {
+    async fn relay(&mut self, root: u32, bytes: Option<Vec<u8>>) -> Result<Vec<u8>, RingError> {
         let rank = self.config.rank;
         let last = (root + self.world - 1) % self.world;
         let io = self.io();
@@ -458,7 +458,7 @@ impl Ring {
                 .await
         };
         if rank == root {
-            let data = bytes.ok_or(AgentError::BroadcastWithoutPayload)?;
+            let data = bytes.ok_or(RingError::BroadcastWithoutPayload)?;
             send(0, 0, &(data.len() as u64).to_le_bytes()).await?;
             for (p, chunk) in byte_parts(&data).enumerate() {
                 send(1, p, chunk).await?;
@@ -502,11 +502,11 @@ impl Ring {
         }
     }
 
-    fn cancelled(&self) -> AgentError {
+    fn cancelled(&self) -> RingError {
         self.io().cancelled()
     }
 
-    fn shutting_down(&self) -> AgentError {
+    fn shutting_down(&self) -> RingError {
         self.io().shutting_down()
     }
 }
@@ -527,29 +527,6 @@ fn lock<'a, T>(m: &'a Mutex<T>) -> std::sync::MutexGuard<'a, T> {
     // Held only to set or take a goodbye: a poisoned lock still holds a
     // whole `Option<String>`.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A copy of a ring failure, for the operations after it.
-fn clone_error(e: &AgentError) -> AgentError {
-    match e {
-        AgentError::PeerUnavailable { peer, reason } => AgentError::PeerUnavailable {
-            peer: peer.clone(),
-            reason: reason.clone(),
-        },
-        AgentError::AttemptFailed {
-            job_id,
-            attempt,
-            cause,
-        } => AgentError::AttemptFailed {
-            job_id: job_id.clone(),
-            attempt: *attempt,
-            cause: cause.clone(),
-        },
-        other => AgentError::PeerUnavailable {
-            peer: String::new(),
-            reason: other.to_string(),
-        },
-    }
 }
 
 /// Serves only the ring data plane on `listener` into `inbox` (an agent

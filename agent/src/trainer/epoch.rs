@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
-use crate::exchange::Trailer;
+use crate::gradients::Trailer;
 use crate::model::{AnyModel, DeviceShare, StepError};
 
 /// What every rank agreed at an epoch's start.

@@ -11,11 +11,11 @@ mod error;
 #[cfg(feature = "local")]
 mod evaluate;
 mod fit;
-mod model;
 mod progress;
 mod recover;
 mod target;
 mod tracking;
+mod trained;
 mod transform;
 
 use std::path::PathBuf;
@@ -30,9 +30,9 @@ use kindling_schemas::spec::{
 use tokio::sync::mpsc;
 
 pub use error::JobError;
-pub use model::TrainedModel;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
 pub use tracking::MlflowTracking;
+pub use trained::TrainedModel;
 pub use transform::{Served, ServingCluster, Transform};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;

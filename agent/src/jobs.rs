@@ -50,7 +50,7 @@ pub struct JobRegistry {
     env: JobEnv,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    served: crate::serving::ServedModels,
+    served: crate::served::ServedModels,
 }
 
 impl JobRegistry {
@@ -71,7 +71,7 @@ impl JobRegistry {
     }
 
     /// The models this agent serves (`serve_model`).
-    pub fn served(&self) -> &crate::serving::ServedModels {
+    pub fn served(&self) -> &crate::served::ServedModels {
         &self.served
     }
 
@@ -293,13 +293,13 @@ impl JobRegistry {
     /// the job's current incarnation (the job on this agent, else at this
     /// agent's rendezvous; a served model's reader names none).
     pub async fn issue_credential(&self, i: &IssueCredential) -> Result<CredentialResponse, AgentError> {
-        let keys = self.env.credentials.as_ref().ok_or_else(|| {
-            AgentError::Status(Box::new(tonic::Status::failed_precondition(format!(
-                "agent `{}` has no credential key (--credential-key-file, KINDLING_CREDENTIAL_KEY_FILE): \
-                 it issues no job credentials",
-                self.env.agent_id
-            ))))
-        })?;
+        let keys = self
+            .env
+            .credentials
+            .as_ref()
+            .ok_or_else(|| AgentError::NoCredentialKey {
+                agent_id: self.env.agent_id.clone(),
+            })?;
         let mut claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
         claims.incarnation = self.incarnation(&i.job_id).await?;
         Ok(CredentialResponse {

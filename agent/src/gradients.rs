@@ -1,4 +1,4 @@
-//! One training step's exchange: the all-reduce of every rank's gradient
+//! One training step's gradients ([`GradientStep`]): the all-reduce of every rank's gradient
 //! sums and its [`Trailer`], gradient clipping by global norm, and the
 //! optimizer step on the result.
 //!
@@ -120,7 +120,7 @@ impl StepTimes {
 
 /// How a job exchanges its gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Exchange {
+pub struct GradientStep {
     /// Wire precision of the gradients.
     pub precision: Precision,
     /// Gradient values per bucket.
@@ -132,10 +132,10 @@ pub struct Exchange {
     pub clip_norm: Option<f64>,
 }
 
-impl Exchange {
+impl GradientStep {
     /// The exchange a job's spec asks for.
-    pub fn for_spec(spec: &JobSpec) -> Exchange {
-        Exchange {
+    pub fn for_spec(spec: &JobSpec) -> GradientStep {
+        GradientStep {
             precision: match spec.gradient_compression {
                 GradientCompression::None => Precision::F32,
                 GradientCompression::Bf16 => Precision::Bf16,
@@ -289,13 +289,13 @@ mod tests {
             .clip(GradientClip::Norm { max_norm: 1.0 })
             .build()
             .expect("spec");
-        let ex = Exchange::for_spec(&spec);
+        let ex = GradientStep::for_spec(&spec);
         // Sums of 2 rows: mean (3, 4), norm 5 → scaled to norm 1.
         let scale = ex.clipped(&[6.0, 8.0], 0.5);
         let norm = ((6.0 * scale).powi(2) + (8.0 * scale).powi(2)).sqrt();
         assert!((norm - 1.0).abs() < 1e-5, "{norm}");
         assert_eq!(ex.clipped(&[0.6, 0.8], 0.5), 0.5, "norm 0.5 passes unchanged");
-        let plain = Exchange::for_spec(
+        let plain = GradientStep::for_spec(
             &JobSpec::builder()
                 .features(["a"])
                 .label("y")
