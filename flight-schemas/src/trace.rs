@@ -13,8 +13,6 @@
 
 use std::future::Future;
 
-use tonic::metadata::MetadataMap;
-
 use crate::credential::{hex, unhex};
 
 /// The metadata key (an HTTP/2 header) the context travels in.
@@ -80,11 +78,6 @@ impl TraceContext {
         let trace_id: [u8; 16] = unhex(trace)?.try_into().ok()?;
         let span_id: [u8; 8] = unhex(span)?.try_into().ok()?;
         (trace_id != [0; 16] && span_id != [0; 8]).then_some(TraceContext { trace_id, span_id })
-    }
-
-    /// The context a call arrived with, if its metadata has a valid one.
-    pub fn from_metadata(metadata: &MetadataMap) -> Option<Self> {
-        metadata.get(METADATA_KEY)?.to_str().ok().and_then(Self::parse)
     }
 
     /// The context of the task running now, if it runs inside a [`scope`](Self::scope).

@@ -13,50 +13,52 @@ use tonic_reflection::pb::{v1, v1alpha};
 
 use kindling_tests::cluster::cluster;
 
-/// Services listed by the server at `url` through reflection v1.
-async fn services_v1(channel: Channel) -> BTreeSet<String> {
-    use v1::server_reflection_request::MessageRequest;
-    use v1::server_reflection_response::MessageResponse;
-    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
-    let request = v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = client
-        .server_reflection_info(futures::stream::iter([request]))
-        .await
-        .expect("reflection answers without a token")
-        .into_inner();
-    let answer = answers.message().await.expect("answer").expect("one answer");
-    match answer.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
-        }
-        other => panic!("not a service list: {other:?}"),
-    }
+/// One reflection request (`$request`, a `MessageRequest` of version `$v`)
+/// to the server on `$channel`: the message of its one answer. The two
+/// versions' generated types differ in name only, hence a macro.
+macro_rules! ask {
+    ($v:ident, $channel:expr, $request:expr) => {{
+        let mut client = $v::server_reflection_client::ServerReflectionClient::new($channel);
+        let request = $v::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some($request),
+        };
+        let mut answers = client
+            .server_reflection_info(futures::stream::iter([request]))
+            .await
+            .expect("reflection answers without a token")
+            .into_inner();
+        answers
+            .message()
+            .await
+            .expect("answer")
+            .expect("one answer")
+            .message_response
+    }};
 }
 
-/// The same through reflection v1alpha.
-async fn services_v1alpha(channel: Channel) -> BTreeSet<String> {
-    use v1alpha::server_reflection_request::MessageRequest;
-    use v1alpha::server_reflection_response::MessageResponse;
-    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
-    let request = v1alpha::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = client
-        .server_reflection_info(futures::stream::iter([request]))
-        .await
-        .expect("v1alpha reflection")
-        .into_inner();
-    let answer = answers.message().await.expect("answer").expect("one answer");
-    match answer.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
+/// The services the server on `$channel` lists through reflection `$v`.
+macro_rules! services {
+    ($v:ident, $channel:expr) => {{
+        use $v::server_reflection_request::MessageRequest;
+        use $v::server_reflection_response::MessageResponse;
+        match ask!($v, $channel, MessageRequest::ListServices(String::new())) {
+            Some(MessageResponse::ListServicesResponse(list)) => list
+                .service
+                .into_iter()
+                .map(|s| s.name)
+                .collect::<BTreeSet<String>>(),
+            other => panic!("not a service list: {other:?}"),
         }
-        other => panic!("not a service list: {other:?}"),
-    }
+    }};
+}
+
+async fn services_v1(channel: Channel) -> BTreeSet<String> {
+    services!(v1, channel)
+}
+
+async fn services_v1alpha(channel: Channel) -> BTreeSet<String> {
+    services!(v1alpha, channel)
 }
 
 /// The methods of `service` (fully qualified) as reflection v1 describes
@@ -64,18 +66,12 @@ async fn services_v1alpha(channel: Channel) -> BTreeSet<String> {
 async fn methods(channel: Channel, service: &str) -> Vec<MethodDescriptorProto> {
     use v1::server_reflection_request::MessageRequest;
     use v1::server_reflection_response::MessageResponse;
-    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
-    let request = v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(service.to_owned())),
-    };
-    let mut answers = client
-        .server_reflection_info(futures::stream::iter([request]))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let answer = answers.message().await.expect("answer").expect("one answer");
-    let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+    let answer = ask!(
+        v1,
+        channel,
+        MessageRequest::FileContainingSymbol(service.to_owned())
+    );
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answer else {
         panic!("no file declares {service}");
     };
     let (package, name) = service.rsplit_once('.').expect("qualified name");
