@@ -62,6 +62,9 @@ async fn main() -> anyhow::Result<()> {
     if run("ingest") {
         ingest(ingest_mb).await?;
     }
+    if only.as_deref() == Some("caps") {
+        caps_cost(ingest_mb).await?;
+    }
     if only.as_deref() == Some("metrics") {
         metrics_cost(ingest_mb).await?;
         train_metrics_cost(arg("--train-mb", 16)).await?;
@@ -498,6 +501,59 @@ async fn ingest(total_mb: usize) -> anyhow::Result<()> {
     );
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+/// What a job credential's caps and accounting cost ingest: the same
+/// `DoPut`s into one agent, in turns, sent with a producer credential (the
+/// credential checked, its stream slot taken, every message's length charged
+/// against its share of the receive buffers) and with the operator token
+/// (none of these); medians of 3 turns each.
+async fn caps_cost(total_mb: usize) -> anyhow::Result<()> {
+    use kindling_schemas::action::{CredentialResponse, IssueCredential};
+    use kindling_schemas::credential::{CredentialKey, Role};
+    let (schema, batches) = ingest_batches(total_mb);
+    let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
+    let token = Token::new("bench");
+    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
+    let dir = tempfile_dir();
+    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
+    config.token = Some(token.clone());
+    config.rendezvous = Some(rv.url());
+    config.memory_budget = 16 << 30;
+    config.credentials = Some(CredentialKey::generate().into());
+    let agent = kindling_agent::start(config).await?;
+    let (mut metered, mut operator) = (Vec::new(), Vec::new());
+    for turn in 0..6 {
+        let job = format!("caps-{turn}");
+        start_ingest_job(&rv, agent.url(), &token, &job, 1).await?;
+        let messages = encode(&schema, &batches, &DataPath::data(&job, Split::Train));
+        if turn % 2 == 0 {
+            let issue = Action::IssueCredential(IssueCredential {
+                job_id: job.clone(),
+                role: Role::Producer,
+                ttl_secs: 600,
+            });
+            let answer = kindling_agent_action(agent.url(), &token, issue).await?;
+            let credential: CredentialResponse = serde_json::from_slice(&answer)?;
+            metered.push(put_all(agent.url(), Some(&credential.credential), messages).await?);
+        } else {
+            operator.push(put_all(agent.url(), Some(token.expose()), messages).await?);
+        }
+    }
+    agent.shutdown_and_wait().await;
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        bytes as f64 / v[v.len() / 2].as_secs_f64() / 1e9
+    };
+    let (on, off) = (median(metered), median(operator));
+    println!(
+        "| DoPut ingest with a producer credential (metered, capped), {} MB | {on:.2} GB/s | {off:.2} GB/s (operator token, same agent, turns alternating) | {:.3}× |",
+        bytes >> 20,
+        on / off
+    );
     Ok(())
 }
 

@@ -133,7 +133,19 @@ pub struct StagingLimits {
     pub stream_idle: std::time::Duration,
     /// A stream open longer than this is ended likewise.
     pub stream_max_age: std::time::Duration,
+    /// Most bytes the `DoPut` and `DoExchange` streams of all job
+    /// credentials together may pin while their messages are received
+    /// (each open stream holds a buffer the size of its largest message
+    /// until it ends); one credential's streams at most half of it. A
+    /// message past either ends its stream (`RESOURCE_EXHAUSTED`) before it
+    /// is read. The operator token's streams are not metered. `None`: half
+    /// the memory budget, at least [`MIN_RECEIVING_BYTES`].
+    pub max_receiving_bytes: Option<u64>,
 }
+
+/// The least default of [`StagingLimits::max_receiving_bytes`]: room for
+/// a credential's executors to push 8 MiB batches on 8 streams at once.
+pub const MIN_RECEIVING_BYTES: u64 = 128 << 20;
 
 impl Default for StagingLimits {
     fn default() -> Self {
@@ -141,6 +153,7 @@ impl Default for StagingLimits {
             max_staged_bytes: None,
             stream_idle: std::time::Duration::from_secs(300),
             stream_max_age: std::time::Duration::from_secs(6 * 3600),
+            max_receiving_bytes: None,
         }
     }
 }
@@ -155,6 +168,15 @@ impl StagingLimits {
     /// The staged-bytes cap for a job.
     pub fn cap(&self) -> u64 {
         self.max_staged_bytes.unwrap_or(DEFAULT_MAX_STAGED_BYTES)
+    }
+
+    /// The receive-buffer bound of an agent with `memory_budget`: all job
+    /// credentials' streams, and one credential's (half of it).
+    pub fn receiving(&self, memory_budget: u64) -> kindling_ops::receiving::ReceiveBudget {
+        let total = self
+            .max_receiving_bytes
+            .unwrap_or((memory_budget / 2).max(MIN_RECEIVING_BYTES));
+        kindling_ops::receiving::ReceiveBudget::new(total, total / 2)
     }
 }
 

@@ -20,7 +20,7 @@ use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::AgentError;
+pub use crate::error::CheckpointError;
 
 /// What a checkpoint says about where training stood.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -112,11 +112,14 @@ impl CheckpointStore {
 
     /// Writes a checkpoint for `meta.epoch` of `meta.attempt`, durably
     /// (see the module docs), then prunes the oldest beyond `keep_last`.
-    pub fn save(&self, spec: &JobSpec, ckpt: &Checkpoint) -> Result<PathBuf, AgentError> {
+    pub fn save(&self, spec: &JobSpec, ckpt: &Checkpoint) -> Result<PathBuf, CheckpointError> {
         let attempt_dir = self.dir.join(format!("attempt-{}", ckpt.meta.attempt));
         let final_dir = attempt_dir.join(format!("epoch-{:04}", ckpt.meta.epoch));
         let tmp = attempt_dir.join(format!(".epoch-{:04}.tmp", ckpt.meta.epoch));
-        let io = |what: &str, p: &Path, e| AgentError::io(format!("{what} {}", p.display()), e);
+        let io = |what: &str, p: &Path, source| CheckpointError::Io {
+            context: format!("{what} {}", p.display()),
+            source,
+        };
         std::fs::create_dir_all(&tmp).map_err(|e| io("create checkpoint dir", &tmp, e))?;
         let spec_json = spec.to_json();
         let mut files: Vec<(&str, &[u8])> = vec![
@@ -203,7 +206,7 @@ impl CheckpointStore {
 
     /// Loads the latest checkpoint whose files match their metadata; a
     /// newer one that does not is passed over with a warning.
-    pub fn load_latest(&self) -> Result<Option<Checkpoint>, AgentError> {
+    pub fn load_latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
         for (epoch, attempt, dir) in self.list().into_iter().rev() {
             match read_checkpoint(&dir) {
                 Ok(c) => return Ok(Some(c)),
@@ -261,22 +264,25 @@ pub fn clean_after_crash(spill_dir: &Path, checkpoint_dir: &Path) -> usize {
 
 /// Reads the checkpoint in `dir`, checking every file against the lengths
 /// and digests its metadata recorded.
-fn read_checkpoint(dir: &Path) -> Result<Checkpoint, AgentError> {
+fn read_checkpoint(dir: &Path) -> Result<Checkpoint, CheckpointError> {
     let read = |name: &str| {
         let p = dir.join(name);
-        std::fs::read(&p).map_err(|e| AgentError::io(format!("read {}", p.display()), e))
+        std::fs::read(&p).map_err(|source| CheckpointError::Io {
+            context: format!("read {}", p.display()),
+            source,
+        })
     };
     let meta: CheckpointMeta =
-        serde_json::from_slice(&read("meta.json")?).map_err(|source| AgentError::CheckpointMeta {
+        serde_json::from_slice(&read("meta.json")?).map_err(|source| CheckpointError::Meta {
             place: format!("{}/meta.json", dir.display()),
             source,
         })?;
-    let checked = |name: &str| -> Result<Vec<u8>, AgentError> {
+    let checked = |name: &str| -> Result<Vec<u8>, CheckpointError> {
         let bytes = read(name)?;
         if let Some(want) = meta.files.iter().find(|f| f.name == name) {
             let got = FileDigest::of(name, &bytes);
             if got != *want {
-                return Err(AgentError::CorruptCheckpoint {
+                return Err(CheckpointError::Corrupt {
                     place: format!("{}/{name}", dir.display()),
                     reason: format!(
                         "{} bytes with SHA-256 {}…, its metadata recorded {} bytes with {}…",
@@ -316,8 +322,8 @@ pub fn pack(ckpt: &Checkpoint) -> Vec<u8> {
 }
 
 /// Unpacks [`pack`]'s output.
-pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, AgentError> {
-    let bad = || AgentError::TruncatedCheckpoint;
+pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+    let bad = || CheckpointError::Truncated;
     let mut parts = Vec::with_capacity(4);
     let mut rest = bytes;
     for _ in 0..4 {
@@ -331,11 +337,9 @@ pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, AgentError> {
     let optimizer = parts.pop().unwrap_or_default();
     let weights = parts.pop().unwrap_or_default();
     let meta: CheckpointMeta =
-        serde_json::from_slice(&parts.pop().unwrap_or_default()).map_err(|source| {
-            AgentError::CheckpointMeta {
-                place: "in a broadcast".into(),
-                source,
-            }
+        serde_json::from_slice(&parts.pop().unwrap_or_default()).map_err(|source| CheckpointError::Meta {
+            place: "in a broadcast".into(),
+            source,
         })?;
     let best = meta.best_epoch.map(|_| best);
     Ok(Checkpoint {
@@ -425,9 +429,20 @@ mod tests {
         flipped[100] ^= 1;
         std::fs::write(&model, &flipped).expect("flip");
         assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 1);
+        match read_checkpoint(&latest) {
+            Err(CheckpointError::Corrupt { place, reason }) => {
+                assert!(place.ends_with("model.bpk"), "{place}");
+                assert!(reason.contains("its metadata recorded"), "{reason}");
+            }
+            other => panic!("a flipped byte is a corrupt checkpoint, got {other:?}"),
+        }
         std::fs::write(&model, &whole).expect("restore");
         assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 2);
         std::fs::write(latest.join("meta.json"), b"{\"epoch\": 2").expect("tear meta");
+        assert!(matches!(
+            read_checkpoint(&latest),
+            Err(CheckpointError::Meta { .. })
+        ));
         assert_eq!(store.load_latest().expect("load").expect("one").meta.epoch, 1);
         let first = &store.list()[0].2;
         std::fs::remove_file(first.join("optimizer.bpk")).expect("remove");
@@ -466,6 +481,7 @@ mod tests {
         assert_eq!(back.best, c.best);
         let first = ckpt(1, 1);
         assert_eq!(unpack(&pack(&first)).expect("unpack").best, None);
-        assert!(unpack(&packed[..packed.len() - 1]).is_err());
+        let cut = unpack(&packed[..packed.len() - 1]).expect_err("a cut broadcast is refused");
+        assert!(matches!(cut, CheckpointError::Truncated), "{cut}");
     }
 }

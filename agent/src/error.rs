@@ -1,4 +1,6 @@
-//! The agent's error type and its one mapping to `tonic::Status`.
+//! The agent's error type and its one mapping to `tonic::Status`; the
+//! errors of the ring ([`RingError`]) and of checkpoints
+//! ([`CheckpointError`]), which it carries whole.
 
 use std::path::PathBuf;
 
@@ -9,7 +11,14 @@ use kindling_schemas::descriptor::{PathError, Split};
 use kindling_schemas::metadata::MetadataError;
 use kindling_schemas::rendezvous::ClientError;
 use kindling_schemas::schema::{FeatureColumn, SchemaError};
+use kindling_schemas::serving::WeightsError;
 use tonic::Status;
+
+mod checkpoint;
+mod ring;
+
+pub use checkpoint::CheckpointError;
+pub use ring::RingError;
 
 /// Everything that can go wrong in an agent.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +54,18 @@ pub enum AgentError {
     NotAModel(Vec<String>),
     /// A `serve_model` body whose model cannot be built (id, weights, inputs).
     #[error("invalid input: serve_model: {0}")]
-    BadServedModel(String),
+    BadServedModel(#[from] WeightsError),
+    /// A `serve_model` body whose `model_id` is not its content's.
+    #[error(
+        "invalid input: serve_model: model_id `{given}` is not its content's id `{content}` \
+         (kindling_schemas::serving::model_id; or send an empty model_id)"
+    )]
+    ServedModelId {
+        /// The id the body names.
+        given: String,
+        /// The id of its spec, inputs and weights.
+        content: String,
+    },
     /// `GetSchema` for a path that has no fixed schema.
     #[error("no schema for {0:?}")]
     NoSchema(Vec<String>),
@@ -179,17 +199,6 @@ pub enum AgentError {
         /// What would be accepted.
         hint: &'static str,
     },
-    /// A ring rank outside the world.
-    #[error("invalid input: rank {rank} outside a world of {world}")]
-    RankOutsideWorld {
-        /// The rank.
-        rank: u32,
-        /// The world size.
-        world: u32,
-    },
-    /// The root of a broadcast has nothing to send.
-    #[error("invalid input: broadcast root has no payload")]
-    BroadcastWithoutPayload,
     /// The bearer token cannot be sent as a header.
     #[error("invalid input: {0}")]
     Token(#[from] InvalidToken),
@@ -280,14 +289,9 @@ pub enum AgentError {
         /// Why.
         cause: String,
     },
-    /// A peer could not be reached or timed out.
-    #[error("peer {peer} unavailable: {reason}")]
-    PeerUnavailable {
-        /// Address.
-        peer: String,
-        /// What happened.
-        reason: String,
-    },
+    /// A ring operation failed (its own error, whole: kind, peer, cause).
+    #[error(transparent)]
+    Ring(#[from] RingError),
     /// The rendezvous refused or failed a call.
     #[error("rendezvous {url}: {source}")]
     Rendezvous {
@@ -457,27 +461,9 @@ pub enum AgentError {
     /// Optimizer state that does not belong to this optimizer or model.
     #[error("model record: optimizer state: {0}")]
     OptimizerState(String),
-    /// A checkpoint's metadata does not parse.
-    #[error("model record: checkpoint {place}: {source}")]
-    CheckpointMeta {
-        /// Where it was read from.
-        place: String,
-        /// The parse error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// A checkpoint broadcast shorter than its lengths say.
-    #[error("model record: truncated checkpoint broadcast")]
-    TruncatedCheckpoint,
-    /// A checkpoint file whose length or digest differs from what its
-    /// metadata recorded (a torn write, a full disk, bit rot).
-    #[error("model record: checkpoint {place}: {reason}")]
-    CorruptCheckpoint {
-        /// The file.
-        place: String,
-        /// What differs.
-        reason: String,
-    },
+    /// A checkpoint could not be written, read or received.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     /// A JSON response could not be encoded.
     #[error("encoding the response: {0}")]
     ResponseJson(#[source] serde_json::Error),
@@ -541,7 +527,8 @@ impl AgentError {
     pub fn is_cancellation(&self) -> bool {
         match self {
             AgentError::Cancelled(_) => true,
-            AgentError::AttemptFailed { cause, .. } => cause == "cancelled",
+            AgentError::AttemptFailed { cause, .. }
+            | AgentError::Ring(RingError::AttemptFailed { cause, .. }) => cause == "cancelled",
             _ => false,
         }
     }
@@ -550,7 +537,7 @@ impl AgentError {
     pub fn is_retryable(&self) -> bool {
         match self {
             AgentError::AttemptFailed { .. }
-            | AgentError::PeerUnavailable { .. }
+            | AgentError::Ring(RingError::AttemptFailed { .. } | RingError::PeerUnavailable { .. })
             | AgentError::RendezvousTimeout { .. } => true,
             AgentError::Rendezvous { source, .. } => source.is_retryable(),
             _ => false,
@@ -605,6 +592,7 @@ impl From<AgentError> for Status {
             | AgentError::WrongPath { .. }
             | AgentError::NotAModel(_)
             | AgentError::BadServedModel(_)
+            | AgentError::ServedModelId { .. }
             | AgentError::NoSchema(_)
             | AgentError::Action(_)
             | AgentError::BatchMetadata(_)
@@ -623,9 +611,8 @@ impl From<AgentError> for Status {
             | AgentError::NoRendezvous
             | AgentError::ModelConfig { .. }
             | AgentError::InputKind { .. }
-            | AgentError::RankOutsideWorld { .. }
+            | AgentError::Ring(RingError::RankOutsideWorld { .. } | RingError::BroadcastWithoutPayload)
             | AgentError::WorldMismatch { .. }
-            | AgentError::BroadcastWithoutPayload
             | AgentError::Token(_) => Status::invalid_argument(msg),
             AgentError::UnknownJob(_)
             | AgentError::UnknownModel { .. }
@@ -637,7 +624,9 @@ impl From<AgentError> for Status {
             | AgentError::RowCountMismatch { .. }
             | AgentError::GpuUnavailable(_)
             | AgentError::NoCredentialKey { .. } => Status::failed_precondition(msg),
-            AgentError::AttemptFailed { .. } => Status::aborted(msg),
+            AgentError::AttemptFailed { .. } | AgentError::Ring(RingError::AttemptFailed { .. }) => {
+                Status::aborted(msg)
+            }
             // A rendezvous address or token that cannot work is the caller's input.
             AgentError::Rendezvous { ref source, .. }
                 if matches!(
@@ -647,7 +636,7 @@ impl From<AgentError> for Status {
             {
                 Status::invalid_argument(msg)
             }
-            AgentError::PeerUnavailable { .. }
+            AgentError::Ring(RingError::PeerUnavailable { .. })
             | AgentError::Rendezvous { .. }
             | AgentError::RendezvousTimeout { .. } => Status::unavailable(msg),
             AgentError::Cancelled(_) => Status::cancelled(msg),
@@ -673,9 +662,7 @@ impl From<AgentError> for Status {
             | AgentError::Arrow(_)
             | AgentError::Record(_)
             | AgentError::OptimizerState(_)
-            | AgentError::CheckpointMeta { .. }
-            | AgentError::TruncatedCheckpoint
-            | AgentError::CorruptCheckpoint { .. }
+            | AgentError::Checkpoint(_)
             | AgentError::ResponseJson(_) => Status::internal(msg),
         }
     }

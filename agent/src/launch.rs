@@ -85,6 +85,12 @@ struct Cli {
     /// refused. Staged bytes past half --memory-budget always spill.
     #[arg(long, env = "KINDLING_MAX_STAGED_BYTES", value_parser = parse_bytes)]
     max_staged_bytes: Option<u64>,
+    /// Most bytes the streams of all job credentials together may pin while
+    /// their messages are received (each open stream holds its largest
+    /// message until it ends; one credential at most half; default half of
+    /// --memory-budget, at least 128MiB): a message past it ends its stream.
+    #[arg(long, env = "KINDLING_MAX_RECEIVING_BYTES", value_parser = parse_bytes)]
+    max_receiving_bytes: Option<u64>,
     /// A `DoPut` stream that sends nothing (or reads no ack) for this long is
     /// ended and what it staged dropped (s).
     #[arg(long, env = "KINDLING_STREAM_IDLE_SECS", default_value_t = 300)]
@@ -222,8 +228,7 @@ impl TryFrom<&Cli> for AgentConfig {
         }
         let tls = cli.tls.load()?;
         cli.tls
-            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
-            .map_err(anyhow::Error::msg)?;
+            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())?;
         let credentials = cli
             .credential_key_file
             .as_deref()
@@ -261,6 +266,7 @@ impl TryFrom<&Cli> for AgentConfig {
                 max_staged_bytes: cli.max_staged_bytes,
                 stream_idle: Duration::from_secs(cli.stream_idle_secs.max(1)),
                 stream_max_age: Duration::from_secs(cli.stream_max_age_secs.max(1)),
+                max_receiving_bytes: cli.max_receiving_bytes,
             },
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),

@@ -85,14 +85,13 @@ impl ServedModels {
         serve: &ServeModel,
     ) -> Result<ServeModelResponse, AgentError> {
         // An empty id asks the agent to name the version.
-        let weights = serve.weights_table().map_err(AgentError::BadServedModel)?;
-        let id = model_id_of(serve, &weights).map_err(AgentError::BadServedModel)?;
+        let weights = serve.weights_table()?;
+        let id = model_id_of(serve, &weights)?;
         if !serve.model_id.is_empty() && serve.model_id != id {
-            return Err(AgentError::BadServedModel(format!(
-                "model_id `{}` is not its content's id `{id}` (kindling_schemas::serving::model_id; \
-                 or send an empty model_id)",
-                serve.model_id
-            )));
+            return Err(AgentError::ServedModelId {
+                given: serve.model_id.clone(),
+                content: id,
+            });
         }
         let answer = |loaded| ServeModelResponse {
             model_id: id.clone(),

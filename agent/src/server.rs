@@ -337,6 +337,21 @@ async fn gpu_backend() -> bool {
     }
 }
 
+/// Who a metered request's streams are charged to.
+type CallerKey = fn(&tonic::codegen::http::Request<tonic::body::Body>) -> Option<String>;
+
+/// The job credential a call came with (job, role and incarnation: what
+/// one credential can name), or `None` for the operator token.
+fn job_caller(request: &tonic::codegen::http::Request<tonic::body::Body>) -> Option<String> {
+    match request.extensions().get::<kindling_schemas::auth::Caller>() {
+        Some(kindling_schemas::auth::Caller::Job(claims)) => Some(format!(
+            "{}/{}/{:?}",
+            claims.job_id, claims.role, claims.incarnation
+        )),
+        _ => None,
+    }
+}
+
 /// Starts an agent: binds, serves, and registers with the rendezvous if one is configured.
 pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let (listener, addr, url) = bind(&config).await?;
@@ -357,6 +372,11 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
+    // Each job credential's streams pin at most their share of the receive
+    // buffers (the operator's are not metered); checked after the token,
+    // whose caller it reads.
+    let receiving = config.staging.receiving(config.memory_budget);
+    let flight = kindling_ops::receiving::Metered::new(flight, receiving, job_caller as CallerKey);
     let flight = InterceptedService::new(flight, check.clone());
     let (reflection, reflection_alpha) =
         kindling_ops::grpc::reflection(kindling_schemas::pb::FLIGHT_FILE_DESCRIPTOR_SET)

@@ -325,7 +325,8 @@ impl Trainer {
             optimizer: self.optim.to_bytes(),
             best: self.best.as_ref().map(|(_, b)| b.clone()),
         };
-        ctx.checkpoints.save(&self.spec, &ckpt).map(drop)
+        ctx.checkpoints.save(&self.spec, &ckpt)?;
+        Ok(())
     }
 }
 

@@ -362,6 +362,11 @@ impl Cluster {
     }
 
     fn spawn_agent_with_budget(&self, node: &str, budget: &str) -> (Proc, String) {
+        self.spawn_agent_with(node, budget, &[])
+    }
+
+    /// An agent with `budget` and, beyond the DaemonSet's variables, `extra`.
+    fn spawn_agent_with(&self, node: &str, budget: &str, extra: &[(&str, &str)]) -> (Proc, String) {
         let port = free_port();
         let health = format!("127.0.0.1:{}", free_port());
         let work = self.dir.path().join(node);
@@ -401,6 +406,7 @@ impl Cluster {
         if self.json_logs {
             env.insert("KINDLING_LOG_FORMAT".into(), "json".into());
         }
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let agent = Proc::spawn(&format!("agent-{node}"), AGENT_BIN, &env, health, self.dir.path());
         (agent, format!("https://127.0.0.1:{port}"))
     }
@@ -1228,24 +1234,23 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
 /// staged and then held open; a stream of thousands of one-row batches,
 /// held; a dictionary-encoded stream; streams past the credential's cap —
 /// while another job trains on the same agent. The agent's peak resident
-/// memory stays within its budget plus [`ORACLE_OVERHEAD`], the hostile
-/// extras are refused, and the other job trains every row of both epochs.
-///
-/// Ignored until the transport's buffers are bounded: with 128 streams held
-/// after 1 MiB messages the agent's RSS stays at ~300 MiB while its cache
-/// holds under 1 MiB — each held stream keeps its receive and decode
-/// buffers (docs/operations.md, the residual bound). Run it with
-/// `cargo test -p kindling-agent --test deploy_processes hostile -- --ignored --nocapture`.
+/// memory stays within its budget, its receive-buffer bound
+/// (`--max-receiving-bytes`) and [`ORACLE_OVERHEAD`]; the hostile streams
+/// past the credential's share of that bound are refused with
+/// `RESOURCE_EXHAUSTED` before their messages are read, and the other job
+/// trains every row of both epochs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the transport keeps ~2 MiB per held stream after 1 MiB messages: the bound is not met yet"]
 async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other_job_trains() {
     use kindling_schemas::action::{CredentialResponse, IssueCredential};
     use kindling_schemas::credential::Role;
     const BUDGET: u64 = 16 << 20;
+    const RECEIVING: u64 = 32 << 20;
     const PAD: usize = 1 << 20;
     const HELD: usize = 100;
     let cluster = Cluster::start().await;
-    let (agent, url) = cluster.agent_with_budget("oracle", "16MiB").await;
+    let (mut agent, url) =
+        cluster.spawn_agent_with("oracle", "16MiB", &[("KINDLING_MAX_RECEIVING_BYTES", "32MiB")]);
+    agent.wait_ready().await;
     let pid = agent.child.id();
     let spec = one_agent_rule_spec(1024);
     let rv = cluster.rendezvous_client().await;
@@ -1317,33 +1322,77 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     };
     assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
 
+    // Each stream opened, then read until it has acknowledged all its
+    // batches (it is held) or it is refused.
+    let hold = |producer: String, rows: usize, batches: usize, pad: usize| {
+        let mut client = hostile.clone();
+        let request = held(producer.clone(), rows, batches, pad);
+        let agent = &agent;
+        async move {
+            let mut acks = client.do_put(request).await?.into_inner();
+            for _ in 0..batches {
+                match tokio::time::timeout(Duration::from_secs(120), acks.next()).await {
+                    Ok(Some(Ok(_))) => {}
+                    Ok(Some(Err(status))) => return Err(status),
+                    Ok(None) => panic!("{producer}: the agent ended the stream without an error"),
+                    Err(_) => panic!("{producer}: no ack and no refusal in 120 s\n{}", agent.logs()),
+                }
+            }
+            Ok(acks)
+        }
+    };
     let mut open = Vec::new();
     let mut refused = Vec::new();
+    let mut padded_held = 0;
     for i in 0..HELD {
-        match hostile
-            .clone()
-            .do_put(held(format!("padded-{i}"), 1, 2, PAD))
-            .await
-        {
-            Ok(acks) => open.push(acks.into_inner()),
+        match hold(format!("padded-{i}"), 1, 2, PAD).await {
+            Ok(acks) => {
+                open.push(acks);
+                padded_held += 1;
+            }
             Err(status) => refused.push(status),
         }
     }
-    match hostile.clone().do_put(held("tiny".into(), 1, 3000, 0)).await {
-        Ok(acks) => open.push(acks.into_inner()),
+    match hold("tiny".into(), 1, 3000, 0).await {
+        Ok(acks) => open.push(acks),
         Err(status) => panic!("the tiny-batch stream was refused: {status}"),
     }
-    // Past the credential's cap of open streams.
-    for i in 0..40 {
-        match hostile.clone().do_put(held(format!("more-{i}"), 10, 1, 0)).await {
-            Ok(acks) => open.push(acks.into_inner()),
+    // Small streams up to the credential's cap of open streams, and 10 past it.
+    let under_cap = 128 - open.len();
+    for i in 0..under_cap + 10 {
+        match hold(format!("more-{i}"), 10, 1, 0).await {
+            Ok(acks) => open.push(acks),
             Err(status) => refused.push(status),
         }
     }
-    assert_eq!(refused.len(), HELD + 1 + 40 - 128, "{refused:?}");
+    let share = RECEIVING / 2;
+    assert!(
+        padded_held > 0 && padded_held as u64 * PAD as u64 <= share,
+        "{padded_held} padded streams held: each pins over {PAD} bytes, the credential's share is {share}"
+    );
+    assert_eq!(open.len(), 128, "held up to the credential's cap of streams");
+    assert_eq!(
+        refused.len(),
+        HELD - padded_held + 10,
+        "the padded streams past the share and the streams past the cap were refused"
+    );
     assert!(
         refused.iter().all(|s| s.code() == tonic::Code::ResourceExhausted),
         "{refused:?}"
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|s| s.message().contains("--max-receiving-bytes")),
+        "the padded streams past the share are refused naming the bound: {refused:?}"
+    );
+    assert_eq!(
+        refused
+            .iter()
+            .filter(|s| s.message().contains("streams open on this agent, its cap"))
+            .count(),
+        10,
+        "the streams past the credential's cap are refused naming it: {refused:?}"
     );
     // Meanwhile the other job trains on the agent.
     let rows = 64 * 1024;
@@ -1377,7 +1426,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     let peak = proc_memory(pid, "VmHWM:");
     let now = proc_memory(pid, "VmRSS:");
     eprintln!(
-        "memory oracle: agent RSS idle {} MiB, peak {} MiB, now {} MiB (budget {} MiB; {} streams held, {} MiB of padding sent)",
+        "memory oracle: agent RSS idle {} MiB, peak {} MiB, now {} MiB (budget {} MiB; {} streams held, {padded_held} of them padded, {} MiB of padding sent)",
         idle >> 20,
         peak >> 20,
         now >> 20,
@@ -1386,11 +1435,12 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
         (HELD * 2 * PAD) >> 20
     );
     assert!(
-        peak <= idle + BUDGET + ORACLE_OVERHEAD,
-        "agent peak RSS {} MiB past idle {} MiB + budget {} MiB + overhead {} MiB",
+        peak <= idle + BUDGET + RECEIVING + ORACLE_OVERHEAD,
+        "agent peak RSS {} MiB past idle {} MiB + budget {} MiB + receive buffers {} MiB + overhead {} MiB",
         peak >> 20,
         idle >> 20,
         BUDGET >> 20,
+        RECEIVING >> 20,
         ORACLE_OVERHEAD >> 20
     );
     drop(open);

@@ -142,16 +142,21 @@ fn key_id(secret: &[u8]) -> String {
 /// Fewest bytes of key material accepted.
 pub const MIN_KEY_BYTES: usize = 32;
 
+/// Key material shorter than [`MIN_KEY_BYTES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a credential key needs at least {MIN_KEY_BYTES} bytes, got {bytes} (e.g. `openssl rand -hex 32`)")]
+pub struct KeyTooShort {
+    /// How many bytes it had (surrounding whitespace not counted).
+    pub bytes: usize,
+}
+
 impl CredentialKey {
     /// A key from secret bytes (at least [`MIN_KEY_BYTES`]; surrounding
     /// whitespace of a key file is not part of it).
-    pub fn new(secret: &[u8]) -> Result<CredentialKey, String> {
+    pub fn new(secret: &[u8]) -> Result<CredentialKey, KeyTooShort> {
         let secret = secret.trim_ascii();
         if secret.len() < MIN_KEY_BYTES {
-            return Err(format!(
-                "a credential key needs at least {MIN_KEY_BYTES} bytes, got {} (e.g. `openssl rand -hex 32`)",
-                secret.len()
-            ));
+            return Err(KeyTooShort { bytes: secret.len() });
         }
         Ok(CredentialKey {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),
@@ -313,7 +318,9 @@ mod tests {
         assert!(matches!(k.verify(&old), Err(CredentialError::Expired { .. })));
         // Not a credential; a short key.
         assert_eq!(k.verify("s3cret"), Err(CredentialError::NotACredential));
-        assert!(CredentialKey::new(b"short").is_err());
+        let short = CredentialKey::new(b" short\n").expect_err("a 5-byte key is refused");
+        assert_eq!(short, KeyTooShort { bytes: 5 });
+        assert!(short.to_string().contains("at least 32 bytes, got 5"), "{short}");
         assert_eq!(
             format!("{k:?}"),
             format!("CredentialKey(<redacted>, id {})", k.id())

@@ -127,7 +127,7 @@ impl FrameHeader {
     }
 
     /// Reads a header from its bytes; an unknown kind is an error naming it.
-    pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Result<FrameHeader, String> {
+    pub fn decode(bytes: &[u8; HEADER_BYTES]) -> Result<FrameHeader, UnknownFrameKind> {
         let u32_at = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         let mut op = [0u8; 8];
         op.copy_from_slice(&bytes[0..8]);
@@ -136,7 +136,7 @@ impl FrameHeader {
             2 => Kind::Bf16,
             3 => Kind::Bytes,
             4 => Kind::Abort,
-            other => return Err(format!("unknown frame kind {other}")),
+            other => return Err(UnknownFrameKind(other)),
         };
         Ok(FrameHeader {
             op: u64::from_le_bytes(op),
@@ -147,6 +147,11 @@ impl FrameHeader {
         })
     }
 }
+
+/// A frame header whose kind is none of [`Kind`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unknown frame kind {0}")]
+pub struct UnknownFrameKind(pub u32);
 
 /// Writes the magic and `hello`.
 pub async fn write_hello<W: AsyncWrite + Unpin>(w: &mut W, hello: &Hello) -> std::io::Result<()> {
@@ -235,7 +240,9 @@ mod tests {
         assert_eq!(FrameHeader::decode(&h.encode()).unwrap(), h);
         let mut bad = h.encode();
         bad[16] = 7;
-        assert_eq!(FrameHeader::decode(&bad).unwrap_err(), "unknown frame kind 7");
+        let err = FrameHeader::decode(&bad).unwrap_err();
+        assert_eq!(err, UnknownFrameKind(7));
+        assert_eq!(err.to_string(), "unknown frame kind 7");
     }
 
     #[tokio::test]

@@ -292,43 +292,7 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
     let mut features = Vec::with_capacity(spec.features.len());
     let mut offset = 0;
     for name in &spec.features {
-        let field = schema
-            .field_with_name(name)
-            .map_err(|_| SchemaError::MissingColumn {
-                column: name.clone(),
-                role: "feature",
-            })?;
-        let wrong = |expected| SchemaError::WrongType {
-            column: name.clone(),
-            found: field.data_type().clone(),
-            expected,
-        };
-        let kind = match (spec.inputs.get(name), field.data_type()) {
-            (Some(InputType::Categorical { vocabulary }), t) => match t {
-                DataType::Int32 | DataType::Int64 => FeatureKind::Categorical {
-                    vocabulary: *vocabulary,
-                },
-                _ => return Err(wrong(CATEGORICAL)),
-            },
-            (Some(InputType::Sequence { vocabulary, max_len }), t) => match t {
-                DataType::List(item) | DataType::LargeList(item)
-                    if matches!(item.data_type(), DataType::Int32 | DataType::Int64) =>
-                {
-                    FeatureKind::Sequence {
-                        vocabulary: *vocabulary,
-                        max_len: *max_len,
-                    }
-                }
-                _ => return Err(wrong(SEQUENCE)),
-            },
-            (None, t) if is_numeric(t) => FeatureKind::Scalar(t.clone()),
-            (None, DataType::FixedSizeList(inner, len))
-                if *inner.data_type() == DataType::Float32 && *len > 0 =>
-            {
-                FeatureKind::Vector { len: *len as usize }
-            }
-            (None, _) => return Err(wrong(NUMERIC)),
-        };
+        let kind = feature_kind(schema, spec, name)?;
         let width = kind.float_width();
         features.push(FeatureColumn {
             name: name.clone(),
@@ -352,37 +316,7 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
             });
         }
     }
-    let label = match schema.field_with_name(&spec.label) {
-        Ok(field) => {
-            let t = field.data_type();
-            let ok = match (spec.task, t) {
-                (Task::Classification { .. }, t) => t.is_integer(),
-                (Task::Regression, DataType::FixedSizeList(inner, len)) => {
-                    *inner.data_type() == DataType::Float32 && *len as usize == spec.targets
-                }
-                (Task::Regression, t) => spec.targets == 1 && is_numeric(t),
-            };
-            if !ok {
-                return Err(SchemaError::WrongType {
-                    column: spec.label.clone(),
-                    found: t.clone(),
-                    expected: match spec.task {
-                        Task::Classification { .. } => "an integer class label",
-                        Task::Regression if spec.targets == 1 => "a numeric label",
-                        Task::Regression => "a FixedSizeList<Float32> label of the spec's `targets` values",
-                    },
-                });
-            }
-            Some(t.clone())
-        }
-        Err(_) if require_label => {
-            return Err(SchemaError::MissingColumn {
-                column: spec.label.clone(),
-                role: "label",
-            });
-        }
-        Err(_) => None,
-    };
+    let label = label_type(schema, spec, require_label)?;
     if let (Some(column), true) = (&spec.sample_weight, require_label) {
         let field = schema
             .field_with_name(column)
@@ -404,6 +338,85 @@ pub fn validate(schema: &Schema, spec: &JobSpec, kind: StreamKind) -> Result<Fea
         label,
         outputs: spec.output_dim(),
     })
+}
+
+/// The kind of feature column `name`: what the spec's `inputs` declare it
+/// as, or a number or a float vector; a column missing or of another type
+/// is an error naming it.
+fn feature_kind(schema: &Schema, spec: &JobSpec, name: &str) -> Result<FeatureKind, SchemaError> {
+    let field = schema
+        .field_with_name(name)
+        .map_err(|_| SchemaError::MissingColumn {
+            column: name.to_owned(),
+            role: "feature",
+        })?;
+    let wrong = |expected| SchemaError::WrongType {
+        column: name.to_owned(),
+        found: field.data_type().clone(),
+        expected,
+    };
+    Ok(match (spec.inputs.get(name), field.data_type()) {
+        (Some(InputType::Categorical { vocabulary }), t) => match t {
+            DataType::Int32 | DataType::Int64 => FeatureKind::Categorical {
+                vocabulary: *vocabulary,
+            },
+            _ => return Err(wrong(CATEGORICAL)),
+        },
+        (Some(InputType::Sequence { vocabulary, max_len }), t) => match t {
+            DataType::List(item) | DataType::LargeList(item)
+                if matches!(item.data_type(), DataType::Int32 | DataType::Int64) =>
+            {
+                FeatureKind::Sequence {
+                    vocabulary: *vocabulary,
+                    max_len: *max_len,
+                }
+            }
+            _ => return Err(wrong(SEQUENCE)),
+        },
+        (None, t) if is_numeric(t) => FeatureKind::Scalar(t.clone()),
+        (None, DataType::FixedSizeList(inner, len))
+            if *inner.data_type() == DataType::Float32 && *len > 0 =>
+        {
+            FeatureKind::Vector { len: *len as usize }
+        }
+        (None, _) => return Err(wrong(NUMERIC)),
+    })
+}
+
+/// The label column's type, checked against the task (an integer class,
+/// a number, or a float vector of the spec's `targets`); `None` where a
+/// stream without labels (prediction) has none.
+fn label_type(schema: &Schema, spec: &JobSpec, require_label: bool) -> Result<Option<DataType>, SchemaError> {
+    let field = match schema.field_with_name(&spec.label) {
+        Ok(field) => field,
+        Err(_) if require_label => {
+            return Err(SchemaError::MissingColumn {
+                column: spec.label.clone(),
+                role: "label",
+            });
+        }
+        Err(_) => return Ok(None),
+    };
+    let t = field.data_type();
+    let ok = match (spec.task, t) {
+        (Task::Classification { .. }, t) => t.is_integer(),
+        (Task::Regression, DataType::FixedSizeList(inner, len)) => {
+            *inner.data_type() == DataType::Float32 && *len as usize == spec.targets
+        }
+        (Task::Regression, t) => spec.targets == 1 && is_numeric(t),
+    };
+    if !ok {
+        return Err(SchemaError::WrongType {
+            column: spec.label.clone(),
+            found: t.clone(),
+            expected: match spec.task {
+                Task::Classification { .. } => "an integer class label",
+                Task::Regression if spec.targets == 1 => "a numeric label",
+                Task::Regression => "a FixedSizeList<Float32> label of the spec's `targets` values",
+            },
+        });
+    }
+    Ok(Some(t.clone()))
 }
 
 /// Bytes of a batch's own values (the sum of its columns' sliced buffers).

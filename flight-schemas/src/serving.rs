@@ -148,7 +148,7 @@ impl ServeModel {
         input_dim: usize,
         inputs: Vec<ModelInput>,
         weights: &RecordBatch,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, WeightsError> {
         let ipc = ipc_stream(weights)?;
         let mut serve = ServeModel {
             model_id: String::new(),
@@ -162,17 +162,17 @@ impl ServeModel {
     }
 
     /// The weights table, decoded; an error names what is wrong.
-    pub fn weights_table(&self) -> Result<RecordBatch, String> {
+    pub fn weights_table(&self) -> Result<RecordBatch, WeightsError> {
         let ipc = base64::engine::general_purpose::STANDARD
             .decode(&self.weights)
-            .map_err(|e| format!("`weights` is not base64: {e}"))?;
+            .map_err(WeightsError::NotBase64)?;
         let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
-            .map_err(|e| format!("`weights` is not an Arrow IPC stream: {e}"))?;
+            .map_err(WeightsError::NotIpc)?;
         let schema = reader.schema();
         let batches = reader
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("`weights` is not an Arrow IPC stream: {e}"))?;
-        arrow::compute::concat_batches(&schema, &batches).map_err(|e| e.to_string())
+            .map_err(WeightsError::NotIpc)?;
+        arrow::compute::concat_batches(&schema, &batches).map_err(WeightsError::NotIpc)
     }
 
     /// The layout its model is built for.
@@ -185,12 +185,12 @@ impl ServeModel {
 /// over its spec, inputs and weights — the same model gets the same id from
 /// any client (the weights count as this crate encodes the decoded table,
 /// whichever Arrow library wrote them), a retrained one another.
-pub fn model_id(serve: &ServeModel) -> Result<String, String> {
+pub fn model_id(serve: &ServeModel) -> Result<String, WeightsError> {
     model_id_of(serve, &serve.weights_table()?)
 }
 
 /// [`model_id`] of `serve` whose weights were decoded already (`weights`).
-pub fn model_id_of(serve: &ServeModel, weights: &RecordBatch) -> Result<String, String> {
+pub fn model_id_of(serve: &ServeModel, weights: &RecordBatch) -> Result<String, WeightsError> {
     Ok(version_id(serve, &ipc_stream(weights)?))
 }
 
@@ -212,15 +212,33 @@ fn version_id(serve: &ServeModel, weights_ipc: &[u8]) -> String {
     )
 }
 
+/// Why a model's weights table cannot be carried in a `serve_model` body or
+/// read back from one.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    /// `weights` is not base64 (standard alphabet, padded).
+    #[error("`weights` is not base64: {0}")]
+    NotBase64(#[from] base64::DecodeError),
+    /// `weights` decodes to bytes that are not one Arrow IPC stream of one
+    /// schema.
+    #[error("`weights` is not an Arrow IPC stream: {0}")]
+    NotIpc(#[source] arrow::error::ArrowError),
+    /// The table cannot be written as an Arrow IPC stream.
+    #[error("the weights table cannot be written as an Arrow IPC stream: {0}")]
+    Encode(#[source] arrow::error::ArrowError),
+}
+
 /// `table` as an Arrow IPC stream.
-fn ipc_stream(table: &RecordBatch) -> Result<Vec<u8>, String> {
-    let mut ipc = Vec::new();
-    let mut w =
-        arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &table.schema()).map_err(|e| e.to_string())?;
-    w.write(table).map_err(|e| e.to_string())?;
-    w.finish().map_err(|e| e.to_string())?;
-    drop(w);
-    Ok(ipc)
+fn ipc_stream(table: &RecordBatch) -> Result<Vec<u8>, WeightsError> {
+    let encode = |table: &RecordBatch| {
+        let mut ipc = Vec::new();
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut ipc, &table.schema())?;
+        w.write(table)?;
+        w.finish()?;
+        drop(w);
+        Ok(ipc)
+    };
+    encode(table).map_err(WeightsError::Encode)
 }
 
 /// Answer to `serve_model`.
@@ -339,18 +357,12 @@ mod tests {
     fn bad_weights_are_named() {
         let mut serve = ServeModel::new(spec(), 2, inputs(), &weights(0.5)).expect("serve");
         serve.weights = "not base64!".into();
-        assert!(
-            serve
-                .weights_table()
-                .expect_err("bad weights")
-                .contains("not base64")
-        );
+        let err = serve.weights_table().expect_err("bad weights");
+        assert!(matches!(err, WeightsError::NotBase64(_)), "{err}");
+        assert!(err.to_string().contains("not base64"), "{err}");
         serve.weights = base64::engine::general_purpose::STANDARD.encode(b"abc");
-        assert!(
-            serve
-                .weights_table()
-                .expect_err("bad weights")
-                .contains("not an Arrow IPC stream")
-        );
+        let err = serve.weights_table().expect_err("bad weights");
+        assert!(matches!(err, WeightsError::NotIpc(_)), "{err}");
+        assert!(err.to_string().contains("not an Arrow IPC stream"), "{err}");
     }
 }

@@ -442,6 +442,7 @@ async fn staging_is_capped_per_job_spills_past_half_the_budget_and_quiet_streams
             // stream before the checks below; the test waits it out at the end.
             stream_idle: std::time::Duration::from_secs(15),
             stream_max_age: std::time::Duration::from_secs(3600),
+            ..Default::default()
         };
     })
     .await;

@@ -107,17 +107,25 @@ impl TlsArgs {
         listen: std::net::SocketAddr,
         token: bool,
         tls: Option<&Tls>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PlaintextToken> {
         let serves_tls = tls.is_some_and(Tls::serves);
         if token && !serves_tls && !listen.ip().is_loopback() && !self.allow_plaintext_token {
-            return Err(format!(
-                "listening on {listen} without TLS would have callers send the bearer token in \
-                 plaintext: set --tls-cert and --tls-key (KINDLING_TLS_CERT, KINDLING_TLS_KEY), \
-                 or --allow-plaintext-token on a network you trust"
-            ));
+            return Err(PlaintextToken { listen });
         }
         Ok(())
     }
+}
+
+/// A server that would take its bearer token in plaintext off loopback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "listening on {listen} without TLS would have callers send the bearer token in \
+     plaintext: set --tls-cert and --tls-key (KINDLING_TLS_CERT, KINDLING_TLS_KEY), \
+     or --allow-plaintext-token on a network you trust"
+)]
+pub struct PlaintextToken {
+    /// The address it would listen on.
+    pub listen: std::net::SocketAddr,
 }
 
 /// How a server binary writes its log lines (to stderr).

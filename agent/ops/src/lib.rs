@@ -8,7 +8,9 @@
 //!   `prometheus-client`), build info and the process' own metrics; each
 //!   binary brings its families.
 //! - [`grpc`]: gRPC server reflection, served beside health and each
-//!   server's own service.
+//!   server's own service, and the trace layer.
+//! - [`receiving`]: the bound on what a caller's streams pin while their
+//!   messages are received.
 //! - [`web`]: the HTTP side on axum and hyper: pages and `/metrics` behind one
 //!   auth layer on the main port, `/healthz` and `/readyz` on the health port.
 //!
@@ -17,4 +19,5 @@
 pub mod cli;
 pub mod exposition;
 pub mod grpc;
+pub mod receiving;
 pub mod web;

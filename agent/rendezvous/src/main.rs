@@ -79,8 +79,7 @@ impl TryFrom<&Cli> for ServerConfig {
         rendezvous.validate().context("invalid rendezvous settings")?;
         let tls = cli.tls.load()?;
         cli.tls
-            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())
-            .map_err(anyhow::Error::msg)?;
+            .check_plaintext(cli.listen, token.is_some(), tls.as_ref())?;
         Ok(ServerConfig {
             state_dir: cli.state_dir.clone(),
             tls,

@@ -31,18 +31,14 @@ impl Reports {
     /// Keeps `agent_id`'s report (empty: nothing to keep). A report over
     /// [`MAX_REPORT_BYTES`] or that does not parse is refused with the
     /// reason; the agent's previous report stays.
-    pub fn store(&self, agent_id: &str, bytes: &[u8]) -> Result<(), String> {
+    pub fn store(&self, agent_id: &str, bytes: &[u8]) -> Result<(), ReportError> {
         if bytes.is_empty() {
             return Ok(());
         }
         if bytes.len() > MAX_REPORT_BYTES {
-            return Err(format!(
-                "report of {} bytes is over the {MAX_REPORT_BYTES}-byte bound",
-                bytes.len()
-            ));
+            return Err(ReportError::TooLarge { bytes: bytes.len() });
         }
-        let report: AgentReport =
-            serde_json::from_slice(bytes).map_err(|e| format!("report does not parse: {e}"))?;
+        let report: AgentReport = serde_json::from_slice(bytes)?;
         self.lock().insert(agent_id.to_owned(), (Instant::now(), report));
         Ok(())
     }
@@ -55,6 +51,20 @@ impl Reports {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, AgentReport)>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Why an agent's heartbeat report was not kept.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Over [`MAX_REPORT_BYTES`].
+    #[error("report of {bytes} bytes is over the {MAX_REPORT_BYTES}-byte bound")]
+    TooLarge {
+        /// Its size.
+        bytes: usize,
+    },
+    /// Not an [`AgentReport`] in JSON.
+    #[error("report does not parse: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 /// The pages of the rendezvous' HTTP side: the status page, its data and
@@ -353,11 +363,15 @@ mod tests {
         let good = serde_json::to_vec(&AgentReport::default()).expect("json");
         reports.store("a", &good).expect("good");
         let err = reports.store("a", b"{not json").expect_err("bad");
-        assert!(err.contains("does not parse"), "{err}");
+        assert!(matches!(err, ReportError::Json(_)), "{err}");
+        assert!(err.to_string().contains("does not parse"), "{err}");
         let err = reports
             .store("a", &vec![b' '; MAX_REPORT_BYTES + 1])
             .expect_err("too big");
-        assert!(err.contains("bound"), "{err}");
+        assert!(
+            matches!(err, ReportError::TooLarge { bytes } if bytes == MAX_REPORT_BYTES + 1),
+            "{err}"
+        );
         assert!(reports.lock().contains_key("a"));
     }
 }

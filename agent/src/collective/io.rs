@@ -8,8 +8,8 @@ use kindling_schemas::ring::{FrameHeader, Kind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::error::RingError;
 use super::{CAUSE_WAIT, link};
+use crate::error::RingError;
 
 /// What one operation's reads and writes need to fail well.
 pub(super) struct Io {
@@ -156,7 +156,7 @@ impl Io {
                          the ring is broken",
                         match got {
                             Ok(h) => format!("{h:?}"),
-                            Err(e) => e,
+                            Err(e) => e.to_string(),
                         }
                     ),
                 });

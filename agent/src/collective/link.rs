@@ -9,7 +9,7 @@ use kindling_schemas::tls::Conn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{oneshot, watch};
 
-use super::error::RingError;
+use crate::error::RingError;
 
 /// A ring connection to the next rank. A background task reads the
 /// receiver's heartbeats; when the connection closes, resets or stays
@@ -209,7 +209,9 @@ pub(super) async fn abort(out: &mut Outbound, op: u64, reason: &str) {
 }
 
 /// Reads one frame's header.
-pub(super) async fn read_header(read: &mut ReadHalf<Conn>) -> std::io::Result<Result<FrameHeader, String>> {
+pub(super) async fn read_header(
+    read: &mut ReadHalf<Conn>,
+) -> std::io::Result<Result<FrameHeader, kindling_schemas::ring::UnknownFrameKind>> {
     let mut h = [0u8; HEADER_BYTES];
     read.read_exact(&mut h).await?;
     Ok(FrameHeader::decode(&h))

@@ -14,7 +14,6 @@
 //! A rank only ever sends to the next rank and reads from the previous one,
 //! so a ring of `W` ranks moves `2(W-1)/W` of the buffer per rank, whatever `W`.
 
-mod error;
 mod inbox;
 mod io;
 mod link;
@@ -41,7 +40,7 @@ use link::Outbound;
 
 /// A ring's connections: to the next rank, from the previous one.
 type Links = (Outbound, Inbound);
-pub use error::RingError;
+pub use crate::error::RingError;
 use plan::{Combine, Step, byte_parts, combine, encode_bf16, pieces, plan};
 pub use plan::{bf16_to_f32, f32_to_bf16};
 

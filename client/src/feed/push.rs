@@ -200,12 +200,73 @@ pub(crate) async fn push(
     shards: Shards<'_>,
     placed: &mut Placements,
 ) -> Result<(Vec<u64>, Vec<PushedPartition>), FeedError> {
-    let clients = shards.clients;
-    let n = clients.len();
     let session = df.session();
     session
         .add_python_file("kindling_push.py", KINDLING_PUSH_PY)
         .await?;
+    let config = task_config(ctx, opts, split, &shards, placed).await?;
+    let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
+        .arg(config.to_string());
+    let summaries = df
+        .map_in_arrow(&udf)?
+        .collect()
+        .await
+        .map_err(|e| python_version_hint(e, opts.python()))?;
+    let summary = parse_summaries(&summaries)?;
+    let landed = place(&summary, split, &shards, placed)?;
+    let pushed: u64 = summary.iter().map(|s| s.rows).sum();
+    match shards.only {
+        None => {
+            let counted = df.count().await? as u64;
+            if counted != pushed {
+                return Err(FeedError::PushedRows {
+                    split: split.as_str(),
+                    counted,
+                    pushed,
+                    partitions: summary.len(),
+                });
+            }
+        }
+        Some(only) => {
+            // Re-sent shards must hold what they held before.
+            let before: u64 = placed
+                .iter()
+                .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
+                .map(|(_, _, _, r)| r)
+                .sum();
+            if before != pushed {
+                return Err(FeedError::PushedRows {
+                    split: split.as_str(),
+                    counted: before,
+                    pushed,
+                    partitions: summary.len(),
+                });
+            }
+            placed.retain(|(sp, _, shard, _)| !(*sp == split && only.contains(shard)));
+        }
+    }
+    placed.extend(landed.placements);
+    // An agent no partition reached (one partition for two shards; node-local
+    // push while only some nodes run executors) still needs the split's
+    // schema: its rank then trains with no rows of its own beside the others.
+    if split == Split::Train {
+        send_schema_where_nothing_landed(ctx.job_id, split, df, shards, placed).await?;
+    }
+    check_held(ctx.job_id, split, &shards, placed).await?;
+    Ok((landed.rows, landed.report))
+}
+
+/// The push task's configuration (`kindling_push.py`): the job, the split,
+/// the agents, the credential the executors send, and on a re-send the
+/// agent each partition goes back to.
+async fn task_config(
+    ctx: &PushCtx<'_>,
+    opts: &ExecutorPush,
+    split: Split,
+    shards: &Shards<'_>,
+    placed: &Placements,
+) -> Result<serde_json::Value, FeedError> {
+    let clients = shards.clients;
     let agents: Vec<String> = clients.iter().map(|c| c.url().to_owned()).collect();
     let mut config = serde_json::json!({
         "job_id": ctx.job_id,
@@ -250,27 +311,43 @@ pub(crate) async fn push(
     if let Some((partition, after, marker)) = &opts.stall_task {
         config["stall"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after, "marker": marker});
     }
-    let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
-        .arg(config.to_string());
-    let summaries = df
-        .map_in_arrow(&udf)?
-        .collect()
-        .await
-        .map_err(|e| python_version_hint(e, opts.python()))?;
-    let summary = parse_summaries(&summaries)?;
+    Ok(config)
+}
 
-    let mut rows = vec![0u64; n];
+/// Where the partitions the tasks summarised landed.
+struct Landed {
+    /// Rows per shard.
+    rows: Vec<u64>,
+    /// (split, partition, shard, rows) of each partition that sent rows.
+    placements: Placements,
+    /// One line per partition, by partition.
+    report: Vec<PushedPartition>,
+}
+
+/// Places each summarised partition on the shard its agent holds: the
+/// partition's own shard when it is re-sent (an agent may hold several
+/// shards after an elastic shrink), else the holder's first. A partition
+/// summarised twice, or pushed to an agent that holds none of the shards
+/// fed, is an error.
+fn place(
+    summary: &[PushSummary],
+    split: Split,
+    shards: &Shards<'_>,
+    placed: &Placements,
+) -> Result<Landed, FeedError> {
+    let n = shards.clients.len();
+    let mut landed = Landed {
+        rows: vec![0u64; n],
+        placements: Vec::new(),
+        report: Vec::with_capacity(summary.len()),
+    };
     let mut seen = std::collections::BTreeSet::new();
-    let mut pushed = 0u64;
-    let mut placements = Vec::new();
-    let mut report = Vec::with_capacity(summary.len());
-    for s in &summary {
+    for s in summary {
         if !seen.insert(s.partition) {
             return Err(FeedError::PartitionSummarisedTwice {
                 partition: s.partition,
             });
         }
-        pushed += s.rows;
         let mut line = PushedPartition {
             partition: s.partition,
             attempt: s.attempt,
@@ -282,12 +359,9 @@ pub(crate) async fn push(
             node_local: s.node_local,
         };
         let Some(holder) = &s.agent_id else {
-            report.push(line); // an empty partition: nothing was sent
+            landed.report.push(line); // an empty partition: nothing was sent
             continue;
         };
-        // The shard fed this time that the holder holds: the partition's
-        // own shard when it is re-sent (an agent may hold several shards
-        // after an elastic shrink), else the holder's first.
         let holds = |sh: usize| shards.feeds(sh) && shards.agent_ids[sh] == *holder;
         let before = placed
             .iter()
@@ -302,53 +376,25 @@ pub(crate) async fn push(
                 address: s.agent.clone(),
                 job_agents: shards.agent_ids.to_vec(),
             })?;
-        rows[shard] += s.rows;
-        placements.push((split, s.partition, shard, s.rows));
+        landed.rows[shard] += s.rows;
+        landed.placements.push((split, s.partition, shard, s.rows));
         line.shard = Some(shard);
-        report.push(line);
+        landed.report.push(line);
     }
-    report.sort_by_key(|p| p.partition);
-    match shards.only {
-        None => {
-            let counted = df.count().await? as u64;
-            if counted != pushed {
-                return Err(FeedError::PushedRows {
-                    split: split.as_str(),
-                    counted,
-                    pushed,
-                    partitions: summary.len(),
-                });
-            }
-        }
-        Some(only) => {
-            // Re-sent shards must hold what they held before.
-            let before: u64 = placed
-                .iter()
-                .filter(|(sp, _, shard, _)| *sp == split && only.contains(shard))
-                .map(|(_, _, _, r)| r)
-                .sum();
-            if before != pushed {
-                return Err(FeedError::PushedRows {
-                    split: split.as_str(),
-                    counted: before,
-                    pushed,
-                    partitions: summary.len(),
-                });
-            }
-            placed.retain(|(sp, _, shard, _)| !(*sp == split && only.contains(shard)));
-        }
-    }
-    placed.extend(placements);
-    // An agent no partition reached (one partition for two shards; node-local
-    // push while only some nodes run executors) still needs the split's
-    // schema: its rank then trains with no rows of its own beside the others.
-    if split == Split::Train {
-        send_schema_where_nothing_landed(ctx.job_id, split, df, shards, placed).await?;
-    }
-    // What each agent fed now holds must be what the partitions of all its
-    // shards report.
+    landed.report.sort_by_key(|p| p.partition);
+    Ok(landed)
+}
+
+/// What each agent fed now holds of `split` must be what the partitions of
+/// all its shards report.
+async fn check_held(
+    job_id: &str,
+    split: Split,
+    shards: &Shards<'_>,
+    placed: &Placements,
+) -> Result<(), FeedError> {
     let mut checked = std::collections::BTreeSet::new();
-    for (s, c) in clients.iter().enumerate() {
+    for (s, c) in shards.clients.iter().enumerate() {
         let agent = &shards.agent_ids[s];
         if !shards.feeds(s) || !checked.insert(agent) {
             continue;
@@ -358,7 +404,7 @@ pub(crate) async fn push(
             .filter(|(sp, _, sh, _)| *sp == split && shards.agent_ids[*sh] == *agent)
             .map(|(_, _, _, r)| r)
             .sum();
-        let held = c.job_status(ctx.job_id).await?.rows(split);
+        let held = c.job_status(job_id).await?.rows(split);
         if held != expected {
             return Err(FeedError::RowMismatch {
                 shard: s,
@@ -368,7 +414,7 @@ pub(crate) async fn push(
             });
         }
     }
-    Ok((rows, report))
+    Ok(())
 }
 
 /// Opens and commits an empty `DoPut` stream (the schema alone, producer

@@ -1,9 +1,7 @@
 //! What a ring operation fails with: [`RingError`], cloneable, so a broken
 //! ring answers every later operation with its first failure whole (its
-//! kind, peer and cause), and converted at the job's edge into the agent's
-//! error with the same kind and message.
-
-use crate::error::AgentError;
+//! kind, peer and cause); the agent's error carries it as it is
+//! (`AgentError::Ring`), where the one `Status` map and retry rule read it.
 
 /// Why a ring operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,33 +37,13 @@ pub enum RingError {
     },
 }
 
-/// The agent's error of the same kind and message (its one `Status` map
-/// and retry rule apply).
-impl From<RingError> for AgentError {
-    fn from(e: RingError) -> Self {
-        match e {
-            RingError::RankOutsideWorld { rank, world } => AgentError::RankOutsideWorld { rank, world },
-            RingError::BroadcastWithoutPayload => AgentError::BroadcastWithoutPayload,
-            RingError::AttemptFailed {
-                job_id,
-                attempt,
-                cause,
-            } => AgentError::AttemptFailed {
-                job_id,
-                attempt,
-                cause,
-            },
-            RingError::PeerUnavailable { peer, reason } => AgentError::PeerUnavailable { peer, reason },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::AgentError;
 
     #[test]
-    fn each_ring_error_becomes_the_agent_error_of_its_kind_with_its_message() {
+    fn each_ring_error_keeps_its_message_code_and_retry_rule_in_the_agent_error() {
         let cases = [
             RingError::RankOutsideWorld { rank: 3, world: 2 },
             RingError::BroadcastWithoutPayload,
@@ -87,6 +65,14 @@ mod tests {
                 RingError::AttemptFailed { .. } | RingError::PeerUnavailable { .. }
             );
             assert_eq!(agent.is_retryable(), retryable, "{ring}");
+            let code = match ring {
+                RingError::RankOutsideWorld { .. } | RingError::BroadcastWithoutPayload => {
+                    tonic::Code::InvalidArgument
+                }
+                RingError::AttemptFailed { .. } => tonic::Code::Aborted,
+                RingError::PeerUnavailable { .. } => tonic::Code::Unavailable,
+            };
+            assert_eq!(tonic::Status::from(agent).code(), code, "{ring}");
         }
         let cancelled = RingError::AttemptFailed {
             job_id: "j".into(),

@@ -1,0 +1,408 @@
+//! A bound on the memory a caller's streams pin while a gRPC server
+//! receives their messages. tonic buffers each message whole before it
+//! decodes it and keeps that buffer, grown to the stream's largest message,
+//! for the stream's life; nothing in tonic or hyper bounds the sum over
+//! streams, so a caller with many streams that each send one large message
+//! and then hold could pin far more than the server's budget. This layer
+//! reads the gRPC length prefix of every message as the body passes
+//! (nothing is copied or held) and charges the stream its largest message
+//! against its caller's share and the total, before tonic reads (and
+//! allocates) the message; a message past either ends its stream with
+//! `RESOURCE_EXHAUSTED` naming the bound. The charge goes when the stream
+//! ends. Written here because no tower or tonic layer meters message
+//! buffers by caller.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame, SizeHint};
+use tonic::codegen::http;
+
+/// The gRPC message prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// Bytes of received messages all metered callers' streams may pin, and
+/// each caller's share of it.
+#[derive(Clone, Debug)]
+pub struct ReceiveBudget {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    total: u64,
+    share: u64,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    total: u64,
+    by_caller: HashMap<String, u64>,
+}
+
+/// A message a caller's streams have no room left for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a message of {message} bytes would take the receive buffers of {what} to {would} bytes, \
+     past its bound of {bound} (--max-receiving-bytes; each open stream holds its largest message \
+     until it ends)"
+)]
+pub struct ReceiveBudgetFull {
+    /// The message's length.
+    pub message: u64,
+    /// Whose bound: `this caller's streams` or `all callers' streams`.
+    pub what: &'static str,
+    /// What the streams would hold with it.
+    pub would: u64,
+    /// The bound.
+    pub bound: u64,
+}
+
+impl ReceiveBudget {
+    /// `total` bytes over all metered callers, each at most `share` of it.
+    pub fn new(total: u64, share: u64) -> Self {
+        ReceiveBudget {
+            inner: Arc::new(Inner {
+                total,
+                share: share.min(total),
+                held: Mutex::new(Held::default()),
+            }),
+        }
+    }
+
+    /// The bound over all callers.
+    pub fn total(&self) -> u64 {
+        self.inner.total
+    }
+
+    /// One caller's bound.
+    pub fn share(&self) -> u64 {
+        self.inner.share
+    }
+
+    /// What `caller`'s streams hold now.
+    pub fn held_by(&self, caller: &str) -> u64 {
+        self.lock().by_caller.get(caller).copied().unwrap_or(0)
+    }
+
+    /// What all streams hold now.
+    pub fn held(&self) -> u64 {
+        self.lock().total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Charges `caller` `more` bytes for a message of `message` bytes, or
+    /// says which bound it would pass (and charges nothing).
+    fn charge(&self, caller: &str, more: u64, message: u64) -> Result<(), ReceiveBudgetFull> {
+        let mut held = self.lock();
+        let mine = held.by_caller.get(caller).copied().unwrap_or(0);
+        let full = |what, now: u64, bound| ReceiveBudgetFull {
+            message,
+            what,
+            would: now + more,
+            bound,
+        };
+        if mine + more > self.inner.share {
+            return Err(full("this caller's streams", mine, self.inner.share));
+        }
+        if held.total + more > self.inner.total {
+            return Err(full("all callers' streams", held.total, self.inner.total));
+        }
+        held.total += more;
+        *held.by_caller.entry(caller.to_owned()).or_default() += more;
+        Ok(())
+    }
+
+    fn release(&self, caller: &str, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let mut held = self.lock();
+        held.total = held.total.saturating_sub(bytes);
+        if let Some(mine) = held.by_caller.get_mut(caller) {
+            *mine = mine.saturating_sub(bytes);
+            if *mine == 0 {
+                held.by_caller.remove(caller);
+            }
+        }
+    }
+}
+
+/// Wraps a gRPC service: the body of each request whose caller `key`
+/// names is metered against `budget`; a request it names no caller for
+/// (`None`: the operator) is passed on as it is.
+#[derive(Clone, Debug)]
+pub struct Metered<S, K> {
+    inner: S,
+    budget: ReceiveBudget,
+    key: K,
+}
+
+impl<S, K> Metered<S, K> {
+    /// `inner` with its callers' receive buffers bounded by `budget`.
+    pub fn new(inner: S, budget: ReceiveBudget, key: K) -> Self {
+        Metered { inner, budget, key }
+    }
+}
+
+impl<S, K> tonic::server::NamedService for Metered<S, K>
+where
+    S: tonic::server::NamedService,
+{
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, K> tower::Service<http::Request<tonic::body::Body>> for Metered<S, K>
+where
+    S: tower::Service<http::Request<tonic::body::Body>>,
+    K: Fn(&http::Request<tonic::body::Body>) -> Option<String>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> S::Future {
+        match (self.key)(&request) {
+            Some(caller) => {
+                let budget = self.budget.clone();
+                self.inner
+                    .call(request.map(|body| tonic::body::Body::new(MeteredBody::new(body, budget, caller))))
+            }
+            None => self.inner.call(request),
+        }
+    }
+}
+
+/// A request body whose messages are charged to their caller as their
+/// length prefixes pass.
+#[derive(Debug)]
+pub struct MeteredBody<B> {
+    inner: B,
+    budget: ReceiveBudget,
+    caller: String,
+    /// What this stream is charged: its largest message so far.
+    held: u64,
+    /// The prefix of the next message, as far as it has come.
+    prefix: [u8; PREFIX],
+    prefix_seen: usize,
+    /// Bytes of the current message still to pass.
+    body_left: u64,
+    failed: bool,
+}
+
+impl<B> MeteredBody<B> {
+    fn new(inner: B, budget: ReceiveBudget, caller: String) -> Self {
+        MeteredBody {
+            inner,
+            budget,
+            caller,
+            held: 0,
+            prefix: [0; PREFIX],
+            prefix_seen: 0,
+            body_left: 0,
+            failed: false,
+        }
+    }
+
+    /// Follows the message framing through `chunk`, charging each message
+    /// larger than any before it on this stream.
+    fn meter(&mut self, mut chunk: &[u8]) -> Result<(), ReceiveBudgetFull> {
+        while !chunk.is_empty() {
+            if self.body_left > 0 {
+                let n = usize::try_from(self.body_left).map_or(chunk.len(), |left| left.min(chunk.len()));
+                chunk.advance(n);
+                self.body_left -= n as u64;
+                continue;
+            }
+            let n = (PREFIX - self.prefix_seen).min(chunk.len());
+            self.prefix[self.prefix_seen..self.prefix_seen + n].copy_from_slice(&chunk[..n]);
+            self.prefix_seen += n;
+            chunk.advance(n);
+            if self.prefix_seen < PREFIX {
+                continue;
+            }
+            self.prefix_seen = 0;
+            let len = u64::from(u32::from_be_bytes([
+                self.prefix[1],
+                self.prefix[2],
+                self.prefix[3],
+                self.prefix[4],
+            ]));
+            self.body_left = len;
+            if len > self.held {
+                self.budget.charge(&self.caller, len - self.held, len)?;
+                self.held = len;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B> Drop for MeteredBody<B> {
+    fn drop(&mut self) {
+        self.budget.release(&self.caller, self.held);
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Data = Bytes;
+    type Error = tonic::codegen::StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        let frame = match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            None => return Poll::Ready(None),
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(full) = self.meter(data)
+        {
+            self.failed = true;
+            tracing::warn!(caller = %self.caller, error = %full, "stream refused: receive buffers full");
+            let refused: tonic::codegen::StdError =
+                Box::new(tonic::Status::resource_exhausted(full.to_string()));
+            return Poll::Ready(Some(Err(refused)));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that yields `chunks` as data frames.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+    }
+
+    fn message(len: usize) -> Vec<u8> {
+        let mut m = vec![0u8];
+        m.extend_from_slice(&(len as u32).to_be_bytes());
+        m.extend(std::iter::repeat_n(7u8, len));
+        m
+    }
+
+    /// `bytes` cut into chunks of `cut` bytes (a prefix may straddle two).
+    fn chunks(bytes: &[u8], cut: usize) -> Chunks {
+        Chunks(bytes.chunks(cut).map(Bytes::copy_from_slice).collect())
+    }
+
+    async fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> Result<usize, String>
+    where
+        B::Error: std::fmt::Display,
+    {
+        let mut n = 0;
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+            match frame {
+                Ok(f) => n += f.data_ref().map_or(0, Bytes::len),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(n)
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_charged_its_largest_message_until_it_ends() {
+        let budget = ReceiveBudget::new(1000, 500);
+        let mut bytes = message(100);
+        bytes.extend(message(300));
+        bytes.extend(message(200));
+        for cut in [1, 3, 5, 7, 64, 4096] {
+            let mut body = MeteredBody::new(chunks(&bytes, cut), budget.clone(), "job-a".into());
+            assert_eq!(drain(&mut body).await, Ok(bytes.len()), "cut {cut}");
+            assert_eq!(budget.held_by("job-a"), 300, "cut {cut}");
+            assert_eq!(budget.held(), 300);
+            drop(body);
+            assert_eq!(budget.held_by("job-a"), 0, "released at the end, cut {cut}");
+            assert_eq!(budget.held(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_past_the_callers_share_ends_its_stream_before_it_is_read() {
+        let budget = ReceiveBudget::new(1000, 500);
+        let mut first = MeteredBody::new(chunks(&message(400), 64), budget.clone(), "job-a".into());
+        drain(&mut first).await.expect("within the share");
+        // The caller's second stream would take it past its share: refused
+        // at the prefix, the frame that carries it not passed on.
+        let mut second = MeteredBody::new(chunks(&message(200), 5), budget.clone(), "job-a".into());
+        let err = drain(&mut second).await.expect_err("past the share");
+        assert!(
+            err.contains("of 200 bytes") && err.contains("this caller's streams"),
+            "{err}"
+        );
+        assert!(err.contains("to 600 bytes, past its bound of 500"), "{err}");
+        assert_eq!(
+            budget.held_by("job-a"),
+            400,
+            "nothing charged for the refused one"
+        );
+        // Another caller has a share of its own, within the total.
+        let mut other = MeteredBody::new(chunks(&message(500), 64), budget.clone(), "job-b".into());
+        drain(&mut other).await.expect("its own share");
+        let mut third = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "job-c".into());
+        let err = drain(&mut third).await.expect_err("past the total");
+        assert!(
+            err.contains("all callers' streams") && err.contains("bound of 1000"),
+            "{err}"
+        );
+        drop((first, other));
+        assert_eq!(budget.held(), 0);
+        let mut again = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "job-c".into());
+        drain(&mut again)
+            .await
+            .expect("room again once the streams ended");
+    }
+
+    #[tokio::test]
+    async fn the_refusal_is_resource_exhausted_through_tonic() {
+        let budget = ReceiveBudget::new(100, 100);
+        let mut body =
+            tonic::body::Body::new(MeteredBody::new(chunks(&message(101), 64), budget, "j".into()));
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await
+            .expect("a frame");
+        let status = frame.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
+    }
+}
