@@ -3,7 +3,7 @@
 # Spark Connect server (reused if running), runs the workspace's tests.
 # Extra arguments go to cargo test.
 # KINDLING_GPU_TESTS=1 also builds the agent with the `gpu-wgsl` feature
-# (burn's wgpu runtime with WGSL kernels, ~15 more minutes of build) and trains
+# (burn's wgpu runtime with WGSL kernels, ~7 more minutes of build on 2 cores) and trains
 # on the wgpu device: a real GPU, or Mesa's software Vulkan device (lavapipe),
 # which setup.sh then installs and which crashes on the SPIR-V kernels of
 # `gpu` (.ci/run lints that build).
