@@ -1162,6 +1162,103 @@ async fn closed_of(conns: &mut [tokio::net::TcpStream]) -> usize {
         .count()
 }
 
+/// `n` TLS connections from `from` to `addr` that send HTTP/2's preface and
+/// an empty SETTINGS frame, then nothing: idle gRPC connections.
+async fn idle_http2_connections(
+    from: std::net::Ipv4Addr,
+    addr: &str,
+    n: usize,
+) -> Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tls = Tls::new(TlsFiles {
+        cert: Some(PKI.client.cert.clone()),
+        key: Some(PKI.client.key.clone()),
+        ca: Some(PKI.client.ca.clone()),
+        client_auth: false,
+        server_name: Some(AGENT_CERT_NAME.into()),
+    })
+    .expect("client TLS");
+    let connector = tokio_rustls::TlsConnector::from(tls.client_config().expect("a client config"));
+    let name = rustls_pki_types::ServerName::try_from(AGENT_CERT_NAME).expect("name");
+    let mut conns = Vec::with_capacity(n);
+    // One at a time: a handshake not yet begun holds one of the address's
+    // 32 pending places.
+    for _ in 0..n {
+        let tcp = silent_connections(from, addr, 1).await.remove(0);
+        let mut conn = connector.connect(name.clone(), tcp).await.expect("TLS handshake");
+        conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .expect("preface");
+        conns.push(conn);
+    }
+    conns
+}
+
+/// Idle HTTP/2 connections — handshake done, then silence — from one
+/// address at a real agent: it keeps that address's cap of them open
+/// (each answered with the server's SETTINGS) and closes the rest at once,
+/// its descriptors stay within the cap, a Flight call from another address
+/// is answered meanwhile, and once they go the address connects again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_from_one_address_hold_its_cap_and_others_are_served() {
+    use kindling_schemas::tls::MAX_GRPC_PER_PEER;
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent("idle").await;
+    let pid = agent.child.id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let before = fds();
+    let main = url.trim_start_matches("https://").to_owned();
+    let extra = 8;
+    let from = std::net::Ipv4Addr::new(127, 0, 0, 4);
+    let mut idle = idle_http2_connections(from, &main, MAX_GRPC_PER_PEER + extra).await;
+    // Each is read once: the server's SETTINGS on a kept one, the end of
+    // the stream on a closed one.
+    let reads = idle.iter_mut().map(|conn| async move {
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => "closed",
+            Ok(Ok(_)) => "answered",
+            Err(_) => "silent",
+        }
+    });
+    let outcomes = futures::future::join_all(reads).await;
+    let count = |what| outcomes.iter().filter(|&&o| o == what).count();
+    assert_eq!(
+        (count("answered"), count("closed"), count("silent")),
+        (MAX_GRPC_PER_PEER, extra, 0),
+        "(kept and answered, closed, neither)\n{}",
+        agent.logs()
+    );
+    let held = fds();
+    assert!(
+        held <= before + MAX_GRPC_PER_PEER + 16,
+        "the agent holds {} descriptors more than before (cap {MAX_GRPC_PER_PEER})",
+        held - before
+    );
+    let jobs: serde_json::Value = action(&url, &Action::ListJobs).await;
+    assert!(
+        jobs["jobs"].as_array().is_some_and(Vec::is_empty),
+        "from another address, during it: {jobs}"
+    );
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut again = idle_http2_connections(from, &main, 1).await;
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), again[0].read(&mut buf)).await
+            && n > 0
+        {
+            break;
+        }
+        // The server may not have seen the closes yet.
+        assert!(
+            Instant::now() < deadline,
+            "the address cannot connect again once its idle connections went\n{}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Floods of silent connections at a real agent process: its probe port,
 /// and its main port (TLS handshakes never begun). Each listener holds at
 /// most its cap of them and closes the rest at once, so the process's

@@ -21,7 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+mod open;
 mod peers;
+
+pub use open::{GrpcConn, MAX_GRPC_CONNECTIONS, MAX_GRPC_PER_PEER};
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -403,7 +406,7 @@ impl AsyncWrite for Conn {
 /// failed or timed-out handshake is dropped and logged. For tonic's
 /// `serve_with_incoming`. Ring connections ([`crate::ring`]) are dropped:
 /// a server that takes them uses [`incoming_routed`].
-pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::Result<Conn>> {
+pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::Result<GrpcConn>> {
     route(listener, tls, None)
 }
 
@@ -411,7 +414,7 @@ pub fn incoming(listener: TcpListener, tls: Option<Tls>) -> ReceiverStream<io::R
 #[derive(Debug)]
 pub struct Routed {
     /// gRPC connections, for tonic's `serve_with_incoming`.
-    pub grpc: ReceiverStream<io::Result<Conn>>,
+    pub grpc: ReceiverStream<io::Result<GrpcConn>>,
     /// Ring data-plane connections: a plaintext connection that starts with
     /// [`crate::ring::MAGIC`], a TLS one that negotiated [`crate::ring::ALPN`].
     pub ring: tokio::sync::mpsc::Receiver<Conn>,
@@ -454,10 +457,14 @@ fn route(
     listener: TcpListener,
     tls: Option<Tls>,
     others: Option<(tokio::sync::mpsc::Sender<Conn>, tokio::sync::mpsc::Sender<Conn>)>,
-) -> ReceiverStream<io::Result<Conn>> {
+) -> ReceiverStream<io::Result<GrpcConn>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_CONNECTIONS));
-    let peers = Arc::new(peers::PeerSlots::default());
+    let peers = peers::PeerSlots::new(MAX_PENDING_PER_PEER);
+    let open = (
+        Arc::new(tokio::sync::Semaphore::new(MAX_GRPC_CONNECTIONS)),
+        peers::PeerSlots::new(MAX_GRPC_PER_PEER),
+    );
     tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -482,7 +489,7 @@ fn route(
             };
             let _ = tcp.set_nodelay(true);
             let config = tls.as_ref().and_then(Tls::server_config);
-            let (tx, others) = (tx.clone(), others.clone());
+            let (tx, others, open) = (tx.clone(), others.clone(), open.clone());
             tokio::spawn(async move {
                 let (conn, route) = match config {
                     None if others.is_none() => (Conn::Plain(tcp), Route::Grpc),
@@ -513,6 +520,13 @@ fn route(
                 drop((slot, peer_slot));
                 match (route, others) {
                     (Route::Grpc, _) => {
+                        let Ok(total) = open.0.try_acquire_owned() else {
+                            return tracing::info!(%peer, cap = MAX_GRPC_CONNECTIONS, "gRPC connection closed: the listener holds its cap");
+                        };
+                        let Some(mine) = open.1.take(peer.ip()) else {
+                            return tracing::info!(%peer, cap = MAX_GRPC_PER_PEER, "gRPC connection closed: its address holds its cap");
+                        };
+                        let conn = GrpcConn::new(conn, total, mine);
                         let _ = tx.send(Ok(conn)).await;
                     }
                     (Route::Ring, Some((ring, _))) => {

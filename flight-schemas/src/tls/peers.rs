@@ -1,27 +1,38 @@
-//! Pending connections counted per peer address, so that one address holds
-//! at most [`MAX_PENDING_PER_PEER`] of a listener's handshakes.
+//! Connections counted per peer address, so that one address holds at most
+//! its share of a listener's handshakes ([`super::MAX_PENDING_PER_PEER`])
+//! or of its open gRPC connections ([`super::MAX_GRPC_PER_PEER`]).
 
 use std::sync::Arc;
 
-use super::MAX_PENDING_PER_PEER;
+/// Connections per peer address (an entry only while one is held, so no
+/// more entries than the listener's cap). Counted by hand: tower's and
+/// tokio's limits are global, not per peer.
+#[derive(Debug)]
+pub(super) struct PeerSlots {
+    cap: usize,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
 
-/// Pending connections per peer address (an entry only while one is held,
-/// so at most [`super::MAX_PENDING_CONNECTIONS`] entries). Counted by hand: tower's
-/// and tokio's limits are global, not per peer.
-#[derive(Debug, Default)]
-pub(super) struct PeerSlots(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One pending connection of `ip`, given back when dropped.
+/// One connection of `ip`, given back when dropped.
+#[derive(Debug)]
 pub(super) struct PeerSlot {
     slots: Arc<PeerSlots>,
     ip: std::net::IpAddr,
 }
 
 impl PeerSlots {
+    /// At most `cap` connections per address.
+    pub(super) fn new(cap: usize) -> Arc<Self> {
+        Arc::new(PeerSlots {
+            cap,
+            held: std::sync::Mutex::default(),
+        })
+    }
+
     pub(super) fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let n = held.entry(ip).or_insert(0);
-        if *n >= MAX_PENDING_PER_PEER {
+        if *n >= self.cap {
             return None;
         }
         *n += 1;
@@ -34,7 +45,7 @@ impl PeerSlots {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        let mut held = self.slots.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = held.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
