@@ -14,7 +14,7 @@ use arrow::array::RecordBatch;
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
-use crate::error::AgentError;
+pub use crate::error::SpillError;
 
 /// The agent-wide memory budget for cached batches.
 #[derive(Debug)]
@@ -81,17 +81,19 @@ pub enum CachedBatch {
 
 impl CachedBatch {
     /// The batch, read back from disk if it was spilled.
-    pub fn load(&self) -> Result<RecordBatch, AgentError> {
+    pub fn load(&self) -> Result<RecordBatch, SpillError> {
         match self {
             CachedBatch::Memory { batch, .. } => Ok(batch.clone()),
             CachedBatch::Disk { path, .. } => {
-                let file = File::open(path)
-                    .map_err(|e| AgentError::io(format!("open spill file {}", path.display()), e))?;
-                let mut reader = FileReader::try_new(file, None).map_err(AgentError::arrow)?;
+                let file = File::open(path).map_err(|source| SpillError::Io {
+                    context: format!("open spill file {}", path.display()),
+                    source,
+                })?;
+                let mut reader = FileReader::try_new(file, None).map_err(SpillError::Arrow)?;
                 reader
                     .next()
-                    .ok_or_else(|| AgentError::EmptySpillFile(path.clone()))?
-                    .map_err(AgentError::arrow)
+                    .ok_or_else(|| SpillError::Empty(path.clone()))?
+                    .map_err(SpillError::Arrow)
             }
         }
     }
@@ -221,7 +223,7 @@ impl PlacedBatch {
     }
 
     /// Stores the batch: nothing to do in memory, else writes its spill file.
-    pub fn store(self) -> Result<CachedBatch, AgentError> {
+    pub fn store(self) -> Result<CachedBatch, SpillError> {
         match self {
             PlacedBatch::Memory { cached, .. } => Ok(cached),
             PlacedBatch::Spill {
@@ -233,13 +235,13 @@ impl PlacedBatch {
                 // A full disk is told apart from a broken one wherever the write fails.
                 let failed = |context: String, source: std::io::Error| {
                     if is_out_of_space(&source) {
-                        AgentError::SpillFull {
+                        SpillError::Full {
                             dir: dir.clone(),
                             needed: bytes,
                             source,
                         }
                     } else {
-                        AgentError::io(context, source)
+                        SpillError::Io { context, source }
                     }
                 };
                 std::fs::create_dir_all(&dir)
@@ -249,7 +251,7 @@ impl PlacedBatch {
                     let _ = std::fs::remove_file(&path);
                     return Err(match e {
                         WriteError::Io(e) => failed(format!("write spill file {}", path.display()), e),
-                        WriteError::Arrow(e) => AgentError::arrow(e),
+                        WriteError::Arrow(e) => SpillError::Arrow(e),
                     });
                 }
                 let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -309,7 +311,7 @@ impl ShardCache {
     /// Adds a batch of `stream`, not yet visible to readers, writing its
     /// spill file in place (see [`place`](Self::place) to write it elsewhere).
     /// Returns the batch's Arrow size, as [`PlacedBatch::bytes`].
-    pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, AgentError> {
+    pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, SpillError> {
         let placed = self.place(batch);
         let bytes = placed.bytes();
         let cached = placed.store()?;

@@ -1,8 +1,6 @@
 //! The agent's error type and its one mapping to `tonic::Status`; the
-//! errors of the ring ([`RingError`]) and of checkpoints
-//! ([`CheckpointError`]), which it carries whole.
-
-use std::path::PathBuf;
+//! errors of the ring ([`RingError`]), of checkpoints ([`CheckpointError`])
+//! and of spill files ([`SpillError`]), which it carries whole.
 
 use arrow_flight::error::FlightError;
 use kindling_schemas::action::{ActionError, AgentJobState};
@@ -16,9 +14,11 @@ use tonic::Status;
 
 mod checkpoint;
 mod ring;
+mod spill;
 
 pub use checkpoint::CheckpointError;
 pub use ring::RingError;
+pub use spill::SpillError;
 
 /// Everything that can go wrong in an agent.
 #[derive(Debug, thiserror::Error)]
@@ -349,24 +349,9 @@ pub enum AgentError {
     /// Tensor data of an unexpected type.
     #[error("tensor data: {0}")]
     TensorData(#[source] burn::tensor::DataError),
-    /// A spill file with no batch in it.
-    #[error("spill file {} is empty", .0.display())]
-    EmptySpillFile(PathBuf),
-    /// The spill directory's file system is full: the batch that needed the
-    /// room is not stored (and whatever of it was written is removed).
-    #[error(
-        "spill directory {} is full: {needed} bytes needed for a batch past the memory budget ({source}); free space there, give the agent a larger volume (--work-dir) or a larger --memory-budget",
-        .dir.display()
-    )]
-    SpillFull {
-        /// The spill directory.
-        dir: PathBuf,
-        /// The batch's Arrow size (what its file needed, give or take the IPC framing).
-        needed: u64,
-        /// The I/O error (`ENOSPC`, or a quota's `EDQUOT`).
-        #[source]
-        source: std::io::Error,
-    },
+    /// A batch could not be spilled or read back from its spill file.
+    #[error(transparent)]
+    Spill(#[from] SpillError),
     /// A job's uncommitted streams hold the staging cap: the batch is refused.
     #[error(
         "job `{job_id}`: streams that have not committed hold {staged} bytes, the cap is {cap} \
@@ -645,7 +630,7 @@ impl From<AgentError> for Status {
                 Status::resource_exhausted(msg)
             }
             AgentError::PutStreamBroke(_) => Status::invalid_argument(msg),
-            AgentError::SpillFull { .. }
+            AgentError::Spill(SpillError::Full { .. })
             | AgentError::TooManyJobs { .. }
             | AgentError::StagingFull { .. }
             | AgentError::TooManyStreams { .. }
@@ -657,7 +642,7 @@ impl From<AgentError> for Status {
             AgentError::Diverged { .. }
             | AgentError::Panicked { .. }
             | AgentError::TensorData(_)
-            | AgentError::EmptySpillFile(_)
+            | AgentError::Spill(_)
             | AgentError::Io { .. }
             | AgentError::Arrow(_)
             | AgentError::Record(_)

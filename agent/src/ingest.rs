@@ -11,7 +11,7 @@ use kindling_schemas::descriptor::Split;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 
-use crate::error::AgentError;
+use crate::error::{AgentError, SpillError};
 use crate::job::{Job, JobData};
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
@@ -193,15 +193,15 @@ impl PutStream {
         };
         let cached = match stored {
             Ok(cached) => cached,
-            Err(e @ AgentError::SpillFull { .. }) => {
+            Err(e @ SpillError::Full { .. }) => {
                 self.job.report(
                     kindling_schemas::action::EventLevel::Error,
                     &format!("spill directory full, the job fails: {e}"),
                 );
                 self.job.fail_and_drop_data(e.to_string());
-                return Err(e);
+                return Err(e.into());
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         self.job
             .lock()
