@@ -551,17 +551,19 @@ async fn caps_cost(total_mb: usize) -> anyhow::Result<()> {
     agent.shutdown_and_wait().await;
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        bytes as f64 / v[v.len() / 2].as_secs_f64() / 1e9
-    };
-    let (on, off) = (median(metered), median(operator));
+    let (on, off) = (median_gbps(bytes, metered), median_gbps(bytes, operator));
     println!(
         "| DoPut ingest with a producer credential (metered, capped), {} MB, median of {turns} | {on:.2} GB/s | {off:.2} GB/s (operator token, same agent, turns alternating) | {:.3}× |",
         bytes >> 20,
         on / off
     );
     Ok(())
+}
+
+/// `bytes` over the median of `turns`, in GB/s.
+fn median_gbps(bytes: usize, mut turns: Vec<Duration>) -> f64 {
+    turns.sort();
+    bytes as f64 / turns[turns.len() / 2].as_secs_f64() / 1e9
 }
 
 /// What `/metrics` costs ingest: the same `DoPut`s into one agent, in turns,
@@ -600,11 +602,7 @@ async fn metrics_cost(total_mb: usize) -> anyhow::Result<()> {
     agent.shutdown_and_wait().await;
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        bytes as f64 / v[v.len() / 2].as_secs_f64() / 1e9
-    };
-    let (on, off) = (median(with), median(without));
+    let (on, off) = (median_gbps(bytes, with), median_gbps(bytes, without));
     println!(
         "| DoPut ingest while /metrics is scraped 20×/s ({scrapes} scrapes), {} MB | {on:.2} GB/s | {off:.2} GB/s (not scraped, same agent, turns alternating) | {:.3}× |",
         bytes >> 20,

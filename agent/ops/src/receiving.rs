@@ -74,16 +74,6 @@ impl ReceiveBudget {
         }
     }
 
-    /// The bound over all callers.
-    pub fn total(&self) -> u64 {
-        self.inner.total
-    }
-
-    /// One caller's bound.
-    pub fn share(&self) -> u64 {
-        self.inner.share
-    }
-
     /// What `caller`'s streams hold now.
     pub fn held_by(&self, caller: &str) -> u64 {
         self.lock().by_caller.get(caller).copied().unwrap_or(0)
