@@ -29,8 +29,10 @@
 //! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
-//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step with the
-//! optimizer on the host and on the device, in alternating rounds.
+//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, on
+//! the host round trip, on the device (its loss read each step or a step
+//! late) and burn alone (its loss read each step or not), in alternating
+//! rounds.
 
 use std::time::{Duration, Instant};
 
@@ -82,17 +84,30 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v.get(v.len() / 2).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
 }
 
+/// Where a timed step's optimizer runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum StepPath {
+    /// A data-parallel rank's: the gradients down to the host optimizer, the
+    /// weights back up (the trainer's default).
+    Host,
+    /// One rank's step kept on the device, its loss read back each step (the
+    /// trainer's `--gpu-step-on-device`).
+    Device,
+    /// As `Device`, each step's loss read after the next step is queued
+    /// (a measurement only: what the read's wait costs).
+    DeviceLagged,
+}
+
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
-/// `resident`: one rank's step, kept on the device; else a data-parallel
-/// rank's (the gradients down to the host optimizer, the weights back up).
 fn kindling_step(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
     device: &Device,
     (steps, warmup): (usize, usize),
-    resident: bool,
+    path: StepPath,
 ) -> anyhow::Result<f64> {
+    let resident = path != StepPath::Host;
     let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
     let mut weights = model.flat_weights();
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
@@ -103,8 +118,12 @@ fn kindling_step(
     let mut pipeline = Pipeline::new(true);
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
+    let mut pending: Option<burn::tensor::Tensor<1>> = None;
     for i in 0..warmup + steps {
         if i == warmup {
+            if let Some(loss) = pending.take() {
+                std::hint::black_box(loss.into_scalar::<f32>());
+            }
             t = Instant::now();
         }
         // Reading the loss (or the gradients) back is the step's sync point:
@@ -120,8 +139,11 @@ fn kindling_step(
                     })
                     .map_err(failed)?;
                 model = model.device_step(opt, (1.0 / share.weight) as f32);
-                let loss = share.loss_sum.map(|l| l.into_scalar::<f32>());
-                std::hint::black_box(loss);
+                let read = match path {
+                    StepPath::DeviceLagged => std::mem::replace(&mut pending, share.loss_sum),
+                    _ => share.loss_sum,
+                };
+                std::hint::black_box(read.map(|l| l.into_scalar::<f32>()));
             }
             None => {
                 let buf = pipeline
@@ -131,17 +153,22 @@ fn kindling_step(
             }
         }
     }
+    if let Some(loss) = pending {
+        std::hint::black_box(loss.into_scalar::<f32>());
+    }
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// The MLP with device tensors ready and burn's Adam on the device: samples/s.
+/// `read_each`: each step's loss read back (as the trainer does), else only
+/// the last.
 fn burn_alone(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
     device: &Device,
-    steps: usize,
-    warmup: usize,
+    (steps, warmup): (usize, usize),
+    read_each: bool,
 ) -> anyhow::Result<f64> {
     let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
     let mut optim = AdamConfig::new().init();
@@ -168,6 +195,9 @@ fn burn_alone(
         let loss = task_loss(spec.task, model.forward_features(x), y, device);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr, model, grads);
+        if read_each {
+            std::hint::black_box(loss.clone().into_scalar::<f32>());
+        }
         last = Some(loss);
     }
     // The last loss read back: every step has run on the device.
@@ -229,6 +259,48 @@ fn phases(
     Ok((names.into_iter().zip(times.map(median)).collect(), sps))
 }
 
+/// Median ms of each phase of a step kept on the device (the MLP, f32),
+/// the next batch staged meanwhile as the trainer does.
+fn device_phases(
+    spec: &JobSpec,
+    layout: &Layout,
+    data: &[RecordBatch],
+    device: &Device,
+    steps: usize,
+) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
+    let weights = model.flat_weights();
+    let optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mut opt = DeviceOptimizer::upload(&optim, &weights, &model.param_layout(), None, device);
+    let mut pipeline = Pipeline::new(true);
+    let mut times: [Vec<Duration>; 3] = Default::default();
+    for i in 0..steps + 5 {
+        let next = Some(&data[(i + 1) % data.len()]);
+        let t0 = Instant::now();
+        let share = pipeline
+            .run(&data[i % data.len()], next, layout, spec, device, |b| {
+                model.device_gradients(b, &mut opt)
+            })
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let t1 = Instant::now();
+        model = model.device_step(&mut opt, (1.0 / share.weight) as f32);
+        let t2 = Instant::now();
+        std::hint::black_box(share.loss_sum.map(|l| l.into_scalar::<f32>()));
+        let t3 = Instant::now();
+        if i >= 5 {
+            for (p, d) in times.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2]) {
+                p.push(d);
+            }
+        }
+    }
+    let names = [
+        "staged batch to tensors, forward + loss + backward queued",
+        "the optimizer's step queued",
+        "the loss read back (waits for the device)",
+    ];
+    Ok(names.into_iter().zip(times.map(median)).collect())
+}
+
 /// The comma-separated values after `--name`, or `default`'s.
 fn list(name: &str, default: &str) -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -240,45 +312,68 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
-/// `--ab`: the MLP step (f32, one rank) with the optimizer on the host and
-/// on the device (`--gpu-step-on-device`), in `rounds` alternating rounds of
-/// `steps` after one untimed round of each (so that neither pays for kernel
-/// compilation and autotuning, and drift hits both alike); prints each
-/// round's samples/s and the medians.
+/// The paths `--ab` alternates, in each round's order.
+const AB_PATHS: [&str; 5] = [
+    "host round trip (default)",
+    "step on the device",
+    "step on the device, loss read a step late",
+    "burn alone, loss read each step",
+    "burn alone",
+];
+
+/// One run of `--ab`'s path `which`: samples/s.
+fn ab_path(
+    which: usize,
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    steps: usize,
+) -> anyhow::Result<f64> {
+    let run = (steps, 5);
+    match which {
+        0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
+        1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
+        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceLagged),
+        3 => burn_alone(spec, layout, data, device, run, true),
+        _ => burn_alone(spec, layout, data, device, run, false),
+    }
+}
+
+/// `--ab`: the MLP step (f32, one rank) on each of [`AB_PATHS`], in
+/// `rounds` alternating rounds of `steps` after one untimed round of each
+/// (so that none pays for kernel compilation and autotuning, and drift hits
+/// all alike); prints each round's samples/s and the medians, each against
+/// the host round trip.
 fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
-    println!(
-        "| batch | on the device, median samples/s | host round trip, median samples/s | device / host | rounds |"
-    );
-    println!("|---:|---:|---:|---:|---|");
+    println!("| batch | path | median samples/s | against the host round trip | rounds |");
+    println!("|---:|---|---:|---:|---|");
     for &batch in batches {
         let data = mlp_batches(DISTINCT, batch);
         let spec = spec("mlp", batch, Precision::F32)?;
         let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-        let (mut on, mut off) = (Vec::new(), Vec::new());
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
         for round in 0..=rounds {
-            let a = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), true)?;
-            let b = kindling_step(&spec, &layout, &data, autodiff, (steps, 5), false)?;
-            eprintln!("batch {batch} round {round}: on the device {a:.0}, host round trip {b:.0} samples/s");
-            if round > 0 {
-                on.push(a);
-                off.push(b);
+            for (which, name) in AB_PATHS.iter().enumerate() {
+                let sps = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
+                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s");
+                if round > 0 {
+                    runs[which].push(sps);
+                }
             }
         }
-        let med = |v: &mut Vec<f64>| {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let rounds_text: Vec<String> = on
-            .iter()
-            .zip(&off)
-            .map(|(a, b)| format!("{a:.0}/{b:.0}"))
-            .collect();
-        let (a, b) = (med(&mut on), med(&mut off));
-        println!(
-            "| {batch} | {a:.0} | {b:.0} | {:.2}× | {} |",
-            a / b,
-            rounds_text.join(", ")
-        );
+        let host = median(&runs[0]);
+        for (name, v) in AB_PATHS.iter().zip(&runs) {
+            let m = median(v);
+            let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+            println!("| {batch} | {name} | {m:.0} | {:.2}× | {} |", m / host, each.join(", "));
+        }
+        for (phase, ms) in device_phases(&spec, &layout, &data, autodiff, steps)? {
+            println!("| {batch} | step on the device, phase: {phase} | {ms:.3} ms (median) | | |");
+        }
     }
     Ok(())
 }
@@ -292,7 +387,7 @@ fn main() -> anyhow::Result<()> {
     gpu.seed(0);
     if std::env::args().any(|a| a == "--ab") {
         println!(
-            "Optimizer on the device against the host, on {info}: MLP 784-256-128-10, f32, Adam, {steps} steps a round"
+            "The step's paths in alternating rounds, on {info}: MLP 784-256-128-10, f32, Adam, {steps} steps a round"
         );
         println!();
         let batches: Vec<usize> = list("--batches", "256,4096")
@@ -322,8 +417,11 @@ fn main() -> anyhow::Result<()> {
             for &(precision, ..) in &precisions {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                for resident in [false, model == "mlp" && precision == Precision::F32] {
-                    kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), resident)?;
+                let resident = model == "mlp" && precision == Precision::F32;
+                for path in [StepPath::Host, StepPath::Device] {
+                    if path == StepPath::Host || resident {
+                        kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), path)?;
+                    }
                 }
             }
         }
@@ -334,17 +432,17 @@ fn main() -> anyhow::Result<()> {
             for &(precision, name, dtype) in &precisions {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), StepPath::Host)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
             }
             if model == "mlp" {
                 let spec = spec(model, batch, Precision::F32)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = burn_alone(&spec, &layout, &data, &autodiff, steps, warmup)?;
+                let sps = burn_alone(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), true)?;
+                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), StepPath::Device)?;
                 let path = "step on the device (--gpu-step-on-device)";
                 eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));

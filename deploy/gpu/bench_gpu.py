@@ -7,7 +7,8 @@ device; batch 256 and 4096; f32, and bf16 autocast with f32 master weights
 (where the device has bf16). On CUDA when torch sees a GPU, else the CPU
 (a rehearsal). Also, for the MLP in f32 (``other_paths``), each step's batch
 copied from pinned host memory (``non_blocking``, as a data loader's is), as
-Kindling's batches come from Arrow on the host. Prints one JSON line: the
+Kindling's batches come from Arrow on the host, and each step's loss read
+back (``loss.item()``, as Kindling's trainer reads its loss). Prints one JSON line: the
 device, torch's version and one row per model × batch × precision with
 samples/s.
 """
@@ -36,7 +37,16 @@ def cnn() -> torch.nn.Module:
     )
 
 
-def bench(model_name: str, batch: int, precision: str, steps: int, warmup: int, device: torch.device, from_host: bool = False) -> float:
+def bench(
+    model_name: str,
+    batch: int,
+    precision: str,
+    steps: int,
+    warmup: int,
+    device: torch.device,
+    from_host: bool = False,
+    read_each: bool = False,
+) -> float:
     torch.manual_seed(0)
     model = (mlp if model_name == "mlp" else cnn)().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -57,6 +67,8 @@ def bench(model_name: str, batch: int, precision: str, steps: int, warmup: int, 
             loss = loss_fn(model(xi), yi)
         loss.backward()
         opt.step()
+        if read_each:
+            loss.item()
 
     for i in range(warmup):
         step(i)
@@ -91,6 +103,8 @@ def main() -> None:
             if model == "mlp":
                 sps = bench(model, batch, "f32", a.steps, a.warmup, device, from_host=True)
                 other.append({"model": model, "batch": batch, "precision": "f32", "path": "batch copied from pinned host memory each step", "samples_per_sec": sps})
+                sps = bench(model, batch, "f32", a.steps, a.warmup, device, read_each=True)
+                other.append({"model": model, "batch": batch, "precision": "f32", "path": "loss read back each step", "samples_per_sec": sps})
     print(json.dumps({"device": name, "torch": torch.__version__, "steps": a.steps, "warmup": a.warmup, "rows": rows, "other_paths": other}))
 
 

@@ -12,6 +12,8 @@
 # Rehearsed on Mesa's software Vulkan device (lavapipe) with a WGSL bundle
 # (see bundle.sh); run on an NVIDIA H200 on 2026-11-26 (docs/benchmarks.md#gpu).
 #
+# PROVE_AB=1 runs instead `bench_gpu --ab` (the MLP step's paths in
+# alternating rounds; PROVE_AB_ARGS its options) and PyTorch eager's MLP rows.
 # PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
 # PROVE_PYTHON names a Python with pyarrow, numpy, scikit-learn and torch
 # (PROVE_TORCH_PYTHON another for torch alone).
@@ -67,8 +69,19 @@ fi
 
 export PYTHONUNBUFFERED=1
 status=0
-# shellcheck disable=SC2086
-"$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
+if [ "${PROVE_AB:-0}" = 1 ]; then
+  # The MLP step's paths in alternating rounds and PyTorch eager beside
+  # them, instead of prove.py's accuracy and speed parts (about 3 minutes).
+  echo "== bench_gpu --ab ${PROVE_AB_ARGS:-}"
+  # shellcheck disable=SC2086
+  "$unpacked/bin/bench_gpu" --ab ${PROVE_AB_ARGS:---steps 100 --rounds 3 --batches 4096,256} 2>&1 \
+    | tee "$out/ab.txt" || status=$?
+  echo "== PyTorch eager, the MLP (deploy/gpu/bench_gpu.py)"
+  "$torch_python" deploy/gpu/bench_gpu.py --models mlp | tee "$out/torch.json" || status=$?
+else
+  # shellcheck disable=SC2086
+  "$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
+fi
 
 # Where a Kindling MLP step's device time goes, kernel by kernel (NVIDIA's
 # profiler sees Vulkan compute kernels where the container lets it): only with

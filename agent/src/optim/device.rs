@@ -3,8 +3,10 @@
 //! weights and the optimizer state stay on the GPU, so a step reads back
 //! nothing but its loss instead of the gradients down and the weights up.
 //!
-//! Per parameter, not one flat buffer: a parameter written back as a slice of
-//! one large device buffer made every later step slower on wgpu. The
+//! Per parameter and in the parameter's own shape, not one flat buffer nor
+//! flat tensors reshaped: a parameter written back as a slice of one large
+//! device buffer made every later step slower on wgpu, and so, on an H200,
+//! did weights kept flat and reshaped into the parameter each step. The
 //! arithmetic is [`FlatOptimizer`]'s (burn 0.22's) as tensor operations, which
 //! burn's fusion joins into a few kernels per parameter; clipping by global
 //! norm is computed on the device too (no read back). The state moves between
@@ -13,11 +15,74 @@
 //! [`download_into`](DeviceOptimizer::download_into)), so checkpoints, the
 //! data-parallel path and a resumed job see one optimizer.
 
+use std::any::Any;
+
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Device, Tensor, TensorData};
 
 use super::{FlatOptimizer, Rule};
+
+/// A tensor of any rank, as [`Held`] keeps it.
+trait Shaped: Send + Sync + std::fmt::Debug {
+    /// Its values read back, flat (row-major).
+    fn values(&self) -> Vec<f32>;
+    /// The sum of its squares, on the device.
+    fn squares(&self) -> Tensor<1>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<const D: usize> Shaped for Tensor<D> {
+    fn values(&self) -> Vec<f32> {
+        let data = self.clone().into_data().convert::<f32>();
+        data.as_slice::<f32>().map(<[f32]>::to_vec).unwrap_or_default()
+    }
+
+    fn squares(&self) -> Tensor<1> {
+        self.clone().powi_scalar(2).sum()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// One parameter's master weights, state slot or gradient sums: the host's
+/// flat values until the parameter's shape is first seen (its gradient, the
+/// step's mapper), then a device tensor in that shape.
+#[derive(Debug)]
+enum Held {
+    Host(Vec<f32>),
+    Device(Box<dyn Shaped>),
+}
+
+impl Held {
+    fn of<const D: usize>(t: Tensor<D>) -> Self {
+        Held::Device(Box::new(t))
+    }
+
+    /// The tensor in `shape` (uploaded from the host's values the first time).
+    ///
+    /// # Panics
+    /// If it was kept with another rank (a layout bug).
+    fn tensor<const D: usize>(&self, shape: [usize; D], device: &Device) -> Tensor<D> {
+        match self {
+            Held::Host(values) => Tensor::from_data(TensorData::new(values.clone(), shape), device),
+            Held::Device(t) => t
+                .as_any()
+                .downcast_ref::<Tensor<D>>()
+                .expect("a parameter keeps its rank from step to step")
+                .clone(),
+        }
+    }
+
+    fn values(&self) -> Vec<f32> {
+        match self {
+            Held::Host(values) => values.clone(),
+            Held::Device(t) => t.values(),
+        }
+    }
+}
 
 /// An optimizer whose weights, state and gradient sums live on a device.
 #[derive(Debug)]
@@ -31,12 +96,14 @@ pub struct DeviceOptimizer {
     clip_norm: Option<f64>,
     time: u64,
     sizes: Vec<usize>,
-    /// Per parameter, the `f32` master weights (flat).
-    master: Vec<Tensor<1>>,
+    /// The device without autodiff, where the tensors below live.
+    device: Device,
+    /// Per parameter, the `f32` master weights.
+    master: Vec<Held>,
     /// Per slot ([`Rule::slots`]), per parameter.
-    state: Vec<Vec<Tensor<1>>>,
+    state: Vec<Vec<Held>>,
     /// Per parameter, the gradient sums gathered for the next step.
-    sums: Vec<Option<Tensor<1>>>,
+    sums: Vec<Option<Box<dyn Shaped>>>,
 }
 
 impl DeviceOptimizer {
@@ -61,14 +128,11 @@ impl DeviceOptimizer {
             flat.len,
             "parameters laid out for another model"
         );
-        let device = device.clone().without_autodiff();
-        let part = |values: &[f32], at: usize, n: usize| {
-            Tensor::<1>::from_data(TensorData::new(values[at..at + n].to_vec(), [n]), &device)
-        };
+        let part = |values: &[f32], at: usize, n: usize| Held::Host(values[at..at + n].to_vec());
         let mut decay = Vec::with_capacity(sizes.len());
         let mut master = Vec::with_capacity(sizes.len());
         let slots = flat.rule.slots();
-        let mut state: Vec<Vec<Tensor<1>>> = vec![Vec::with_capacity(sizes.len()); slots];
+        let mut state: Vec<Vec<Held>> = (0..slots).map(|_| Vec::with_capacity(sizes.len())).collect();
         let mut at = 0;
         for &n in &sizes {
             decay.push(flat.groups.iter().any(|g| g.decay && g.start <= at && at < g.end));
@@ -86,8 +150,9 @@ impl DeviceOptimizer {
             clip_value: flat.clip_value,
             clip_norm,
             time: flat.time,
-            sums: vec![None; sizes.len()],
+            sums: (0..sizes.len()).map(|_| None).collect(),
             sizes,
+            device: device.clone().without_autodiff(),
             master,
             state,
         }
@@ -97,10 +162,10 @@ impl DeviceOptimizer {
     /// `flat` and `weights` (one read back per tensor: an epoch's end, a
     /// checkpoint).
     pub fn download_into(&self, flat: &mut FlatOptimizer, weights: &mut Vec<f32>) {
-        let read = |t: &Tensor<1>, out: &mut [f32]| {
-            let data = t.clone().into_data().convert::<f32>();
-            if let Ok(values) = data.as_slice::<f32>() {
-                out.copy_from_slice(values);
+        let read = |held: &Held, out: &mut [f32]| {
+            let values = held.values();
+            if values.len() == out.len() {
+                out.copy_from_slice(&values);
             }
         };
         weights.resize(flat.len, 0.0);
@@ -121,14 +186,21 @@ impl DeviceOptimizer {
         self.lr = lr;
     }
 
-    /// Adds parameter `index`'s gradient sums (flat, `f32`, on the device) to
-    /// those gathered for the next step.
-    pub(crate) fn add_gradient(&mut self, index: usize, grad: Tensor<1>) {
+    /// Adds parameter `index`'s gradient sums (`f32`, on the device, in the
+    /// parameter's shape) to those gathered for the next step.
+    ///
+    /// # Panics
+    /// If the sums gathered for it have another rank (a layout bug).
+    pub(crate) fn add_gradient<const D: usize>(&mut self, index: usize, grad: Tensor<D>) {
         let slot = &mut self.sums[index];
-        *slot = Some(match slot.take() {
-            Some(sum) => sum + grad,
+        let sum = match slot.take() {
+            Some(sum) => {
+                let sum = sum.as_any().downcast_ref::<Tensor<D>>().expect("gradients keep their rank");
+                sum.clone() + grad
+            }
             None => grad,
-        });
+        };
+        *slot = Some(Box::new(sum));
     }
 
     /// Drops the gradients gathered (a step not taken).
@@ -148,7 +220,7 @@ impl DeviceOptimizer {
             .sums
             .iter()
             .flatten()
-            .map(|g| g.clone().powi_scalar(2).sum())
+            .map(|g| g.squares())
             .reduce(|a, b| a + b);
         let Some(squares) = squares else {
             return StepScale::Host(scale);
@@ -160,16 +232,29 @@ impl DeviceOptimizer {
     }
 
     /// Steps parameter `index` (its gathered sums taken, none counted as
-    /// zeros) and returns its new master weights.
-    pub(crate) fn step_param(&mut self, index: usize, scale: &StepScale) -> Tensor<1> {
-        let w = self.master[index].clone();
+    /// zeros), whose shape is `shape`, and returns its new master weights.
+    ///
+    /// # Panics
+    /// If the parameter was stepped or gathered with another rank (a layout bug).
+    pub(crate) fn step_param<const D: usize>(
+        &mut self,
+        index: usize,
+        scale: &StepScale,
+        shape: [usize; D],
+    ) -> Tensor<D> {
+        let device = self.device.clone();
+        let w = self.master[index].tensor(shape, &device);
         let g = match self.sums[index].take() {
-            Some(g) => g,
+            Some(g) => g
+                .as_any()
+                .downcast_ref::<Tensor<D>>()
+                .expect("gradients keep their rank")
+                .clone(),
             None => w.zeros_like(),
         };
         let g = match scale {
             StepScale::Host(s) => g.mul_scalar(*s),
-            StepScale::Device(s) => g.mul(s.as_ref().clone()),
+            StepScale::Device(s) => g.mul(s.as_ref().clone().reshape([1; D])),
         };
         let g = match self.clip_value {
             Some(c) => g.clamp(-c, c),
@@ -178,16 +263,16 @@ impl DeviceOptimizer {
         let wd = if self.decay[index] { self.weight_decay } else { 0.0 };
         let lr = self.lr as f32;
         // The mean gradient with L2 decay added (every rule but AdamW's).
-        let with_l2 = |g: Tensor<1>, w: &Tensor<1>| match wd > 0.0 {
+        let with_l2 = |g: Tensor<D>, w: &Tensor<D>| match wd > 0.0 {
             true => g + w.clone().mul_scalar(wd as f32),
             false => g,
         };
-        let slot = |s: &mut Self, k: usize| s.state[k][index].clone();
+        let slot = |s: &Self, k: usize| s.state[k][index].tensor(shape, &device);
         let next = match self.rule {
             Rule::Sgd { momentum, nesterov } if momentum > 0.0 => {
                 let g = with_l2(g, &w);
                 let v = g.clone() + slot(self, 0).mul_scalar(momentum);
-                self.state[0][index] = v.clone();
+                self.state[0][index] = Held::of(v.clone());
                 let d = if nesterov { v.mul_scalar(momentum) + g } else { v };
                 w - d.mul_scalar(lr)
             }
@@ -207,8 +292,8 @@ impl DeviceOptimizer {
                 let g = with_l2(g, &w);
                 let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
                 let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
-                self.state[0][index] = m.clone();
-                self.state[1][index] = v.clone();
+                self.state[0][index] = Held::of(m.clone());
+                self.state[1][index] = Held::of(v.clone());
                 w - m.mul_scalar(factor).div(v.sqrt().add_scalar(eps)).mul_scalar(lr)
             }
             Rule::AdamW {
@@ -221,8 +306,8 @@ impl DeviceOptimizer {
                 let keep = (1.0 - self.lr * wd) as f32;
                 let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
                 let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
-                self.state[0][index] = m.clone();
-                self.state[1][index] = v.clone();
+                self.state[0][index] = Held::of(m.clone());
+                self.state[1][index] = Held::of(v.clone());
                 let delta = m.div_scalar(c1).div(v.div_scalar(c2).sqrt().add_scalar(epsilon));
                 let decayed = if wd > 0.0 { w.mul_scalar(keep) } else { w };
                 decayed - delta.mul_scalar(lr)
@@ -236,11 +321,11 @@ impl DeviceOptimizer {
                 let f = 1.0 - alpha;
                 let g = with_l2(g, &w);
                 let sq = slot(self, 0).mul_scalar(alpha) + g.clone().mul(g.clone()).mul_scalar(f);
-                self.state[0][index] = sq.clone();
+                self.state[0][index] = Held::of(sq.clone());
                 let denom = match centered {
                     true => {
                         let avg = slot(self, 1).mul_scalar(alpha) + g.clone().mul_scalar(f);
-                        self.state[1][index] = avg.clone();
+                        self.state[1][index] = Held::of(avg.clone());
                         sq - avg.clone().mul(avg)
                     }
                     false => sq,
@@ -249,13 +334,13 @@ impl DeviceOptimizer {
                 if momentum > 0.0 {
                     let k = 1 + usize::from(centered);
                     let b = slot(self, k).mul_scalar(momentum) + d;
-                    self.state[k][index] = b.clone();
+                    self.state[k][index] = Held::of(b.clone());
                     d = b;
                 }
                 w - d.mul_scalar(lr)
             }
         };
-        self.master[index] = next.clone();
+        self.master[index] = Held::of(next.clone());
         next
     }
 }
@@ -279,9 +364,7 @@ pub(crate) fn gather<M: Module>(model: &M, grads: &GradientsParams, opt: &mut De
     impl ModuleVisitor for Gather<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(grad) = self.grads.get::<D>(param.id) {
-                let n = param.lazy_shape().num_elements();
-                self.opt
-                    .add_gradient(self.index, grad.inner().reshape([n]).cast(DType::F32));
+                self.opt.add_gradient(self.index, grad.inner().cast(DType::F32));
             }
             self.index += 1;
         }
@@ -301,11 +384,10 @@ pub(crate) fn step<M: Module>(model: M, opt: &mut DeviceOptimizer, scale: f32) -
     impl ModuleMapper for Step<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let shape = param.lazy_shape().dims::<D>();
-            let w = self.opt.step_param(self.index, &self.scale);
+            let fresh = self.opt.step_param(self.index, &self.scale, shape);
             self.index += 1;
             param.map(|t| {
                 let (tracked, autodiff, dtype) = (t.is_require_grad(), t.is_autodiff(), t.dtype());
-                let fresh: Tensor<D> = w.reshape(shape);
                 let fresh = if dtype == DType::F32 {
                     fresh
                 } else {
@@ -371,7 +453,8 @@ mod tests {
     /// The device optimizer against the host's (burn's rules, checked against
     /// burn's optimizers in `optim::tests`): every rule, decay groups, both
     /// clippings, a start from a host state mid-way, the sums of two
-    /// micro-batches; weights and state within f32 rounding after 25 steps.
+    /// micro-batches, a matrix beside vectors; weights and state within f32
+    /// rounding after 25 steps.
     #[test]
     fn steps_on_the_device_like_the_flat_optimizer_on_the_host() {
         let layout: Vec<(String, usize)> = ["a.weight", "a.bias", "b.weight"]
@@ -408,16 +491,22 @@ mod tests {
                     let g = sums(s);
                     let mut at = 0;
                     for (i, n) in SIZES.into_iter().enumerate() {
-                        // Two micro-batches' halves, summed on the device.
+                        // Two micro-batches' halves, summed on the device; the
+                        // first parameter a 2×3 matrix, the others vectors.
                         for _ in 0..2 {
                             let half: Vec<f32> = g[at..at + n].iter().map(|x| x / 2.0).collect();
-                            dev.add_gradient(i, Tensor::from_data(TensorData::new(half, [n]), &device));
+                            match i {
+                                0 => dev.add_gradient(i, Tensor::<2>::from_data(TensorData::new(half, [2, 3]), &device)),
+                                _ => dev.add_gradient(i, Tensor::<1>::from_data(TensorData::new(half, [n]), &device)),
+                            }
                         }
                         at += n;
                     }
                     let sc = dev.begin_step(scale);
-                    for i in 0..SIZES.len() {
-                        dev.step_param(i, &sc);
+                    let matrix: Tensor<2> = dev.step_param(0, &sc, [2, 3]);
+                    assert_eq!(matrix.dims(), [2, 3], "the weights come back in their shape");
+                    for (i, n) in SIZES.into_iter().enumerate().skip(1) {
+                        dev.step_param(i, &sc, [n]);
                     }
                 }
                 let mut back = FlatOptimizer::for_job(&spec, &layout).expect("optimizer");
