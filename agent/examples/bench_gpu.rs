@@ -30,9 +30,9 @@
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, on
-//! the host round trip, on the device (its loss read each step or a step
-//! late) and burn alone (its loss read each step or not), in alternating
-//! rounds.
+//! the host round trip, on the device (its losses read each step, every 10
+//! or every 100) and burn alone (its loss read each step or not), in
+//! alternating rounds.
 
 use std::time::{Duration, Instant};
 
@@ -93,9 +93,9 @@ enum StepPath {
     /// One rank's step kept on the device, its loss read back each step (the
     /// trainer's `--gpu-step-on-device`).
     Device,
-    /// As `Device`, each step's loss read after the next step is queued
-    /// (a measurement only: what the read's wait costs).
-    DeviceLagged,
+    /// As `Device`, the losses summed on the device and read every `k`
+    /// steps (and after the last).
+    DeviceEvery(usize),
 }
 
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
@@ -118,12 +118,17 @@ fn kindling_step(
     let mut pipeline = Pipeline::new(true);
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
-    let mut pending: Option<burn::tensor::Tensor<1>> = None;
+    // Losses not read yet (summed on the device when read).
+    let mut pending: Vec<burn::tensor::Tensor<1>> = Vec::new();
+    let read = |pending: &mut Vec<burn::tensor::Tensor<1>>| {
+        if !pending.is_empty() {
+            let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
+            std::hint::black_box(sum.into_scalar::<f32>());
+        }
+    };
     for i in 0..warmup + steps {
         if i == warmup {
-            if let Some(loss) = pending.take() {
-                std::hint::black_box(loss.into_scalar::<f32>());
-            }
+            read(&mut pending);
             t = Instant::now();
         }
         // Reading the loss (or the gradients) back is the step's sync point:
@@ -139,11 +144,14 @@ fn kindling_step(
                     })
                     .map_err(failed)?;
                 model = model.device_step(opt, (1.0 / share.weight) as f32);
-                let read = match path {
-                    StepPath::DeviceLagged => std::mem::replace(&mut pending, share.loss_sum),
-                    _ => share.loss_sum,
+                pending.extend(share.loss_sum);
+                let every = match path {
+                    StepPath::DeviceEvery(k) => k,
+                    _ => 1,
                 };
-                std::hint::black_box(read.map(|l| l.into_scalar::<f32>()));
+                if (i + 1) % every == 0 {
+                    read(&mut pending);
+                }
             }
             None => {
                 let buf = pipeline
@@ -153,9 +161,7 @@ fn kindling_step(
             }
         }
     }
-    if let Some(loss) = pending {
-        std::hint::black_box(loss.into_scalar::<f32>());
-    }
+    read(&mut pending);
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
@@ -313,10 +319,11 @@ fn list(name: &str, default: &str) -> Vec<String> {
 }
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 5] = [
+const AB_PATHS: [&str; 6] = [
     "host round trip (default)",
-    "step on the device",
-    "step on the device, loss read a step late",
+    "step on the device, loss read each step",
+    "step on the device, losses read every 10 steps",
+    "step on the device, losses read every 100 steps",
     "burn alone, loss read each step",
     "burn alone",
 ];
@@ -332,8 +339,9 @@ fn ab_path(
     match which {
         0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
         1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
-        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceLagged),
-        3 => burn_alone(spec, layout, data, device, run, true),
+        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(10)),
+        3 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(100)),
+        4 => burn_alone(spec, layout, data, device, run, true),
         _ => burn_alone(spec, layout, data, device, run, false),
     }
 }
