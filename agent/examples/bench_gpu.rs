@@ -30,9 +30,9 @@
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, on
-//! the host round trip, on the device (its losses read each step, every 10
-//! or every 100) and burn alone (its loss read each step or not), in
-//! alternating rounds.
+//! the host round trip, on the device (its losses read each step or every
+//! 100) and burn alone (as it is, with Kindling's optimizer, with each batch
+//! converted from Arrow), in alternating rounds.
 
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use burn::tensor::Device;
 use kindling_agent::builtin::{MlpModel, MlpModelConfig};
 use kindling_agent::model::staged::Pipeline;
 use kindling_agent::model::{Inputs, KindlingModel, ModelRegistry, task_loss};
-use kindling_agent::optim::{DeviceOptimizer, FlatOptimizer};
+use kindling_agent::optim::{self, DeviceOptimizer, FlatOptimizer};
 use kindling_agent::{device, params, tensorize, trainer};
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
@@ -165,27 +165,43 @@ fn kindling_step(
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// The MLP with device tensors ready and burn's Adam on the device: samples/s.
-/// `read_each`: each step's loss read back (as the trainer does), else only
-/// the last.
+/// What [`burn_alone`] changes in burn's own loop.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BurnLoop {
+    /// Device tensors ready, burn's Adam, only the last loss read.
+    Plain,
+    /// Each step's loss read back (as the trainer does).
+    ReadEach,
+    /// Kindling's optimizer kept on the device ([`DeviceOptimizer`]) in
+    /// place of burn's Adam.
+    KindlingOptimizer,
+    /// Each step's batch converted from Arrow and uploaded then.
+    ArrowEachStep,
+}
+
+/// The MLP in burn's own loop (device tensors, forward, backward, burn's
+/// Adam on the device, no read back), changed as `variant` says: samples/s.
 fn burn_alone(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
     device: &Device,
     (steps, warmup): (usize, usize),
-    read_each: bool,
+    variant: BurnLoop,
 ) -> anyhow::Result<f64> {
     let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
     let mut optim = AdamConfig::new().init();
-    let tensors: Vec<_> = data
-        .iter()
-        .map(|b| {
-            let x = tensorize::features(b, layout, device)?;
-            let y = tensorize::targets(b, "y", spec.task, device)?;
-            anyhow::Ok((x, y))
-        })
-        .collect::<Result<_, _>>()?;
+    let mut ours = (variant == BurnLoop::KindlingOptimizer).then(|| {
+        let weights = params::flat_weights(&model);
+        let flat = FlatOptimizer::new(&spec.optimizer, weights.len());
+        DeviceOptimizer::upload(&flat, &weights, &params::layout(&model), None, device)
+    });
+    let tensorized = |b: &RecordBatch| {
+        let x = tensorize::features(b, layout, device)?;
+        let y = tensorize::targets(b, "y", spec.task, device)?;
+        anyhow::Ok((x, y))
+    };
+    let tensors: Vec<_> = data.iter().map(tensorized).collect::<Result<_, _>>()?;
     let lr = spec.optimizer.learning_rate();
     let mut t = Instant::now();
     let mut last: Option<burn::tensor::Tensor<1>> = None;
@@ -197,11 +213,20 @@ fn burn_alone(
             }
             t = Instant::now();
         }
-        let (x, y) = tensors[i % tensors.len()].clone();
+        let (x, y) = match variant {
+            BurnLoop::ArrowEachStep => tensorized(&data[i % data.len()])?,
+            _ => tensors[i % tensors.len()].clone(),
+        };
         let loss = task_loss(spec.task, model.forward_features(x), y, device);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(lr, model, grads);
-        if read_each {
+        model = match ours.as_mut() {
+            Some(opt) => {
+                optim::device::gather(&model, &grads, opt);
+                optim::device::step(model, opt, 1.0)
+            }
+            None => optim.step(lr, model, grads),
+        };
+        if variant == BurnLoop::ReadEach {
             std::hint::black_box(loss.clone().into_scalar::<f32>());
         }
         last = Some(loss);
@@ -322,9 +347,9 @@ fn list(name: &str, default: &str) -> Vec<String> {
 const AB_PATHS: [&str; 6] = [
     "host round trip (default)",
     "step on the device, loss read each step",
-    "step on the device, losses read every 10 steps",
     "step on the device, losses read every 100 steps",
-    "burn alone, loss read each step",
+    "burn alone, Kindling's optimizer on the device",
+    "burn alone, each batch from Arrow",
     "burn alone",
 ];
 
@@ -339,10 +364,10 @@ fn ab_path(
     match which {
         0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
         1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
-        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(10)),
-        3 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(100)),
-        4 => burn_alone(spec, layout, data, device, run, true),
-        _ => burn_alone(spec, layout, data, device, run, false),
+        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(100)),
+        3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
+        4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
+        _ => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
     }
 }
 
@@ -447,7 +472,7 @@ fn main() -> anyhow::Result<()> {
             if model == "mlp" {
                 let spec = spec(model, batch, Precision::F32)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-                let sps = burn_alone(&spec, &layout, &data, &autodiff, (steps, warmup), false)?;
+                let sps = burn_alone(&spec, &layout, &data, &autodiff, (steps, warmup), BurnLoop::Plain)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
                 let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), StepPath::Device)?;

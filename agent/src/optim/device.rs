@@ -355,7 +355,7 @@ pub(crate) enum StepScale {
 
 /// Adds `grads` of `model`'s parameters to `opt`'s sums, in flat order (a
 /// parameter without a gradient adds nothing).
-pub(crate) fn gather<M: Module>(model: &M, grads: &GradientsParams, opt: &mut DeviceOptimizer) {
+pub fn gather<M: Module>(model: &M, grads: &GradientsParams, opt: &mut DeviceOptimizer) {
     struct Gather<'a> {
         grads: &'a GradientsParams,
         opt: &'a mut DeviceOptimizer,
@@ -375,7 +375,7 @@ pub(crate) fn gather<M: Module>(model: &M, grads: &GradientsParams, opt: &mut De
 /// `model` after one step of `opt` on the sums gathered (`scale` turning
 /// them into means): each parameter replaced by its new weights, in its
 /// dtype, tracked as before.
-pub(crate) fn step<M: Module>(model: M, opt: &mut DeviceOptimizer, scale: f32) -> M {
+pub fn step<M: Module>(model: M, opt: &mut DeviceOptimizer, scale: f32) -> M {
     struct Step<'a> {
         opt: &'a mut DeviceOptimizer,
         scale: StepScale,
