@@ -170,8 +170,6 @@ fn kindling_step(
 enum BurnLoop {
     /// Device tensors ready, burn's Adam, only the last loss read.
     Plain,
-    /// Each step's loss read back (as the trainer does).
-    ReadEach,
     /// Kindling's optimizer kept on the device ([`DeviceOptimizer`]) in
     /// place of burn's Adam.
     KindlingOptimizer,
@@ -226,9 +224,6 @@ fn burn_alone(
             }
             None => optim.step(lr, model, grads),
         };
-        if variant == BurnLoop::ReadEach {
-            std::hint::black_box(loss.clone().into_scalar::<f32>());
-        }
         last = Some(loss);
     }
     // The last loss read back: every step has run on the device.

@@ -61,13 +61,15 @@ impl Held {
         Held::Device(Box::new(t))
     }
 
-    /// The tensor in `shape` (uploaded from the host's values the first time).
+    /// The tensor in `shape` (uploaded from the host's values the first
+    /// time), taken out so that the step holds its only handle and burn can
+    /// update it in place; the caller puts the next value back.
     ///
     /// # Panics
     /// If it was kept with another rank (a layout bug).
-    fn tensor<const D: usize>(&self, shape: [usize; D], device: &Device) -> Tensor<D> {
-        match self {
-            Held::Host(values) => Tensor::from_data(TensorData::new(values.clone(), shape), device),
+    fn take<const D: usize>(&mut self, shape: [usize; D], device: &Device) -> Tensor<D> {
+        match std::mem::replace(self, Held::Host(Vec::new())) {
+            Held::Host(values) => Tensor::from_data(TensorData::new(values, shape), device),
             Held::Device(t) => t
                 .as_any()
                 .downcast_ref::<Tensor<D>>()
@@ -243,7 +245,7 @@ impl DeviceOptimizer {
         shape: [usize; D],
     ) -> Tensor<D> {
         let device = self.device.clone();
-        let w = self.master[index].tensor(shape, &device);
+        let w = self.master[index].take(shape, &device);
         let g = match self.sums[index].take() {
             Some(g) => g
                 .as_any()
@@ -267,7 +269,7 @@ impl DeviceOptimizer {
             true => g + w.clone().mul_scalar(wd as f32),
             false => g,
         };
-        let slot = |s: &Self, k: usize| s.state[k][index].tensor(shape, &device);
+        let slot = |s: &mut Self, k: usize| s.state[k][index].take(shape, &device);
         let next = match self.rule {
             Rule::Sgd { momentum, nesterov } if momentum > 0.0 => {
                 let g = with_l2(g, &w);
@@ -384,10 +386,15 @@ pub fn step<M: Module>(model: M, opt: &mut DeviceOptimizer, scale: f32) -> M {
     impl ModuleMapper for Step<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
             let shape = param.lazy_shape().dims::<D>();
-            let fresh = self.opt.step_param(self.index, &self.scale, shape);
+            let index = self.index;
             self.index += 1;
+            let (opt, scale) = (&mut *self.opt, &self.scale);
             param.map(|t| {
                 let (tracked, autodiff, dtype) = (t.is_require_grad(), t.is_autodiff(), t.dtype());
+                // The old weights' handle gone first: the step then holds the
+                // master weights' only one and burn may update them in place.
+                drop(t);
+                let fresh = opt.step_param(index, scale, shape);
                 let fresh = if dtype == DType::F32 {
                     fresh
                 } else {
