@@ -39,11 +39,12 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
-use kindling_agent::builtin::{MlpModel, MlpModelConfig};
-use kindling_agent::model::staged::Pipeline;
-use kindling_agent::model::{Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::models::builtin::{MlpModel, MlpModelConfig};
+use kindling_agent::models::model::staged::Pipeline;
+use kindling_agent::models::model::{Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::models::{device, params, tensorize};
 use kindling_agent::optim::{self, DeviceOptimizer, FlatOptimizer};
-use kindling_agent::{device, params, tensorize, trainer};
+use kindling_agent::training::trainer;
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
 use serde_json::json;
@@ -397,7 +398,11 @@ fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) 
         for (name, v) in AB_PATHS.iter().zip(&runs) {
             let m = median(v);
             let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
-            println!("| {batch} | {name} | {m:.0} | {:.2}× | {} |", m / host, each.join(", "));
+            println!(
+                "| {batch} | {name} | {m:.0} | {:.2}× | {} |",
+                m / host,
+                each.join(", ")
+            );
         }
         for (phase, ms) in device_phases(&spec, &layout, &data, autodiff, steps)? {
             println!("| {batch} | step on the device, phase: {phase} | {ms:.3} ms (median) | | |");
@@ -470,7 +475,14 @@ fn main() -> anyhow::Result<()> {
                 let sps = burn_alone(&spec, &layout, &data, &autodiff, (steps, warmup), BurnLoop::Plain)?;
                 eprintln!("{model} batch {batch} f32: burn alone {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": "burn alone", "samples_per_sec": sps}));
-                let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), StepPath::Device)?;
+                let sps = kindling_step(
+                    &spec,
+                    &layout,
+                    &data,
+                    &autodiff,
+                    (steps, warmup),
+                    StepPath::Device,
+                )?;
                 let path = "step on the device (--gpu-step-on-device)";
                 eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));

@@ -37,12 +37,13 @@ use std::time::{Duration, Instant};
 
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
-use kindling_agent::builtin::{MlpModel, MlpModelConfig};
-use kindling_agent::gradients::GradientStep;
-use kindling_agent::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::models::builtin::{MlpModel, MlpModelConfig};
+use kindling_agent::models::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::models::{params, tensorize};
 use kindling_agent::optim::FlatOptimizer;
-use kindling_agent::schedule::LrSchedule;
-use kindling_agent::{params, tensorize, trainer};
+use kindling_agent::training::gradients::GradientStep;
+use kindling_agent::training::schedule::LrSchedule;
+use kindling_agent::training::trainer;
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::{GradientClip, JobSpec, ModelSpec, OptimizerSpec, Schedule, Task};
 

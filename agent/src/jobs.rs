@@ -1,4 +1,9 @@
-//! The jobs an agent knows, and starting their lifecycle tasks.
+//! The jobs an agent knows, and starting their lifecycle tasks. Rooms,
+//! lowest first: `job` (one job's data, state and lifecycle) · `ingest`
+//! (exactly-once ingest) · this file (the agent's table of jobs).
+
+pub(crate) mod ingest;
+pub(crate) mod job;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::error::AgentError;
-use crate::job::{Job, JobEnv};
+use crate::jobs::job::{Job, JobEnv};
 
 /// Streams one job credential may have open on an agent at once (a Spark
 /// node's tasks push one stream each into their node's agent).
@@ -50,7 +55,7 @@ pub struct JobRegistry {
     env: JobEnv,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    served: crate::served::ServedModels,
+    served: crate::serving::served::ServedModels,
 }
 
 impl JobRegistry {
@@ -71,7 +76,7 @@ impl JobRegistry {
     }
 
     /// The models this agent serves (`serve_model`).
-    pub fn served(&self) -> &crate::served::ServedModels {
+    pub fn served(&self) -> &crate::serving::served::ServedModels {
         &self.served
     }
 
@@ -118,7 +123,7 @@ impl JobRegistry {
     }
 
     /// The models jobs on this agent can name.
-    pub fn models(&self) -> &crate::model::ModelRegistry {
+    pub fn models(&self) -> &crate::models::model::ModelRegistry {
         &self.env.models
     }
 
@@ -130,7 +135,7 @@ impl JobRegistry {
             return Ok(running);
         }
         // A job asking for a GPU this agent lacks is refused here, before it gangs.
-        let device = crate::device::label(&start.spec)?;
+        let device = crate::models::device::label(&start.spec)?;
         // So is a model this agent does not have, or a config it refuses.
         self.env.models.check(&start.spec)?;
         let rendezvous = self.rendezvous_at(&start.rendezvous)?;

@@ -18,8 +18,8 @@
 //! `no_weight_decay` patterns take none. Every rank runs the same step on
 //! the same buffers, so replicas stay bitwise identical.
 //!
-//! [`params::flatten_grads`]: crate::params::flatten_grads
-//! [`params::load_flat`]: crate::params::load_flat
+//! [`params::flatten_grads`]: crate::models::params::flatten_grads
+//! [`params::load_flat`]: crate::models::params::load_flat
 
 use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec, path_matches};
 

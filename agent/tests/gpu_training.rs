@@ -294,7 +294,7 @@ mod on_gpu {
     async fn the_gpu_learns_the_rule_and_matches_the_cpu() {
         let required = std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1");
         let local = Local::start().await;
-        let info = match kindling_agent::device::gpu() {
+        let info = match kindling_agent::models::device::gpu() {
             Ok((_, info)) => info,
             Err(e) if required => panic!(
                 "KINDLING_GPU_TESTS=1 but the agent has no GPU to train on: {e}\n\
@@ -389,7 +389,7 @@ mod on_gpu {
     /// master weights kept on the device gives the CPU's answer too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_step_kept_on_the_device_matches_the_cpu() {
-        if kindling_agent::device::gpu().is_err() {
+        if kindling_agent::models::device::gpu().is_err() {
             assert!(
                 !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
                 "KINDLING_GPU_TESTS=1 but no GPU"

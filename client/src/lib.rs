@@ -49,7 +49,5 @@ pub mod model {
     pub use kindling_agent::AgentError;
     /// burn at the version the agents train with.
     pub use kindling_agent::burn;
-    pub use kindling_agent::model::{
-        Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets,
-    };
+    pub use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets};
 }

@@ -29,7 +29,7 @@ pub struct LocalClusterConfig {
     /// so local agents do not compete for the same cores.
     pub train_threads: usize,
     /// The models the agents can train (the built-ins by default).
-    pub models: kindling_agent::model::ModelRegistry,
+    pub models: kindling_agent::ModelRegistry,
     /// Most unfinished jobs each agent holds at once.
     pub max_jobs: usize,
     /// TLS of the rendezvous and the agents (their certificate, the CA of
@@ -69,10 +69,10 @@ impl LocalClusterConfig {
             gang_timeout: Duration::from_secs(60),
             collective_timeout: Duration::from_secs(60),
             train_threads: 0,
-            models: kindling_agent::model::ModelRegistry::builtin(),
-            max_jobs: kindling_agent::server::DEFAULT_MAX_JOBS,
+            models: kindling_agent::ModelRegistry::builtin(),
+            max_jobs: kindling_agent::process::server::DEFAULT_MAX_JOBS,
             tls: None,
-            finished_retention: kindling_agent::server::DEFAULT_FINISHED_RETENTION,
+            finished_retention: kindling_agent::process::server::DEFAULT_FINISHED_RETENTION,
             staging: kindling_agent::cache::StagingLimits::default(),
             credentials: Some(kindling_schemas::credential::CredentialKey::generate().into()),
             viewer_token: None,

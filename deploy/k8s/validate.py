@@ -29,7 +29,7 @@ container requests and limits ephemeral-storage, within which its pod's
 emptyDirs fit (check_ephemeral_storage). Where an overlay monitors
 (overlays/monitoring): the ServiceMonitor and PodMonitor reach the servers'
 metrics port with the viewer token and TLS (check_monitors); the Grafana dashboard and the alerts name
-only metrics and labels the servers export (agent/src/metrics.rs,
+only metrics and labels the servers export (agent/src/process/metrics.rs,
 agent/rendezvous/src/metrics.rs, agent/ops/src/exposition.rs), and, with promtool installed, parse as PromQL and
 pass overlays/monitoring/alerts.test.yaml (check_promql_with_promtool).
 

@@ -20,7 +20,7 @@ from validate_common import REPO, reporter
 
 # Monitoring (overlays/monitoring). The metrics the servers export are read
 # from their source: a metric or label renamed there fails here.
-METRIC_SOURCES = ("agent/src/metrics.rs", "agent/rendezvous/src/metrics.rs", "agent/ops/src/exposition.rs")
+METRIC_SOURCES = ("agent/src/process/metrics.rs", "agent/rendezvous/src/metrics.rs", "agent/ops/src/exposition.rs")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels Prometheus gives every series it scrapes through a PodMonitor or a
 # ServiceMonitor, and the metrics of its own the dashboard and alerts may use.

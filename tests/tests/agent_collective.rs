@@ -533,8 +533,8 @@ async fn a_rank_killed_mid_operation_fails_every_other_rank_within_a_second_nami
 /// bitwise the weights of one whole all-reduce and one whole step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
-    use kindling_agent::gradients::{GradientStep, StepTimes};
     use kindling_agent::optim::FlatOptimizer;
+    use kindling_agent::training::gradients::{GradientStep, StepTimes};
     use kindling_schemas::spec::OptimizerSpec;
     let token = Token::new("t");
     let ps = peers(2, &token).await;

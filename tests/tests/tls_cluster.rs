@@ -88,7 +88,7 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
     for (url, service) in [
         (
             cluster.agent_urls()[0].clone(),
-            kindling_agent::server::FLIGHT_SERVICE,
+            kindling_agent::process::server::FLIGHT_SERVICE,
         ),
         (
             cluster.rendezvous_url(),

@@ -7,7 +7,7 @@
 //! 1 h after it ends), a rendezvous job's with its retention. Every page
 //! also has `kindling_build_info` and the process' own metrics
 //! ([`ProcessCollector`]). The families themselves are the binaries' own:
-//! `kindling_agent::metrics` and `kindling_rendezvous::metrics`.
+//! `kindling_agent::process::metrics` and `kindling_rendezvous::metrics`.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;

@@ -3,5 +3,5 @@
 //! agent the same way, with its registry (see `kindling_agent::run`).
 
 fn main() -> anyhow::Result<()> {
-    kindling_agent::run(kindling_agent::model::ModelRegistry::builtin())
+    kindling_agent::run(kindling_agent::ModelRegistry::builtin())
 }

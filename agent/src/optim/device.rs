@@ -197,7 +197,10 @@ impl DeviceOptimizer {
         let slot = &mut self.sums[index];
         let sum = match slot.take() {
             Some(sum) => {
-                let sum = sum.as_any().downcast_ref::<Tensor<D>>().expect("gradients keep their rank");
+                let sum = sum
+                    .as_any()
+                    .downcast_ref::<Tensor<D>>()
+                    .expect("gradients keep their rank");
                 sum.clone() + grad
             }
             None => grad,
@@ -503,8 +506,14 @@ mod tests {
                         for _ in 0..2 {
                             let half: Vec<f32> = g[at..at + n].iter().map(|x| x / 2.0).collect();
                             match i {
-                                0 => dev.add_gradient(i, Tensor::<2>::from_data(TensorData::new(half, [2, 3]), &device)),
-                                _ => dev.add_gradient(i, Tensor::<1>::from_data(TensorData::new(half, [n]), &device)),
+                                0 => dev.add_gradient(
+                                    i,
+                                    Tensor::<2>::from_data(TensorData::new(half, [2, 3]), &device),
+                                ),
+                                _ => dev.add_gradient(
+                                    i,
+                                    Tensor::<1>::from_data(TensorData::new(half, [n]), &device),
+                                ),
                             }
                         }
                         at += n;

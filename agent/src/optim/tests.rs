@@ -98,7 +98,7 @@ fn steps_like_burns_optimizers_for_100_steps_on_a_real_model() {
     use burn::optim::{AdamConfig, AdamWConfig, GradientsParams, RmsPropConfig, SgdConfig};
     use burn::tensor::{Device, Int, Tensor, TensorData};
 
-    use crate::params;
+    use crate::models::params;
 
     /// A 4 → 8 → 3 MLP as a plain list of layers.
     fn forward(model: &[Linear], x: Tensor<2>) -> Tensor<2> {
@@ -180,7 +180,7 @@ fn steps_like_burns_optimizers_for_100_steps_on_a_real_model() {
         let device = Device::flex().autodiff();
         // Drawn under the registry's init lock: a seeded build in another
         // test of this process must not see these draws.
-        let mut ours = crate::params::drawn(|| {
+        let mut ours = crate::models::params::drawn(|| {
             vec![
                 LinearConfig::new(4, 8).init(&device),
                 LinearConfig::new(8, 3).init(&device),

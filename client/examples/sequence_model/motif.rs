@@ -19,7 +19,7 @@ use kindling::SparkSession;
 use kindling::functions::{col, count, lit};
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
 use kindling_agent::error::AgentError;
-use kindling_agent::model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
 use kindling_schemas::spec::{InputType, JobSpec, ModelSpec, OptimizerSpec, Task};
 
 /// Ids in the sequences are `1..VOCABULARY`; 0 is left free, so the padding

@@ -21,7 +21,7 @@ use kindling::functions::{col, count_distinct, expr, lit, log, mean, rand, stdde
 use kindling::job::{ProgressMode, TrainingJob};
 use kindling::spark::JoinType;
 use kindling_agent::error::AgentError;
-use kindling_agent::model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
 use kindling_schemas::schema::FeatureKind;
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 

@@ -92,7 +92,7 @@ pub struct TrainingJob {
     feed: Feed,
     mlflow: Option<MlflowTracking>,
     #[cfg(feature = "local")]
-    models: kindling_agent::model::ModelRegistry,
+    models: kindling_agent::ModelRegistry,
 }
 
 impl TrainingJob {
@@ -143,7 +143,7 @@ pub struct TrainingJobBuilder {
     feed: Feed,
     mlflow: Option<MlflowTracking>,
     #[cfg(feature = "local")]
-    models: kindling_agent::model::ModelRegistry,
+    models: kindling_agent::ModelRegistry,
 }
 
 impl Default for TrainingJobBuilder {
@@ -172,7 +172,7 @@ impl Default for TrainingJobBuilder {
             feed: Feed::DriverRelay,
             mlflow: None,
             #[cfg(feature = "local")]
-            models: kindling_agent::model::ModelRegistry::builtin(),
+            models: kindling_agent::ModelRegistry::builtin(),
         }
     }
 }
@@ -269,7 +269,7 @@ impl TrainingJobBuilder {
     /// in-process with no agent binary:
     /// `.models(ModelRegistry::builtin().with::<MyNet>("my-net"))`.
     #[cfg(feature = "local")]
-    pub fn models(mut self, models: kindling_agent::model::ModelRegistry) -> Self {
+    pub fn models(mut self, models: kindling_agent::ModelRegistry) -> Self {
         self.models = models;
         self
     }

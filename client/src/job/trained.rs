@@ -14,9 +14,10 @@ use arrow::datatypes::SchemaRef;
 #[cfg(feature = "local")]
 use futures::{Stream, StreamExt};
 #[cfg(feature = "local")]
-use kindling_agent::model::{AnyModel, ModelRegistry};
+use kindling_agent::models::model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
-use kindling_agent::{predict, trainer};
+use kindling_agent::serving::predict;
+use kindling_agent::training::trainer;
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 #[cfg(feature = "local")]

@@ -28,7 +28,7 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Tensor};
 use kindling_agent::AgentError;
-use kindling_agent::model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
 use kindling_schemas::spec::{InputType, JobSpec};
 
 /// The name [`WideAndDeep`] is registered under.

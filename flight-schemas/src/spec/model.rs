@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::SpecError;
 
 /// The model a job trains: one of the three built-in networks, or a model
-/// registered by name on the agents (`kindling_agent::model::ModelRegistry`).
+/// registered by name on the agents (`kindling_agent::ModelRegistry`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ModelSpec {

@@ -19,10 +19,10 @@ use tonic::service::interceptor::InterceptedService;
 use crate::cache::MemoryBudget;
 use crate::collective::{self, Inbox};
 use crate::error::AgentError;
-use crate::flight::AgentFlightService;
-use crate::job::JobEnv;
 use crate::jobs::JobRegistry;
-use crate::model::ModelRegistry;
+use crate::jobs::job::JobEnv;
+use crate::models::model::ModelRegistry;
+use crate::process::flight::AgentFlightService;
 
 /// Largest Flight message an agent accepts (one record batch).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -317,11 +317,11 @@ async fn reload_keys(keys: kindling_schemas::credential::CredentialKeys, stop: C
 /// Whether `use_gpu` jobs can run here: built with the `gpu` feature and a
 /// wgpu adapter found (probed once, off the async threads). Logged either way.
 async fn gpu_backend() -> bool {
-    if !crate::device::GPU_COMPILED {
+    if !crate::models::device::GPU_COMPILED {
         tracing::info!("GPU backend: none (built without the `gpu` feature); `use_gpu` jobs are refused");
         return false;
     }
-    match tokio::task::spawn_blocking(crate::device::gpu).await {
+    match tokio::task::spawn_blocking(crate::models::device::gpu).await {
         Ok(Ok((_, info))) => {
             tracing::info!(adapter = %info, "GPU backend: wgpu");
             true
@@ -505,7 +505,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         })?;
     let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
     let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
-    crate::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
+    crate::training::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
     Ok(JobEnv {
         train_pool: Arc::new(train_pool),
         agent_id: config.agent_id.clone(),
@@ -530,8 +530,10 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
 /// The agent's HTTP pages: `/metrics`, rendered at most once per
 /// [`RENDER_TTL`](kindling_ops::web::RENDER_TTL).
 fn metrics_page(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> kindling_ops::web::Pages {
-    let registry =
-        kindling_ops::exposition::registry("agent", crate::metrics::AgentCollector::new(jobs, budget));
+    let registry = kindling_ops::exposition::registry(
+        "agent",
+        crate::process::metrics::AgentCollector::new(jobs, budget),
+    );
     let pages: kindling_ops::web::Pages = Arc::new(move |path: &str| {
         (path == "/metrics").then(|| kindling_ops::web::Page {
             content_type: kindling_ops::exposition::CONTENT_TYPE,
@@ -557,7 +559,7 @@ async fn register(
         .with_outage_bound(config.rendezvous_outage);
     let report: kindling_schemas::rendezvous::ReportFn = {
         let (jobs, budget) = (jobs.clone(), budget.clone());
-        Arc::new(move || crate::metrics::report(&jobs, &budget))
+        Arc::new(move || crate::process::metrics::report(&jobs, &budget))
     };
     let lease = client.register_reporting(info, Some(report)).await?;
     Ok((client, lease))

@@ -1,5 +1,5 @@
 //! Exactly-once ingest into a job's splits
-//! ([`IngestState`](crate::job::IngestState)): per `DoPut`
+//! ([`IngestState`](crate::jobs::job::IngestState)): per `DoPut`
 //! stream, what it staged until it commits all or nothing; end of data.
 
 use std::collections::{HashMap, HashSet};
@@ -12,7 +12,7 @@ use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 
 use crate::error::{AgentError, SpillError};
-use crate::job::{Job, JobData};
+use crate::jobs::job::{Job, JobData};
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
     if d.state.is_terminal() {

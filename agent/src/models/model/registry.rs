@@ -4,7 +4,7 @@
 
 use super::*;
 
-use crate::params::{init_lock, materialized};
+use crate::models::params::{init_lock, materialized};
 
 /// A registered model type, behind its name.
 trait Factory: Send + Sync {
@@ -93,7 +93,7 @@ impl<M: KindlingModel> Factory for Typed<M> {
 /// The models an agent (or a local-mode client) can train, by name.
 ///
 /// ```
-/// use kindling_agent::model::ModelRegistry;
+/// use kindling_agent::ModelRegistry;
 /// let models = ModelRegistry::builtin();
 /// assert_eq!(models.names(), ["cnn", "linear", "mlp"]);
 /// ```
@@ -214,8 +214,8 @@ impl ModelRegistry {
             self.max_params,
         )?;
         // A mixed-precision job's weights live on the GPU in its compute dtype.
-        match crate::device::compute_dtype(spec)? {
-            Some(dtype) if crate::device::is_gpu(device) => Ok(model.with_dtype(dtype)),
+        match crate::models::device::compute_dtype(spec)? {
+            Some(dtype) if crate::models::device::is_gpu(device) => Ok(model.with_dtype(dtype)),
             _ => Ok(model),
         }
     }

@@ -12,8 +12,8 @@ use clap::Parser;
 use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::ModelRegistry;
-use crate::server::AgentConfig;
+use crate::models::model::ModelRegistry;
+use crate::process::server::AgentConfig;
 use kindling_ops::cli::{TlsArgs, TokenArgs};
 use kindling_ops::web::probes::{HealthServer, Readiness};
 
@@ -47,11 +47,11 @@ struct Cli {
     capacity: u32,
     /// Most jobs this agent holds at once (not finished); a start past it is
     /// refused with RESOURCE_EXHAUSTED naming this cap.
-    #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::server::DEFAULT_MAX_JOBS)]
+    #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::process::server::DEFAULT_MAX_JOBS)]
     max_jobs: usize,
     /// Most parameters a job's model may have; a bigger one fails its job
     /// with RESOURCE_EXHAUSTED naming this cap, before any weight is allocated.
-    #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::model::DEFAULT_MAX_PARAMS)]
+    #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::models::model::DEFAULT_MAX_PARAMS)]
     max_model_params: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints on this agent before they are removed (s).
@@ -135,7 +135,7 @@ struct Cli {
     log: kindling_ops::cli::LogArgs,
 }
 
-const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
+const LONG_VERSION: &str = if crate::models::device::GPU_COMPILED {
     concat!(
         env!("CARGO_PKG_VERSION"),
         " (GPU backend: burn's wgpu runtime, SPIR-V on Vulkan; `gpu` feature)"
@@ -149,7 +149,7 @@ const LONG_VERSION: &str = if crate::device::GPU_COMPILED {
 
 /// `--check-gpu`: the adapter and what it can do, or why there is none.
 fn check_gpu() -> anyhow::Result<()> {
-    match crate::device::gpu() {
+    match crate::models::device::gpu() {
         Ok((_, info)) => {
             println!("{}", info.report());
             Ok(())
@@ -300,7 +300,7 @@ fn shutdown_on_signal() -> anyhow::Result<CancellationToken> {
 /// agent binary with this:
 ///
 /// ```no_run
-/// use kindling_agent::model::ModelRegistry;
+/// use kindling_agent::ModelRegistry;
 /// fn main() -> anyhow::Result<()> {
 ///     kindling_agent::run(ModelRegistry::builtin() /* .with::<MyNet>("my-net") */)
 /// }
@@ -350,7 +350,7 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
                 health.shutdown().await;
                 return Ok(());
             }
-            r = crate::server::start(config.clone()) => r,
+            r = crate::process::server::start(config.clone()) => r,
         };
         match attempt {
             Ok(agent) => break agent,
@@ -391,7 +391,7 @@ async fn serve(cli: Cli, models: ModelRegistry) -> anyhow::Result<()> {
 /// `shutdown`; a server that stops on its own makes the process unready at
 /// once and is an error (the process then exits, and Kubernetes restarts it).
 pub async fn ready_while_serving(
-    agent: &crate::server::AgentHandle,
+    agent: &crate::process::server::AgentHandle,
     shutdown: &CancellationToken,
     ready: &Readiness,
 ) -> anyhow::Result<()> {
@@ -485,7 +485,7 @@ mod tests {
     #[tokio::test]
     async fn readyz_goes_unready_when_the_grpc_server_dies() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let agent = crate::server::start(AgentConfig::local("a0", dir.path()))
+        let agent = crate::process::server::start(AgentConfig::local("a0", dir.path()))
             .await
             .expect("agent");
         let ready = Readiness::new();

@@ -5,7 +5,7 @@
 //! else rank 0's fresh weights) and broadcast it; per epoch: agree on the
 //! number of steps (every rank's row count); per step: forward, backward,
 //! all-reduce of `[gradient sums…, rows, weight, loss sum]`, divide by the total weight (the rows, unweighted),
-//! the same optimizer step everywhere ([`crate::gradients`]: in buckets, the
+//! the same optimizer step everywhere ([`crate::training::gradients`]: in buckets, the
 //! optimizer overlapping the all-reduce, for large models). A rank that ran out of rows contributes
 //! zeros, so every row of every shard is trained exactly once per epoch and
 //! the replicas stay bitwise identical.
@@ -49,14 +49,14 @@ use kindling_schemas::spec::JobSpec;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::CachedBatch;
-use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::collective::Ring;
 use crate::error::AgentError;
-use crate::gradients::{GradientStep, StepTimes};
-use crate::model::staged::Pipeline;
-use crate::model::{AnyModel, ModelRegistry};
+use crate::models::model::staged::Pipeline;
+use crate::models::model::{AnyModel, ModelRegistry};
 use crate::optim::{DeviceOptimizer, FlatOptimizer};
-use crate::schedule::{LrSchedule, Stopper};
+use crate::training::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
+use crate::training::gradients::{GradientStep, StepTimes};
+use crate::training::schedule::{LrSchedule, Stopper};
 
 mod cursor;
 mod epoch;
@@ -87,7 +87,7 @@ pub struct Progress {
     /// Where this rank's step time went, this attempt.
     pub step_times: StepTimes,
     /// The loss per step, sampled over the whole run.
-    pub step_losses: crate::joblog::StepSamples,
+    pub step_losses: crate::training::joblog::StepSamples,
     /// With early stopping: the best epoch of the monitored metric so far.
     pub best_epoch: Option<u32>,
     /// The epoch after which early stopping ended training.
@@ -152,9 +152,9 @@ pub struct TrainOutcome {
     pub history: Vec<EpochMetrics>,
 }
 
-/// The burn device for a spec (see [`crate::device::for_spec`]).
+/// The burn device for a spec (see [`crate::models::device::for_spec`]).
 pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
-    crate::device::for_spec(spec)
+    crate::models::device::for_spec(spec)
 }
 
 fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
@@ -202,7 +202,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let optim = FlatOptimizer::for_job(&spec, &model.param_layout())?;
     let mut t = Trainer {
-        pipeline: Pipeline::new(crate::device::is_gpu(&device)),
+        pipeline: Pipeline::new(crate::models::device::is_gpu(&device)),
         device,
         weights: Vec::new(),
         exchange: GradientStep::for_spec(&spec),
@@ -218,7 +218,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
-    if ctx.step_on_device && ctx.ring.world() == 1 && crate::device::is_gpu(&t.device) {
+    if ctx.step_on_device && ctx.ring.world() == 1 && crate::models::device::is_gpu(&t.device) {
         let layout = model.param_layout();
         let clip_norm = t.exchange.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(

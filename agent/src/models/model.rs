@@ -6,7 +6,7 @@
 //! all-reduce, the optimizers, checkpoints and resume, rank 0's broadcast,
 //! `DoExchange` prediction, the model as an Arrow table — works on any
 //! implementor, through the object-safe [`AnyModel`] every registered model
-//! is erased to. The built-in networks (`crate::builtin`) are implementors
+//! is erased to. The built-in networks (`crate::models::builtin`) are implementors
 //! like any other.
 //!
 //! ```ignore
@@ -53,9 +53,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::AgentError;
+use crate::models::params;
+pub use crate::models::tensorize::{Sequence, Targets};
 use crate::optim::DeviceOptimizer;
-use crate::params;
-pub use crate::tensorize::{Sequence, Targets};
 
 /// A model's config field failed the model's own validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,7 +209,7 @@ fn wrong_kind(column: &str, wanted: &'static str, found: &FeatureKind) -> AgentE
     AgentError::InputKind {
         column: column.to_owned(),
         wanted,
-        found: crate::tensorize::describe(found),
+        found: crate::models::tensorize::describe(found),
     }
 }
 
@@ -283,7 +283,7 @@ impl<'a> Batch<'a> {
         if let Some(x) = self.staged.and_then(|s| s.features.clone()) {
             return Ok(x);
         }
-        let x = crate::tensorize::features(self.records, self.layout, self.device)?;
+        let x = crate::models::tensorize::features(self.records, self.layout, self.device)?;
         self.in_compute_dtype(x)
     }
 
@@ -296,7 +296,7 @@ impl<'a> Batch<'a> {
             return Ok(x);
         }
         let feature = self.layout.column(column).ok_or_else(|| not_a_feature(column))?;
-        let x = crate::tensorize::float_column(self.records, feature, self.device)?;
+        let x = crate::models::tensorize::float_column(self.records, feature, self.device)?;
         self.in_compute_dtype(x)
     }
 
@@ -306,10 +306,10 @@ impl<'a> Batch<'a> {
     /// its own makes them in this dtype.
     pub fn float_dtype(&self) -> Result<DType, AgentError> {
         // Every batch of every job asks: an f32 job answers before looking at the device.
-        if self.spec.precision == Precision::F32 || !crate::device::is_gpu(self.device) {
+        if self.spec.precision == Precision::F32 || !crate::models::device::is_gpu(self.device) {
             return Ok(DType::F32);
         }
-        Ok(crate::device::compute_dtype(self.spec)?.unwrap_or(DType::F32))
+        Ok(crate::models::device::compute_dtype(self.spec)?.unwrap_or(DType::F32))
     }
 
     fn in_compute_dtype(&self, x: Tensor<2>) -> Result<Tensor<2>, AgentError> {
@@ -322,13 +322,13 @@ impl<'a> Batch<'a> {
     /// A categorical column's ids `[n]`.
     pub fn ids(&self, column: &str) -> Result<Tensor<1, Int>, AgentError> {
         Inputs::new(self.layout).vocabulary(column)?;
-        crate::tensorize::ids(self.records, column, self.device)
+        crate::models::tensorize::ids(self.records, column, self.device)
     }
 
     /// A sequence column, padded to its `max_len`, with mask and lengths.
     pub fn sequence(&self, column: &str) -> Result<Sequence, AgentError> {
         let (_, max_len) = Inputs::new(self.layout).sequence(column)?;
-        crate::tensorize::sequence(self.records, column, max_len, self.device)
+        crate::models::tensorize::sequence(self.records, column, max_len, self.device)
     }
 
     /// The labels (training and eval batches only).
@@ -339,7 +339,7 @@ impl<'a> Batch<'a> {
         if let Some(y) = self.staged.and_then(|s| s.targets.clone()) {
             return Ok(y);
         }
-        crate::tensorize::targets(self.records, &self.spec.label, self.spec.task, self.device)
+        crate::models::tensorize::targets(self.records, &self.spec.label, self.spec.task, self.device)
     }
 
     /// Each row's weight `[n]` (the spec's `sample_weight` column times
@@ -355,7 +355,7 @@ impl<'a> Batch<'a> {
 
     /// [`weights`](Self::weights) on the host.
     pub(crate) fn row_weights(&self) -> Result<Option<Vec<f32>>, AgentError> {
-        crate::tensorize::row_weights(self.records, self.spec)
+        crate::models::tensorize::row_weights(self.records, self.spec)
     }
 }
 

@@ -108,7 +108,7 @@ pub fn gpu() -> Result<(Device, GpuInfo), AgentError> {
 
 /// Whether `device` (with or without autodiff) is the GPU: there every read
 /// back waits for the device, so the trainer reads each step's gradients and
-/// loss back as one buffer ([`crate::params::flatten_grads_and`]).
+/// loss back as one buffer ([`crate::models::params::flatten_grads_and`]).
 pub fn is_gpu(device: &Device) -> bool {
     #[cfg(feature = "wgpu-runtime")]
     {

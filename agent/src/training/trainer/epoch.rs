@@ -12,8 +12,8 @@ use rand::seq::SliceRandom;
 use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
-use crate::gradients::Trailer;
-use crate::model::{AnyModel, DeviceShare, StepError};
+use crate::models::model::{AnyModel, DeviceShare, StepError};
+use crate::training::gradients::Trailer;
 
 /// What every rank agreed at an epoch's start.
 #[derive(Clone, Debug, PartialEq)]

@@ -13,7 +13,7 @@ use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 
 use super::{AnyModel, Batch, StepError};
-use crate::tensorize::Targets;
+use crate::models::tensorize::Targets;
 
 /// Which inputs a model read from a batch: what the next batch stages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -189,7 +189,7 @@ mod tests {
     use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 
     use super::Pipeline;
-    use crate::model::{Batch, ModelRegistry};
+    use crate::models::model::{Batch, ModelRegistry};
 
     fn spec() -> JobSpec {
         JobSpec::builder()

@@ -4,9 +4,9 @@
 //! else rank 0's fresh weights are, so every replica starts identical.
 
 use super::{TrainContext, Trainer, lock};
-use crate::checkpoint;
 use crate::error::AgentError;
-use crate::model::AnyModel;
+use crate::models::model::AnyModel;
+use crate::training::checkpoint;
 
 /// Brings `t` and `model` to where the job stands; returns the model and
 /// the epoch it starts after.

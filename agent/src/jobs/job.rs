@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::cache::{MemoryBudget, ShardCache};
-use crate::checkpoint::CheckpointStore;
 use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
-use crate::model::{AnyModel, ModelRegistry};
-use crate::trainer::{self, Progress, TrainContext};
+use crate::models::model::{AnyModel, ModelRegistry};
+use crate::training::checkpoint::CheckpointStore;
+use crate::training::trainer::{self, Progress, TrainContext};
 
 /// Agent-wide settings a job needs.
 #[derive(Debug, Clone)]
@@ -204,7 +204,7 @@ pub struct JobData {
     /// Layout agreed by the first accepted stream of each split.
     pub layout: Option<FeatureLayout>,
     /// Its warnings, errors and failed attempts.
-    pub log: crate::joblog::JobLog,
+    pub log: crate::training::joblog::JobLog,
 }
 
 /// A job on this agent.
@@ -227,7 +227,7 @@ pub struct Job {
     pub cancel: CancellationToken,
     /// The trained model, once the job succeeded.
     pub model: Mutex<Option<Arc<dyn AnyModel>>>,
-    /// Where the job trains, from [`crate::device::label`].
+    /// Where the job trains, from [`crate::models::device::label`].
     pub device: String,
     /// Its rings' all-reduces, across attempts.
     pub ring_stats: Arc<crate::collective::RingStats>,

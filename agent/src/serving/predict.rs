@@ -12,8 +12,8 @@ use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::model::{AnyModel, Batch};
-use crate::trainer;
+use crate::models::model::{AnyModel, Batch};
+use crate::training::trainer;
 
 /// Predictions for one stream of feature batches: the first schema sets the
 /// layout, each batch then gets [`predict_batch`]'s columns.

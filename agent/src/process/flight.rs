@@ -1,6 +1,6 @@
 //! The agent's Arrow Flight adapter: decodes `DoPut` ingest (bookkeeping in
-//! [`crate::ingest`]), actions, the trained model through `DoGet`, and
-//! `DoExchange` prediction (inference in [`crate::predict`]); every error
+//! [`crate::jobs::ingest`]), actions, the trained model through `DoGet`, and
+//! `DoExchange` prediction (inference in [`crate::serving::predict`]); every error
 //! leaves through [`AgentError`]'s one mapping to `Status`.
 
 use std::pin::Pin;
@@ -25,10 +25,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::AgentError;
-use crate::ingest::{self, PutStream};
 use crate::jobs::JobRegistry;
-use crate::model::{AnyModel, ModelRegistry};
-use crate::{params, predict, trainer};
+use crate::jobs::ingest::{self, PutStream};
+use crate::models::model::{AnyModel, ModelRegistry};
+use crate::models::params;
+use crate::serving::predict;
+use crate::training::trainer;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -433,9 +435,10 @@ impl AgentFlightService {
 fn checkpoint_model(
     dir: &std::path::Path,
     models: &ModelRegistry,
-    job: &crate::job::Job,
+    job: &crate::jobs::job::Job,
 ) -> Result<Arc<dyn AnyModel>, AgentError> {
-    let store = crate::checkpoint::CheckpointStore::new(dir, &job.job_id, job.spec.checkpoint.keep_last);
+    let store =
+        crate::training::checkpoint::CheckpointStore::new(dir, &job.job_id, job.spec.checkpoint.keep_last);
     let ckpt = store
         .load_latest()?
         .ok_or_else(|| AgentError::NoCheckpoint(job.job_id.clone()))?;

@@ -97,7 +97,10 @@ impl Collector for AgentCollector {
     }
 }
 
-type Statuses = [(Arc<crate::job::Job>, kindling_schemas::action::AgentJobStatus)];
+type Statuses = [(
+    Arc<crate::jobs::job::Job>,
+    kindling_schemas::action::AgentJobStatus,
+)];
 
 /// The per-job gauges, one sample per job with its rank.
 fn job_gauges(e: &mut DescriptorEncoder<'_>, a: &str, statuses: &Statuses) -> Result<(), std::fmt::Error> {

@@ -11,8 +11,8 @@ use kindling_schemas::spec::Task;
 
 use super::{TrainContext, device_for};
 use crate::error::AgentError;
-use crate::model::{AnyModel, Batch};
-use crate::tensorize;
+use crate::models::model::{AnyModel, Batch};
+use crate::models::tensorize;
 
 /// One epoch's evaluation over every rank's eval shard.
 #[derive(Clone, Debug, Default, PartialEq)]

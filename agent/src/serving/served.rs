@@ -14,8 +14,8 @@ use kindling_schemas::serving::{
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::model::{AnyModel, ModelRegistry};
-use crate::trainer;
+use crate::models::model::{AnyModel, ModelRegistry};
+use crate::training::trainer;
 
 /// One served model version.
 #[derive(Debug)]
