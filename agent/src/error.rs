@@ -13,10 +13,12 @@ use kindling_schemas::serving::WeightsError;
 use tonic::Status;
 
 mod checkpoint;
+mod gpu;
 mod ring;
 mod spill;
 
 pub use checkpoint::CheckpointError;
+pub use gpu::NoGpu;
 pub use ring::RingError;
 pub use spill::SpillError;
 
@@ -266,9 +268,9 @@ pub enum AgentError {
         expected: u64,
     },
     /// The job asks for a GPU this agent cannot give (not built with the
-    /// `gpu` feature, or no adapter on the node).
-    #[error("{0}")]
-    GpuUnavailable(String),
+    /// `gpu` feature, no adapter on the node, no half precision there).
+    #[error(transparent)]
+    GpuUnavailable(#[from] NoGpu),
     /// `issue_credential` on an agent started without a credential key.
     #[error(
         "agent `{agent_id}` has no credential key (--credential-key-file, KINDLING_CREDENTIAL_KEY_FILE): it issues no job credentials"

@@ -164,13 +164,17 @@ impl Action {
             action: kind.name(),
             reason,
         };
-        fn json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, String> {
-            serde_json::from_slice(body).map_err(|e| e.to_string())
+        /// The body as `T`, or the action's malformed-body error.
+        fn json<T: for<'de> Deserialize<'de>>(kind: ActionKind, body: &[u8]) -> Result<T, ActionError> {
+            serde_json::from_slice(body).map_err(|e| ActionError::MalformedBody {
+                action: kind.name(),
+                reason: e.to_string(),
+            })
         }
         let check = |job_id: &str| crate::descriptor::check_job_id(job_id).map_err(|e| bad(e.to_string()));
         Ok(match kind {
             ActionKind::CreateJob => {
-                let a: CreateJob = json(body).map_err(bad)?;
+                let a: CreateJob = json(kind, body)?;
                 check(&a.job_id)?;
                 if !(1..=crate::spec::MAX_SLOTS).contains(&a.num_slots) {
                     return Err(bad(format!(
@@ -181,29 +185,29 @@ impl Action {
                 Action::CreateJob(a)
             }
             ActionKind::StartJob => {
-                let a: StartJob = json(body).map_err(bad)?;
+                let a: StartJob = json(kind, body)?;
                 check(&a.job_id)?;
                 a.spec.validate().map_err(|e| bad(e.to_string()))?;
                 Action::StartJob(a)
             }
             ActionKind::JobStatus => {
-                let a: JobRef = json(body).map_err(bad)?;
+                let a: JobRef = json(kind, body)?;
                 check(&a.job_id)?;
                 Action::JobStatus(a)
             }
             ActionKind::CancelJob => {
-                let a: CancelJob = json(body).map_err(bad)?;
+                let a: CancelJob = json(kind, body)?;
                 check(&a.job_id)?;
                 Action::CancelJob(a)
             }
             ActionKind::EndOfData => {
-                let a: EndOfData = json(body).map_err(bad)?;
+                let a: EndOfData = json(kind, body)?;
                 check(&a.job_id)?;
                 Action::EndOfData(a)
             }
             ActionKind::ListJobs => Action::ListJobs,
             ActionKind::IssueCredential => {
-                let a: IssueCredential = json(body).map_err(bad)?;
+                let a: IssueCredential = json(kind, body)?;
                 check(&a.job_id)?;
                 if !(1..=MAX_CREDENTIAL_TTL_SECS).contains(&a.ttl_secs) {
                     return Err(bad(format!("ttl_secs: must be in 1..={MAX_CREDENTIAL_TTL_SECS}")));
@@ -218,7 +222,7 @@ impl Action {
                         crate::serving::MAX_SERVE_BODY_BYTES
                     )));
                 }
-                let a: ServeModel = json(body).map_err(bad)?;
+                let a: ServeModel = json(kind, body)?;
                 if !a.model_id.is_empty() {
                     check(&a.model_id)?;
                 }
@@ -226,7 +230,7 @@ impl Action {
                 Action::ServeModel(a)
             }
             ActionKind::DropModel => {
-                let a: DropModel = json(body).map_err(bad)?;
+                let a: DropModel = json(kind, body)?;
                 check(&a.model_id)?;
                 Action::DropModel(a)
             }

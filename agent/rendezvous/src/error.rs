@@ -3,6 +3,8 @@
 //! (What the client returns, `ClientError`, is the protocol's: it lives in
 //! `kindling_schemas::rendezvous`.)
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why the rendezvous refused or aborted a request.
@@ -93,10 +95,11 @@ pub enum RendezvousError {
 
     /// The state file could not be written (the change was not acknowledged)
     /// or read at start-up.
-    #[error("rendezvous state file `{}`: {detail}", .path.display())]
+    #[error("rendezvous state file `{}`: {source}", .path.display())]
     Storage {
         path: std::path::PathBuf,
-        detail: String,
+        #[source]
+        source: StorageError,
     },
 
     /// Binding or serving the gRPC endpoint failed.
@@ -154,4 +157,73 @@ impl RendezvousError {
             source: std::sync::Arc::new(source),
         }
     }
+}
+
+/// What went wrong with the state directory (`RendezvousError::Storage`).
+/// Cloneable, as the rendezvous's errors are: the I/O errors are shared.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    #[error("cannot create the directory: {0}")]
+    CreateDir(#[source] Arc<std::io::Error>),
+    #[error("cannot open the lock file {}: {source}", .path.display())]
+    OpenLock {
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+    #[error(
+        "the state directory is in use by another rendezvous ({holder}): one process per state directory"
+    )]
+    InUse { holder: String },
+    #[error("cannot lock {}: {source}", .path.display())]
+    Lock {
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+    #[error("cannot write the lock file {}: {source}", .path.display())]
+    WriteLock {
+        path: PathBuf,
+        source: Arc<std::io::Error>,
+    },
+    #[error("cannot remove the stale temporary file: {0}")]
+    RemoveTemporary(#[source] Arc<std::io::Error>),
+    #[error("cannot read it: {0}")]
+    Read(#[source] Arc<std::io::Error>),
+    #[error("not a rendezvous state snapshot ({bytes} bytes): {source}")]
+    NotASnapshot {
+        bytes: usize,
+        source: prost::DecodeError,
+    },
+    #[error("written in format {found}, this rendezvous reads format {reads}")]
+    Format { found: u32, reads: u32 },
+    #[error("cannot write {bytes} bytes: {source}")]
+    Write {
+        bytes: usize,
+        source: Arc<std::io::Error>,
+    },
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("the change that decided this call is not written yet; retry")]
+    Unsaved,
+}
+
+/// A job record in the state file that no rendezvous writes: refused at
+/// start-up rather than restored as a job that never runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("a job record without its config")]
+    NoConfig,
+    #[error("a job record without its status")]
+    NoStatus,
+    #[error("a job record with an unknown state {0}")]
+    UnknownState(i32),
+    #[error("a job record without a job id")]
+    NoJobId,
+    #[error("job `{0}`: num_slots 0")]
+    NoSlots(String),
+    #[error("job `{job_id}`: attempt {attempt} outside 1..={max_attempts} (max_attempts)")]
+    Attempt {
+        job_id: String,
+        attempt: u32,
+        max_attempts: u32,
+    },
 }

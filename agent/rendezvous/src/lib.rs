@@ -30,7 +30,7 @@ pub mod store;
 pub mod types;
 
 pub use embedded::EmbeddedRendezvous;
-pub use error::RendezvousError;
+pub use error::{RecordError, RendezvousError, StorageError};
 pub use server::{RendezvousService, ServerConfig, serve};
 pub use state::RendezvousState;
 pub use types::{ReapReport, RendezvousConfig};

@@ -23,11 +23,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use kindling_schemas::pb::rendezvous as pb;
 use prost::Message;
 
-use crate::error::RendezvousError;
+use crate::error::{RendezvousError, StorageError};
 
 /// The snapshot format this build writes and reads.
 pub const STATE_FORMAT: u32 = 1;
@@ -46,29 +47,35 @@ pub struct StateStore {
 }
 
 /// Takes the directory's exclusive lock, or says who holds it.
-fn lock(dir: &Path) -> Result<File, String> {
+fn lock(dir: &Path) -> Result<File, StorageError> {
     let path = dir.join(LOCK);
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |e| (path, Arc::new(e))
+    };
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| format!("cannot open the lock file {}: {e}", path.display()))?;
+        .map_err(io(&path))
+        .map_err(|(path, source)| StorageError::OpenLock { path, source })?;
     match file.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
             let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            return Err(format!(
-                "the state directory is in use by another rendezvous ({}): one process per state directory",
-                match holder.trim() {
-                    "" => "holder unknown",
-                    h => h,
-                }
-            ));
+            let holder = match holder.trim() {
+                "" => "holder unknown",
+                h => h,
+            };
+            return Err(StorageError::InUse {
+                holder: holder.to_owned(),
+            });
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            return Err(format!("cannot lock {}: {e}", path.display()));
+            let (path, source) = io(&path)(e);
+            return Err(StorageError::Lock { path, source });
         }
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -76,7 +83,8 @@ fn lock(dir: &Path) -> Result<File, String> {
     file.set_len(0)
         .and_then(|()| file.write_all(me.as_bytes()))
         .and_then(|()| file.sync_all())
-        .map_err(|e| format!("cannot write the lock file {}: {e}", path.display()))?;
+        .map_err(io(&path))
+        .map_err(|(path, source)| StorageError::WriteLock { path, source })?;
     Ok(file)
 }
 
@@ -84,18 +92,18 @@ impl StateStore {
     /// Opens (creating) `dir` and reads the snapshot in it, if any. A leftover
     /// temporary file of an interrupted write is discarded.
     pub fn open(dir: &Path) -> Result<(StateStore, Option<pb::StateSnapshot>), RendezvousError> {
-        let storage = |detail: String| RendezvousError::Storage {
+        let storage = |source: StorageError| RendezvousError::Storage {
             path: dir.join(FILE),
-            detail,
+            source,
         };
-        std::fs::create_dir_all(dir).map_err(|e| storage(format!("cannot create the directory: {e}")))?;
+        std::fs::create_dir_all(dir).map_err(|e| storage(StorageError::CreateDir(Arc::new(e))))?;
         let held = lock(dir).map_err(storage)?;
         match std::fs::remove_file(dir.join(TMP)) {
             Ok(()) => {
                 tracing::warn!(dir = %dir.display(), "discarded the temporary file of an interrupted write")
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(storage(format!("cannot remove the stale temporary file: {e}"))),
+            Err(e) => return Err(storage(StorageError::RemoveTemporary(Arc::new(e)))),
         }
         let mut store = StateStore {
             dir: dir.to_owned(),
@@ -105,19 +113,19 @@ impl StateStore {
         let bytes = match std::fs::read(dir.join(FILE)) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, None)),
-            Err(e) => return Err(storage(format!("cannot read it: {e}"))),
+            Err(e) => return Err(storage(StorageError::Read(Arc::new(e)))),
         };
-        let snapshot = pb::StateSnapshot::decode(bytes.as_slice()).map_err(|e| {
-            storage(format!(
-                "not a rendezvous state snapshot ({} bytes): {e}",
-                bytes.len()
-            ))
+        let snapshot = pb::StateSnapshot::decode(bytes.as_slice()).map_err(|source| {
+            storage(StorageError::NotASnapshot {
+                bytes: bytes.len(),
+                source,
+            })
         })?;
         if snapshot.format != STATE_FORMAT {
-            return Err(storage(format!(
-                "written in format {}, this rendezvous reads format {STATE_FORMAT}",
-                snapshot.format
-            )));
+            return Err(storage(StorageError::Format {
+                found: snapshot.format,
+                reads: STATE_FORMAT,
+            }));
         }
         store.last = bytes;
         Ok((store, Some(snapshot)))
@@ -136,7 +144,10 @@ impl StateStore {
         }
         self.write(&bytes).map_err(|e| RendezvousError::Storage {
             path: self.path(),
-            detail: format!("cannot write {} bytes: {e}", bytes.len()),
+            source: StorageError::Write {
+                bytes: bytes.len(),
+                source: Arc::new(e),
+            },
         })?;
         self.last = bytes;
         Ok(())

@@ -24,6 +24,7 @@ use burn::tensor::{DType, Device};
 use kindling_schemas::spec::{JobSpec, Precision};
 
 use crate::error::AgentError;
+pub use crate::error::NoGpu;
 
 /// Whether this agent was built with a GPU feature (`gpu` or `gpu-wgsl`).
 pub const GPU_COMPILED: bool = cfg!(feature = "wgpu-runtime");
@@ -131,18 +132,13 @@ pub fn is_gpu(device: &Device) -> bool {
 pub fn compute_dtype(spec: &JobSpec) -> Result<Option<DType>, AgentError> {
     match spec.precision {
         Precision::F32 => Ok(None),
-        Precision::Bf16 if !spec.use_gpu => Err(AgentError::GpuUnavailable(
-            "`precision: bf16` computes on the GPU only: set `use_gpu`, or leave `precision` at f32".into(),
-        )),
+        Precision::Bf16 if !spec.use_gpu => Err(NoGpu::MixedPrecisionOffGpu.into()),
         Precision::Bf16 => {
             let (_, info) = gpu()?;
             match (info.bf16, info.f16) {
                 (true, _) => Ok(Some(DType::BF16)),
                 (false, true) => Ok(Some(DType::F16)),
-                (false, false) => Err(AgentError::GpuUnavailable(format!(
-                    "`precision: bf16` but the GPU {info} supports neither bf16 nor f16: \
-                     leave `precision` at f32"
-                ))),
+                (false, false) => Err(NoGpu::NoHalfPrecision(info.to_string()).into()),
             }
         }
     }
@@ -180,11 +176,7 @@ mod imp {
     use super::*;
 
     pub(super) fn gpu() -> Result<(Device, GpuInfo), AgentError> {
-        Err(AgentError::GpuUnavailable(
-            "`use_gpu` is set but this agent was built without the `gpu` cargo feature: \
-             run an agent built with `--features gpu` (the `-gpu` image), or unset `use_gpu`"
-                .into(),
-        ))
+        Err(NoGpu::NotBuilt.into())
     }
 }
 
@@ -194,20 +186,16 @@ mod imp {
 
     use super::*;
 
-    static GPU: OnceLock<Result<(Device, GpuInfo), String>> = OnceLock::new();
+    static GPU: OnceLock<Result<(Device, GpuInfo), NoGpu>> = OnceLock::new();
 
     pub(super) fn gpu() -> Result<(Device, GpuInfo), AgentError> {
-        GPU.get_or_init(init).clone().map_err(AgentError::GpuUnavailable)
+        Ok(GPU.get_or_init(init).clone()?)
     }
 
-    fn init() -> Result<(Device, GpuInfo), String> {
-        let (device, setup) = Device::wgpu_options().init_with_setup().map_err(|e| {
-            format!(
-                "`use_gpu` is set but wgpu found no usable GPU adapter on this node ({e}); \
-                 install the GPU's Vulkan driver (in containers: NVIDIA_DRIVER_CAPABILITIES \
-                 with `graphics`), or Mesa's `mesa-vulkan-drivers` for a software device"
-            )
-        })?;
+    fn init() -> Result<(Device, GpuInfo), NoGpu> {
+        let (device, setup) = Device::wgpu_options()
+            .init_with_setup()
+            .map_err(|e| NoGpu::NoAdapter(e.to_string()))?;
         let a = setup.adapter.get_info();
         let features = setup.adapter.features();
         let (compiler, memory_bytes, tensor_cores) = match device.as_dispatch() {
@@ -243,11 +231,7 @@ mod imp {
             // Refused before any kernel runs: compiling cubecl's SPIR-V
             // matmul kernels crashes lavapipe's JIT (a SIGSEGV inside the
             // driver that would take the agent down with every job on it).
-            return Err(format!(
-                "`use_gpu` is set but this agent's SPIR-V kernels cannot run on the software \
-                 Vulkan device {info}: Mesa's lavapipe crashes compiling them. Run an agent built \
-                 with `--features gpu-wgsl` (WGSL kernels) on this node, or give it a GPU"
-            ));
+            return Err(NoGpu::SoftwareSpirv(info.to_string()));
         }
         tracing::info!(adapter = %info, "wgpu device ready");
         if info.is_software() {

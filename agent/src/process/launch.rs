@@ -158,14 +158,23 @@ fn check_gpu() -> anyhow::Result<()> {
     }
 }
 
+/// A size flag's value that is not a size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum SizeError {
+    #[error("`{0}` is not a size: expected e.g. 4GiB, 512MiB or a byte count")]
+    NotASize(String),
+    #[error("unknown size unit `{unit}` in `{input}`: expected B, KB, KiB, MB, MiB, GB, GiB, TB or TiB")]
+    UnknownUnit { unit: String, input: String },
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
 /// `4GiB`, `512MiB`, `64KiB`, `2GB`, `1000` → bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
+fn parse_bytes(s: &str) -> Result<u64, SizeError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size: expected e.g. 4GiB, 512MiB or a byte count"))?;
+    let n: u64 = digits.parse().map_err(|_| SizeError::NotASize(s.to_owned()))?;
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -176,9 +185,15 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "gi" | "gib" => 1 << 30,
         "t" | "tb" => 1_000_000_000_000,
         "ti" | "tib" => 1 << 40,
-        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+        other => {
+            return Err(SizeError::UnknownUnit {
+                unit: other.to_owned(),
+                input: s.to_owned(),
+            });
+        }
     };
-    n.checked_mul(scale).ok_or_else(|| format!("`{s}` is too large"))
+    n.checked_mul(scale)
+        .ok_or_else(|| SizeError::TooLarge(s.to_owned()))
 }
 
 fn hostname() -> Option<String> {
@@ -415,8 +430,18 @@ mod tests {
         assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
         assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
         assert_eq!(parse_bytes("1000"), Ok(1000));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("4XB").is_err());
+        assert_eq!(parse_bytes("lots"), Err(SizeError::NotASize("lots".into())));
+        assert_eq!(
+            parse_bytes("4XB"),
+            Err(SizeError::UnknownUnit {
+                unit: "xb".into(),
+                input: "4XB".into()
+            })
+        );
+        assert_eq!(
+            parse_bytes("99999999TiB"),
+            Err(SizeError::TooLarge("99999999TiB".into()))
+        );
     }
 
     #[test]

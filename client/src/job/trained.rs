@@ -17,6 +17,7 @@ use futures::{Stream, StreamExt};
 use kindling_agent::models::model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
 use kindling_agent::serving::predict;
+#[cfg(feature = "local")]
 use kindling_agent::training::trainer;
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};

@@ -17,6 +17,7 @@ use super::gang::Joiner;
 use super::{
     Agent, Gang, Job, RendezvousConfig, RendezvousError, RendezvousState, Result, State, placeholder_status,
 };
+use crate::error::{RecordError, StorageError};
 use crate::store::{STATE_FORMAT, StateStore};
 
 impl Job {
@@ -44,24 +45,25 @@ impl Job {
 
     /// A job read back from the state file: blocked calls and all-gathers
     /// are gone (their callers retry); a formed gang keeps its members.
-    fn restore(record: pb::JobRecord, defaults: &RendezvousConfig) -> Result<Job, String> {
-        let config = JobConfig::from(record.config.ok_or("a job record without its config")?);
-        let status = JobStatus::try_from(record.status.ok_or("a job record without its status")?)
-            .map_err(|e| e.to_string())?;
+    fn restore(record: pb::JobRecord, defaults: &RendezvousConfig) -> Result<Job, RecordError> {
+        let config = JobConfig::from(record.config.ok_or(RecordError::NoConfig)?);
+        let status = JobStatus::try_from(record.status.ok_or(RecordError::NoStatus)?)
+            .map_err(|e| RecordError::UnknownState(e.0))?;
         // Only what a rendezvous writes: a record no call could reach or
         // move on is refused, not restored as a job that never runs.
         let job_id = &config.job_id;
         if job_id.is_empty() {
-            return Err("a job record without a job id".into());
+            return Err(RecordError::NoJobId);
         }
         if config.num_slots == 0 {
-            return Err(format!("job `{job_id}`: num_slots 0"));
+            return Err(RecordError::NoSlots(job_id.clone()));
         }
         if status.attempt == 0 || status.attempt > config.max_attempts {
-            return Err(format!(
-                "job `{job_id}`: attempt {} outside 1..={} (max_attempts)",
-                status.attempt, config.max_attempts
-            ));
+            return Err(RecordError::Attempt {
+                job_id: job_id.clone(),
+                attempt: status.attempt,
+                max_attempts: config.max_attempts,
+            });
         }
         let gang_timeout = config.gang_timeout.unwrap_or(defaults.gang_timeout);
         let barrier_timeout = config.barrier_timeout.unwrap_or(defaults.barrier_timeout);
@@ -139,9 +141,9 @@ impl State {
                 state.agents.insert(agent.info.agent_id.clone(), agent);
             }
             for record in snapshot.jobs {
-                let job = Job::restore(record, config).map_err(|detail| RendezvousError::Storage {
+                let job = Job::restore(record, config).map_err(|e| RendezvousError::Storage {
                     path: store.path(),
-                    detail,
+                    source: e.into(),
                 })?;
                 state.jobs.insert(job.config.job_id.clone(), job);
             }
@@ -187,7 +189,7 @@ impl RendezvousState {
         match (&st.store, st.unsaved) {
             (Some(store), true) => Err(RendezvousError::Storage {
                 path: store.path(),
-                detail: "the change that decided this call is not written yet; retry".to_owned(),
+                source: StorageError::Unsaved,
             }),
             _ => outcome,
         }
