@@ -99,15 +99,18 @@ impl TrainingJob {
 
     async fn fit_rows(&self, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         #[cfg(feature = "local")]
-        if self.local_mode {
-            let dir = self.work_dir.join(uuid::Uuid::new_v4().simple().to_string());
+        if self.placement.local_mode {
+            let dir = self
+                .placement
+                .work_dir
+                .join(uuid::Uuid::new_v4().simple().to_string());
             let mut config = LocalClusterConfig::new(&dir);
-            if let Some(t) = &self.token {
+            if let Some(t) = &self.placement.token {
                 config.token = Some(t.clone());
             }
-            config.gang_timeout = self.gang_timeout;
-            config.models = self.models.clone();
-            config.rendezvous_addr = self.status_addr;
+            config.gang_timeout = self.recovery.gang_timeout;
+            config.models = self.placement.models.clone();
+            config.rendezvous_addr = self.placement.status_addr;
             let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
             // The cluster ends here: nothing is left to serve the model.
             let result = self.run(Target::Local(&cluster), rows).await.map(|mut m| {
@@ -120,11 +123,11 @@ impl TrainingJob {
             }
             return result;
         }
-        let url = self.rendezvous.as_deref().unwrap_or_default();
+        let url = self.placement.rendezvous.as_deref().unwrap_or_default();
         self.run(
             Target::Remote {
                 url,
-                token: self.token.clone(),
+                token: self.placement.token.clone(),
             },
             rows,
         )
@@ -141,7 +144,7 @@ impl TrainingJob {
 
     /// Runs the job, logged to MLflow when the job asks for it.
     async fn run(&self, target: Target<'_>, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
-        let tracker = match &self.mlflow {
+        let tracker = match &self.reporting.mlflow {
             Some(m) => Some(Tracker::start(m, &self.spec)?),
             None => None,
         };
@@ -168,7 +171,8 @@ impl TrainingJob {
         tracking: Option<TrackerHandle>,
     ) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
-        let mut reporter = Reporter::new(self.progress, self.events.clone()).tracked(tracking);
+        let mut reporter =
+            Reporter::new(self.reporting.progress, self.reporting.events.clone()).tracked(tracking);
         // In local mode the in-process rendezvous serves the status page on
         // loopback, under this run's own token.
         #[cfg(feature = "local")]
@@ -200,7 +204,7 @@ impl TrainingJob {
                 let data = rows.df().select(spec.columns());
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
-                let cached = match self.persist {
+                let cached = match self.feeding.persist {
                     true => Some(data.persist(crate::spark::memory_and_disk()).await?),
                     false => None,
                 };
@@ -211,7 +215,7 @@ impl TrainingJob {
                 (splits, layout, cached)
             }
             Rows::Arrow { schema, open } => {
-                if self.eval_fraction > 0.0 {
+                if self.feeding.eval_fraction > 0.0 {
                     return Err(JobError::Setting {
                         setting: "eval_fraction",
                         reason: "fit_arrow has no query to split: set eval_fraction(0.0) and hold out data \
@@ -219,7 +223,7 @@ impl TrainingJob {
                             .into(),
                     });
                 }
-                if matches!(self.feed, Feed::ExecutorPush(_)) {
+                if matches!(self.feeding.feed, Feed::ExecutorPush(_)) {
                     return Err(arrow_source_pushed());
                 }
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
@@ -250,8 +254,8 @@ impl TrainingJob {
         schema: &arrow::datatypes::Schema,
         persisted: bool,
     ) -> Result<(SparkRows, Option<SparkRows>), JobError> {
-        let (train_df, eval_df) = if self.eval_fraction > 0.0 {
-            let weights = [1.0 - self.eval_fraction, self.eval_fraction];
+        let (train_df, eval_df) = if self.feeding.eval_fraction > 0.0 {
+            let weights = [1.0 - self.feeding.eval_fraction, self.feeding.eval_fraction];
             let seed = self.spec.seed as i64;
             // Persisted, the rows' partitioning and order are fixed, so the
             // split can keep their order (Spark's sorted split would hand each
@@ -265,9 +269,9 @@ impl TrainingJob {
         } else {
             (data, None)
         };
-        let sliced = persisted && matches!(self.feed, Feed::DriverRelay);
+        let sliced = persisted && matches!(self.feeding.feed, Feed::DriverRelay);
         let relay = async |df: DataFrame| match sliced {
-            true => relay::plan(df, schema, self.relay_slice_bytes).await,
+            true => relay::plan(df, schema, self.feeding.relay_slice_bytes).await,
             false => Ok(SparkRows::whole(df)),
         };
         let train = relay(train_df).await?;
@@ -295,18 +299,19 @@ impl TrainingJob {
         let n = spec.num_slots as usize;
 
         let token = target.token();
-        let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.channel).await?;
+        let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.placement.channel)
+            .await?;
         let config = JobConfig {
             spec_summary: spec.summary(),
             // Survivors wait in the gang while a replacement is awaited.
-            gang_timeout: Some(self.gang_timeout + self.replacement_wait),
-            client_lease: Some(self.client_lease),
-            ..JobConfig::new(job_id.clone(), spec.num_slots).with_max_attempts(self.max_attempts)
+            gang_timeout: Some(self.recovery.gang_timeout + self.recovery.replacement_wait),
+            client_lease: Some(self.recovery.client_lease),
+            ..JobConfig::new(job_id.clone(), spec.num_slots).with_max_attempts(self.recovery.max_attempts)
         };
         rv.create_job(&config).await?;
         // Renewed while this call runs; if the process dies, the job is
         // cancelled when the lease lapses (the guard below cannot run then).
-        let _lease = rv.keep_job_leased(&job_id, self.client_lease);
+        let _lease = rv.keep_job_leased(&job_id, self.recovery.client_lease);
         let mut guard = CancelGuard {
             rv: rv.clone(),
             job_id: job_id.clone(),
@@ -316,7 +321,7 @@ impl TrainingJob {
         let chosen = pick_agents(&rv, &target, n, &[], spec.model.name()).await?;
         let mut clients = Vec::with_capacity(n);
         for a in &chosen {
-            let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
+            let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
             c.start_job(&job_id, spec, &target.rendezvous()).await?;
             clients.push(c);
         }
@@ -376,7 +381,7 @@ impl TrainingJob {
             final_status.history.clone(),
             weights,
             #[cfg(feature = "local")]
-            &self.models,
+            &self.placement.models,
         )?;
         // With restore_best the agents returned the best epoch's weights.
         model.meta.best_epoch = final_status
@@ -388,7 +393,7 @@ impl TrainingJob {
                 best_epoch: final_status.best_epoch,
             });
         }
-        model.serving = Some(target.serving(&self.channel));
+        model.serving = Some(target.serving(&self.placement.channel));
         guard.armed = false;
         reporter.emit(TrainingEvent::Finished {
             job_id: job_id.clone(),
@@ -552,11 +557,11 @@ impl TrainingJob {
         let shards = holders.shards(only);
         let spark_before = data.spark_bytes();
         let started = Instant::now();
-        let (rows, agent_bytes, partitions) = match (&self.feed, data) {
+        let (rows, agent_bytes, partitions) = match (&self.feeding.feed, data) {
             (Feed::DriverRelay, _) => {
                 let window = Window {
-                    window_bytes: self.window_bytes,
-                    commit_bytes: self.commit_bytes,
+                    window_bytes: self.feeding.window_bytes,
+                    commit_bytes: self.feeding.commit_bytes,
                 };
                 let progress = |shard, rows, rows_per_sec| {
                     reporter.emit(TrainingEvent::Streamed {
@@ -591,7 +596,7 @@ impl TrainingJob {
         reporter.emit(TrainingEvent::Fed {
             split: split.as_str(),
             rows_per_shard: rows,
-            feed: match self.feed {
+            feed: match self.feeding.feed {
                 Feed::DriverRelay => "driver-relay",
                 Feed::ExecutorPush(_) => "executor-push",
             },

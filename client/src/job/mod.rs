@@ -69,30 +69,91 @@ pub const DEFAULT_CLIENT_LEASE: Duration = Duration::from_secs(30);
 pub struct TrainingJob {
     spec: JobSpec,
     job_id: Option<String>,
+    placement: Placement,
+    feeding: Feeding,
+    recovery: Recovery,
+    reporting: Reporting,
+}
+
+/// Where a job runs: in this process or on a cluster, and how it reaches it.
+#[derive(Debug, Clone)]
+struct Placement {
     local_mode: bool,
     rendezvous: Option<String>,
     token: Option<Token>,
-    eval_fraction: f64,
     #[cfg_attr(not(feature = "local"), allow(dead_code))]
     work_dir: PathBuf,
     #[cfg_attr(not(feature = "local"), allow(dead_code))]
     status_addr: Option<std::net::SocketAddr>,
-    max_attempts: u32,
+    channel: ChannelConfig,
+    #[cfg(feature = "local")]
+    models: kindling_agent::ModelRegistry,
+}
+
+/// How rows reach the agents.
+#[derive(Debug, Clone)]
+struct Feeding {
+    feed: Feed,
+    eval_fraction: f64,
     window_bytes: usize,
     commit_bytes: usize,
     persist: bool,
     relay_slice_bytes: u64,
+}
+
+impl Default for Feeding {
+    fn default() -> Self {
+        Feeding {
+            feed: Feed::DriverRelay,
+            eval_fraction: 0.0,
+            window_bytes: 32 << 20,
+            commit_bytes: 4 << 20,
+            persist: true,
+            relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
+        }
+    }
+}
+
+/// How a job recovers: attempts, waits for a gang and for replacements, and
+/// the client's lease.
+#[derive(Debug, Clone)]
+struct Recovery {
+    max_attempts: u32,
     gang_timeout: Duration,
     replacement_wait: Duration,
-    min_slots: u32,
+    /// `None`: `num_slots` (no shrinking).
+    min_slots: Option<u32>,
     client_lease: Duration,
-    channel: ChannelConfig,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery {
+            max_attempts: 3,
+            gang_timeout: Duration::from_secs(60),
+            replacement_wait: DEFAULT_REPLACEMENT_WAIT,
+            min_slots: None,
+            client_lease: DEFAULT_CLIENT_LEASE,
+        }
+    }
+}
+
+/// How a job reports: bars or log lines, an event stream, MLflow.
+#[derive(Debug, Clone)]
+struct Reporting {
     progress: ProgressMode,
     events: Option<mpsc::Sender<TrainingEvent>>,
-    feed: Feed,
     mlflow: Option<MlflowTracking>,
-    #[cfg(feature = "local")]
-    models: kindling_agent::ModelRegistry,
+}
+
+impl Default for Reporting {
+    fn default() -> Self {
+        Reporting {
+            progress: ProgressMode::Auto,
+            events: None,
+            mlflow: None,
+        }
+    }
 }
 
 impl TrainingJob {
@@ -108,12 +169,17 @@ impl TrainingJob {
 
     /// How rows reach the agents.
     pub fn feed(&self) -> &Feed {
-        &self.feed
+        &self.feeding.feed
     }
 
     /// Whether the job runs its own rendezvous and agents in this process.
     pub fn is_local(&self) -> bool {
-        self.local_mode
+        self.placement.local_mode
+    }
+
+    /// The fewest agents the job continues with after losing some.
+    fn min_slots(&self) -> u32 {
+        self.recovery.min_slots.unwrap_or(self.spec.num_slots)
     }
 }
 
@@ -122,28 +188,19 @@ impl TrainingJob {
 pub struct TrainingJobBuilder {
     spec: kindling_schemas::spec::JobSpecBuilder,
     job_id: Option<String>,
+    /// `None`: local unless a rendezvous is set.
     local_mode: Option<bool>,
     rendezvous: Option<String>,
     token: Option<Token>,
-    eval_fraction: f64,
+    /// `None`: `kindling-local` in the system's temporary directory.
     work_dir: Option<PathBuf>,
     status_addr: Option<std::net::SocketAddr>,
-    max_attempts: u32,
-    window_bytes: usize,
-    commit_bytes: usize,
-    persist: bool,
-    relay_slice_bytes: u64,
-    gang_timeout: Duration,
-    replacement_wait: Duration,
-    min_slots: Option<u32>,
-    client_lease: Duration,
     channel: ChannelConfig,
-    progress: ProgressMode,
-    events: Option<mpsc::Sender<TrainingEvent>>,
-    feed: Feed,
-    mlflow: Option<MlflowTracking>,
     #[cfg(feature = "local")]
     models: kindling_agent::ModelRegistry,
+    feeding: Feeding,
+    recovery: Recovery,
+    reporting: Reporting,
 }
 
 impl Default for TrainingJobBuilder {
@@ -154,25 +211,14 @@ impl Default for TrainingJobBuilder {
             local_mode: None,
             rendezvous: None,
             token: None,
-            eval_fraction: 0.0,
             work_dir: None,
             status_addr: None,
-            max_attempts: 3,
-            window_bytes: 32 << 20,
-            commit_bytes: 4 << 20,
-            persist: true,
-            relay_slice_bytes: crate::feed::relay::DEFAULT_SLICE_BYTES,
-            gang_timeout: Duration::from_secs(60),
-            replacement_wait: DEFAULT_REPLACEMENT_WAIT,
-            min_slots: None,
-            client_lease: DEFAULT_CLIENT_LEASE,
             channel: ChannelConfig::default(),
-            progress: ProgressMode::Auto,
-            events: None,
-            feed: Feed::DriverRelay,
-            mlflow: None,
             #[cfg(feature = "local")]
             models: kindling_agent::ModelRegistry::builtin(),
+            feeding: Feeding::default(),
+            recovery: Recovery::default(),
+            reporting: Reporting::default(),
         }
     }
 }
@@ -320,7 +366,7 @@ impl TrainingJobBuilder {
     /// Holds out this fraction of rows (seeded random split) and reports
     /// eval loss and accuracy after every epoch.
     pub fn eval_fraction(mut self, fraction: f64) -> Self {
-        self.eval_fraction = fraction;
+        self.feeding.eval_fraction = fraction;
         self
     }
 
@@ -338,13 +384,13 @@ impl TrainingJobBuilder {
 
     /// Gang attempts before the job fails.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
+        self.recovery.max_attempts = attempts;
         self
     }
 
     /// Unacknowledged bytes allowed in flight per shard.
     pub fn window_bytes(mut self, bytes: usize) -> Self {
-        self.window_bytes = bytes;
+        self.feeding.window_bytes = bytes;
         self
     }
 
@@ -353,7 +399,7 @@ impl TrainingJobBuilder {
     /// committed rows while the rest arrive: smaller means training starts
     /// sooner, larger means fewer streams.
     pub fn commit_bytes(mut self, bytes: usize) -> Self {
-        self.commit_bytes = bytes;
+        self.feeding.commit_bytes = bytes;
         self
     }
 
@@ -362,7 +408,7 @@ impl TrainingJobBuilder {
     /// also relayed in slices (see [`relay_slice_bytes`](Self::relay_slice_bytes)),
     /// so its size is not bounded by the Spark Connect server's result limit.
     pub fn persist(mut self, persist: bool) -> Self {
-        self.persist = persist;
+        self.feeding.persist = persist;
         self
     }
 
@@ -372,7 +418,7 @@ impl TrainingJobBuilder {
     /// Connect server returns a query's result through its driver and holds
     /// what the client has not read yet, so it holds at most one slice.
     pub fn relay_slice_bytes(mut self, bytes: u64) -> Self {
-        self.relay_slice_bytes = bytes;
+        self.feeding.relay_slice_bytes = bytes;
         self
     }
 
@@ -381,7 +427,7 @@ impl TrainingJobBuilder {
     /// while it waits for a replacement the survivors wait in the gang, and
     /// that wait must not fail the attempt.
     pub fn gang_timeout(mut self, timeout: Duration) -> Self {
-        self.gang_timeout = timeout;
+        self.recovery.gang_timeout = timeout;
         self
     }
 
@@ -391,7 +437,7 @@ impl TrainingJobBuilder {
     /// resumes from its latest checkpoint; after the wait it fails naming the
     /// lost agents.
     pub fn replacement_wait(mut self, wait: Duration) -> Self {
-        self.replacement_wait = wait;
+        self.recovery.replacement_wait = wait;
         self
     }
 
@@ -404,7 +450,7 @@ impl TrainingJobBuilder {
     /// every row once. With fewer survivors `fit` fails with
     /// [`JobError::NoReplacement`] naming the lost agents.
     pub fn min_slots(mut self, min_slots: u32) -> Self {
-        self.min_slots = Some(min_slots);
+        self.recovery.min_slots = Some(min_slots);
         self
     }
 
@@ -413,7 +459,7 @@ impl TrainingJobBuilder {
     /// cleaning up (SIGKILL, a lost node) the rendezvous cancels the job once
     /// the lease lapses, so its agents drop its rows and take other jobs.
     pub fn client_lease(mut self, lease: Duration) -> Self {
-        self.client_lease = lease;
+        self.recovery.client_lease = lease;
         self
     }
 
@@ -429,7 +475,7 @@ impl TrainingJobBuilder {
 
     /// How progress is shown.
     pub fn progress(mut self, mode: ProgressMode) -> Self {
-        self.progress = mode;
+        self.reporting.progress = mode;
         self
     }
 
@@ -441,7 +487,7 @@ impl TrainingJobBuilder {
     /// those if you read only after `fit` returns (a few plus one per epoch).
     /// Beyond that, events are dropped with a warning.
     pub fn events(mut self, events: mpsc::Sender<TrainingEvent>) -> Self {
-        self.events = Some(events);
+        self.reporting.events = Some(events);
         self
     }
 
@@ -451,14 +497,14 @@ impl TrainingJobBuilder {
     /// holds up training (see [`MlflowTracking`]); `MLFLOW_TRACKING_TOKEN`,
     /// when set, is sent as a bearer token (over HTTPS, or to this machine).
     pub fn mlflow(mut self, url: impl Into<String>, experiment: impl Into<String>) -> Self {
-        self.mlflow = Some(MlflowTracking::new(url, experiment));
+        self.reporting.mlflow = Some(MlflowTracking::new(url, experiment));
         self
     }
 
     /// How long `fit` waits at the end for MLflow to take the run's last
     /// updates (default 10 s); set after [`mlflow`](Self::mlflow).
     pub fn mlflow_flush_timeout(mut self, wait: Duration) -> Self {
-        if let Some(m) = &mut self.mlflow {
+        if let Some(m) = &mut self.reporting.mlflow {
             m.flush_timeout = wait;
         }
         self
@@ -467,35 +513,36 @@ impl TrainingJobBuilder {
     /// How rows reach the agents: [`Feed::DriverRelay`] (default) or
     /// [`Feed::ExecutorPush`].
     pub fn feed(mut self, feed: Feed) -> Self {
-        self.feed = feed;
+        self.feeding.feed = feed;
         self
     }
 
     /// Validates and returns the job.
     pub fn build(self) -> Result<TrainingJob, JobError> {
         let spec = self.spec.build()?;
-        if !(0.0..0.9).contains(&self.eval_fraction) {
+        let (feeding, recovery) = (&self.feeding, &self.recovery);
+        if !(0.0..0.9).contains(&feeding.eval_fraction) {
             return Err(JobError::Setting {
                 setting: "eval_fraction",
-                reason: format!("must be in [0, 0.9), got {}", self.eval_fraction),
+                reason: format!("must be in [0, 0.9), got {}", feeding.eval_fraction),
             });
         }
-        if self.max_attempts == 0 {
+        if recovery.max_attempts == 0 {
             return Err(setting("max_attempts", "must be at least 1"));
         }
-        if self.window_bytes < 64 << 10 {
+        if feeding.window_bytes < 64 << 10 {
             return Err(setting("window_bytes", "must be at least 64 KiB"));
         }
-        if self.commit_bytes < 64 << 10 {
+        if feeding.commit_bytes < 64 << 10 {
             return Err(setting("commit_bytes", "must be at least 64 KiB"));
         }
-        if self.client_lease < Duration::from_secs(1) {
+        if recovery.client_lease < Duration::from_secs(1) {
             return Err(setting("client_lease", "must be at least 1 s"));
         }
-        if self.relay_slice_bytes < 1 << 20 {
+        if feeding.relay_slice_bytes < 1 << 20 {
             return Err(setting("relay_slice_bytes", "must be at least 1 MiB"));
         }
-        let min_slots = self.min_slots.unwrap_or(spec.num_slots);
+        let min_slots = recovery.min_slots.unwrap_or(spec.num_slots);
         if !(1..=spec.num_slots).contains(&min_slots) {
             return Err(JobError::Setting {
                 setting: "min_slots",
@@ -505,7 +552,7 @@ impl TrainingJobBuilder {
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(JobError::JobId)?;
         }
-        if let Feed::ExecutorPush(push) = &self.feed {
+        if let Feed::ExecutorPush(push) = &feeding.feed {
             push.check()
                 .map_err(|(setting, reason)| JobError::Setting { setting, reason })?;
         }
@@ -534,28 +581,19 @@ impl TrainingJobBuilder {
         Ok(TrainingJob {
             spec,
             job_id: self.job_id,
-            local_mode,
-            rendezvous: self.rendezvous,
-            token: self.token,
-            eval_fraction: self.eval_fraction,
-            work_dir,
-            status_addr: self.status_addr,
-            max_attempts: self.max_attempts,
-            window_bytes: self.window_bytes,
-            commit_bytes: self.commit_bytes,
-            persist: self.persist,
-            relay_slice_bytes: self.relay_slice_bytes,
-            gang_timeout: self.gang_timeout,
-            replacement_wait: self.replacement_wait,
-            min_slots,
-            client_lease: self.client_lease,
-            channel: self.channel,
-            progress: self.progress,
-            events: self.events,
-            feed: self.feed,
-            mlflow: self.mlflow,
-            #[cfg(feature = "local")]
-            models: self.models,
+            placement: Placement {
+                local_mode,
+                rendezvous: self.rendezvous,
+                token: self.token,
+                work_dir,
+                status_addr: self.status_addr,
+                channel: self.channel,
+                #[cfg(feature = "local")]
+                models: self.models,
+            },
+            feeding: self.feeding,
+            recovery: self.recovery,
+            reporting: self.reporting,
         })
     }
 }

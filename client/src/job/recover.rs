@@ -287,7 +287,7 @@ impl TrainingJob {
         remaining: usize,
     ) -> Result<Vec<(AgentInfo, AgentClient)>, JobError> {
         let count = lost.len();
-        let deadline = Instant::now() + self.replacement_wait;
+        let deadline = Instant::now() + self.recovery.replacement_wait;
         let token = target.token();
         let mut found: Vec<(AgentInfo, AgentClient)> = Vec::with_capacity(count);
         let mut unreachable: Vec<String> = Vec::new();
@@ -301,21 +301,21 @@ impl TrainingJob {
                 Ok(candidates) => candidates,
                 Err(JobError::NotEnoughAgents { live, .. }) => {
                     if Instant::now() >= deadline {
-                        if remaining > 0 && remaining + found.len() >= self.min_slots as usize {
+                        if remaining > 0 && remaining + found.len() >= self.min_slots() as usize {
                             tracing::warn!(lost = ?lost, remaining, "no replacement: the remaining agents take over");
                             return Ok(found);
                         }
                         return Err(JobError::NoReplacement {
                             lost: lost.join(", "),
-                            waited: self.replacement_wait,
+                            waited: self.recovery.replacement_wait,
                             live,
                             survivors: remaining,
-                            min_slots: self.min_slots,
+                            min_slots: self.min_slots(),
                             rendezvous: target.rendezvous(),
                         });
                     }
                     if !announced {
-                        tracing::warn!(lost = ?lost, wait = ?self.replacement_wait, "no spare agent: waiting for a replacement");
+                        tracing::warn!(lost = ?lost, wait = ?self.recovery.replacement_wait, "no spare agent: waiting for a replacement");
                         announced = true;
                     }
                     unreachable.clear();
@@ -325,7 +325,8 @@ impl TrainingJob {
                 Err(e) => return Err(e),
             };
             for a in candidates {
-                let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.channel)?;
+                let c =
+                    AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
                 match c.start_job(job_id, &self.spec, &target.rendezvous()).await {
                     Ok(_) => found.push((a, c)),
                     Err(e) if e.is_retryable() => {
