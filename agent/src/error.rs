@@ -14,11 +14,13 @@ use tonic::Status;
 
 mod checkpoint;
 mod gpu;
+mod model;
 mod ring;
 mod spill;
 
 pub use checkpoint::CheckpointError;
 pub use gpu::NoGpu;
+pub use model::ModelError;
 pub use ring::RingError;
 pub use spill::SpillError;
 
@@ -112,45 +114,9 @@ pub enum AgentError {
     /// The producer stopped reading acknowledgements mid-stream.
     #[error("invalid input: the producer went away before the end of its stream")]
     ProducerGone,
-    /// A batch lacks a column the job needs.
-    #[error("invalid input: column `{0}` is missing from the batch")]
-    MissingColumn(String),
     /// `create_job` named no rendezvous and the agent is registered with none.
     #[error("invalid input: create_job: this agent is registered with no rendezvous; pass `rendezvous`")]
     NoRendezvous,
-    /// The job names a model this agent has not registered.
-    #[error("invalid input: model `{name}` is not registered on this agent; it has: {available}")]
-    UnregisteredModel {
-        /// The model the job names.
-        name: String,
-        /// The registered names, comma-separated.
-        available: String,
-    },
-    /// The model's config failed to parse or the model's own validation.
-    #[error("invalid input: model `{model}`: config `{field}`: {reason}")]
-    ModelConfig {
-        /// The model.
-        model: String,
-        /// The config field (`<json>` when the JSON itself does not parse).
-        field: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The model reads a column as a kind of input the job does not give it.
-    #[error(
-        "invalid input: the model reads column `{column}` as {wanted}, but the job's input has it as {found}"
-    )]
-    InputKind {
-        /// Column.
-        column: String,
-        /// What the model asked for (`float`, `categorical ids`, `an id sequence`).
-        wanted: &'static str,
-        /// What the job's input has (or `no such feature column`).
-        found: String,
-    },
-    /// A model table (weights as Arrow) that does not fit the model.
-    #[error("invalid input: model table: {0}")]
-    ModelTable(String),
     /// A `no_weight_decay` pattern that selects none of the model's parameters.
     #[error(
         "invalid input: job spec `no_weight_decay[{index}]`: `{pattern}` matches no parameter of the model; its parameters are {params}"
@@ -267,6 +233,9 @@ pub enum AgentError {
         /// Rows the producer sent.
         expected: u64,
     },
+    /// A model could not be built, read its inputs, or take its weights.
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// The job asks for a GPU this agent cannot give (not built with the
     /// `gpu` feature, no adapter on the node, no half precision there).
     #[error(transparent)]
@@ -348,9 +317,6 @@ pub enum AgentError {
         #[source]
         source: tokio::task::JoinError,
     },
-    /// Tensor data of an unexpected type.
-    #[error("tensor data: {0}")]
-    TensorData(#[source] burn::tensor::DataError),
     /// A batch could not be spilled or read back from its spill file.
     #[error(transparent)]
     Spill(#[from] SpillError),
@@ -417,19 +383,6 @@ pub enum AgentError {
         /// The cap.
         cap: usize,
     },
-    /// A model over the agent's parameter cap (nothing was allocated).
-    #[error(
-        "model `{model}` has {params} parameters, over this agent's cap of {cap} \
-         (--max-model-params, KINDLING_MAX_MODEL_PARAMS): make the model smaller or raise the cap"
-    )]
-    ModelTooLarge {
-        /// The model's registered name.
-        model: String,
-        /// Its parameters.
-        params: usize,
-        /// The cap.
-        cap: usize,
-    },
     /// Local I/O (spill files, checkpoints).
     #[error("{context}: {source}")]
     Io {
@@ -442,9 +395,6 @@ pub enum AgentError {
     /// Arrow encoding or decoding.
     #[error("arrow: {0}")]
     Arrow(#[source] arrow::error::ArrowError),
-    /// A burn model record could not be encoded, decoded or loaded.
-    #[error("model record: {0}")]
-    Record(#[source] burn::store::RecordError),
     /// Optimizer state that does not belong to this optimizer or model.
     #[error("model record: optimizer state: {0}")]
     OptimizerState(String),
@@ -504,10 +454,7 @@ impl AgentError {
                 | AgentError::EmptyTrainSplit { .. }
                 | AgentError::NoEvalSplit { .. }
                 | AgentError::NoData
-                | AgentError::ModelConfig { .. }
-                | AgentError::UnregisteredModel { .. }
-                | AgentError::InputKind { .. }
-        )
+        ) || matches!(self, AgentError::Model(e) if e.is_final())
     }
 
     /// Whether it only says the work was cancelled (from outside), not why.
@@ -589,15 +536,17 @@ impl From<AgentError> for Status {
             | AgentError::LayoutMismatch { .. }
             | AgentError::SequenceGap { .. }
             | AgentError::ProducerGone
-            | AgentError::MissingColumn(_)
-            | AgentError::ModelTable(_)
             | AgentError::NoDecayMatchesNothing { .. }
             | AgentError::EmptyTrainSplit { .. }
             | AgentError::NoEvalSplit { .. }
-            | AgentError::UnregisteredModel { .. }
             | AgentError::NoRendezvous
-            | AgentError::ModelConfig { .. }
-            | AgentError::InputKind { .. }
+            | AgentError::Model(
+                ModelError::Unregistered { .. }
+                | ModelError::Config { .. }
+                | ModelError::InputKind { .. }
+                | ModelError::Table(_)
+                | ModelError::MissingColumn(_),
+            )
             | AgentError::Ring(RingError::RankOutsideWorld { .. } | RingError::BroadcastWithoutPayload)
             | AgentError::WorldMismatch { .. }
             | AgentError::Token(_) => Status::invalid_argument(msg),
@@ -637,17 +586,16 @@ impl From<AgentError> for Status {
             | AgentError::StagingFull { .. }
             | AgentError::TooManyStreams { .. }
             | AgentError::TooManyModels { .. }
-            | AgentError::ModelTooLarge { .. } => Status::resource_exhausted(msg),
+            | AgentError::Model(ModelError::TooLarge { .. }) => Status::resource_exhausted(msg),
             AgentError::StreamIdle { .. } | AgentError::StreamTooOld { .. } => Status::deadline_exceeded(msg),
             AgentError::Unsupported(_) => Status::unimplemented(msg),
             AgentError::CallerStream { code, message } => Status::new(code, message),
             AgentError::Diverged { .. }
             | AgentError::Panicked { .. }
-            | AgentError::TensorData(_)
+            | AgentError::Model(ModelError::TensorData(_) | ModelError::Record(_))
             | AgentError::Spill(_)
             | AgentError::Io { .. }
             | AgentError::Arrow(_)
-            | AgentError::Record(_)
             | AgentError::OptimizerState(_)
             | AgentError::Checkpoint(_)
             | AgentError::ResponseJson(_) => Status::internal(msg),

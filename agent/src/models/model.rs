@@ -52,7 +52,7 @@ use kindling_schemas::spec::{JobSpec, Precision, Task, valid_model_name};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::AgentError;
+use crate::error::{AgentError, ModelError};
 use crate::models::params;
 pub use crate::models::tensorize::{Sequence, Targets};
 use crate::optim::DeviceOptimizer;
@@ -198,19 +198,19 @@ impl<'a> Inputs<'a> {
 }
 
 fn not_a_feature(column: &str) -> AgentError {
-    AgentError::InputKind {
+    AgentError::from(ModelError::InputKind {
         column: column.to_owned(),
         wanted: "an input",
         found: "no such feature column".into(),
-    }
+    })
 }
 
 fn wrong_kind(column: &str, wanted: &'static str, found: &FeatureKind) -> AgentError {
-    AgentError::InputKind {
+    AgentError::from(ModelError::InputKind {
         column: column.to_owned(),
         wanted,
         found: crate::models::tensorize::describe(found),
-    }
+    })
 }
 
 /// One batch of rows, read column by column into the tensors a model asks for.
@@ -418,7 +418,7 @@ pub fn task_predictions(output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, 
     };
     let floats = |t: Tensor<2>| -> Result<Vec<f32>, AgentError> {
         let d = t.into_data().convert::<f32>();
-        Ok(d.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec())
+        Ok(d.as_slice::<f32>().map_err(ModelError::TensorData)?.to_vec())
     };
     Ok(match task {
         Task::Classification { .. } => {
@@ -426,7 +426,7 @@ pub fn task_predictions(output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, 
             let classes = probs.clone().argmax(1).into_data().convert::<i64>();
             let classes = classes
                 .as_slice::<i64>()
-                .map_err(AgentError::TensorData)?
+                .map_err(ModelError::TensorData)?
                 .to_vec();
             vec![
                 (

@@ -14,7 +14,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::error::AgentError;
+use crate::error::{AgentError, ModelError};
 
 /// burn's CPU backend draws every random tensor from one process-wide RNG.
 /// Every model construction holds this lock, so a seeded construction
@@ -348,7 +348,7 @@ impl ModuleMapper for Replace {
 /// Loads weights from a table made by [`to_arrow`] into `model` (same
 /// architecture), checking names, count and shapes.
 pub fn from_arrow<M: Module>(model: M, table: &RecordBatch) -> Result<M, AgentError> {
-    let bad = AgentError::ModelTable;
+    let bad = |reason: String| AgentError::from(ModelError::Table(reason));
     if table.schema().fields() != model_schema().fields() {
         return Err(bad(format!(
             "expected columns name, shape, values; got {:?}",
@@ -410,13 +410,13 @@ pub fn to_record_bytes<M: Module>(model: &M) -> Result<Vec<u8>, AgentError> {
         .clone()
         .into_record()
         .into_bytes()
-        .map_err(AgentError::Record)?;
+        .map_err(ModelError::Record)?;
     Ok(bytes.to_vec())
 }
 
 /// Loads burn record bytes made by [`to_record_bytes`] into `model`.
 pub fn from_record_bytes<M: Module>(model: M, bytes: Vec<u8>) -> Result<M, AgentError> {
     let record = burn::store::ModuleRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
-        .map_err(AgentError::Record)?;
-    model.try_load_record(record).map_err(AgentError::Record)
+        .map_err(ModelError::Record)?;
+    Ok(model.try_load_record(record).map_err(ModelError::Record)?)
 }

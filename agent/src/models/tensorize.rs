@@ -7,7 +7,7 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
 use kindling_schemas::spec::{JobSpec, Task};
 
-use crate::error::AgentError;
+use crate::error::{AgentError, ModelError};
 
 /// Labels of one batch, in the form the loss wants.
 #[derive(Debug, Clone)]
@@ -105,11 +105,12 @@ pub fn float_column(
             (values[base..base + n * len].to_vec(), len)
         }
         FeatureKind::Categorical { .. } | FeatureKind::Sequence { .. } => {
-            return Err(AgentError::InputKind {
+            return Err(ModelError::InputKind {
                 column: feature.name.clone(),
                 wanted: "float",
                 found: describe(&feature.kind),
-            });
+            }
+            .into());
         }
     };
     Ok(Tensor::from_data(TensorData::new(values, [n, width]), device))
@@ -242,5 +243,5 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, Agent
     batch
         .column_by_name(name)
         .map(|c| c.as_ref())
-        .ok_or_else(|| AgentError::MissingColumn(name.to_owned()))
+        .ok_or_else(|| ModelError::MissingColumn(name.to_owned()).into())
 }

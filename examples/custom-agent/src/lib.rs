@@ -143,6 +143,7 @@ mod tests {
 
     use arrow::array::{Float64Array, Int32Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
+    use kindling_agent::ModelError;
     use kindling_schemas::schema::{StreamKind, validate};
     use kindling_schemas::spec::{ModelSpec, Task};
 
@@ -162,7 +163,7 @@ mod tests {
 
     fn refusal(config: WideAndDeepConfig) -> (String, String) {
         match registry().check(&spec(&config)) {
-            Err(AgentError::ModelConfig { model, field, reason }) => {
+            Err(AgentError::Model(ModelError::Config { model, field, reason })) => {
                 assert_eq!(model, MODEL);
                 (field, reason)
             }
@@ -197,7 +198,7 @@ mod tests {
             ..spec(&ok)
         };
         assert!(
-            matches!(registry().check(&bad), Err(AgentError::ModelConfig { ref field, .. }) if field == "<json>")
+            matches!(registry().check(&bad), Err(AgentError::Model(ModelError::Config { ref field, .. })) if field == "<json>")
         );
     }
 

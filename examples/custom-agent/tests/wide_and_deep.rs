@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::TryStreamExt;
 use kindling::functions::col;
 use kindling::job::{JobError, TrainedModel, TrainingEvent};
-use kindling_agent::AgentError;
+use kindling_agent::{AgentError, ModelError};
 use kindling_example_agent::{MODEL, registry};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::schema::SchemaError;
@@ -405,7 +405,7 @@ async fn bad_jobs_fail_before_any_row_is_fed() {
 
     // The same config with the model linked: refused by build().
     match cluster.job(job(zero).num_slots(2)).models(registry()).build() {
-        Err(JobError::Model(AgentError::ModelConfig { model, field, reason })) => {
+        Err(JobError::Model(AgentError::Model(ModelError::Config { model, field, reason }))) => {
             assert_eq!((model.as_str(), field.as_str()), (MODEL, "embedding"));
             assert_eq!(reason, "must be at least 1");
         }

@@ -25,8 +25,8 @@ trait Factory: Send + Sync {
 struct Typed<M>(PhantomData<fn() -> M>);
 
 impl<M: KindlingModel> Typed<M> {
-    fn config(name: &str, config: &serde_json::Value) -> Result<M::Config, AgentError> {
-        serde_json::from_value(config.clone()).map_err(|e| AgentError::ModelConfig {
+    fn config(name: &str, config: &serde_json::Value) -> Result<M::Config, ModelError> {
+        serde_json::from_value(config.clone()).map_err(|e| ModelError::Config {
             model: name.to_owned(),
             field: "<json>".into(),
             reason: e.to_string(),
@@ -45,9 +45,9 @@ impl<M: KindlingModel> Typed<M> {
 }
 
 /// Refuses `params` parameters of `model` over `cap`.
-fn under_cap(model: &str, params: usize, cap: usize) -> Result<(), AgentError> {
+fn under_cap(model: &str, params: usize, cap: usize) -> Result<(), ModelError> {
     if params > cap {
-        return Err(AgentError::ModelTooLarge {
+        return Err(ModelError::TooLarge {
             model: model.to_owned(),
             params,
             cap,
@@ -68,10 +68,13 @@ impl<M: KindlingModel> Factory for Typed<M> {
 
     fn check(&self, name: &str, config: &serde_json::Value, spec: &JobSpec) -> Result<(), AgentError> {
         let config = Self::config(name, config)?;
-        M::validate(&config, spec).map_err(|e| AgentError::ModelConfig {
-            model: name.to_owned(),
-            field: e.field,
-            reason: e.reason,
+        M::validate(&config, spec).map_err(|e| {
+            ModelError::Config {
+                model: name.to_owned(),
+                field: e.field,
+                reason: e.reason,
+            }
+            .into()
         })
     }
 
@@ -169,13 +172,13 @@ impl ModelRegistry {
 
     fn factory(&self, spec: &JobSpec) -> Result<&dyn Factory, AgentError> {
         let name = spec.model.name();
-        self.models
-            .get(name)
-            .map(|f| f.as_ref())
-            .ok_or_else(|| AgentError::UnregisteredModel {
+        self.models.get(name).map(|f| f.as_ref()).ok_or_else(|| {
+            ModelError::Unregistered {
                 name: name.to_owned(),
                 available: self.names().join(", "),
-            })
+            }
+            .into()
+        })
     }
 
     /// Checks that `spec`'s model is registered and its config parses and
@@ -191,7 +194,7 @@ impl ModelRegistry {
         let layout = provisional_layout(spec);
         let _guard = init_lock();
         match factory.count(name, &config, &Inputs::new(&layout)) {
-            Ok(params) => under_cap(name, params, self.max_params),
+            Ok(params) => Ok(under_cap(name, params, self.max_params)?),
             Err(_) => Ok(()),
         }
     }

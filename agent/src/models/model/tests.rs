@@ -241,7 +241,7 @@ fn the_registry_names_the_missing_model_the_bad_field_and_the_wrong_input() {
     );
     let err = models.check(&spec(0)).expect_err("dim 0");
     assert!(
-        matches!(&err, AgentError::ModelConfig { model, field, .. } if model == "bag" && field == "dim"),
+        matches!(&err, AgentError::Model(ModelError::Config { model, field, .. }) if model == "bag" && field == "dim"),
         "{err}"
     );
     let mut bad_json = spec(4);
@@ -273,7 +273,7 @@ fn the_registry_names_the_missing_model_the_bad_field_and_the_wrong_input() {
         .build(&city_float, &layout, &Device::flex())
         .expect_err("city is not categorical");
     assert!(
-        matches!(&err, AgentError::InputKind { column, .. } if column == "city"),
+        matches!(&err, AgentError::Model(ModelError::InputKind { column, .. }) if column == "city"),
         "{err}"
     );
     // The built-ins read floats only.
@@ -363,7 +363,7 @@ fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
         panic!("390 M parameters over the default cap were built");
     };
     match &err {
-        AgentError::ModelTooLarge { model, params, cap } => {
+        AgentError::Model(ModelError::TooLarge { model, params, cap }) => {
             assert_eq!(
                 (model.as_str(), *params, *cap),
                 ("bag", 390_000_002, DEFAULT_MAX_PARAMS)
@@ -383,10 +383,10 @@ fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
     // And before any row: `check` (start_job) counts it the same way.
     assert!(matches!(
         ModelRegistry::builtin().with::<Bag>("bag").check(&huge),
-        Err(AgentError::ModelTooLarge {
+        Err(AgentError::Model(ModelError::TooLarge {
             params: 390_000_002,
             ..
-        })
+        }))
     ));
 
     let capped = ModelRegistry::builtin().with::<Bag>("bag").with_max_params(54);
@@ -396,11 +396,11 @@ fn a_model_over_the_parameter_cap_is_refused_before_its_weights_exist() {
     );
     assert!(matches!(
         capped.build(&spec(5), &layout, &Device::flex()).err(),
-        Some(AgentError::ModelTooLarge {
+        Some(AgentError::Model(ModelError::TooLarge {
             params: 67,
             cap: 54,
             ..
-        })
+        }))
     ));
 }
 

@@ -10,7 +10,7 @@ use kindling_schemas::scoring::{Tally, TallyKind};
 use kindling_schemas::spec::Task;
 
 use super::{TrainContext, device_for};
-use crate::error::AgentError;
+use crate::error::{AgentError, ModelError};
 use crate::models::model::{AnyModel, Batch};
 use crate::models::tensorize;
 
@@ -102,7 +102,7 @@ pub(super) fn evaluate(
 /// A tensor's values, row-major.
 fn floats(t: burn::tensor::Tensor<2>) -> Result<Vec<f32>, AgentError> {
     let d = t.into_data().convert::<f32>();
-    Ok(d.as_slice::<f32>().map_err(AgentError::TensorData)?.to_vec())
+    Ok(d.as_slice::<f32>().map_err(ModelError::TensorData)?.to_vec())
 }
 
 /// Every rank's `values` (all ranks pass the same length), in rank order.
