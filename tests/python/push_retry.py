@@ -1,4 +1,4 @@
-"""Task retries without Spark: the same kindling_push function run as several
+"""Task retries without Spark: the same kindling_client.push function run as several
 attempts of one partition, as Spark would run them.
 
 The Spark Connect test server runs `local[2]`, where spark.task.maxFailures is 1
@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from kindling_client import AgentClient
-from kindling_push import PushError, push_partition_fn, udf_command
+from kindling_client.push import PushError, push_partition_fn, udf_command
 
 
 def partition(pid, rows, batch_rows):

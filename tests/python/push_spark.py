@@ -2,7 +2,8 @@
 its agent (partition p -> agents[p % n]).
 
 Usage: push_spark.py '<json>' with remote, agents, token, job_id, rows,
-partitions, batch_rows, module. Prints one JSON object.
+partitions, batch_rows, package (the kindling_client folder, shipped to the
+executors as a zip). Prints one JSON object.
 """
 
 import json
@@ -10,14 +11,15 @@ import sys
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from ship import ship_package
 
 
 def main():
     args = json.loads(sys.argv[1])
     spark = SparkSession.builder.remote(args["remote"]).getOrCreate()
-    # Executors import kindling_push from the session's artifacts.
-    spark.addArtifacts(args["module"], pyfile=True)
-    from kindling_push import SUMMARY_DDL, push_partition_fn
+    # Executors import kindling_client.push from the session's artifacts.
+    ship_package(spark, args["package"])
+    from kindling_client.push import SUMMARY_DDL, push_partition_fn
 
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(args["batch_rows"]))
     n, parts = args["rows"], args["partitions"]

@@ -1,9 +1,10 @@
 """Predicting inside Spark from PySpark: serve a saved model on agents that
-did not train it (kindling_predict.serve_model), then mapInArrow with
-kindling_predict.transform_fn; each task asks an agent over DoExchange.
+did not train it (kindling_client.predict.serve_model), then mapInArrow with
+kindling_client.predict.transform_fn; each task asks an agent over DoExchange.
 
 Usage: transform_spark.py '<json>' with remote, agents, token, model_dir,
-modules, rows. Prints one JSON object: the model id and every row's
+package (the kindling_client folder, shipped to the executors as a zip),
+rows. Prints one JSON object: the model id and every row's
 features and predictions.
 """
 
@@ -12,14 +13,14 @@ import sys
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from ship import ship_package
 
 
 def main():
     args = json.loads(sys.argv[1])
     spark = SparkSession.builder.remote(args["remote"]).getOrCreate()
-    for module in args["modules"]:
-        spark.addArtifacts(module, pyfile=True)
-    from kindling_predict import output_ddl, serve_model, transform_fn
+    ship_package(spark, args["package"])
+    from kindling_client.predict import output_ddl, serve_model, transform_fn
 
     ids = {serve_model(a, args["model_dir"], token=args["token"]) for a in args["agents"]}
     assert len(ids) == 1, ids

@@ -1,6 +1,6 @@
 //! Executor push driven from the Rust client: `TrainingJob` with
 //! `Feed::ExecutorPush` builds a `mapInArrow` relation that calls
-//! `kindling_push.udf_command` (shipped as a session Python file) on a real
+//! `kindling_client.push.udf_command` (shipped as a session Python file) on a real
 //! Spark Connect server; the tasks push straight into real local agents.
 
 use kindling::SparkSession;

@@ -1,4 +1,4 @@
-//! Executor push (client/python/kindling_push.py): Spark partitions stream
+//! Executor push (deploy/python/kindling_client/push.py): Spark partitions stream
 //! straight into agents, one producer `partition-<p>` per partition, so a
 //! retried or repeated task never adds rows twice.
 
@@ -67,7 +67,7 @@ async fn spark_executors_push_each_partition_exactly_once() {
         "rows": ROWS,
         "partitions": PARTITIONS,
         "batch_rows": 200,
-        "module": python_common::repo_root().join("client/python/kindling_push.py"),
+        "package": python_common::repo_root().join("deploy/python/kindling_client"),
     });
     let out = python_common::run_script("push_spark.py", &args).await;
     let mut agent_ids = Vec::new();
@@ -212,7 +212,7 @@ async fn the_push_helper_pushes_over_mutual_tls() {
     let script = r#"
 import json, sys
 import numpy as np, pyarrow as pa
-from kindling_push import PushError, push_batches
+from kindling_client.push import PushError, push_batches
 url, token = sys.argv[1], sys.argv[2]
 x1 = np.linspace(-1, 1, 500); x2 = np.linspace(1, -1, 500)
 t = pa.table({"x1": x1, "x2": x2.astype(np.float32), "y": (x1 + 2 * x2 > 0.1).astype(np.int32)})
@@ -234,7 +234,7 @@ print(json.dumps(out))
             .arg(script)
             .arg(&url)
             .arg(cluster.token().expect("token").expose())
-            .env("PYTHONPATH", python_common::repo_root().join("client/python"))
+            .env("PYTHONPATH", python_common::repo_root().join("deploy/python"))
             .env("KINDLING_TLS_CA", &client.ca)
             .env_remove("KINDLING_ALLOW_PLAINTEXT_TOKEN");
         if with_cert {

@@ -133,7 +133,7 @@ async fn transform_says_precisely_what_cannot_work() {
 
 /// A saved model served by agents that did not train it: from Rust
 /// (`TrainedModel::load` + `serve_on`) and from PySpark
-/// (`kindling_predict.serve_model` + `transform_fn`), the same predictions.
+/// (`kindling_client.predict.serve_model` + `transform_fn`), the same predictions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_saved_model_is_served_by_other_agents_from_rust_and_from_pyspark() {
     let (trainer, _dir) = cluster(1).await;
@@ -176,10 +176,7 @@ async fn a_saved_model_is_served_by_other_agents_from_rust_and_from_pyspark() {
         "agents": servers.agent_urls(),
         "token": servers.token().expect("token").expose(),
         "model_dir": saved.path(),
-        "modules": [
-            python_common::repo_root().join("client/python/kindling_push.py"),
-            python_common::repo_root().join("client/python/kindling_predict.py"),
-        ],
+        "package": python_common::repo_root().join("deploy/python/kindling_client"),
         "rows": 1_000,
     });
     let out = python_common::run_script("transform_spark.py", &args).await;

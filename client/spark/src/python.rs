@@ -224,11 +224,98 @@ impl SparkSession {
         self.add_artifacts(vec![(format!("pyfiles/{name}"), source.into())])
             .await
     }
+
+    /// Adds a Python package to the session as one zip (`pyfiles/<package>.zip`,
+    /// its `files` under `<package>/`): the executors can `import
+    /// <package>.<module>` in Python functions of this session, with nothing
+    /// installed on them. Each file is `(name.py, source)`, `__init__.py`
+    /// among them.
+    ///
+    /// ```no_run
+    /// # async fn demo(spark: kindling_spark::SparkSession) -> Result<(), kindling_spark::Error> {
+    /// spark.add_python_package("helpers", &[("__init__.py", ""), ("twice.py", "def twice(x):\n    return 2 * x\n")]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn add_python_package(&self, package: &str, files: &[(&str, &str)]) -> Result<()> {
+        let archive = python_package_zip(package, files)?;
+        self.add_artifacts(vec![(format!("pyfiles/{package}.zip"), Bytes::from(archive))])
+            .await
+    }
+}
+
+/// `files` as a zip of the package `package` (entries deflated, at a fixed
+/// time, so that the same files make the same bytes and Spark sees the same
+/// artifact again).
+fn python_package_zip(package: &str, files: &[(&str, &str)]) -> Result<Vec<u8>> {
+    let identifier = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+            && s.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+    };
+    if !identifier(package) {
+        return Err(Error::InvalidArgument(format!(
+            "`{package}` is not an importable Python package name"
+        )));
+    }
+    if !files.iter().any(|(name, _)| *name == "__init__.py") {
+        return Err(Error::InvalidArgument(format!(
+            "package `{package}` has no `__init__.py`"
+        )));
+    }
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .last_modified_time(zip::DateTime::default());
+    let failed =
+        |e: &dyn std::fmt::Display| Error::InvalidArgument(format!("zipping package `{package}`: {e}"));
+    for (name, source) in files {
+        if !name.strip_suffix(".py").is_some_and(identifier) {
+            return Err(Error::InvalidArgument(format!(
+                "`{name}` in package `{package}` is not a Python module file"
+            )));
+        }
+        zip.start_file(format!("{package}/{name}"), options)
+            .map_err(|e| failed(&e))?;
+        std::io::Write::write_all(&mut zip, source.as_bytes()).map_err(|e| failed(&e))?;
+    }
+    Ok(zip.finish().map_err(|e| failed(&e))?.into_inner())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The zip holds the package's files under its folder, byte for byte,
+    /// the same bytes each time (Spark sees one artifact), and what could not
+    /// be imported is refused, named.
+    #[test]
+    fn a_package_zips_under_its_folder_the_same_each_time() {
+        let files = [
+            ("__init__.py", "from .a import one\n"),
+            ("a.py", "def one():\n    return 1\n"),
+        ];
+        let zip = python_package_zip("pkg", &files).expect("zip");
+        assert_eq!(
+            zip,
+            python_package_zip("pkg", &files).expect("zip"),
+            "deterministic"
+        );
+        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip)).expect("a zip");
+        assert_eq!(archive.len(), 2);
+        for (name, source) in files {
+            let mut entry = archive.by_name(&format!("pkg/{name}")).expect("entry");
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut entry, &mut text).expect("read");
+            assert_eq!(text, source);
+        }
+        let refused = |package: &str, files: &[(&str, &str)]| match python_package_zip(package, files) {
+            Err(Error::InvalidArgument(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused("my-pkg", &files).contains("`my-pkg` is not an importable"));
+        assert!(refused("pkg", &files[1..]).contains("no `__init__.py`"));
+        assert!(refused("pkg", &[("__init__.py", ""), ("a/b.py", "")]).contains("`a/b.py`"));
+    }
 
     #[test]
     fn the_command_is_a_protocol_0_call_of_the_factory() {

@@ -37,7 +37,7 @@ pub enum Feed {
     #[default]
     DriverRelay,
     /// Every Spark task pushes its own partition straight to an agent with
-    /// `mapInArrow` and the shipped `kindling_push.py` (rows never cross the
+    /// `mapInArrow` and the shipped `kindling_client/push.py` (rows never cross the
     /// client; the executors need Python with pyarrow). See docs/executor-push.md.
     ExecutorPush(ExecutorPush),
 }
@@ -144,7 +144,7 @@ pub enum FeedError {
         /// The partition.
         partition: u32,
     },
-    /// A partition's summary row does not follow `kindling_push.SUMMARY_DDL`.
+    /// A partition's summary row does not follow `kindling_client.push.SUMMARY_DDL`.
     #[error("executor push: malformed summary: column `{column}`: {reason}")]
     MalformedSummary {
         /// The column.

@@ -1,6 +1,6 @@
 //! Executor push: every Spark task pushes its own partition straight to an
-//! agent (`kindling_push.udf_command` through a `mapInArrow` relation, with
-//! the module `client/python/kindling_push.py` uploaded as a session file);
+//! agent (`kindling_client.push.udf_command` through a `mapInArrow` relation, with
+//! the module `kindling_client.push` (`deploy/python/kindling_client/push.py`) uploaded as a session file);
 //! only one summary row per partition comes back to this process.
 
 use std::time::Duration;
@@ -14,9 +14,41 @@ use super::FeedError;
 use super::relay::Shards;
 use crate::spark::{DataFrame, MapInArrowUdf};
 
-/// The executor-push module, shipped to the executors as a session Python file.
-pub(crate) const KINDLING_PUSH_PY: &str = include_str!("../../python/kindling_push.py");
-/// `kindling_push.SUMMARY_DDL`: one row per pushed partition.
+/// The `kindling_client` Python package (`deploy/python`), shipped to the
+/// executors as one zip: executor push (`kindling_client.push`) and
+/// prediction (`kindling_client.predict`) use its one implementation of the
+/// Flight protocol.
+pub(crate) const KINDLING_CLIENT_PY: &[(&str, &str)] = &[
+    (
+        "__init__.py",
+        include_str!("../../../deploy/python/kindling_client/__init__.py"),
+    ),
+    (
+        "agent.py",
+        include_str!("../../../deploy/python/kindling_client/agent.py"),
+    ),
+    (
+        "errors.py",
+        include_str!("../../../deploy/python/kindling_client/errors.py"),
+    ),
+    (
+        "job.py",
+        include_str!("../../../deploy/python/kindling_client/job.py"),
+    ),
+    (
+        "messages.py",
+        include_str!("../../../deploy/python/kindling_client/messages.py"),
+    ),
+    (
+        "predict.py",
+        include_str!("../../../deploy/python/kindling_client/predict.py"),
+    ),
+    (
+        "push.py",
+        include_str!("../../../deploy/python/kindling_client/push.py"),
+    ),
+];
+/// `kindling_client.push.SUMMARY_DDL`: one row per pushed partition.
 pub(crate) const PUSH_SUMMARY_DDL: &str = "partition_id int, attempt int, agent string, agent_id string, \
      producer string, batches long, rows long, committed_rows long, duplicate boolean, node string, \
      node_local boolean";
@@ -189,7 +221,7 @@ pub struct PushedPartition {
 }
 
 /// Executor push: every Spark task pushes its partition to its agent
-/// (`kindling_push.udf_command` through a `mapInArrow` relation); only one
+/// (`kindling_client.push.udf_command` through a `mapInArrow` relation); only one
 /// summary row per partition comes back here. Checks the summaries against
 /// the DataFrame's count and every shard's rows against its agent.
 pub(crate) async fn push(
@@ -202,11 +234,16 @@ pub(crate) async fn push(
 ) -> Result<(Vec<u64>, Vec<PushedPartition>), FeedError> {
     let session = df.session();
     session
-        .add_python_file("kindling_push.py", KINDLING_PUSH_PY)
+        .add_python_package("kindling_client", KINDLING_CLIENT_PY)
         .await?;
     let config = task_config(ctx, opts, split, &shards, placed).await?;
-    let udf = MapInArrowUdf::new("kindling_push", "udf_command", PUSH_SUMMARY_DDL, opts.python())
-        .arg(config.to_string());
+    let udf = MapInArrowUdf::new(
+        "kindling_client.push",
+        "udf_command",
+        PUSH_SUMMARY_DDL,
+        opts.python(),
+    )
+    .arg(config.to_string());
     let summaries = df
         .map_in_arrow(&udf)?
         .collect()
@@ -256,7 +293,7 @@ pub(crate) async fn push(
     Ok((landed.rows, landed.report))
 }
 
-/// The push task's configuration (`kindling_push.py`): the job, the split,
+/// The push task's configuration (`kindling_client/push.py`): the job, the split,
 /// the agents, the credential the executors send, and on a re-send the
 /// agent each partition goes back to.
 async fn task_config(
@@ -458,7 +495,7 @@ async fn send_schema_where_nothing_landed(
     Ok(())
 }
 
-/// One partition's summary row from `kindling_push`.
+/// One partition's summary row from `kindling_client.push`.
 #[derive(Debug)]
 struct PushSummary {
     partition: u32,

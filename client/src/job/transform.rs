@@ -18,10 +18,6 @@ use crate::feed::AgentClient;
 use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
 use crate::spark::{DataFrame, MapInArrowUdf};
 
-/// `kindling_predict.py`, uploaded to the Spark session for the executors
-/// (with `kindling_push.py`, whose Flight helpers it uses).
-pub(crate) const KINDLING_PREDICT_PY: &str = include_str!("../../python/kindling_predict.py");
-
 /// How long the executors' credential for a served model lives.
 const READER_CREDENTIAL_TTL_SECS: u64 = 24 * 3600;
 
@@ -234,14 +230,16 @@ impl TrainedModel {
         }
         let session = df.session();
         session
-            .add_python_file("kindling_push.py", crate::feed::push::KINDLING_PUSH_PY)
+            .add_python_package("kindling_client", crate::feed::push::KINDLING_CLIENT_PY)
             .await?;
-        session
-            .add_python_file("kindling_predict.py", KINDLING_PREDICT_PY)
-            .await?;
-        let udf = MapInArrowUdf::new("kindling_predict", "udf_command", output, &opts.python_version)
-            .inputs(input.fields().iter().map(|f| f.name().clone()))
-            .arg(config.to_string());
+        let udf = MapInArrowUdf::new(
+            "kindling_client.predict",
+            "udf_command",
+            output,
+            &opts.python_version,
+        )
+        .inputs(input.fields().iter().map(|f| f.name().clone()))
+        .arg(config.to_string());
         Ok(df.map_in_arrow(&udf)?)
     }
 

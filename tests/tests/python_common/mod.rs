@@ -36,14 +36,7 @@ pub async fn run_script(script: &str, args: &serde_json::Value) -> serde_json::V
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg(&path)
         .arg(args.to_string())
-        .env(
-            "PYTHONPATH",
-            std::env::join_paths([
-                repo_root().join("deploy/python"),
-                repo_root().join("client/python"),
-            ])
-            .expect("PYTHONPATH"),
-        )
+        .env("PYTHONPATH", repo_root().join("deploy/python"))
         .stdin(Stdio::null());
     // The agents run on this runtime's other workers while the script talks to them.
     let out = tokio::task::spawn_blocking(move || cmd.output())

@@ -2,7 +2,7 @@
 
 Use with ``DataFrame.mapInArrow``::
 
-    from kindling_push import push_partition_fn, SUMMARY_DDL
+    from kindling_client.push import push_partition_fn, SUMMARY_DDL
     fn = push_partition_fn("my-job", token=TOKEN)          # agent from KINDLING_AGENT_ADDRESS
     summary = df.select("x1", "x2", "y").mapInArrow(fn, SUMMARY_DDL).collect()
 
@@ -13,9 +13,11 @@ of a committed producer as a duplicate (docs/protocol.md, "DoPut"). This relies
 on the partition yielding the same batches on every attempt (a deterministic
 plan and the same ``spark.sql.execution.arrow.maxRecordsPerBatch``).
 
-Only needs pyarrow (and pyspark's ``TaskContext`` when run inside Spark) and is
-self-contained: ship this one file to the executors with
-``spark.addArtifacts(path, pyfile=True)`` (Spark Connect) or ``--py-files``.
+The stream itself is :func:`kindling_client.put_stream` (one implementation of
+the exactly-once protocol for every Python producer). Needs only pyarrow (and
+pyspark's ``TaskContext`` when run inside Spark): ship the ``kindling_client``
+package to the executors as a zip with ``spark.addArtifacts(path, pyfile=True)``
+(Spark Connect) or ``--py-files``; the Rust client does so itself.
 """
 
 import json
@@ -23,11 +25,13 @@ import os
 import socket
 
 import pyarrow as pa
-import pyarrow.flight as fl
+
+from .agent import AgentClient, put_stream
+from .errors import KindlingError
 
 __all__ = [
-    "SUMMARY_SCHEMA", "SUMMARY_DDL", "PushError", "abort_stream", "agent_id", "node_name", "push_batches",
-    "push_partition_fn", "udf_command",
+    "SUMMARY_SCHEMA", "SUMMARY_DDL", "PushError", "agent_id", "node_name", "push_batches", "push_partition_fn",
+    "udf_command",
 ]
 
 #: One row per partition pushed.
@@ -54,65 +58,6 @@ SUMMARY_DDL = (
 
 class PushError(RuntimeError):
     """A partition could not be pushed; the task fails and Spark may retry it."""
-
-
-class _InjectedFailure(PushError):
-    pass
-
-
-def _location(address):
-    if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        return address
-    if address.startswith("http://"):
-        return "grpc://" + address[len("http://"):]
-    if address.startswith("https://"):
-        return "grpc+tls://" + address[len("https://"):]
-    return "grpc://" + address
-
-
-def _flight_client(address, token):
-    """A Flight client of ``address``: TLS for ``https://`` / ``grpc+tls://``
-    with ``KINDLING_TLS_CA`` (and ``KINDLING_TLS_CERT``/``KINDLING_TLS_KEY``
-    for mutual TLS, ``KINDLING_TLS_SERVER_NAME`` when agents are dialled by
-    IP); a token is never sent in plaintext off loopback unless
-    ``KINDLING_ALLOW_PLAINTEXT_TOKEN`` is set."""
-    location = _location(address)
-    env = os.environ.get
-    if location.startswith("grpc+tls://"):
-        def read(name):
-            path = env(name)
-            if not path:
-                return None
-            with open(path, "rb") as f:
-                return f.read()
-        kwargs = {k: v for k, v in (
-            ("tls_root_certs", read("KINDLING_TLS_CA")),
-            ("cert_chain", read("KINDLING_TLS_CERT")),
-            ("private_key", read("KINDLING_TLS_KEY")),
-            ("override_hostname", env("KINDLING_TLS_SERVER_NAME") or None),
-        ) if v is not None}
-        return fl.FlightClient(location, **kwargs)
-    if token and env("KINDLING_ALLOW_PLAINTEXT_TOKEN", "").lower() not in ("1", "true", "yes"):
-        host = location.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-        loopback = host.lower() == "localhost"
-        try:
-            import ipaddress
-            loopback = loopback or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            pass
-        if not loopback:
-            raise PushError(
-                f"refusing to send the bearer token in plaintext to {address} (not loopback): "
-                "use https:// agents with KINDLING_TLS_CA, or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1 "
-                "on a network you trust"
-            )
-    return fl.FlightClient(location)
-
-
-def _call_options(token, timeout):
-    """Flight call options carrying ``token`` as a bearer header (if any)."""
-    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
-    return fl.FlightCallOptions(headers=headers, timeout=timeout)
 
 
 def node_name():
@@ -158,89 +103,69 @@ def _choose_agent(partition_id, agents, *, node_local=False, job_id=None, token=
     return local
 
 
+def _allow_plaintext():
+    return os.environ.get("KINDLING_ALLOW_PLAINTEXT_TOKEN", "").lower() in ("1", "true", "yes")
+
+
+def _agent(address, token, timeout):
+    """An :class:`AgentClient` of ``address``: TLS for ``https://`` /
+    ``grpc+tls://`` with ``KINDLING_TLS_CA`` (and ``KINDLING_TLS_CERT``/
+    ``KINDLING_TLS_KEY`` for mutual TLS, ``KINDLING_TLS_SERVER_NAME`` when
+    agents are dialled by IP); a token is never sent in plaintext off loopback
+    unless ``KINDLING_ALLOW_PLAINTEXT_TOKEN`` is set."""
+    try:
+        return AgentClient(address, token=token, timeout=timeout, allow_plaintext_token=_allow_plaintext())
+    except ValueError as e:
+        raise PushError(f"{e} (or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1)") from e
+
+
 def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
                  columns=None, timeout=None, fail_after_batches=None, after_batch=None):
     """Streams ``batches`` to one agent as ``producer`` and commits them.
 
     Returns ``(batches, rows, final_ack)``; ``final_ack`` is ``None`` when there
     was nothing to send (no stream is opened for an empty partition). A failure
-    aborts the stream so the agent keeps none of its rows, then raises.
+    abandons the stream so the agent keeps none of its rows, then raises
+    :class:`PushError`. ``after_batch(n)`` runs once the agent acknowledged the
+    ``n``-th batch.
     """
-    options = _call_options(token, timeout)
-    client = None
-    writer = reader = None
-    seq = rows = 0
-    last = None  # a batch with the stream's schema, to abort with
-    try:
+    def nonempty():
         for batch in batches:
             if columns is not None:
                 batch = batch.select(columns)
-            if batch.num_rows == 0:
-                continue
-            if writer is None:
-                client = _flight_client(address, token)
-                writer, reader = client.do_put(
-                    fl.FlightDescriptor.for_path(job_id, split), batch.schema, options=options
-                )
-            if fail_after_batches is not None and seq >= fail_after_batches:
-                raise _InjectedFailure(f"injected failure: {producer} attempt {attempt} after {seq} batches")
-            last = batch
-            meta = json.dumps({"producer": producer, "seq": seq, "attempt": attempt}).encode()
-            writer.write_with_metadata(batch, pa.py_buffer(meta))
-            ack = reader.read()
-            if ack is None:
-                raise PushError(f"{producer}: agent {address} closed the stream before acking batch {seq}")
-            seq += 1
-            rows += batch.num_rows
+            if batch.num_rows > 0:
+                yield batch
+
+    it = nonempty()
+    first = next(it, None)
+    if first is None:
+        return 0, 0, None
+    sent = {"batches": 0, "rows": 0}
+
+    def acknowledged():
+        # The code after each ``yield`` runs when put_stream asks for the next
+        # batch: after the agent acknowledged this one.
+        for batch in _chain(first, it):
+            yield batch
+            sent["batches"] += 1
+            sent["rows"] += batch.num_rows
             if after_batch is not None:
-                after_batch(seq)
-        if writer is None:
-            return 0, 0, None
-        writer.done_writing()
-        final = reader.read()
-        if final is None:
-            raise PushError(f"{producer}: agent {address} sent no final ack")
-        final = json.loads(final.to_pybytes())
-        w, writer = writer, None
-        w.close()
-        if not (final.get("committed") or final.get("duplicate")):
-            raise PushError(f"{producer}: the final ack is not a commit: {final}")
-        return seq, rows, final
-    except fl.FlightError as e:
+                after_batch(sent["batches"])
+
+    agent = _agent(address, token, timeout)
+    try:
+        result = put_stream(agent, job_id, split, producer, acknowledged(), attempt=attempt,
+                            fail_after=fail_after_batches)
+    except KindlingError as e:
         raise PushError(f"{producer}: push to {address} failed: {e}") from e
     finally:
-        if writer is not None:
-            abort_stream(writer, reader, producer, last)
-        if client is not None:
-            client.close()
+        agent.close()
+    return sent["batches"], sent["rows"], result["final"]
 
 
-#: The ``seq`` of the poison batch sent by :func:`abort_stream`; never a real one.
-ABORT_SEQ = 2**63 - 1
-
-
-def abort_stream(writer, reader, producer, schema_batch):
-    """Abandons a DoPut stream so that the agent keeps none of its rows.
-
-    pyarrow cannot cancel a DoPut: ``close()`` (also run when the writer is
-    garbage collected) half-closes the stream, which the agent reads as a clean
-    end and *commits* the batches sent so far. So this sends one empty batch
-    whose ``seq`` breaks the producer's sequence; the agent refuses the stream
-    with ``INVALID_ARGUMENT`` and drops everything it staged (docs/protocol.md).
-    """
-    try:
-        if schema_batch is not None:
-            meta = json.dumps({"producer": producer, "seq": ABORT_SEQ, "attempt": -1}).encode()
-            writer.write_with_metadata(schema_batch.slice(0, 0), pa.py_buffer(meta))
-            writer.done_writing()
-            while reader.read() is not None:  # drains acks until the refusal arrives
-                pass
-    except (fl.FlightError, pa.ArrowException, OSError):
-        pass  # the refusal: the stream is gone and nothing was committed
-    try:
-        writer.close()
-    except (fl.FlightError, pa.ArrowException, OSError):
-        pass
+def _chain(first, rest):
+    yield first
+    yield from rest
 
 
 def agent_id(address, job_id, token=None, timeout=60.0):
@@ -249,16 +174,13 @@ def agent_id(address, job_id, token=None, timeout=60.0):
     A node-local Service address names a different agent on every node; the id
     tells the driver which agent holds a partition's rows.
     """
-    options = _call_options(token, timeout)
-    client = _flight_client(address, token)
+    agent = _agent(address, token, timeout)
     try:
-        body = json.dumps({"job_id": job_id}).encode()
-        [res] = list(client.do_action(fl.Action("job_status", body), options=options))
-        return json.loads(res.body.to_pybytes())["agent_id"]
-    except fl.FlightError as e:
+        return agent.job_status(job_id)["agent_id"]
+    except KindlingError as e:
         raise PushError(f"job_status of `{job_id}` at {address} failed: {e}") from e
     finally:
-        client.close()
+        agent.close()
 
 
 def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,

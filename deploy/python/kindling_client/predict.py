@@ -3,7 +3,7 @@
 Use with ``DataFrame.mapInArrow`` after serving the model on the agents
 (``serve_model``; the Rust client's ``TrainedModel::transform`` does both)::
 
-    from kindling_predict import transform_fn, output_ddl
+    from kindling_client.predict import transform_fn, output_ddl
     fn = transform_fn(MODEL_ID, columns=["x1", "x2"], token=READER_CREDENTIAL)
     scored = df.mapInArrow(fn, output_ddl(df.schema.simpleString(), "classification"))
 
@@ -14,8 +14,9 @@ batch by batch and appends the agent's prediction columns to each batch. The
 agent loads a model version once and every task shares it; no row leaves the
 node and none reaches the driver.
 
-Needs only pyarrow and ``kindling_push`` (ship both files with
-``spark.addArtifacts(path, pyfile=True)`` or ``--py-files``).
+Needs only pyarrow: ship the ``kindling_client`` package as a zip with
+``spark.addArtifacts(path, pyfile=True)`` or ``--py-files`` (the Rust client
+does so itself).
 """
 
 import base64
@@ -25,7 +26,9 @@ import os
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from kindling_push import _call_options, _flight_client, _task_info
+from .agent import AgentClient
+from .errors import KindlingError
+from .push import _allow_plaintext, _task_info
 
 __all__ = ["PredictError", "choose_agent", "output_ddl", "predict_batches", "serve_model", "transform_fn",
            "udf_command"]
@@ -40,6 +43,15 @@ PREDICTION_DDL = {
 
 class PredictError(RuntimeError):
     """A partition could not be predicted; the task fails and Spark may retry it."""
+
+
+def _agent(address, token, timeout):
+    """An :class:`AgentClient` of ``address`` (TLS and the plaintext rule as
+    for executor push)."""
+    try:
+        return AgentClient(address, token=token, timeout=timeout, allow_plaintext_token=_allow_plaintext())
+    except ValueError as e:
+        raise PredictError(f"{e} (or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1)") from e
 
 
 def output_ddl(input_ddl, task):
@@ -77,17 +89,16 @@ def choose_agent(partition_id, agents, *, require_node_local=False):
 def predict_batches(address, model_id, batches, *, columns, token=None, timeout=60.0):
     """Yields each of ``batches`` with the model's prediction columns appended,
     predicted by the agent at ``address`` over one ``DoExchange``."""
-    options = _call_options(token, timeout)
-    client = writer = None
+    agent = writer = None
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             features = batch.select(columns)
             if writer is None:
-                client = _flight_client(address, token)
+                agent = _agent(address, token, timeout)
                 descriptor = fl.FlightDescriptor.for_path(model_id, "predict")
-                writer, reader = client.do_exchange(descriptor, options=options)
+                writer, reader = agent.client.do_exchange(descriptor, options=agent.options)
                 writer.begin(features.schema)
             writer.write_batch(features)
             # The agent may answer one batch in several messages (its
@@ -119,8 +130,8 @@ def predict_batches(address, model_id, batches, *, columns, token=None, timeout=
     finally:
         if writer is not None:
             writer.close()
-        if client is not None:
-            client.close()
+        if agent is not None:
+            agent.close()
 
 
 def transform_fn(model_id, *, columns, token=None, agents=None, require_node_local=False, timeout=60.0,
@@ -162,15 +173,13 @@ def serve_model(address, model_dir, *, token=None, timeout=60.0):
     weights = base64.b64encode(sink.getvalue().to_pybytes()).decode()
     body = {"model_id": "", "spec": spec, "input_dim": meta["input_dim"],
             "inputs": meta["inputs"], "weights": weights}
-    client = _flight_client(address, token)
+    agent = _agent(address, token, timeout)
     try:
-        opts = _call_options(token, timeout)
-        [res] = list(client.do_action(fl.Action("serve_model", json.dumps(body).encode()), options=opts))
-        return json.loads(res.body.to_pybytes())["model_id"]
-    except fl.FlightError as e:
+        return agent.action("serve_model", body)["model_id"]
+    except KindlingError as e:
         raise PredictError(f"serve_model at {address} failed: {e}") from e
     finally:
-        client.close()
+        agent.close()
 
 
 def udf_command(config):
