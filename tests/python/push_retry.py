@@ -31,7 +31,12 @@ def partition(pid, rows, batch_rows):
 
 
 def attempt(args, pid, att, fail=None):
-    fn = push_partition_fn(args["job_id"], token=args["token"], agents=args["agents"], fail=fail,
+    hook = None
+    if fail is not None:
+        def hook(partition_id, attempt_no, acked):
+            if (partition_id, attempt_no, acked) == (fail["partition"], fail["attempt"], fail["after_batches"]):
+                raise PushError(f"injected failure: partition-{partition_id} attempt {attempt_no} after {acked} batches")
+    fn = push_partition_fn(args["job_id"], token=args["token"], agents=args["agents"], after_batch=hook,
                            task_info=lambda: (pid, att))
     batches = partition(pid, args["rows_per_partition"], args["batch_rows"])
     [summary] = list(fn(iter(batches)))

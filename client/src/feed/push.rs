@@ -236,6 +236,12 @@ pub(crate) async fn push(
     session
         .add_python_package("kindling_client", KINDLING_CLIENT_PY)
         .await?;
+    #[cfg(feature = "test-hooks")]
+    if test_hooks::args(opts).is_some() {
+        session
+            .add_python_file("kindling_test_hooks.py", test_hooks::MODULE_PY)
+            .await?;
+    }
     let config = task_config(ctx, opts, split, &shards, placed).await?;
     let udf = MapInArrowUdf::new(
         "kindling_client.push",
@@ -341,12 +347,8 @@ async fn task_config(
         config["routes"] = routes.into();
     }
     #[cfg(feature = "test-hooks")]
-    if let Some((partition, after)) = opts.fail_task {
-        config["fail"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after});
-    }
-    #[cfg(feature = "test-hooks")]
-    if let Some((partition, after, marker)) = &opts.stall_task {
-        config["stall"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after, "marker": marker});
+    if let Some(args) = test_hooks::args(opts) {
+        config["after_batch"] = serde_json::json!({"function": test_hooks::FUNCTION, "args": args});
     }
     Ok(config)
 }
@@ -578,3 +580,31 @@ fn python_version_hint(e: crate::spark::Error, configured: &str) -> FeedError {
 
 /// How long the executors' producer credential lives.
 const PRODUCER_CREDENTIAL_TTL_SECS: u64 = 24 * 3600;
+
+/// The faults the tests inject into executor push (feature `test-hooks`):
+/// a test-only Python module shipped beside the package, called after each
+/// acknowledged batch (`kindling_client.push`'s `after_batch`).
+#[cfg(feature = "test-hooks")]
+mod test_hooks {
+    use super::ExecutorPush;
+
+    /// `tests/python/kindling_test_hooks.py`.
+    pub(super) const MODULE_PY: &str = include_str!("../../../tests/python/kindling_test_hooks.py");
+    /// Its hook, as `udf_command`'s `after_batch` names it.
+    pub(super) const FUNCTION: &str = "kindling_test_hooks:after_batch";
+
+    /// The hook's arguments, when a fault is asked for.
+    pub(super) fn args(opts: &ExecutorPush) -> Option<serde_json::Value> {
+        if opts.fail_task.is_none() && opts.stall_task.is_none() {
+            return None;
+        }
+        let mut args = serde_json::json!({});
+        if let Some((partition, after)) = opts.fail_task {
+            args["fail"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after});
+        }
+        if let Some((partition, after, marker)) = &opts.stall_task {
+            args["stall"] = serde_json::json!({"partition": partition, "attempt": 0, "after_batches": after, "marker": marker});
+        }
+        Some(args)
+    }
+}

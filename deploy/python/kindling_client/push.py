@@ -120,14 +120,14 @@ def _agent(address, token, timeout):
 
 
 def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
-                 columns=None, timeout=None, fail_after_batches=None, after_batch=None):
+                 columns=None, timeout=None, after_batch=None):
     """Streams ``batches`` to one agent as ``producer`` and commits them.
 
     Returns ``(batches, rows, final_ack)``; ``final_ack`` is ``None`` when there
     was nothing to send (no stream is opened for an empty partition). A failure
     abandons the stream so the agent keeps none of its rows, then raises
-    :class:`PushError`. ``after_batch(n)`` runs once the agent acknowledged the
-    ``n``-th batch.
+    :class:`PushError` (or what ``after_batch`` raised). ``after_batch(n)``
+    runs once the agent acknowledged the ``n``-th batch.
     """
     def nonempty():
         for batch in batches:
@@ -154,8 +154,7 @@ def push_batches(address, job_id, batches, *, producer, token=None, split="train
 
     agent = _agent(address, token, timeout)
     try:
-        result = put_stream(agent, job_id, split, producer, acknowledged(), attempt=attempt,
-                            fail_after=fail_after_batches)
+        result = put_stream(agent, job_id, split, producer, acknowledged(), attempt=attempt)
     except KindlingError as e:
         raise PushError(f"{producer}: push to {address} failed: {e}") from e
     finally:
@@ -184,7 +183,7 @@ def agent_id(address, job_id, token=None, timeout=60.0):
 
 
 def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns=None, timeout=60.0,
-                      node_local=False, routes=None, fail=None, stall=None, task_info=None):
+                      node_local=False, routes=None, after_batch=None, task_info=None):
     """A ``mapInArrow`` function pushing each partition to its agent.
 
     - ``agents``: list of Flight addresses; partition ``p`` goes to
@@ -197,14 +196,12 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
       partitions yield no summary row.
     - ``token``: the cluster's bearer token (else env ``KINDLING_TOKEN``).
     - ``columns``: the columns to send (default: every column of the input).
-    - ``fail``: tests only, ``{"partition": p, "attempt": a, "after_batches": k}``
-      makes that task attempt fail after ``k`` batches, mid-stream.
-    - ``stall``: tests only, ``{"partition": p, "attempt": a, "after_batches": k,
-      "marker": path}``: that task attempt writes its pid to ``path`` after
-      ``k`` acked batches and then waits (an hour) mid-stream, for a test to
-      kill its executor.
-    - ``task_info``: tests only, a callable returning ``(partition_id, attempt)``
-      instead of Spark's ``TaskContext``.
+    - ``after_batch``: ``after_batch(partition_id, attempt, acked)`` runs in
+      the task each time the agent acknowledged a batch (progress, or a
+      fault injected mid-stream: an exception it raises fails the task and
+      the stream is abandoned, nothing of it kept).
+    - ``task_info``: a callable returning ``(partition_id, attempt)`` instead
+      of Spark's ``TaskContext`` (outside Spark).
 
     Yields one row of :data:`SUMMARY_SCHEMA` per partition.
     """
@@ -224,21 +221,13 @@ def push_partition_fn(job_id, *, token=None, agents=None, split="train", columns
             address = _choose_agent(partition_id, agents, node_local=node_local, job_id=job_id,
                                     token=secret, timeout=timeout)
         producer = f"partition-{partition_id}"
-        fail_after = None
-        if fail and fail.get("partition") == partition_id and fail.get("attempt", 0) == attempt:
-            fail_after = int(fail["after_batches"])
-        after_batch = None
-        if stall and stall.get("partition") == partition_id and stall.get("attempt", 0) == attempt:
-            def after_batch(sent, k=int(stall["after_batches"]), marker=stall["marker"]):
-                if sent == k:
-                    import time
-                    with open(marker + ".tmp", "w") as f:
-                        f.write(str(os.getpid()))
-                    os.replace(marker + ".tmp", marker)
-                    time.sleep(3600)
+        acked = None
+        if after_batch is not None:
+            def acked(n):
+                after_batch(partition_id, attempt, n)
         n_batches, rows, final = push_batches(
             address, job_id, iterator, producer=producer, token=secret, split=split, attempt=attempt,
-            columns=columns, timeout=timeout, fail_after_batches=fail_after, after_batch=after_batch,
+            columns=columns, timeout=timeout, after_batch=acked,
         )
         duplicate = bool(final and final.get("duplicate"))
         committed = 0 if final is None or duplicate else int(final["rows"])
@@ -260,17 +249,36 @@ def udf_command(config):
     For a driver that builds the ``mapInArrow`` plan itself (the Rust client's
     MapPartitions relation pickles the call ``udf_command("<json>")``):
     ``config`` holds ``job_id`` and optionally ``token``, ``agents``, ``split``,
-    ``columns``, ``timeout``, ``node_local``, ``routes`` and the test hooks
-    ``fail`` and ``stall`` (see :func:`push_partition_fn`).
+    ``columns``, ``timeout``, ``node_local``, ``routes`` (see
+    :func:`push_partition_fn`) and ``after_batch``: ``{"function":
+    "module:name", "args": <JSON>}``, a function importable in the task (a
+    module the driver added to the session) called as ``name(args,
+    partition_id, attempt, acked)`` after each acknowledged batch.
     """
     if isinstance(config, (str, bytes)):
         config = json.loads(config)
-    allowed = {"job_id", "token", "agents", "split", "columns", "timeout", "node_local", "routes", "fail",
-               "stall"}
+    allowed = {"job_id", "token", "agents", "split", "columns", "timeout", "node_local", "routes", "after_batch"}
     unknown = set(config) - allowed
     if unknown:
         raise PushError(f"udf_command: unknown option(s) {sorted(unknown)}; known: {sorted(allowed)}")
     if "job_id" not in config:
         raise PushError("udf_command: `job_id` is required")
     kwargs = {k: v for k, v in config.items() if k != "job_id"}
+    if "after_batch" in kwargs:
+        kwargs["after_batch"] = _imported_hook(kwargs["after_batch"])
     return push_partition_fn(config["job_id"], **kwargs), SUMMARY_DDL
+
+
+def _imported_hook(spec):
+    """``after_batch`` of :func:`udf_command`'s config as a callable."""
+    try:
+        module, name = spec["function"].split(":", 1)
+        args = spec.get("args")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise PushError(f"udf_command: after_batch must be {{'function': 'module:name', 'args': ...}}, got {spec!r}") from e
+
+    def hook(partition_id, attempt, acked):
+        import importlib
+        return getattr(importlib.import_module(module), name)(args, partition_id, attempt, acked)
+
+    return hook
