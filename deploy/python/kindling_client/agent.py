@@ -7,7 +7,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -335,7 +335,7 @@ def put_stream(
     schema: Optional[pa.Schema] = None,
     attempt: int = 0,
     first_seq: int = 0,
-    fail_after: Optional[int] = None,
+    after_batch: Optional[Callable[[int], None]] = None,
 ) -> PutResult:
     """Streams ``batches`` as ``producer`` with ``seq`` from ``first_seq`` and commits them.
 
@@ -344,9 +344,10 @@ def put_stream(
     first). A producer split over several streams passes the next stream the
     ``next_seq`` of the previous result. A refused stream raises the
     agent's error: pyarrow reports it only at ``writer.close()``, after
-    ``reader.read()`` returned None, so this reads it there. ``fail_after``
-    (tests) raises after that many batches, as a failing task would; the
-    stream is then abandoned and the agent keeps none of its rows.
+    ``reader.read()`` returned None, so this reads it there.
+    ``after_batch(n)`` runs once the agent acknowledged the ``n``-th batch
+    (progress; an exception it raises, as a failing task's would, abandons
+    the stream and the agent keeps none of its rows).
 
     Returns ``{"acks", "final", "next_seq"}``.
     """
@@ -368,12 +369,6 @@ def put_stream(
     final: Optional[PutAck] = None
     try:
         for batch in _chain(first, it):
-            if fail_after is not None and seq - first_seq >= fail_after:
-                raise KindlingError(
-                    f"injected failure after {seq - first_seq} batches of {producer}",
-                    action=action,
-                    agent=agent.address,
-                )
             meta = json.dumps({"producer": producer, "seq": seq, "attempt": attempt}).encode()
             writer.write_with_metadata(batch, pa.py_buffer(meta))
             ack = reader.read()
@@ -381,6 +376,8 @@ def put_stream(
                 break
             acks.append(json.loads(ack.to_pybytes()))
             seq += 1
+            if after_batch is not None:
+                after_batch(seq - first_seq)
         else:
             writer.done_writing()
             buf = reader.read()

@@ -142,19 +142,19 @@ def push_batches(address, job_id, batches, *, producer, token=None, split="train
         return 0, 0, None
     sent = {"batches": 0, "rows": 0}
 
-    def acknowledged():
-        # The code after each ``yield`` runs when put_stream asks for the next
-        # batch: after the agent acknowledged this one.
+    def counted():
         for batch in _chain(first, it):
-            yield batch
-            sent["batches"] += 1
             sent["rows"] += batch.num_rows
-            if after_batch is not None:
-                after_batch(sent["batches"])
+            yield batch
+
+    def acked(n):
+        sent["batches"] = n
+        if after_batch is not None:
+            after_batch(n)
 
     agent = _agent(address, token, timeout)
     try:
-        result = put_stream(agent, job_id, split, producer, acknowledged(), attempt=attempt)
+        result = put_stream(agent, job_id, split, producer, counted(), attempt=attempt, after_batch=acked)
     except KindlingError as e:
         raise PushError(f"{producer}: push to {address} failed: {e}") from e
     finally:

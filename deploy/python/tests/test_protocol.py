@@ -307,3 +307,29 @@ def test_every_error_is_a_kindling_error_naming_action_and_agent(agents: List[Ag
     assert str(err.value).startswith(f"cancel_job on {agents[0].address}: ")
     assert err.value.__cause__ is err.value.flight_error
     assert isinstance(err.value, NotFound) and not isinstance(err.value, Unimplemented)
+
+
+def test_a_producer_failing_mid_stream_leaves_nothing_and_its_retry_commits(
+    agents: List[AgentClient], job_id: str
+) -> None:
+    """``after_batch`` runs after each acknowledged batch; what it raises
+    abandons the stream (docs/protocol.md, "Abandoning a stream"): the agent
+    keeps none of its rows, and the producer's retry commits every row once."""
+    agent = agents[0]
+    started(agent, job_id)
+    batches = rule_table(1000, 3).to_batches(max_chunksize=250)
+    acked: List[int] = []
+
+    def fail_after_two(n: int) -> None:
+        acked.append(n)
+        if n == 2:
+            raise RuntimeError("the task failed")
+
+    with pytest.raises(RuntimeError, match="the task failed"):
+        put_stream(agent, job_id, "train", "p", batches, after_batch=fail_after_two)
+    assert acked == [1, 2]
+    assert agent.job_status(job_id)["rows_train"] == 0
+    retry = put_stream(agent, job_id, "train", "p", batches, attempt=1, after_batch=acked.append)
+    assert acked == [1, 2, 1, 2, 3, 4]
+    assert final_of(retry)["stream_rows"] == 1000
+    assert agent.job_status(job_id)["rows_train"] == 1000
