@@ -717,9 +717,17 @@ async fn a_sigkilled_rendezvous_restarted_on_its_address_loses_no_job_and_no_att
     assert_eq!(during.state, AgentJobState::Training, "{during:#?}");
     assert_eq!(status(&url_b, "outage").await.state, AgentJobState::Training);
 
-    // Restarted on the same address with the same state dir.
+    // Restarted on the same address with the same state dir. Its readiness
+    // comes as its listener is bound, the restore just after: the log line
+    // is awaited (bounded), not read once.
     cluster.start_rendezvous().await;
-    let logs = cluster.rendezvous.as_ref().expect("rendezvous").logs();
+    let restarted = cluster.rendezvous.as_ref().expect("rendezvous");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut logs = restarted.logs();
+    while !logs.contains("state restored") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        logs = restarted.logs();
+    }
     assert!(
         logs.contains("state restored"),
         "rendezvous log after the restart:\n{logs}"
