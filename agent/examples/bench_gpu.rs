@@ -31,7 +31,7 @@
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, on
 //! the host round trip, on the device (its losses read each step or every
-//! 100) and burn alone (as it is, with Kindling's optimizer, with each batch
+//! 25, as the trainer reads them) and burn alone (as it is, with Kindling's optimizer, with each batch
 //! converted from Arrow), in alternating rounds.
 
 use std::time::{Duration, Instant};
@@ -343,7 +343,7 @@ fn list(name: &str, default: &str) -> Vec<String> {
 const AB_PATHS: [&str; 6] = [
     "host round trip (default)",
     "step on the device, loss read each step",
-    "step on the device, losses read every 100 steps",
+    "step on the device, losses read every 25 steps (the trainer's)",
     "burn alone, Kindling's optimizer on the device",
     "burn alone, each batch from Arrow",
     "burn alone",
@@ -360,7 +360,14 @@ fn ab_path(
     match which {
         0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
         1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
-        2 => kindling_step(spec, layout, data, device, run, StepPath::DeviceEvery(100)),
+        2 => kindling_step(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            StepPath::DeviceEvery(trainer::LOSS_READ_EVERY),
+        ),
         3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
         4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
         _ => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),

@@ -3,7 +3,7 @@
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float32Type, Int64Type};
-use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use burn::tensor::{AllocationProperty, Bool, Bytes, DType, Device, Int, Tensor, TensorData};
 use kindling_schemas::schema::{FeatureColumn, FeatureKind, FeatureLayout};
 use kindling_schemas::spec::{JobSpec, Task};
 
@@ -78,11 +78,32 @@ pub fn features(
     layout: &FeatureLayout,
     device: &Device,
 ) -> Result<Tensor<2>, AgentError> {
+    let shape = [batch.num_rows(), layout.input_dim];
+    if let Some(bytes) = vector_bytes(batch, layout)? {
+        // Arrow's buffer handed over as it is: the upload is its one copy.
+        let bytes = Bytes::from_shared(bytes, AllocationProperty::Native);
+        return Ok(Tensor::from_data(TensorData::from_bytes(bytes, shape, DType::F32), device));
+    }
     let data = features_row_major(batch, layout)?;
-    Ok(Tensor::from_data(
-        TensorData::new(data, [batch.num_rows(), layout.input_dim]),
-        device,
-    ))
+    Ok(Tensor::from_data(TensorData::new(data, shape), device))
+}
+
+/// A lone vector feature column's values as shared bytes, without a copy
+/// (the column is row-major already), or `None` for any other layout.
+fn vector_bytes(batch: &RecordBatch, layout: &FeatureLayout) -> Result<Option<bytes::Bytes>, AgentError> {
+    let [feature] = layout.features.as_slice() else {
+        return Ok(None);
+    };
+    let FeatureKind::Vector { len } = feature.kind else {
+        return Ok(None);
+    };
+    let list = column(batch, &feature.name)?.as_fixed_size_list();
+    let values = list.values().as_primitive::<Float32Type>().values();
+    let start = list.value_offset_at(0);
+    let n = batch.num_rows() * len;
+    let size = std::mem::size_of::<f32>();
+    let buffer = values.inner().slice_with_length(start * size, n * size);
+    Ok(Some(bytes::Bytes::from_owner(buffer)))
 }
 
 /// One float column `[rows, width]` (a scalar column has width 1).
@@ -244,4 +265,47 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, Agent
         .column_by_name(name)
         .map(|c| c.as_ref())
         .ok_or_else(|| ModelError::MissingColumn(name.to_owned()).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, FixedSizeListArray, Float32Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use burn::tensor::Device;
+    use kindling_schemas::schema::{StreamKind, validate};
+    use kindling_schemas::spec::{JobSpec, Task};
+
+    /// A lone vector column goes to the device from Arrow's own buffer, and
+    /// a batch sliced out of a larger one (its values at an offset) gives its
+    /// own rows, not the parent's first ones.
+    #[test]
+    fn a_vector_column_is_handed_over_without_a_copy_at_its_offset() {
+        let values: Vec<f32> = (0..40).map(|i| i as f32 * 0.5).collect();
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        let list = FixedSizeListArray::new(item, 4, Arc::new(Float32Array::from(values.clone())), None);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x", list.data_type().clone(), false),
+            Field::new("y", DataType::Int64, false),
+        ]));
+        let labels = arrow::array::Int64Array::from((0..10).map(|i| i % 2).collect::<Vec<i64>>());
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(list), Arc::new(labels)]).expect("batch");
+        let spec = JobSpec::builder()
+            .task(Task::Classification { num_classes: 2 })
+            .features(["x"])
+            .label("y")
+            .build()
+            .expect("spec");
+        let layout = validate(&batch.schema(), &spec, StreamKind::Train).expect("layout");
+        assert!(super::vector_bytes(&batch, &layout).expect("bytes").is_some(), "the shared path");
+        let device = Device::default();
+        for (offset, rows) in [(0, 10), (3, 5), (9, 1)] {
+            let part = batch.slice(offset, rows);
+            let t = super::features(&part, &layout, &device).expect("features");
+            assert_eq!(t.dims(), [rows, 4]);
+            let got = t.into_data().convert::<f32>().as_slice::<f32>().expect("f32").to_vec();
+            assert_eq!(got, values[offset * 4..(offset + rows) * 4], "rows from {offset}");
+        }
+    }
 }

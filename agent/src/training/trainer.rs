@@ -64,6 +64,7 @@ mod eval;
 mod start;
 
 pub use cursor::{BatchCursor, Pull};
+pub use epoch::LOSS_READ_EVERY;
 
 /// Live numbers of a running training, shared with the status endpoint.
 #[derive(Debug, Clone, Default)]
