@@ -29,14 +29,20 @@
 //! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
-//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, on
-//! the host round trip, on the device (its losses read each step or every
-//! 25, as the trainer reads them) and burn alone (as it is, with Kindling's optimizer, with each batch
-//! converted from Arrow), in alternating rounds.
+//! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, in
+//! alternating rounds: the host round trip; on the device, its losses read
+//! each step or every 25 as the trainer reads them, and with the batches kept
+//! on the device (the trainer's epochs after the first); and burn's own loop
+//! as it is, with Kindling's optimizer, with each batch converted from Arrow,
+//! and with Adam written out as burn's optimizer adaptor steps (with and
+//! without a second handle on the weights), which splits what Kindling's
+//! optimizer costs. With a `cubecl.toml` turning on cubecl's profiling
+//! logger, `deploy/gpu/launches.py` reads each path's kernels from the log.
 
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
+use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::models::builtin::{MlpModel, MlpModelConfig};
@@ -97,6 +103,9 @@ enum StepPath {
     /// As `Device`, the losses summed on the device and read every `k`
     /// steps (and after the last).
     DeviceEvery(usize),
+    /// As `DeviceEvery`, the batches' inputs kept on the device once staged
+    /// (the trainer's epochs after the first).
+    DeviceKept(usize),
 }
 
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
@@ -117,6 +126,9 @@ fn kindling_step(
         resident.then(|| DeviceOptimizer::upload(&optim, &weights, &layout_of_params, None, device));
     // The next batch staged meanwhile, as the trainer does on a GPU.
     let mut pipeline = Pipeline::new(true);
+    if let StepPath::DeviceKept(_) = path {
+        pipeline = pipeline.keeping(u64::MAX);
+    }
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
     // Losses not read yet (summed on the device when read).
@@ -147,7 +159,7 @@ fn kindling_step(
                 model = model.device_step(opt, (1.0 / share.weight) as f32);
                 pending.extend(share.loss_sum);
                 let every = match path {
-                    StepPath::DeviceEvery(k) => k,
+                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) => k,
                     _ => 1,
                 };
                 if (i + 1) % every == 0 {
@@ -176,6 +188,63 @@ enum BurnLoop {
     KindlingOptimizer,
     /// Each step's batch converted from Arrow and uploaded then.
     ArrowEachStep,
+    /// Adam written here as burn's optimizer adaptor applies it (the
+    /// parameter's own tensor stepped, state per parameter), `master` also
+    /// keeping each parameter's weights as a second handle as
+    /// [`DeviceOptimizer`] does: what part of Kindling's optimizer costs.
+    ByHand { master: bool },
+}
+
+/// Adam by hand for [`BurnLoop::ByHand`]: burn 0.22's arithmetic, the
+/// gradient taken out of `grads`, the state per parameter in visiting order.
+struct HandAdam<'a> {
+    grads: &'a mut GradientsParams,
+    state: &'a mut Vec<Option<Box<dyn std::any::Any>>>,
+    master: Option<&'a mut Vec<Option<Box<dyn std::any::Any>>>>,
+    time: i32,
+    lr: f32,
+    index: usize,
+}
+
+impl burn::module::ModuleMapper for HandAdam<'_> {
+    fn map_float<const D: usize>(
+        &mut self,
+        param: burn::module::Param<burn::tensor::Tensor<D>>,
+    ) -> burn::module::Param<burn::tensor::Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        let i = self.index;
+        self.index += 1;
+        let Some(grad) = self.grads.remove::<D>(id) else {
+            return burn::module::Param::from_mapped_value(id, tensor, mapper);
+        };
+        let require_grad = tensor.is_require_grad();
+        type T<const D: usize> = burn::tensor::Tensor<D>;
+        let w = match self.master.as_mut().and_then(|m| m[i].take()) {
+            Some(m) => {
+                drop(tensor);
+                *m.downcast::<T<D>>().expect("rank")
+            }
+            None => tensor.inner(),
+        };
+        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-5f32);
+        let (m, v) = match self.state[i].take() {
+            Some(mv) => *mv.downcast::<(T<D>, T<D>)>().expect("rank"),
+            None => (grad.zeros_like(), grad.zeros_like()),
+        };
+        let m = m.mul_scalar(b1).add(grad.clone().mul_scalar(1.0 - b1));
+        let v = v.mul_scalar(b2).add(grad.square().mul_scalar(1.0 - b2));
+        let bias2 = (1.0 - b2.powi(self.time)).sqrt();
+        let factor = bias2 / (1.0 - b1.powi(self.time));
+        let delta = m.clone().div(v.clone().sqrt().add_scalar(eps)).mul_scalar(factor);
+        let next = w - delta.mul_scalar(self.lr);
+        self.state[i] = Some(Box::new((m, v)));
+        if let Some(master) = self.master.as_mut() {
+            master[i] = Some(Box::new(next.clone()));
+        }
+        let next = burn::tensor::Tensor::from_inner(next);
+        let next = if require_grad { next.require_grad() } else { next };
+        burn::module::Param::from_mapped_value(id, next, mapper)
+    }
 }
 
 /// The MLP in burn's own loop (device tensors, forward, backward, burn's
@@ -201,6 +270,8 @@ fn burn_alone(
         anyhow::Ok((x, y))
     };
     let tensors: Vec<_> = data.iter().map(tensorized).collect::<Result<_, _>>()?;
+    let mut hand_state = Vec::new();
+    let mut hand_master = Vec::new();
     let lr = spec.optimizer.learning_rate();
     let mut t = Instant::now();
     let mut last: Option<burn::tensor::Tensor<1>> = None;
@@ -217,13 +288,28 @@ fn burn_alone(
             _ => tensors[i % tensors.len()].clone(),
         };
         let loss = task_loss(spec.task, model.forward_features(x), y, device);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = match ours.as_mut() {
-            Some(opt) => {
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = match (ours.as_mut(), variant) {
+            (Some(opt), _) => {
                 optim::device::gather(&model, &grads, opt);
+                // As the trainer does: the gradients held only by the optimizer.
+                drop(grads);
                 optim::device::step(model, opt, 1.0)
             }
-            None => optim.step(lr, model, grads),
+            (None, BurnLoop::ByHand { master }) => {
+                let n = params::layout(&model).len();
+                hand_state.resize_with(n, || None);
+                hand_master.resize_with(n, || None);
+                model.map(&mut HandAdam {
+                    grads: &mut grads,
+                    state: &mut hand_state,
+                    master: master.then_some(&mut hand_master),
+                    time: i as i32 + 1,
+                    lr: lr as f32,
+                    index: 0,
+                })
+            }
+            (None, _) => optim.step(lr, model, grads),
         };
         last = Some(loss);
     }
@@ -340,13 +426,16 @@ fn list(name: &str, default: &str) -> Vec<String> {
 }
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 6] = [
+const AB_PATHS: [&str; 9] = [
     "host round trip (default)",
     "step on the device, loss read each step",
     "step on the device, losses read every 25 steps (the trainer's)",
     "burn alone, Kindling's optimizer on the device",
     "burn alone, each batch from Arrow",
     "burn alone",
+    "burn alone, Adam by hand as burn's adaptor steps",
+    "burn alone, Adam by hand with master weights kept",
+    "step on the device, losses every 25 steps, batches kept on the device (epochs after the first)",
 ];
 
 /// One run of `--ab`'s path `which`: samples/s.
@@ -370,7 +459,24 @@ fn ab_path(
         ),
         3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
         4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
-        _ => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
+        5 => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
+        6 => burn_alone(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            BurnLoop::ByHand { master: false },
+        ),
+        7 => burn_alone(spec, layout, data, device, run, BurnLoop::ByHand { master: true }),
+        _ => kindling_step(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
+        ),
     }
 }
 

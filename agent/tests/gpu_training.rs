@@ -255,7 +255,12 @@ mod on_gpu {
         assert_eq!(gpu.history.len(), cpu.history.len());
         // Every step's loss, at its step (a step kept on the device reads its
         // losses every few steps).
-        let steps = |s: &AgentJobStatus| s.step_losses.iter().map(|p| (p.epoch, p.step)).collect::<Vec<_>>();
+        let steps = |s: &AgentJobStatus| {
+            s.step_losses
+                .iter()
+                .map(|p| (p.epoch, p.step))
+                .collect::<Vec<_>>()
+        };
         assert_eq!(steps(gpu), steps(cpu), "the steps whose losses were kept");
         for (g, c) in gpu.step_losses.iter().zip(&cpu.step_losses) {
             assert!((g.loss - c.loss).abs() < 1e-3 * c.loss.max(0.1), "{g:?} vs {c:?}");

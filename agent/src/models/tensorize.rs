@@ -82,7 +82,10 @@ pub fn features(
     if let Some(bytes) = vector_bytes(batch, layout)? {
         // Arrow's buffer handed over as it is: the upload is its one copy.
         let bytes = Bytes::from_shared(bytes, AllocationProperty::Native);
-        return Ok(Tensor::from_data(TensorData::from_bytes(bytes, shape, DType::F32), device));
+        return Ok(Tensor::from_data(
+            TensorData::from_bytes(bytes, shape, DType::F32),
+            device,
+        ));
     }
     let data = features_row_major(batch, layout)?;
     Ok(Tensor::from_data(TensorData::new(data, shape), device))
@@ -298,13 +301,21 @@ mod tests {
             .build()
             .expect("spec");
         let layout = validate(&batch.schema(), &spec, StreamKind::Train).expect("layout");
-        assert!(super::vector_bytes(&batch, &layout).expect("bytes").is_some(), "the shared path");
+        assert!(
+            super::vector_bytes(&batch, &layout).expect("bytes").is_some(),
+            "the shared path"
+        );
         let device = Device::default();
         for (offset, rows) in [(0, 10), (3, 5), (9, 1)] {
             let part = batch.slice(offset, rows);
             let t = super::features(&part, &layout, &device).expect("features");
             assert_eq!(t.dims(), [rows, 4]);
-            let got = t.into_data().convert::<f32>().as_slice::<f32>().expect("f32").to_vec();
+            let got = t
+                .into_data()
+                .convert::<f32>()
+                .as_slice::<f32>()
+                .expect("f32")
+                .to_vec();
             assert_eq!(got, values[offset * 4..(offset + rows) * 4], "rows from {offset}");
         }
     }

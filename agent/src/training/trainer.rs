@@ -184,6 +184,19 @@ struct Trainer {
     resident: Option<DeviceOptimizer>,
 }
 
+/// Device bytes a GPU job keeps its batches' inputs in for the epochs after
+/// the first ([`Pipeline::keeping`]): a quarter of the adapter's memory; none
+/// off the GPU or where the adapter states no size.
+fn kept_batches_budget(device: &Device) -> u64 {
+    if !crate::models::device::is_gpu(device) {
+        return 0;
+    }
+    crate::models::device::gpu()
+        .ok()
+        .and_then(|(_, info)| info.memory_bytes)
+        .map_or(0, |bytes| bytes / 4)
+}
+
 /// Trains one attempt to the end. Returns early with an error when the ring
 /// fails (a peer died), the token is cancelled, the loss diverges, or the
 /// train split is empty on every rank.
@@ -203,7 +216,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let optim = FlatOptimizer::for_job(&spec, &model.param_layout())?;
     let mut t = Trainer {
-        pipeline: Pipeline::new(crate::models::device::is_gpu(&device)),
+        pipeline: Pipeline::new(crate::models::device::is_gpu(&device)).keeping(kept_batches_budget(&device)),
         device,
         weights: Vec::new(),
         exchange: GradientStep::for_spec(&spec),
