@@ -717,9 +717,9 @@ async fn a_sigkilled_rendezvous_restarted_on_its_address_loses_no_job_and_no_att
     assert_eq!(during.state, AgentJobState::Training, "{during:#?}");
     assert_eq!(status(&url_b, "outage").await.state, AgentJobState::Training);
 
-    // Restarted on the same address with the same state dir. Its readiness
-    // comes as its listener is bound, the restore just after: the log line
-    // is awaited (bounded), not read once.
+    // Restarted on the same address with the same state dir: ready only once
+    // its state is restored (`serve_ready`). The log line reaches the test
+    // through a pipe, so it is awaited (bounded) rather than read once.
     cluster.start_rendezvous().await;
     let restarted = cluster.rendezvous.as_ref().expect("rendezvous");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -11,7 +11,7 @@
 //! - [`types`]: the server's own settings ([`RendezvousConfig`]) and [`ReapReport`].
 //! - [`state`]: the pure state machine of agents, jobs and attempts (no gRPC).
 //! - [`store`]: the state file that lets a restarted rendezvous lose nothing.
-//! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`].
+//! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`] ([`serve_ready`] marks a readiness probe once the state is restored).
 //! - [`metrics`]: the Prometheus families (`/metrics`).
 //! - [`page`]: the status page and its data (`/`, `/api/status`), from the
 //!   state and the agents' heartbeat reports.
@@ -31,6 +31,6 @@ pub mod types;
 
 pub use embedded::EmbeddedRendezvous;
 pub use error::{RecordError, RendezvousError, StorageError};
-pub use server::{RendezvousService, ServerConfig, serve};
+pub use server::{RendezvousService, ServerConfig, serve, serve_ready};
 pub use state::RendezvousState;
 pub use types::{ReapReport, RendezvousConfig};

@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use kindling_ops::cli::{LogArgs, TlsArgs, TokenArgs};
 use kindling_ops::web::probes::{HealthServer, Readiness};
-use kindling_rendezvous::{RendezvousConfig, ServerConfig, serve};
+use kindling_rendezvous::{RendezvousConfig, ServerConfig, serve_ready};
 use tokio_util::sync::CancellationToken;
 
 /// Gang start, barrier / all-gather and whole-group retry for Kindling agents.
@@ -132,9 +132,13 @@ async fn main() -> anyhow::Result<()> {
     let health = HealthServer::start(health_listener, ready.clone(), shutdown.child_token())
         .context("starting the health server")?;
     tracing::info!(addr = %health.addr(), "health probes listening");
-    let mut server = tokio::spawn(serve(listener, config, shutdown.clone()));
-    // The listener is bound and `serve` owns it: connections queue until it accepts.
-    ready.set(true);
+    // Ready once the state is restored (`serve_ready`): connections queue on
+    // the bound listener until then.
+    let mut server = {
+        let ready = ready.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { serve_ready(listener, config, shutdown, &ready).await })
+    };
     // A server that stops on its own (a state dir another rendezvous holds,
     // a failed accept loop) ends the process with its error: never ready
     // while nothing serves.

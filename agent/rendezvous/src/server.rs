@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::Stream;
 use kindling_schemas::auth::{BearerCheck, Token};
+use kindling_ops::web::probes::Readiness;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};
@@ -89,6 +90,18 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: CancellationToken,
 ) -> Result<(), RendezvousError> {
+    serve_ready(listener, config, shutdown, &Readiness::new()).await
+}
+
+/// [`serve`], marking `ready` once the state is restored from the state
+/// directory (a rendezvous is not ready while it would answer from an empty
+/// state) and the listener is about to be served.
+pub async fn serve_ready(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: CancellationToken,
+    ready: &Readiness,
+) -> Result<(), RendezvousError> {
     let state = RendezvousState::open(config.rendezvous.clone(), config.state_dir.as_deref())?;
     let tasks = TaskTracker::new();
     tasks.spawn(run_reaper(state.clone(), shutdown.clone()));
@@ -139,6 +152,8 @@ pub async fn serve(
     let (reflection, reflection_alpha) =
         kindling_ops::grpc::reflection(kindling_schemas::pb::rendezvous::FILE_DESCRIPTOR_SET)
             .map_err(|e| RendezvousError::transport("building gRPC reflection", e))?;
+    // Connections queued on the bound listener are accepted from here on.
+    ready.set(true);
     let result = ChannelConfig::default()
         .server()
         .max_concurrent_streams(config.max_concurrent_streams)

@@ -105,10 +105,12 @@ struct Cli {
     /// How long a collective step waits for a peer (ms).
     #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
     collective_timeout_ms: u64,
-    /// Experimental: a GPU job of one agent keeps its optimizer step on the
-    /// device instead of the host (measured faster at batch 256, slower at
-    /// 4096 on an H200: docs/benchmarks.md#gpu).
-    #[arg(long, env = "KINDLING_GPU_STEP_ON_DEVICE")]
+    /// A GPU job of one agent keeps its optimizer step on the device instead
+    /// of reading its gradients back each step (on an H200 1.1–1.3× the host
+    /// round trip at batch 4096: docs/benchmarks.md#gpu); `=false` keeps it
+    /// on the host.
+    #[arg(long, env = "KINDLING_GPU_STEP_ON_DEVICE", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     gpu_step_on_device: bool,
     /// How long calls to the rendezvous ride out its outage (a restart) —
     /// retrying with jittered backoff — before a job gives up on it (s).

@@ -57,7 +57,7 @@ pub struct AgentConfig {
     /// How long a collective step waits for a peer.
     pub collective_timeout: Duration,
     /// A GPU job of one agent keeps its optimizer step on the device
-    /// ([`crate::optim::DeviceOptimizer`]); experimental, off by default.
+    /// ([`crate::optim::DeviceOptimizer`]); on by default.
     pub gpu_step_on_device: bool,
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
@@ -107,7 +107,7 @@ impl AgentConfig {
             work_dir: work_dir.into(),
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
-            gpu_step_on_device: false,
+            gpu_step_on_device: true,
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,

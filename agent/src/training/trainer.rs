@@ -22,11 +22,13 @@
 //! of a job always trains in commit order (shuffling starts with epoch 2), so
 //! streamed and fully-cached starts train identically.
 //!
-//! A job of one agent on a GPU has nothing to all-reduce: with the agent's
-//! `--gpu-step-on-device` (experimental) its step stays on the device
-//! ([`DeviceOptimizer`]: gradients, optimizer state and master weights
-//! there, the loss the only read back), and the host's copies are brought up
-//! to date at each epoch's end for the checkpoint.
+//! A job of one agent on a GPU has nothing to all-reduce: its step stays on
+//! the device (the agent's `--gpu-step-on-device`, on by default;
+//! [`DeviceOptimizer`]: gradients, optimizer state and master weights there,
+//! the losses the only read back, every [`LOSS_READ_EVERY`] steps), and the
+//! host's copies are brought up to date at each epoch's end for the
+//! checkpoint. On a GPU the batches' inputs staged in the first epoch are
+//! kept on the device for the next ones, within a quarter of its memory.
 //!
 //! A step is `accumulate` micro-batches of `batch_size` rows per rank,
 //! their gradient sums added up before the one all-reduce. The learning

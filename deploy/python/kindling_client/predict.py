@@ -26,9 +26,8 @@ import os
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .agent import AgentClient
 from .errors import KindlingError
-from .push import _allow_plaintext, _task_info
+from .push import _agent, _task_info
 
 __all__ = ["PredictError", "choose_agent", "output_ddl", "predict_batches", "serve_model", "transform_fn",
            "udf_command"]
@@ -43,15 +42,6 @@ PREDICTION_DDL = {
 
 class PredictError(RuntimeError):
     """A partition could not be predicted; the task fails and Spark may retry it."""
-
-
-def _agent(address, token, timeout):
-    """An :class:`AgentClient` of ``address`` (TLS and the plaintext rule as
-    for executor push)."""
-    try:
-        return AgentClient(address, token=token, timeout=timeout, allow_plaintext_token=_allow_plaintext())
-    except ValueError as e:
-        raise PredictError(f"{e} (or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1)") from e
 
 
 def output_ddl(input_ddl, task):
@@ -96,7 +86,7 @@ def predict_batches(address, model_id, batches, *, columns, token=None, timeout=
                 continue
             features = batch.select(columns)
             if writer is None:
-                agent = _agent(address, token, timeout)
+                agent = _agent(address, token, timeout, PredictError)
                 descriptor = fl.FlightDescriptor.for_path(model_id, "predict")
                 writer, reader = agent.client.do_exchange(descriptor, options=agent.options)
                 writer.begin(features.schema)
@@ -173,7 +163,7 @@ def serve_model(address, model_dir, *, token=None, timeout=60.0):
     weights = base64.b64encode(sink.getvalue().to_pybytes()).decode()
     body = {"model_id": "", "spec": spec, "input_dim": meta["input_dim"],
             "inputs": meta["inputs"], "weights": weights}
-    agent = _agent(address, token, timeout)
+    agent = _agent(address, token, timeout, PredictError)
     try:
         return agent.action("serve_model", body)["model_id"]
     except KindlingError as e:

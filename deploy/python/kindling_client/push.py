@@ -107,16 +107,18 @@ def _allow_plaintext():
     return os.environ.get("KINDLING_ALLOW_PLAINTEXT_TOKEN", "").lower() in ("1", "true", "yes")
 
 
-def _agent(address, token, timeout):
-    """An :class:`AgentClient` of ``address``: TLS for ``https://`` /
-    ``grpc+tls://`` with ``KINDLING_TLS_CA`` (and ``KINDLING_TLS_CERT``/
-    ``KINDLING_TLS_KEY`` for mutual TLS, ``KINDLING_TLS_SERVER_NAME`` when
-    agents are dialled by IP); a token is never sent in plaintext off loopback
-    unless ``KINDLING_ALLOW_PLAINTEXT_TOKEN`` is set."""
+def _agent(address, token, timeout, error=None):
+    """An :class:`AgentClient` of ``address`` for an executor: TLS for
+    ``https://`` / ``grpc+tls://`` with ``KINDLING_TLS_CA`` (and
+    ``KINDLING_TLS_CERT``/``KINDLING_TLS_KEY`` for mutual TLS,
+    ``KINDLING_TLS_SERVER_NAME`` when agents are dialled by IP); a token is
+    never sent in plaintext off loopback unless
+    ``KINDLING_ALLOW_PLAINTEXT_TOKEN`` is set. A refusal raises ``error``
+    (:class:`PushError` unless given)."""
     try:
         return AgentClient(address, token=token, timeout=timeout, allow_plaintext_token=_allow_plaintext())
     except ValueError as e:
-        raise PushError(f"{e} (or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1)") from e
+        raise (error or PushError)(f"{e} (or set KINDLING_ALLOW_PLAINTEXT_TOKEN=1)") from e
 
 
 def push_batches(address, job_id, batches, *, producer, token=None, split="train", attempt=0,
