@@ -16,8 +16,8 @@
 //!   weights, the weights written back to the device (the all-reduce itself
 //!   left out: one rank), the next batch's inputs staged meanwhile; for the
 //!   MLP with a breakdown by phase (median ms);
-//! - `step on the device` (MLP, f32): a job of one agent with
-//!   `--gpu-step-on-device` ([`DeviceOptimizer`]: the optimizer, its state
+//! - `step on the device` (MLP, f32): a job of one agent, by default
+//!   ([`DeviceOptimizer`]: the optimizer, its state
 //!   and the master weights on the device, the loss the only read back);
 //! - `burn alone` (MLP): the same model and batch as device tensors already,
 //!   forward, backward and burn's Adam on the device (no Arrow, no loss read
@@ -596,7 +596,7 @@ fn main() -> anyhow::Result<()> {
                     (steps, warmup),
                     StepPath::Device,
                 )?;
-                let path = "step on the device (--gpu-step-on-device)";
+                let path = "step on the device (a one-agent job's default)";
                 eprintln!("{model} batch {batch} f32: {path} {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": "f32", "path": path, "samples_per_sec": sps}));
                 let (phases, _) = phases(&spec, &layout, &data, &autodiff, steps.min(50))?;

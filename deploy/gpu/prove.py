@@ -16,7 +16,7 @@ by ``kindling_client`` (``deploy/python``), as any language would drive them.
    CPU run with the same number of agents.
 2. **Speed.** ``bench_gpu`` (the trainer's own step: Arrow batch to tensors,
    forward, backward, the gradients to the host optimizer and the weights back;
-   for the MLP also the step kept on the device, ``--gpu-step-on-device``, and
+   for the MLP also the step kept on the device, a one-agent job's default, and
    burn alone; every configuration run untimed once before any is timed) and ``bench_gpu.py`` (PyTorch eager, the
    same models, optimizer and batches, on CUDA when it has a GPU; for the MLP
    also with each batch copied from host memory as a data loader's is) for the
