@@ -27,7 +27,7 @@ use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Tensor};
 use kindling_agent::AgentError;
-use kindling_agent::models::model::{Batch, Inputs, KindlingModel, ModelRegistry};
+use kindling_agent::models::kindling_model::{Batch, Inputs, KindlingModel, ModelRegistry};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::training::trainer;
 use kindling_schemas::schema::{self, StreamKind};

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::Device;
 use kindling_agent::models::builtin::{MlpModel, MlpModelConfig};
-use kindling_agent::models::model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
+use kindling_agent::models::kindling_model::{Batch, Inputs, KindlingModel, ModelRegistry, task_loss};
 use kindling_agent::models::{params, tensorize};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::training::gradients::GradientStep;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use kindling_agent::collective::{Precision, Ring, RingConfig};
-use kindling_agent::models::model::{Batch, ModelRegistry};
+use kindling_agent::models::kindling_model::{Batch, ModelRegistry};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::training::gradients::{BUCKET_VALUES, GradientStep, StepTimes};
 use kindling_agent::training::trainer;

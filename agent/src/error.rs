@@ -7,9 +7,9 @@ use kindling_schemas::action::{ActionError, AgentJobState};
 use kindling_schemas::auth::InvalidToken;
 use kindling_schemas::descriptor::{PathError, Split};
 use kindling_schemas::metadata::MetadataError;
+use kindling_schemas::model_serving::WeightsError;
 use kindling_schemas::rendezvous::ClientError;
 use kindling_schemas::schema::{FeatureColumn, SchemaError};
-use kindling_schemas::serving::WeightsError;
 use tonic::Status;
 
 mod checkpoint;
@@ -62,7 +62,7 @@ pub enum AgentError {
     /// A `serve_model` body whose `model_id` is not its content's.
     #[error(
         "invalid input: serve_model: model_id `{given}` is not its content's id `{content}` \
-         (kindling_schemas::serving::model_id; or send an empty model_id)"
+         (kindling_schemas::model_serving::model_id; or send an empty model_id)"
     )]
     ServedModelId {
         /// The id the body names.

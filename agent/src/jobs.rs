@@ -123,7 +123,7 @@ impl JobRegistry {
     }
 
     /// The models jobs on this agent can name.
-    pub fn models(&self) -> &crate::models::model::ModelRegistry {
+    pub fn models(&self) -> &crate::models::kindling_model::ModelRegistry {
         &self.env.models
     }
 

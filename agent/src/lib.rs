@@ -47,6 +47,8 @@ pub mod training;
 /// burn at the version the agent trains with, for models of one's own.
 pub use burn;
 pub use error::{AgentError, ModelError};
-pub use models::model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets};
+pub use models::kindling_model::{
+    Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets,
+};
 pub use process::launch::run;
 pub use process::server::{AgentConfig, AgentHandle, start};

@@ -9,7 +9,7 @@
 //! | `end_of_data` | [`EndOfData`] | [`EndOfDataResponse`] |
 //! | `list_jobs` | `{}` | [`JobList`] |
 //! | `issue_credential` | [`IssueCredential`] | [`CredentialResponse`] |
-//! | `serve_model` | [`ServeModel`] | [`ServeModelResponse`](crate::serving::ServeModelResponse) |
+//! | `serve_model` | [`ServeModel`] | [`ServeModelResponse`](crate::model_serving::ServeModelResponse) |
 //! | `drop_model` | [`DropModel`] | [`ServedList`] |
 //! | `served_models` | `{}` | [`ServedList`] |
 //!
@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::descriptor::Split;
-use crate::serving::{DropModel, ServeModel};
+use crate::model_serving::{DropModel, ServeModel};
 use crate::spec::JobSpec;
 pub use crate::status::*;
 
@@ -215,11 +215,11 @@ impl Action {
                 Action::IssueCredential(a)
             }
             ActionKind::ServeModel => {
-                if body.len() > crate::serving::MAX_SERVE_BODY_BYTES {
+                if body.len() > crate::model_serving::MAX_SERVE_BODY_BYTES {
                     return Err(bad(format!(
                         "{} bytes: the largest model body is {} bytes",
                         body.len(),
-                        crate::serving::MAX_SERVE_BODY_BYTES
+                        crate::model_serving::MAX_SERVE_BODY_BYTES
                     )));
                 }
                 let a: ServeModel = json(kind, body)?;
@@ -429,7 +429,7 @@ mod tests {
             }),
             Action::ListJobs,
             Action::ServeModel(
-                crate::serving::ServeModel::new(
+                crate::model_serving::ServeModel::new(
                     spec(),
                     1,
                     Vec::new(),

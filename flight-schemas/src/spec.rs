@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-mod model;
+mod model_spec;
 mod schedule;
 mod training;
 
-pub use model::{
+pub use model_spec::{
     InputType, MAX_CONFIG_BYTES, MAX_MODEL_NAME, MAX_SEQUENCE, MAX_VOCABULARY, MAX_WIDTH, ModelSpec,
     valid_model_name,
 };
@@ -336,7 +336,7 @@ impl JobSpec {
             }
         }
         self.model.validate(&self.features)?;
-        model::validate_inputs(&self.inputs, &self.features, &self.label)?;
+        model_spec::validate_inputs(&self.inputs, &self.features, &self.label)?;
         if !(1..=MAX_WIDTH).contains(&self.targets) {
             return Err(SpecError::new("targets", format!("must be in 1..={MAX_WIDTH}")));
         }

@@ -325,7 +325,7 @@ mod briered {
     use burn::tensor::activation::softmax;
     use burn::tensor::{Device, Tensor};
     use kindling_agent::error::AgentError;
-    use kindling_agent::models::model::{Batch, Inputs, KindlingModel, Targets};
+    use kindling_agent::models::kindling_model::{Batch, Inputs, KindlingModel, Targets};
 
     #[derive(Config, Debug)]
     pub struct BrieredConfig {}

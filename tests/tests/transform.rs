@@ -232,7 +232,7 @@ async fn a_saved_model_is_served_by_other_agents_from_rust_and_from_pyspark() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn served_models_are_bounded_named_by_content_and_dropped() {
     use kindling_schemas::action::Action;
-    use kindling_schemas::serving::{
+    use kindling_schemas::model_serving::{
         DropModel, MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedList,
     };
 
@@ -249,7 +249,7 @@ async fn served_models_are_bounded_named_by_content_and_dropped() {
         .await
         .expect("fit");
     let agent = kindling_tests::cluster::agent_client(&cluster, 0);
-    let inputs = kindling_schemas::serving::model_inputs(
+    let inputs = kindling_schemas::model_serving::model_inputs(
         &kindling_schemas::schema::validate(
             &df.schema().await.expect("schema"),
             model.spec(),

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
-use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_ops::web::probes::Readiness;
+use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};

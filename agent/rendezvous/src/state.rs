@@ -74,7 +74,9 @@ impl Gang {
     }
 }
 
-struct Job {
+/// The rendezvous's record of one job: its config, its attempts and the
+/// current one's gang, and its watchers.
+struct JobEntry {
     config: JobConfig,
     gang_timeout: Duration,
     barrier_timeout: Duration,
@@ -96,7 +98,7 @@ struct Job {
     unpublished: bool,
 }
 
-impl Job {
+impl JobEntry {
     fn status(&self) -> JobStatus {
         let members = match &self.gang.members {
             Some(m) => m.iter().map(|a| a.agent_id.clone()).collect(),
@@ -187,7 +189,7 @@ impl Job {
 #[derive(Default)]
 struct State {
     agents: HashMap<String, Agent>,
-    jobs: HashMap<String, Job>,
+    jobs: HashMap<String, JobEntry>,
     closed: bool,
     /// The state file, when the state is durable.
     store: Option<StateStore>,
@@ -197,14 +199,14 @@ struct State {
 }
 
 /// The job `job_id`, or [`RendezvousError::JobNotFound`].
-fn job_ref<'a>(jobs: &'a HashMap<String, Job>, job_id: &str) -> Result<&'a Job> {
+fn job_ref<'a>(jobs: &'a HashMap<String, JobEntry>, job_id: &str) -> Result<&'a JobEntry> {
     jobs.get(job_id).ok_or_else(|| RendezvousError::JobNotFound {
         job_id: job_id.to_owned(),
     })
 }
 
 /// The job `job_id` to change, or [`RendezvousError::JobNotFound`].
-fn job_mut<'a>(jobs: &'a mut HashMap<String, Job>, job_id: &str) -> Result<&'a mut Job> {
+fn job_mut<'a>(jobs: &'a mut HashMap<String, JobEntry>, job_id: &str) -> Result<&'a mut JobEntry> {
     jobs.get_mut(job_id).ok_or_else(|| RendezvousError::JobNotFound {
         job_id: job_id.to_owned(),
     })
@@ -215,7 +217,7 @@ fn job_mut<'a>(jobs: &'a mut HashMap<String, Job>, job_id: &str) -> Result<&'a m
 /// (heartbeat notices, watchers) and opens the next attempt or fails the job.
 fn fail_attempt(
     agents: &mut HashMap<String, Agent>,
-    job: &mut Job,
+    job: &mut JobEntry,
     reporter: &str,
     cause: String,
     make_err: impl FnOnce(Option<u32>) -> RendezvousError,
@@ -226,7 +228,7 @@ fn fail_attempt(
 /// [`fail_attempt`]; a `last` failure opens no next attempt.
 fn fail_attempt_for(
     agents: &mut HashMap<String, Agent>,
-    job: &mut Job,
+    job: &mut JobEntry,
     reporter: &str,
     cause: String,
     last: bool,
@@ -273,7 +275,7 @@ fn notify_members(agents: &mut HashMap<String, Agent>, gang: &Gang, job_id: &str
 
 /// Cancels an active job: wakes every blocked call with `JobCancelled` and
 /// tells the members (heartbeat notices, watchers).
-fn cancel_active(agents: &mut HashMap<String, Agent>, job: &mut Job, reason: &str) {
+fn cancel_active(agents: &mut HashMap<String, Agent>, job: &mut JobEntry, reason: &str) {
     let err = RendezvousError::JobCancelled {
         job_id: job.config.job_id.clone(),
         reason: reason.to_owned(),
@@ -410,7 +412,7 @@ impl RendezvousState {
         }
         let now = SystemTime::now();
         let job_id = config.job_id.clone();
-        let mut job = Job {
+        let mut job = JobEntry {
             config,
             gang_timeout,
             barrier_timeout,
@@ -571,13 +573,13 @@ impl RendezvousState {
     pub fn job_status(&self, job_id: &str) -> Result<JobStatus> {
         require("job_id", job_id)?;
         let st = self.lock()?;
-        job_ref(&st.jobs, job_id).map(Job::status)
+        job_ref(&st.jobs, job_id).map(JobEntry::status)
     }
 
     /// Every job (until garbage-collected), by job id.
     pub fn list_jobs(&self) -> Result<Vec<JobStatus>> {
         let st = self.lock()?;
-        let mut jobs: Vec<JobStatus> = st.jobs.values().map(Job::status).collect();
+        let mut jobs: Vec<JobStatus> = st.jobs.values().map(JobEntry::status).collect();
         jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
         Ok(jobs)
     }

@@ -12,7 +12,7 @@ use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::rendezvous::{Gang, JobState, RendezvousClient};
+use kindling_schemas::rendezvous::{GangMember, JobState, RendezvousClient};
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 use tokio::sync::watch;
@@ -22,7 +22,7 @@ use tracing::Instrument as _;
 use crate::cache::{MemoryBudget, ShardCache};
 use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
-use crate::models::model::{AnyModel, ModelRegistry};
+use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::training::checkpoint::CheckpointStore;
 use crate::training::trainer::{self, Progress, TrainContext};
 
@@ -542,7 +542,7 @@ impl Job {
     /// the first epoch trains the train split as it arrives.
     async fn run_attempt(
         self: Arc<Self>,
-        gang: &Gang,
+        gang: &GangMember,
         cancel: CancellationToken,
     ) -> Result<Box<dyn AnyModel>, AgentError> {
         self.set_state(AgentJobState::Ingesting);

@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor};
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::models::model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use crate::models::kindling_model::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
 
 impl ModelRegistry {
     /// The built-in networks: `linear`, `mlp` and `cnn` (what
@@ -208,7 +208,7 @@ mod tests {
     use kindling_schemas::schema::{StreamKind, validate};
     use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 
-    use crate::models::model::ModelRegistry;
+    use crate::models::kindling_model::ModelRegistry;
 
     /// Another thread building models the whole time (as a second job's
     /// agent, or a model built to load weights into) must not change what a

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::error::AgentError;
 use crate::jobs::JobRegistry;
 use crate::jobs::ingest::{self, PutStream};
-use crate::models::model::{AnyModel, ModelRegistry};
+use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::models::params;
 use crate::serving::predict;
 use crate::training::trainer;
@@ -397,8 +397,8 @@ impl FlightService for AgentFlightService {
 }
 
 impl AgentFlightService {
-    fn served_list(&self) -> kindling_schemas::serving::ServedList {
-        kindling_schemas::serving::ServedList {
+    fn served_list(&self) -> kindling_schemas::model_serving::ServedList {
+        kindling_schemas::model_serving::ServedList {
             agent_id: self.jobs.agent_id().to_owned(),
             models: self.jobs.served().list(),
         }

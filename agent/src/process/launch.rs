@@ -12,7 +12,7 @@ use clap::Parser;
 use kindling_schemas::channel::ChannelConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::models::model::ModelRegistry;
+use crate::models::kindling_model::ModelRegistry;
 use crate::process::server::AgentConfig;
 use kindling_ops::cli::{TlsArgs, TokenArgs};
 use kindling_ops::web::probes::{HealthServer, Readiness};
@@ -51,7 +51,7 @@ struct Cli {
     max_jobs: usize,
     /// Most parameters a job's model may have; a bigger one fails its job
     /// with RESOURCE_EXHAUSTED naming this cap, before any weight is allocated.
-    #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::models::model::DEFAULT_MAX_PARAMS)]
+    #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::models::kindling_model::DEFAULT_MAX_PARAMS)]
     max_model_params: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints on this agent before they are removed (s).

@@ -21,7 +21,7 @@ use crate::collective::{self, Inbox};
 use crate::error::AgentError;
 use crate::jobs::JobRegistry;
 use crate::jobs::job::JobEnv;
-use crate::models::model::ModelRegistry;
+use crate::models::kindling_model::ModelRegistry;
 use crate::process::flight::AgentFlightService;
 
 /// Largest Flight message an agent accepts (one record batch).

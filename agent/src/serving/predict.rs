@@ -12,7 +12,7 @@ use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::models::model::{AnyModel, Batch};
+use crate::models::kindling_model::{AnyModel, Batch};
 use crate::training::trainer;
 
 /// Predictions for one stream of feature batches: the first schema sets the

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kindling_schemas::serving::{
+use kindling_schemas::model_serving::{
     MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedModel, model_id_of,
 };
 use kindling_schemas::spec::JobSpec;
 
 use crate::error::AgentError;
-use crate::models::model::{AnyModel, ModelRegistry};
+use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::training::trainer;
 
 /// One served model version.

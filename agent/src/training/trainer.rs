@@ -53,8 +53,8 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::CachedBatch;
 use crate::collective::Ring;
 use crate::error::AgentError;
-use crate::models::model::staged::Pipeline;
-use crate::models::model::{AnyModel, ModelRegistry};
+use crate::models::kindling_model::staged::Pipeline;
+use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::optim::{DeviceOptimizer, FlatOptimizer};
 use crate::training::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
 use crate::training::gradients::{GradientStep, StepTimes};
@@ -171,7 +171,7 @@ struct Trainer {
     optim: FlatOptimizer,
     /// The master copy of the weights the optimizer steps (the model's, flat).
     weights: Vec<f32>,
-    exchange: GradientStep,
+    gradient_step: GradientStep,
     times: StepTimes,
     schedule: LrSchedule,
     history: Vec<EpochMetrics>,
@@ -221,7 +221,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         pipeline: Pipeline::new(crate::models::device::is_gpu(&device)).keeping(kept_batches_budget(&device)),
         device,
         weights: Vec::new(),
-        exchange: GradientStep::for_spec(&spec),
+        gradient_step: GradientStep::for_spec(&spec),
         times: StepTimes::default(),
         schedule: LrSchedule::of(&spec),
         history: Vec::new(),
@@ -236,7 +236,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     t.weights = model.flat_weights();
     if ctx.step_on_device && ctx.ring.world() == 1 && crate::models::device::is_gpu(&t.device) {
         let layout = model.param_layout();
-        let clip_norm = t.exchange.clip_norm;
+        let clip_norm = t.gradient_step.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(
             &t.optim, &t.weights, &layout, clip_norm, &t.device,
         ));

@@ -14,16 +14,16 @@ use arrow::datatypes::SchemaRef;
 #[cfg(feature = "local")]
 use futures::{Stream, StreamExt};
 #[cfg(feature = "local")]
-use kindling_agent::models::model::{AnyModel, ModelRegistry};
+use kindling_agent::models::kindling_model::{AnyModel, ModelRegistry};
 #[cfg(feature = "local")]
 use kindling_agent::serving::predict;
 #[cfg(feature = "local")]
 use kindling_agent::training::trainer;
 use kindling_schemas::action::EpochMetrics;
-use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 #[cfg(feature = "local")]
-use kindling_schemas::serving::model_layout;
-use kindling_schemas::serving::{ModelInput, model_inputs};
+use kindling_schemas::model_serving::model_layout;
+use kindling_schemas::model_serving::{ModelInput, model_inputs};
+use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 use kindling_schemas::spec::JobSpec;
 use serde::{Deserialize, Serialize};
 

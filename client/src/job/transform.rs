@@ -9,8 +9,8 @@ use kindling_schemas::action::Action;
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::credential::Role;
+use kindling_schemas::model_serving::{ServeModel, ServeModelResponse, ServedList};
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_schemas::serving::{ServeModel, ServeModelResponse, ServedList};
 use kindling_schemas::spec::Task;
 
 use super::{JobError, TrainedModel};

@@ -1,6 +1,6 @@
 //! Typed async client of the rendezvous, used by agents and the TrainingJob:
 //! registration with a background heartbeat ([`AgentLease`]), jobs, joins
-//! (into a [`Gang`]), failure reports, watch streams and status.
+//! (into a [`GangMember`]), failure reports, watch streams and status.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::error::ClientError;
-use super::gang::{Gang, gather_request};
+use super::gang::{GangMember, gather_request};
 use super::job_lease::JobLease;
 use super::retry::{Backoff, DEFAULT_OUTAGE_BOUND};
 use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
@@ -351,7 +351,7 @@ impl RendezvousClient {
     /// Joins `agent_id` to `attempt` and waits for the whole gang. Fails with
     /// DEADLINE_EXCEEDED ("k of n members joined") after the gang timeout,
     /// ABORTED if the attempt fails meanwhile, CANCELLED if the job is cancelled.
-    pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<Gang> {
+    pub async fn join(&self, job_id: &str, attempt: u32, agent_id: &str) -> Result<GangMember> {
         let request = pb::JoinRequest {
             job_id: job_id.to_owned(),
             attempt,
@@ -382,7 +382,7 @@ impl RendezvousClient {
             world_size: reply.world_size,
             peers: reply.peers.into(),
         };
-        Ok(Gang::new(self.clone(), agent_id.to_owned(), membership))
+        Ok(GangMember::new(self.clone(), agent_id.to_owned(), membership))
     }
 
     /// Joins the job's current attempt, whichever it is, and waits for the
@@ -390,7 +390,7 @@ impl RendezvousClient {
     /// attempt moves on meanwhile (a later one started, or it failed or
     /// timed out while ganging) it looks up the current one and joins again.
     /// `None` when the job has ended or is cancelled.
-    pub async fn join_current(&self, job_id: &str, agent_id: &str) -> Result<Option<Gang>> {
+    pub async fn join_current(&self, job_id: &str, agent_id: &str) -> Result<Option<GangMember>> {
         use tonic::Code;
         loop {
             let status = self.status(job_id).await?;
@@ -416,7 +416,7 @@ impl RendezvousClient {
 
     /// Low-level all-gather: every member's payload in rank order once all
     /// members called with this `seq` — or an empty list when every payload
-    /// was empty (a barrier). One unary call; [`Gang::all_gather`] keeps one
+    /// was empty (a barrier). One unary call; [`GangMember::all_gather`] keeps one
     /// stream open instead, which is cheaper per call.
     pub async fn all_gather(
         &self,

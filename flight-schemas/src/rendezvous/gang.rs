@@ -1,4 +1,4 @@
-//! [`Gang`]: one member's place in a formed gang and what it does there —
+//! [`GangMember`]: one member's place in a formed gang and what it does there —
 //! barrier / all-gather on one stream kept open, failure and completion
 //! reports, and watching for the attempt's end.
 
@@ -18,7 +18,7 @@ type Result<T, E = ClientError> = std::result::Result<T, E>;
 /// attempt. Sequence numbers are kept here: every member must make the same
 /// sequence of barrier / all-gather calls.
 #[derive(Debug)]
-pub struct Gang {
+pub struct GangMember {
     client: RendezvousClient,
     agent_id: String,
     membership: Membership,
@@ -94,9 +94,9 @@ pub(super) fn gather_request(
     }
 }
 
-impl Gang {
+impl GangMember {
     pub(super) fn new(client: RendezvousClient, agent_id: String, membership: Membership) -> Self {
-        Gang {
+        GangMember {
             client,
             agent_id,
             membership,

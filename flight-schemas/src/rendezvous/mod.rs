@@ -9,7 +9,7 @@
 //! - [`wire`]: the one place those values meet their `pb` messages.
 //! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`JobWatch`].
 //! - [`job_lease`]: [`JobLease`], a job's client lease kept alive.
-//! - [`gang`]: [`Gang`], a member's collectives and the watch on its attempt.
+//! - [`gang`]: [`GangMember`], a member's collectives and the watch on its attempt.
 //! - [`retry`]: riding out an outage: transient errors, bounded jittered backoff.
 //! - [`error`]: [`ClientError`] and the status metadata the server attaches.
 
@@ -23,7 +23,7 @@ pub mod wire;
 
 pub use client::{AgentLease, JobWatch, RendezvousClient, ReportFn};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
-pub use gang::Gang;
+pub use gang::GangMember;
 pub use job_lease::JobLease;
 pub use retry::DEFAULT_OUTAGE_BOUND;
 pub use types::{

@@ -7,7 +7,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::auth::Token;
-use kindling_schemas::rendezvous::{AgentInfo, AgentLease, Gang, JobStatus, JobWatch, RendezvousClient};
+use kindling_schemas::rendezvous::{
+    AgentInfo, AgentLease, GangMember, JobStatus, JobWatch, RendezvousClient,
+};
 
 pub const TOKEN: &str = "rendezvous-test-token";
 
@@ -91,7 +93,7 @@ pub async fn join_all(
     job: &str,
     attempt: u32,
     ids: &[String],
-) -> Vec<Result<Gang, kindling_schemas::rendezvous::ClientError>> {
+) -> Vec<Result<GangMember, kindling_schemas::rendezvous::ClientError>> {
     let calls = ids.iter().map(|id| {
         let client = client.clone();
         let (job, id) = (job.to_owned(), id.clone());

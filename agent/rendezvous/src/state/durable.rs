@@ -15,12 +15,13 @@ use tokio::time::Instant;
 
 use super::gang::Joiner;
 use super::{
-    Agent, Gang, Job, RendezvousConfig, RendezvousError, RendezvousState, Result, State, placeholder_status,
+    Agent, Gang, JobEntry, RendezvousConfig, RendezvousError, RendezvousState, Result, State,
+    placeholder_status,
 };
 use crate::error::{RecordError, StorageError};
 use crate::store::{STATE_FORMAT, StateStore};
 
-impl Job {
+impl JobEntry {
     /// The job as the state file keeps it.
     fn record(&self) -> pb::JobRecord {
         let config = JobConfig {
@@ -45,7 +46,7 @@ impl Job {
 
     /// A job read back from the state file: blocked calls and all-gathers
     /// are gone (their callers retry); a formed gang keeps its members.
-    fn restore(record: pb::JobRecord, defaults: &RendezvousConfig) -> Result<Job, RecordError> {
+    fn restore(record: pb::JobRecord, defaults: &RendezvousConfig) -> Result<JobEntry, RecordError> {
         let config = JobConfig::from(record.config.ok_or(RecordError::NoConfig)?);
         let status = JobStatus::try_from(record.status.ok_or(RecordError::NoStatus)?)
             .map_err(|e| RecordError::UnknownState(e.0))?;
@@ -85,7 +86,7 @@ impl Job {
             gang.members = Some(record.members.into());
             gang.resumed = status.state == JobState::Running;
         }
-        let mut job = Job {
+        let mut job = JobEntry {
             config,
             gang_timeout,
             barrier_timeout,
@@ -115,12 +116,12 @@ impl State {
     fn snapshot(&self) -> pb::StateSnapshot {
         let mut agents: Vec<AgentInfo> = self.agents.values().map(|a| a.info.clone()).collect();
         agents.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        let mut jobs: Vec<&Job> = self.jobs.values().collect();
+        let mut jobs: Vec<&JobEntry> = self.jobs.values().collect();
         jobs.sort_by(|a, b| a.config.job_id.cmp(&b.config.job_id));
         pb::StateSnapshot {
             format: STATE_FORMAT,
             agents,
-            jobs: jobs.into_iter().map(Job::record).collect(),
+            jobs: jobs.into_iter().map(JobEntry::record).collect(),
         }
     }
 }
@@ -141,7 +142,7 @@ impl State {
                 state.agents.insert(agent.info.agent_id.clone(), agent);
             }
             for record in snapshot.jobs {
-                let job = Job::restore(record, config).map_err(|e| RendezvousError::Storage {
+                let job = JobEntry::restore(record, config).map_err(|e| RendezvousError::Storage {
                     path: store.path(),
                     source: e.into(),
                 })?;
@@ -163,7 +164,7 @@ impl RendezvousState {
     /// Writes the durable state if it changed (a no-op without a state dir).
     /// Called under the lock at the end of every call that may have changed
     /// it, so nothing is acknowledged before it is on disk.
-    /// Only then are the watchers told ([`Job::announce`]).
+    /// Only then are the watchers told ([`JobEntry::announce`]).
     pub(super) fn commit(st: &mut State) -> Result<()> {
         if st.store.is_some() {
             let snapshot = st.snapshot();

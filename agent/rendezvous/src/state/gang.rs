@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{
-    Agent, Job, JobState, RendezvousError, RendezvousState, Result, agent_mut, fail_attempt, job_mut,
+    Agent, JobEntry, JobState, RendezvousError, RendezvousState, Result, agent_mut, fail_attempt, job_mut,
     require, require_attempt,
 };
 
@@ -157,7 +157,7 @@ fn membership(job_id: &str, attempt: u32, rank: usize, members: &Arc<[AgentInfo]
 }
 
 /// All members joined: ranks by agent id, release every join at once.
-fn form_gang(agents: &HashMap<String, Agent>, job: &mut Job) {
+fn form_gang(agents: &HashMap<String, Agent>, job: &mut JobEntry) {
     let mut members: Vec<AgentInfo> = job
         .gang
         .joined
@@ -190,7 +190,7 @@ fn form_gang(agents: &HashMap<String, Agent>, job: &mut Job) {
     job.publish();
 }
 
-pub(super) fn expire_gang_now(agents: &mut HashMap<String, Agent>, job: &mut Job) {
+pub(super) fn expire_gang_now(agents: &mut HashMap<String, Agent>, job: &mut JobEntry) {
     let job_id = job.config.job_id.clone();
     let attempt = job.attempt;
     let joined = job.gang.joined.len();

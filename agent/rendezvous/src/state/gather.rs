@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::{
-    Agent, Job, JobState, RendezvousError, RendezvousState, Result, fail_attempt, job_mut, require,
+    Agent, JobEntry, JobState, RendezvousError, RendezvousState, Result, fail_attempt, job_mut, require,
     require_attempt,
 };
 
@@ -154,7 +154,7 @@ impl RendezvousState {
     }
 }
 
-pub(super) fn expire_gather_now(agents: &mut HashMap<String, Agent>, job: &mut Job) {
+pub(super) fn expire_gather_now(agents: &mut HashMap<String, Agent>, job: &mut JobEntry) {
     let Some(c) = job.gang.collective.as_ref() else {
         return;
     };

@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
-use crate::models::model::{AnyModel, DeviceShare, StepError};
+use crate::models::kindling_model::{AnyModel, DeviceShare, StepError};
 use crate::training::gradients::Trailer;
 
 /// What every rank agreed at an epoch's start.
@@ -204,6 +204,23 @@ impl UnreadLosses {
     }
 }
 
+/// Adds steps' losses, read back (`(step, weight, loss sum)` each), to the
+/// epoch's sum and to the job's progress: the latest step's mean loss and
+/// each step's in the sampled history.
+fn record_losses(ctx: &TrainContext, epoch: u32, read: Vec<(u64, f64, f32)>, loss_sum: &mut f64) {
+    if read.is_empty() {
+        return;
+    }
+    let mut p = lock(&ctx.progress);
+    for (at, weight, loss) in read {
+        *loss_sum += loss as f64;
+        p.loss = (weight > 0.0).then(|| loss as f64 / weight);
+        if let Some(loss) = p.loss {
+            p.step_losses.push(epoch, at + 1, loss);
+        }
+    }
+}
+
 /// Where an epoch's batches come from and what this rank gathered of the
 /// step: the cursor, a batch pulled ahead of its step (staged while the step
 /// before runs), whether the shard has ended, and the micro-batches so far.
@@ -325,8 +342,8 @@ fn take_step(
     t.optim.set_learning_rate(lr);
     let Some(opt) = t.resident.as_mut() else {
         let grads = t.weights.len();
-        let exchange = &t.exchange;
-        let taken = exchange.run(
+        let gradient_step = &t.gradient_step;
+        let taken = gradient_step.run(
             &ctx.runtime,
             &mut ctx.ring,
             buf,
@@ -430,26 +447,13 @@ pub(super) fn train_epoch(
             None => vec![(step, sum.weight as f64, sum.loss_sum)],
         };
         step += 1;
+        record_losses(ctx, epoch, read, &mut loss_sum);
         let mut p = lock(&ctx.progress);
         p.step = step;
-        for (at, weight, loss) in read {
-            loss_sum += loss as f64;
-            p.loss = (weight > 0.0).then(|| loss as f64 / weight);
-            if let Some(loss) = p.loss {
-                p.step_losses.push(epoch, at + 1, loss);
-            }
-        }
         p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
         p.step_times = t.times.clone();
     }
-    for (at, weight, loss) in unread.read(epoch)? {
-        loss_sum += loss as f64;
-        let mut p = lock(&ctx.progress);
-        p.loss = (weight > 0.0).then(|| loss as f64 / weight);
-        if let Some(loss) = p.loss {
-            p.step_losses.push(epoch, at + 1, loss);
-        }
-    }
+    record_losses(ctx, epoch, unread.read(epoch)?, &mut loss_sum);
     if live {
         lock(&ctx.progress).steps_per_epoch = step;
         if rows_total == 0.0 {

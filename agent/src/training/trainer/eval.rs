@@ -11,7 +11,7 @@ use kindling_schemas::spec::Task;
 
 use super::{TrainContext, device_for};
 use crate::error::{AgentError, ModelError};
-use crate::models::model::{AnyModel, Batch};
+use crate::models::kindling_model::{AnyModel, Batch};
 use crate::models::tensorize;
 
 /// One epoch's evaluation over every rank's eval shard.

@@ -5,7 +5,7 @@
 
 use super::{TrainContext, Trainer, lock};
 use crate::error::AgentError;
-use crate::models::model::AnyModel;
+use crate::models::kindling_model::AnyModel;
 use crate::training::checkpoint;
 
 /// Brings `t` and `model` to where the job stands; returns the model and

@@ -278,7 +278,7 @@ mod tests {
     use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 
     use super::{Asked, Pipeline};
-    use crate::models::model::{Batch, ModelRegistry};
+    use crate::models::kindling_model::{Batch, ModelRegistry};
 
     fn spec() -> JobSpec {
         JobSpec::builder()
