@@ -274,11 +274,11 @@ mod tests {
     use arrow::array::{Float32Array, Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
     use burn::tensor::Device;
-    use kindling_schemas::schema::{StreamKind, validate};
+    use kindling_schemas::schema::{FeatureLayout, StreamKind, validate};
     use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
 
     use super::{Asked, Pipeline};
-    use crate::models::kindling_model::{Batch, ModelRegistry};
+    use crate::models::kindling_model::{AnyModel, Batch, ModelRegistry};
 
     fn spec() -> JobSpec {
         JobSpec::builder()
@@ -311,14 +311,20 @@ mod tests {
         .expect("batch")
     }
 
-    #[test]
-    fn staged_inputs_give_the_step_the_same_gradients_and_only_for_the_batch_they_were_made_for() {
+    /// The spec, the CPU device, the batches' layout and a model for them.
+    fn setup() -> (JobSpec, Device, FeatureLayout, Box<dyn AnyModel>) {
         let spec = spec();
         let device = Device::default().autodiff();
         let layout = validate(&batch(0).schema(), &spec, StreamKind::Train).expect("layout");
         let model = ModelRegistry::builtin()
             .build(&spec, &layout, &device)
             .expect("model");
+        (spec, device, layout, model)
+    }
+
+    #[test]
+    fn staged_inputs_give_the_step_the_same_gradients_and_only_for_the_batch_they_were_made_for() {
+        let (spec, device, layout, model) = setup();
         let batches: Vec<RecordBatch> = (0..4).map(batch).collect();
         let direct = |b: &RecordBatch| {
             model
@@ -367,12 +373,7 @@ mod tests {
     /// forgotten.
     #[test]
     fn batches_kept_on_the_device_serve_the_next_epochs_within_the_budget() {
-        let spec = spec();
-        let device = Device::default().autodiff();
-        let layout = validate(&batch(0).schema(), &spec, StreamKind::Train).expect("layout");
-        let model = ModelRegistry::builtin()
-            .build(&spec, &layout, &device)
-            .expect("model");
+        let (spec, device, layout, model) = setup();
         let direct = |b: &RecordBatch| {
             model
                 .gradients(&Batch::new(b, &layout, &spec, &device))
