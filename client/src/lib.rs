@@ -3,7 +3,7 @@
 //! - [`spark`]: the Spark Connect session, lazy DataFrames and Arrow result streams.
 //! - [`feed`]: moving rows into agents exactly once — the typed agent client,
 //!   `DoPut` writers, the driver relay and executor push.
-//! - [`job`]: [`TrainingJob`](job::TrainingJob): fit and predict across agents.
+//! - [`job`]: [`job::TrainingJob`]: fit and predict across agents.
 //! - [`local`]: local mode: the rendezvous and agents inside this process
 //!   (feature `local`, on by default).
 //!

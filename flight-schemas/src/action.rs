@@ -10,8 +10,8 @@
 //! | `list_jobs` | `{}` | [`JobList`] |
 //! | `issue_credential` | [`IssueCredential`] | [`CredentialResponse`] |
 //! | `serve_model` | [`ServeModel`] | [`ServeModelResponse`](crate::model_serving::ServeModelResponse) |
-//! | `drop_model` | [`DropModel`] | [`ServedList`] |
-//! | `served_models` | `{}` | [`ServedList`] |
+//! | `drop_model` | [`DropModel`] | [`ServedList`](crate::model_serving::ServedList) |
+//! | `served_models` | `{}` | [`ServedList`](crate::model_serving::ServedList) |
 //!
 //! Each `DoAction` returns exactly one `Result` whose body is the response JSON.
 

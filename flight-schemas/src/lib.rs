@@ -5,7 +5,7 @@
 //! - [`descriptor`]: Flight path descriptors and tickets (`[job_id, "train"]`, …).
 //! - [`metadata`]: per-batch `app_metadata` (producer + sequence) and `PutResult` acks.
 //! - [`action`]: Flight action names and their JSON bodies.
-//! - [`spec`]: the [`JobSpec`](spec::JobSpec), validated on construction.
+//! - [`spec`]: the [`spec::JobSpec`], validated on construction.
 //! - [`ipc`]: decoding a peer's Arrow IPC (a malformed message is an error, not a panic).
 //! - [`schema`]: Arrow schema conventions and [`validate`](schema::validate).
 //! - [`auth`]: bearer-token interceptors shared by every gRPC server and client.

@@ -328,7 +328,7 @@ pub enum Conn {
     Plain(TcpStream),
     /// A TLS connection, handshake done.
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    /// A TLS connection this process dialled (a ring link, [`connect_ring`]).
+    /// A TLS connection this process dialled (a ring link, `connect_ring`).
     TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 

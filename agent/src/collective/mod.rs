@@ -512,7 +512,7 @@ impl Ring {
 
 impl Drop for Ring {
     /// A ring this agent cancelled parks its connections in the inbox
-    /// ([`Inbox::park`]); any other closes them now.
+    /// (`Inbox::park`); any other closes them now.
     fn drop(&mut self) {
         if self.cancel.is_cancelled()
             && let Some(links) = self.links.take()

@@ -38,8 +38,8 @@
 //! epoch: evaluation, early stopping's watch (the best epoch's weights kept
 //! beside the last), a checkpoint.
 //!
-//! The parts: [`start`] (the resume agreement), [`epoch`] (the epoch plan
-//! and its steps), [`eval`], [`cursor`] (batches from the cache).
+//! The parts: `start` (the resume agreement), `epoch` (the epoch plan
+//! and its steps), `eval`, [`cursor`](BatchCursor) (batches from the cache).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

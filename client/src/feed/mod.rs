@@ -5,7 +5,7 @@
 //!   actions, `DoPut`, the model table, `DoExchange` prediction).
 //! - [`writer`]: [`ShardWriter`] and [`CommittingWriter`], one producer's
 //!   batches with bounded bytes in flight and checked commits.
-//! - [`relay`]: the driver relay — rows streamed through this process, dealt
+//! - `relay`: the driver relay — rows streamed through this process, dealt
 //!   evenly to the shards, a persisted DataFrame read in slices.
 //! - [`push`]: executor push — every Spark task pushes its own partition.
 

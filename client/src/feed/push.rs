@@ -196,7 +196,7 @@ impl ExecutorPush {
     }
 }
 
-/// One partition an executor pushed ([`TrainingEvent::Fed`], executor push).
+/// One partition an executor pushed ([`TrainingEvent::Fed`](crate::TrainingEvent::Fed), executor push).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushedPartition {
     /// Spark partition id.

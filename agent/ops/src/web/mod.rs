@@ -1,7 +1,7 @@
 //! The HTTP side of an agent's and the rendezvous' ports, on axum's router
 //! and hyper's HTTP/1.1 server (the crates tonic itself serves on):
 //! `/metrics` everywhere and the status page on the main port, where
-//! [`kindling_schemas::tls::route`] hands over the connections that speak
+//! `kindling_schemas::tls`'s router hands over the connections that speak
 //! HTTP (so the same TLS guards them, and a scraper keeps its connection from
 //! scrape to scrape); the Kubernetes probes on the health port ([`probes`]).
 //! Who may read the pages is one middleware layer ([`auth`]).

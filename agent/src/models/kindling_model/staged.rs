@@ -1,11 +1,11 @@
 //! The next batch's inputs made while the current step runs: the tensors a
-//! model asked its last batch for ([`Asked`]) are converted from Arrow and
+//! model asked its last batch for (`Asked`) are converted from Arrow and
 //! queued to the device on a second thread ([`Staged`]), so that a GPU step
 //! starts with its inputs already uploaded and the host's conversion overlaps
 //! the device's work instead of following it. [`Pipeline`] is the one driver,
 //! used by the trainer's epoch loop and the GPU benchmark alike.
 //!
-//! Batches staged are also kept on the device up to a budget ([`Kept`]), so
+//! Batches staged are also kept on the device up to a budget (`Kept`), so
 //! that the epochs after the first train on them with no upload at all: on an
 //! H200 the upload of a batch of 4096 MNIST rows cost more than the step.
 

@@ -44,7 +44,7 @@ impl DataFrame {
     }
 
     /// Caches the result at `level` on first use (see [`StorageLevel`] helpers
-    /// [`memory_and_disk`](super::memory_and_disk)).
+    /// [`memory_and_disk`](crate::memory_and_disk)).
     ///
     /// ```no_run
     /// # async fn demo(df: kindling_spark::DataFrame) -> Result<(), kindling_spark::Error> {
