@@ -320,6 +320,28 @@ fn burn_alone(
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Median ms of each of `names`' phases over `steps` steps after 5 untimed
+/// ones: `step(i)` runs step `i` and returns its phases' times.
+fn phase_medians<const N: usize>(
+    names: [&'static str; N],
+    steps: usize,
+    mut step: impl FnMut(usize) -> anyhow::Result<[Duration; N]>,
+) -> anyhow::Result<(Vec<(&'static str, f64)>, Duration)> {
+    let mut times: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    let mut total = Duration::ZERO;
+    for i in 0..steps + 5 {
+        let phases = step(i)?;
+        if i < 5 {
+            continue; // warm-up
+        }
+        for (p, d) in times.iter_mut().zip(phases) {
+            total += d;
+            p.push(d);
+        }
+    }
+    Ok((names.into_iter().zip(times.map(median)).collect(), total))
+}
+
 /// Median ms of each phase of the trainer's MLP step (the gradients and the
 /// loss read back as one buffer), and the step's samples/s.
 fn phases(
@@ -329,38 +351,10 @@ fn phases(
     device: &Device,
     steps: usize,
 ) -> anyhow::Result<(Vec<(&'static str, f64)>, f64)> {
-    let mut model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
+    let model = MlpModel::init(&MlpModelConfig::new(vec![256, 128]), &Inputs::new(layout), device)?;
     let mut weights = params::flat_weights(&model);
     let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
-    let mut times: [Vec<Duration>; 5] = Default::default();
-    let mut total = Duration::ZERO;
-    for i in 0..steps + 5 {
-        let b = &data[i % data.len()];
-        let t0 = Instant::now();
-        let x = tensorize::features(b, layout, device)?;
-        let y = tensorize::targets(b, "y", spec.task, device)?;
-        let t1 = Instant::now();
-        let loss = task_loss(spec.task, model.forward_features(x), y, device);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let t2 = Instant::now();
-        let mut buf = params::flatten_grads_and(&model, &grads, loss);
-        std::hint::black_box(buf.pop());
-        let t3 = Instant::now();
-        optim.step(&mut weights, &buf, 1.0);
-        let t4 = Instant::now();
-        model = params::load_flat(model, &weights);
-        let t5 = Instant::now();
-        if i < 5 {
-            continue; // warm-up
-        }
-        total += t5 - t0;
-        for (p, d) in times
-            .iter_mut()
-            .zip([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
-        {
-            p.push(d);
-        }
-    }
+    let mut model = Some(model);
     let names = [
         "Arrow batch → device tensors (upload queued)",
         "forward + loss + backward (queued)",
@@ -368,8 +362,27 @@ fn phases(
         "Adam step on the host (flat, fused)",
         "weights back to the device",
     ];
+    let (medians, total) = phase_medians(names, steps, |i| {
+        let b = &data[i % data.len()];
+        let t0 = Instant::now();
+        let x = tensorize::features(b, layout, device)?;
+        let y = tensorize::targets(b, "y", spec.task, device)?;
+        let m = model.take().expect("the model between steps");
+        let t1 = Instant::now();
+        let loss = task_loss(spec.task, m.forward_features(x), y, device);
+        let grads = GradientsParams::from_grads(loss.backward(), &m);
+        let t2 = Instant::now();
+        let mut buf = params::flatten_grads_and(&m, &grads, loss);
+        std::hint::black_box(buf.pop());
+        let t3 = Instant::now();
+        optim.step(&mut weights, &buf, 1.0);
+        let t4 = Instant::now();
+        model = Some(params::load_flat(m, &weights));
+        let t5 = Instant::now();
+        Ok([t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4])
+    })?;
     let sps = (steps * spec.batch_size) as f64 / total.as_secs_f64();
-    Ok((names.into_iter().zip(times.map(median)).collect(), sps))
+    Ok((medians, sps))
 }
 
 /// Median ms of each phase of a step kept on the device (the MLP, f32),
@@ -381,37 +394,34 @@ fn device_phases(
     device: &Device,
     steps: usize,
 ) -> anyhow::Result<Vec<(&'static str, f64)>> {
-    let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
-    let weights = model.flat_weights();
+    let mut model = Some(ModelRegistry::builtin().build(spec, layout, device)?);
+    let weights = model.as_ref().map(|m| m.flat_weights()).unwrap_or_default();
     let optim = FlatOptimizer::new(&spec.optimizer, weights.len());
-    let mut opt = DeviceOptimizer::upload(&optim, &weights, &model.param_layout(), None, device);
+    let layout_of_params = model.as_ref().map(|m| m.param_layout()).unwrap_or_default();
+    let mut opt = DeviceOptimizer::upload(&optim, &weights, &layout_of_params, None, device);
     let mut pipeline = Pipeline::new(true);
-    let mut times: [Vec<Duration>; 3] = Default::default();
-    for i in 0..steps + 5 {
-        let next = Some(&data[(i + 1) % data.len()]);
-        let t0 = Instant::now();
-        let share = pipeline
-            .run(&data[i % data.len()], next, layout, spec, device, |b| {
-                model.device_gradients(b, &mut opt)
-            })
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let t1 = Instant::now();
-        model = model.device_step(&mut opt, (1.0 / share.weight) as f32);
-        let t2 = Instant::now();
-        std::hint::black_box(share.loss_sum.map(|l| l.into_scalar::<f32>()));
-        let t3 = Instant::now();
-        if i >= 5 {
-            for (p, d) in times.iter_mut().zip([t1 - t0, t2 - t1, t3 - t2]) {
-                p.push(d);
-            }
-        }
-    }
     let names = [
         "staged batch to tensors, forward + loss + backward queued",
         "the optimizer's step queued",
         "the loss read back (waits for the device)",
     ];
-    Ok(names.into_iter().zip(times.map(median)).collect())
+    let (medians, _) = phase_medians(names, steps, |i| {
+        let next = Some(&data[(i + 1) % data.len()]);
+        let m = model.take().expect("the model between steps");
+        let t0 = Instant::now();
+        let share = pipeline
+            .run(&data[i % data.len()], next, layout, spec, device, |b| {
+                m.device_gradients(b, &mut opt)
+            })
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let t1 = Instant::now();
+        model = Some(m.device_step(&mut opt, (1.0 / share.weight) as f32));
+        let t2 = Instant::now();
+        std::hint::black_box(share.loss_sum.map(|l| l.into_scalar::<f32>()));
+        let t3 = Instant::now();
+        Ok([t1 - t0, t2 - t1, t3 - t2])
+    })?;
+    Ok(medians)
 }
 
 /// The comma-separated values after `--name`, or `default`'s.
