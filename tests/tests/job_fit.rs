@@ -175,6 +175,79 @@ async fn a_killed_agent_is_replaced_and_every_epoch_trains_every_row_once() {
         .await;
 }
 
+/// `fit` follows its job from the rendezvous's watch, which carries what the
+/// agents report in their heartbeats: steps and epochs arrive as they happen,
+/// while each agent is asked for its status only a few times (for its final
+/// status), not every few hundred milliseconds as the job trains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fit_follows_progress_from_the_rendezvous_and_asks_each_agent_only_at_the_end() {
+    let spark = spark().await;
+    // Enough steps (4 epochs of 8-row steps) to train for seconds.
+    let df = rule_df(&spark, 120_000).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::start(2, LocalClusterConfig::new(dir.path()))
+        .await
+        .expect("cluster");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let started = std::time::Instant::now();
+    job(2, 4)
+        .batch_size(8)
+        .events(tx)
+        .build()
+        .expect("job")
+        .fit_on(&cluster, &df)
+        .await
+        .expect("fit");
+    let took = started.elapsed();
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let epochs: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            TrainingEvent::Epoch(m) => Some(m.epoch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(epochs, vec![1, 2, 3, 4], "each epoch once, in order");
+    let steps: Vec<(u32, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            TrainingEvent::Step { epoch, step, .. } => Some((*epoch, *step)),
+            _ => None,
+        })
+        .collect();
+    assert!(steps.len() >= 4, "progress while training: {steps:?}");
+    assert!(
+        steps.windows(2).all(|w| w[0] <= w[1]),
+        "steps in order: {steps:?}"
+    );
+    // Each agent's count of the job_status actions it answered.
+    let token = cluster.token().expect("token").expose().to_owned();
+    for url in cluster.agent_urls() {
+        let addr = url.trim_start_matches("http://");
+        let page = kindling_tests::http::get(addr, "/metrics", &[kindling_tests::http::bearer(&token)]).await;
+        assert_eq!(page.code, 200, "{}", page.body);
+        let asked: u64 = page
+            .body
+            .lines()
+            .find(|l| l.starts_with("kindling_agent_actions") && l.contains(r#"action="job_status""#))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no job_status count at {url}:\n{}", page.body));
+        eprintln!(
+            "{url}: asked for its status {asked} times in a fit of {took:?} with {} step events",
+            steps.len()
+        );
+        assert!(
+            asked <= 4,
+            "{url} was asked for its status {asked} times in {took:?}"
+        );
+    }
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_few_agents_is_a_clear_error() {
     let spark = spark().await;

@@ -21,10 +21,22 @@ pub const INDEX_HTML: &str = include_str!("page/index.html");
 /// Most events a job shows (newest), across its agents.
 const EVENTS_SHOWN: usize = 50;
 
-/// The latest report of every agent that sent one, in memory only.
-#[derive(Clone, Debug, Default)]
+/// The latest report of every agent that sent one, in memory only; a
+/// version that moves with every report kept, for the watches that carry
+/// them.
+#[derive(Clone, Debug)]
 pub struct Reports {
     inner: Arc<Mutex<HashMap<String, (Instant, AgentReport)>>>,
+    version: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for Reports {
+    fn default() -> Self {
+        Reports {
+            inner: Arc::default(),
+            version: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
 }
 
 impl Reports {
@@ -40,7 +52,31 @@ impl Reports {
         }
         let report: AgentReport = serde_json::from_slice(bytes)?;
         self.lock().insert(agent_id.to_owned(), (Instant::now(), report));
+        self.version.send_modify(|v| *v += 1);
         Ok(())
+    }
+
+    /// Wakes on each report kept from now on.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// What every agent holding `job_id` last reported of it, by agent id.
+    pub fn of_job(&self, job_id: &str) -> Vec<kindling_schemas::pb::rendezvous::MemberReport> {
+        let mut reports: Vec<_> = self
+            .lock()
+            .iter()
+            .filter_map(|(agent_id, (at, report))| {
+                let job = report.jobs.iter().find(|j| j.job_id == job_id)?;
+                Some(kindling_schemas::pb::rendezvous::MemberReport {
+                    agent_id: agent_id.clone(),
+                    status_json: serde_json::to_vec(job).ok()?,
+                    age_ms: at.elapsed().as_millis() as u64,
+                })
+            })
+            .collect();
+        reports.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        reports
     }
 
     /// Drops the reports older than `age` (agents gone for that long).

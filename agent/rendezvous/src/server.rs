@@ -172,6 +172,10 @@ pub async fn serve_ready(
     result
 }
 
+/// Least time between two events of a watch with reports that a report
+/// alone woke (agents report up to every 200 ms each).
+const REPORT_EVERY: Duration = Duration::from_millis(100);
+
 async fn run_reaper(state: RendezvousState, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(state.config().reap_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -400,28 +404,70 @@ impl Rendezvous for RendezvousService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let rx = self.state.watch(&request.into_inner().job_id)?;
+        let request = request.into_inner();
+        let rx = self.state.watch(&request.job_id)?;
+        // With reports, a report kept wakes the stream too (at most every
+        // REPORT_EVERY); without, it never does.
+        let reports = request
+            .with_reports
+            .then(|| (self.reports.clone(), self.reports.subscribe()));
+        let job_id = request.job_id;
         // Pulled by the transport: each item is the latest state (a slow
         // watcher skips intermediate states, it never blocks the service).
         // Ends after a terminal state, when the job is collected, or on shutdown.
         let stream = futures::stream::unfold(
-            (rx, self.shutdown.clone(), true, false),
-            |(mut rx, shutdown, first, done)| async move {
-                if done {
-                    return None;
-                }
-                if !first {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return None,
-                        changed = rx.changed() => changed.ok()?,
+            (rx, reports, self.shutdown.clone(), None, false),
+            move |(mut rx, mut reports, shutdown, mut sent, done)| {
+                let job_id = job_id.clone();
+                async move {
+                    if done {
+                        return None;
+                    }
+                    loop {
+                        if sent.is_some() {
+                            let report_changed = async {
+                                match reports.as_mut() {
+                                    Some((_, version)) => {
+                                        tokio::time::sleep(REPORT_EVERY).await;
+                                        version.changed().await
+                                    }
+                                    None => std::future::pending().await,
+                                }
+                            };
+                            tokio::select! {
+                                _ = shutdown.cancelled() => return None,
+                                changed = rx.changed() => changed.ok()?,
+                                changed = report_changed => changed.ok()?,
+                            }
+                        }
+                        let status = pb::JobStatusResponse::from(&*rx.borrow_and_update());
+                        let terminal = rx.borrow().state.is_terminal();
+                        let of_job = match reports.as_mut() {
+                            Some((store, version)) => {
+                                version.borrow_and_update();
+                                store.of_job(&job_id)
+                            }
+                            None => Vec::new(),
+                        };
+                        // Another job's report woke it: nothing to send.
+                        let same = |(s, r): &(pb::JobStatusResponse, Vec<pb::MemberReport>)| {
+                            *s == status
+                                && r.len() == of_job.len()
+                                && r.iter()
+                                    .zip(&of_job)
+                                    .all(|(a, b)| a.agent_id == b.agent_id && a.status_json == b.status_json)
+                        };
+                        if sent.as_ref().is_some_and(same) {
+                            continue;
+                        }
+                        sent = Some((status.clone(), of_job.clone()));
+                        let event = pb::JobEvent {
+                            status: Some(status),
+                            reports: of_job,
+                        };
+                        return Some((Ok(event), (rx, reports, shutdown, sent, terminal)));
                     }
                 }
-                let status = rx.borrow_and_update().clone();
-                let terminal = status.state.is_terminal();
-                let event = pb::JobEvent {
-                    status: Some(pb::JobStatusResponse::from(&status)),
-                };
-                Some((Ok(event), (rx, shutdown, false, terminal)))
             },
         );
         Ok(Response::new(Box::pin(stream)))

@@ -38,6 +38,7 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[derive(Debug, Clone)]
 pub struct AgentFlightService {
     jobs: Arc<JobRegistry>,
+    actions: Arc<crate::process::metrics::ActionCounts>,
 }
 
 impl AgentFlightService {
@@ -56,9 +57,9 @@ impl AgentFlightService {
         }
     }
 
-    /// Serves the jobs in `jobs`.
-    pub fn new(jobs: Arc<JobRegistry>) -> Self {
-        AgentFlightService { jobs }
+    /// Serves the jobs in `jobs`, counting the actions it answers in `actions`.
+    pub fn new(jobs: Arc<JobRegistry>, actions: Arc<crate::process::metrics::ActionCounts>) -> Self {
+        AgentFlightService { jobs, actions }
     }
 }
 
@@ -323,6 +324,7 @@ impl FlightService for AgentFlightService {
         let caller = Caller::of(&request);
         let a = request.into_inner();
         let action = Action::parse(&a.r#type, &a.body).map_err(AgentError::from)?;
+        self.actions.count(action.kind());
         match &action {
             // A producer or reader may follow its own job; nothing else.
             Action::JobStatus(r) => {

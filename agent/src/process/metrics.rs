@@ -4,13 +4,13 @@
 //! rings' all-reduces (count, bytes, a time histogram).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
-use kindling_schemas::action::AgentJobState;
+use kindling_schemas::action::{ActionKind, AgentJobState};
 
 use crate::cache::MemoryBudget;
 use crate::collective::ALL_REDUCE_SECONDS;
@@ -49,17 +49,35 @@ pub fn report(jobs: &JobRegistry, budget: &MemoryBudget) -> Vec<u8> {
     }
 }
 
+/// Flight actions the agent answered, by kind (`kindling_agent_actions`).
+#[derive(Debug, Default)]
+pub struct ActionCounts([AtomicU64; ActionKind::ALL.len()]);
+
+impl ActionCounts {
+    /// Counts one `kind` action.
+    pub fn count(&self, kind: ActionKind) {
+        if let Some(i) = ActionKind::ALL.iter().position(|k| *k == kind) {
+            self.0[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The agent's families, written on each scrape from its jobs and cache.
 #[derive(Debug)]
 pub struct AgentCollector {
     jobs: Arc<JobRegistry>,
     budget: Arc<MemoryBudget>,
+    actions: Arc<ActionCounts>,
 }
 
 impl AgentCollector {
-    /// The families of `jobs` and `budget`.
-    pub fn new(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> Self {
-        AgentCollector { jobs, budget }
+    /// The families of `jobs`, `budget` and the actions answered.
+    pub fn new(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>, actions: Arc<ActionCounts>) -> Self {
+        AgentCollector {
+            jobs,
+            budget,
+            actions,
+        }
     }
 }
 
@@ -90,6 +108,18 @@ impl Collector for AgentCollector {
             MetricType::Gauge,
         )?
         .int(&[("agent", a)], all.len() as i64)?;
+        let mut f = family(
+            &mut e,
+            "kindling_agent_actions",
+            "Flight actions answered, by action.",
+            MetricType::Counter,
+        )?;
+        for (kind, n) in ActionKind::ALL.iter().zip(&self.actions.0) {
+            f.int(
+                &[("agent", a), ("action", kind.name())],
+                n.load(Ordering::Relaxed) as i64,
+            )?;
+        }
         let statuses: Vec<_> = all.iter().map(|j| (j.clone(), j.status())).collect();
         job_gauges(&mut e, a, &statuses)?;
         job_families(&mut e, a, &statuses)?;

@@ -369,7 +369,8 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         tracker.spawn(reload_keys(keys, cancel.clone()));
     }
     let check = BearerCheck::new(config.token.clone()).with_credentials(config.credentials.clone());
-    let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone()))
+    let actions = Arc::new(crate::process::metrics::ActionCounts::default());
+    let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone(), actions.clone()))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     // Each job credential's streams pin at most their share of the receive
@@ -393,7 +394,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         routed.http,
         auth,
         cancel.clone(),
-        metrics_page(jobs.clone(), env_budget.clone()),
+        metrics_page(jobs.clone(), env_budget.clone(), actions),
     ));
     let server_ended = CancellationToken::new();
     let ended_guard = server_ended.clone().drop_guard();
@@ -529,10 +530,14 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
 
 /// The agent's HTTP pages: `/metrics`, rendered at most once per
 /// [`RENDER_TTL`](kindling_ops::web::RENDER_TTL).
-fn metrics_page(jobs: Arc<JobRegistry>, budget: Arc<MemoryBudget>) -> kindling_ops::web::Pages {
+fn metrics_page(
+    jobs: Arc<JobRegistry>,
+    budget: Arc<MemoryBudget>,
+    actions: Arc<crate::process::metrics::ActionCounts>,
+) -> kindling_ops::web::Pages {
     let registry = kindling_ops::exposition::registry(
         "agent",
-        crate::process::metrics::AgentCollector::new(jobs, budget),
+        crate::process::metrics::AgentCollector::new(jobs, budget, actions),
     );
     let pages: kindling_ops::web::Pages = Arc::new(move |path: &str| {
         (path == "/metrics").then(|| kindling_ops::web::Page {

@@ -16,6 +16,7 @@ use super::progress::{Reporter, TrainingEvent};
 use super::recover::{Follow, Holders};
 use super::target::{Target, pick_agents};
 use super::tracking::{Tracker, TrackerHandle};
+use super::watched::Watched;
 use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, SparkRows, Window};
@@ -25,7 +26,11 @@ use crate::local::{LocalCluster, LocalClusterConfig};
 use crate::spark::{DataFrame, RecordBatchStream};
 
 /// How often the agents are asked for their progress.
-const POLL: Duration = Duration::from_millis(200);
+/// An agent not heard from for this long (in its reports through the
+/// rendezvous's watch, or asked directly) is asked for its status: a lost
+/// agent that no failed attempt names is found so. Longer than the third of
+/// a lease at which an agent with nothing new to report still heartbeats.
+pub(super) const QUIET: Duration = Duration::from_secs(4);
 
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.
@@ -401,10 +406,13 @@ impl TrainingJob {
         Ok(model)
     }
 
-    /// Follows training to its end: the rendezvous's state as it changes,
-    /// the agents' progress and logs every [`POLL`], and lost agents replaced
-    /// (their shards fed again, or the gang shrunk). Returns the status of an
-    /// agent that finished.
+    /// Follows training to its end from the rendezvous's watch of the job,
+    /// which carries what its agents report of it in their heartbeats: the
+    /// agents' progress and logs as they change; an agent asked directly
+    /// only when an attempt failed, when it has not been heard from for
+    /// [`QUIET`], or once the job succeeded (for its final status). Lost
+    /// agents are replaced (their shards fed again, or the gang shrunk).
+    /// Returns the status of an agent that finished.
     #[allow(clippy::too_many_arguments)]
     async fn follow(
         &self,
@@ -419,34 +427,24 @@ impl TrainingJob {
         seen_epochs: &mut usize,
     ) -> Result<AgentJobStatus, JobError> {
         let job_id = feed.job_id.to_owned();
-        // Follow training: the rendezvous's state as it changes (its watch
-        // stream), the agents' progress every POLL; replace lost agents.
         let mut follow = Follow::new(rv.clone(), &job_id);
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut seen_events = std::collections::HashMap::<String, u64>::new();
-        let winner = loop {
-            tokio::select! {
-                status = follow.next() => {
-                    let status = status?;
-                    if matches!(status.state, JobState::Failed | JobState::Cancelled) {
-                        // What the agents logged on the way reaches the user first.
-                        for &s in &holders.members() {
-                            if let Ok(st) = holders.clients[s].job_status(&job_id).await {
-                                emit_agent_events(reporter, &job_id, &st, &mut seen_events);
-                            }
-                        }
-                        let cause = status.first_cause().unwrap_or("cancelled").to_owned();
-                        return Err(JobError::TrainingFailed { job_id: job_id.clone(), cause });
-                    }
-                    continue;
+        let mut watch = Watched::new(&job_id);
+        let mut check = tokio::time::interval(QUIET / 4);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let ask = tokio::select! {
+                event = follow.next() => {
+                    let (status, reports) = event?;
+                    watch.on_event(reporter, holders, &status, &reports, seen_epochs)?
                 }
-                _ = tick.tick() => {}
+                _ = check.tick() => watch.quiet(holders),
+            };
+            if ask.is_empty() {
+                continue;
             }
-            let members = holders.members();
-            let mut statuses = Vec::with_capacity(members.len());
+            let mut statuses = Vec::with_capacity(ask.len());
             let mut lost = Vec::new();
-            for &s in &members {
+            for s in ask {
                 let c = &holders.clients[s];
                 match c.job_status(&job_id).await {
                     Ok(st) => statuses.push(st),
@@ -457,34 +455,8 @@ impl TrainingJob {
                     Err(e) => return Err(e.into()),
                 }
             }
-            // Agents' warnings and errors reach the user before a failure ends the job.
             for st in &statuses {
-                emit_agent_events(reporter, &job_id, st, &mut seen_events);
-            }
-            for st in &statuses {
-                if matches!(st.state, AgentJobState::Failed | AgentJobState::Cancelled) {
-                    let cause = st.error.clone().unwrap_or_else(|| format!("{:?}", st.state));
-                    return Err(JobError::TrainingFailed {
-                        job_id: job_id.clone(),
-                        cause,
-                    });
-                }
-            }
-            if let Some(lead) = statuses.iter().find(|s| s.rank == Some(0)).or(statuses.first()) {
-                while *seen_epochs < lead.history.len() {
-                    reporter.emit(TrainingEvent::Epoch(lead.history[*seen_epochs].clone()));
-                    *seen_epochs += 1;
-                }
-                if lead.state == AgentJobState::Training {
-                    let total: f64 = statuses.iter().map(|s| s.samples_per_sec).sum();
-                    reporter.emit(TrainingEvent::Step {
-                        epoch: lead.epoch,
-                        step: lead.step,
-                        steps: lead.steps_per_epoch,
-                        loss: lead.loss,
-                        samples_per_sec: total,
-                    });
-                }
+                watch.heard_from(reporter, st)?;
             }
             if !lost.is_empty() {
                 let recovery = self.reassign(rv, target, &job_id, holders, &lost).await?;
@@ -509,15 +481,11 @@ impl TrainingJob {
                 });
                 continue;
             }
-            if statuses.len() == members.len() && statuses.iter().all(|s| s.state == AgentJobState::Succeeded)
-            {
-                break statuses.into_iter().next();
+            let members = holders.members().len();
+            if statuses.len() == members && statuses.iter().all(|s| s.state == AgentJobState::Succeeded) {
+                return Ok(statuses.into_iter().next().expect("a member"));
             }
-        };
-        winner.ok_or_else(|| JobError::TrainingFailed {
-            job_id: job_id.clone(),
-            cause: "no agent reported the result".into(),
-        })
+        }
     }
 
     /// Feeds the eval split (if any), then the train split: every shard, or
@@ -624,22 +592,4 @@ fn arrow_source_pushed() -> JobError {
         setting: "feed",
         reason: "fit_arrow feeds from this process: executor push needs a DataFrame (use fit)".into(),
     }
-}
-
-/// Sends the agent's events for the job that were not sent yet (by their
-/// sequence number, per agent).
-fn emit_agent_events(
-    reporter: &mut Reporter,
-    job_id: &str,
-    status: &kindling_schemas::action::AgentJobStatus,
-    seen: &mut std::collections::HashMap<String, u64>,
-) {
-    let last = seen.entry(status.agent_id.clone()).or_insert(0);
-    for event in status.events.iter().filter(|e| e.seq > *last) {
-        reporter.emit(TrainingEvent::AgentLog {
-            job_id: job_id.to_owned(),
-            event: event.clone(),
-        });
-    }
-    *last = status.events.last().map_or(*last, |e| e.seq.max(*last));
 }

@@ -17,6 +17,7 @@ mod target;
 mod tracking;
 mod trained;
 mod transform;
+mod watched;
 
 use std::path::PathBuf;
 use std::time::Duration;

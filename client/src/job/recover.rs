@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::rendezvous::{AgentInfo, JobState, JobStatus, JobWatch, RendezvousClient};
+use kindling_schemas::rendezvous::{
+    AgentInfo, JobState, JobStatus, MemberReport, RendezvousClient, ReportWatch,
+};
 
 use super::target::{Target, pick_agents};
 use super::{JobError, TrainingJob};
@@ -105,14 +107,15 @@ impl Holders {
     }
 }
 
-/// The job's state at the rendezvous, from its `Watch` stream: each change
-/// as it happens, instead of asking again and again. A stream that breaks
+/// The job's state at the rendezvous and what its agents report of it, from
+/// its `Watch` stream with reports: each change as it happens, instead of
+/// asking the rendezvous and every agent again and again. A stream that breaks
 /// (a rendezvous restart) is opened again; opening retries within the
 /// client's outage bound, past which the error is returned.
 pub(super) struct Follow {
     rv: RendezvousClient,
     job_id: String,
-    stream: Option<JobWatch>,
+    stream: Option<ReportWatch>,
     ended: bool,
 }
 
@@ -126,21 +129,22 @@ impl Follow {
         }
     }
 
-    /// The next state of the job; never resolves after a final one.
-    /// Cancel-safe: a state not yet returned stays in the stream.
-    pub async fn next(&mut self) -> Result<JobStatus, JobError> {
+    /// The job's next state with its agents' latest reports; never resolves
+    /// after a final state. Cancel-safe: an event not yet returned stays in
+    /// the stream.
+    pub async fn next(&mut self) -> Result<(JobStatus, Vec<MemberReport>), JobError> {
         loop {
             if self.ended {
                 return std::future::pending().await;
             }
             let stream = match &mut self.stream {
                 Some(stream) => stream,
-                None => self.stream.insert(self.rv.watch(&self.job_id).await?),
+                None => self.stream.insert(self.rv.watch_reports(&self.job_id).await?),
             };
             match stream.next().await {
-                Some(Ok(status)) => {
+                Some(Ok((status, reports))) => {
                     self.ended = status.state.is_terminal();
-                    return Ok(status);
+                    return Ok((status, reports));
                 }
                 Some(Err(e)) if e.is_transient() => {
                     tracing::debug!(job = %self.job_id, error = %e, "the job's watch broke: opening it again");

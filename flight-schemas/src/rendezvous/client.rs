@@ -2,11 +2,9 @@
 //! registration with a background heartbeat ([`AgentLease`]), jobs, joins
 //! (into a [`GangMember`]), failure reports, watch streams and status.
 
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -29,29 +27,6 @@ type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
 /// How long [`RendezvousClient::join_current`] waits before looking for the
 /// current attempt again after the one it tried moved on.
 const REJOIN_DELAY: Duration = Duration::from_millis(50);
-
-/// A stream of a job's states: the current one first, then every change
-/// (intermediate states may be skipped); ends after a terminal state.
-pub struct JobWatch {
-    inner: Pin<Box<dyn Stream<Item = Result<JobStatus>> + Send>>,
-}
-
-impl std::fmt::Debug for JobWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobWatch").finish_non_exhaustive()
-    }
-}
-
-impl Stream for JobWatch {
-    type Item = Result<JobStatus>;
-
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.inner.as_mut().poll_next(cx)
-    }
-}
 
 /// Client of the rendezvous service. Cheap to clone (shares the connection).
 ///
@@ -160,7 +135,7 @@ impl RendezvousClient {
     /// Runs `call` until it succeeds, fails with an answer, or the
     /// rendezvous stayed unreachable past the outage bound; each try has the
     /// call timeout.
-    async fn retrying<T, F>(&self, op: &'static str, call: impl FnMut(Inner) -> F) -> Result<T>
+    pub(super) async fn retrying<T, F>(&self, op: &'static str, call: impl FnMut(Inner) -> F) -> Result<T>
     where
         F: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
@@ -546,28 +521,6 @@ impl RendezvousClient {
         .map(|s| status_from_pb("list_jobs", s))
         .collect()
     }
-
-    /// Streams the job's state changes, starting with the current state.
-    pub async fn watch(&self, job_id: &str) -> Result<JobWatch> {
-        let request = pb::WatchRequest {
-            job_id: job_id.to_owned(),
-        };
-        let stream = self
-            .retrying("watch", |mut g| {
-                let request = request.clone();
-                async move { g.watch(request).await }
-            })
-            .await?;
-        let inner = Box::pin(stream.map(|event| {
-            let event = event.map_err(ClientError::rpc("watch"))?;
-            let status = event.status.ok_or_else(|| ClientError::Malformed {
-                op: "watch",
-                detail: "event without status".to_owned(),
-            })?;
-            status_from_pb("watch", status)
-        }));
-        Ok(JobWatch { inner })
-    }
 }
 
 fn dial(url: &str, channel: &ChannelConfig, sends_token: bool) -> Result<Dial> {
@@ -579,7 +532,7 @@ fn dial(url: &str, channel: &ChannelConfig, sends_token: bool) -> Result<Dial> {
         })
 }
 
-fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {
+pub(super) fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Result<JobStatus> {
     JobStatus::try_from(s).map_err(|e| ClientError::Malformed {
         op,
         detail: e.to_string(),
@@ -646,18 +599,29 @@ async fn heartbeat_loop(
     failed: watch::Sender<Vec<AttemptRef>>,
     cancel: CancellationToken,
 ) {
-    let (_, mut tick) = renewal_ticks(lease);
+    let (period, mut renew) = renewal_ticks(lease);
+    // A report that changed goes at once (within REPORT_CHECK): a client
+    // follows its job's progress from the rendezvous's watch of them.
+    let mut check = tokio::time::interval(REPORT_CHECK.min(period));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent: Option<Vec<u8>> = None;
     loop {
-        tokio::select! {
+        let bytes = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
+            _ = renew.tick() => report.as_ref().map(|r| r()).unwrap_or_default(),
+            _ = check.tick(), if report.is_some() => {
+                let bytes = report.as_ref().map(|r| r()).unwrap_or_default();
+                if sent.as_ref() == Some(&bytes) {
+                    continue;
+                }
+                renew.reset();
+                bytes
+            }
+        };
+        sent = Some(bytes.clone());
         let beat = tokio::select! {
             _ = cancel.cancelled() => return,
-            beat = tokio::time::timeout(
-                lease,
-                client.heartbeat_reporting(&agent.agent_id, report.as_ref().map(|r| r()).unwrap_or_default()),
-            ) => beat,
+            beat = tokio::time::timeout(lease, client.heartbeat_reporting(&agent.agent_id, bytes)) => beat,
         };
         match beat {
             Ok(Ok(reply)) => {
@@ -684,6 +648,9 @@ async fn heartbeat_loop(
         }
     }
 }
+
+/// How often an agent that reports checks whether its report changed.
+const REPORT_CHECK: Duration = Duration::from_millis(200);
 
 /// Ticks every third of `lease` (the first one a third from now), delayed
 /// rather than bunched after a stall: how every lease is kept alive, an

@@ -7,7 +7,8 @@
 //!
 //! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
 //! - [`wire`]: the one place those values meet their `pb` messages.
-//! - [`client`]: [`RendezvousClient`], [`AgentLease`], [`JobWatch`].
+//! - [`client`]: [`RendezvousClient`], [`AgentLease`] (its heartbeats carry the agent's report).
+//! - [`watch`]: following a job: [`JobWatch`], and [`ReportWatch`] with its agents' reports.
 //! - [`job_lease`]: [`JobLease`], a job's client lease kept alive.
 //! - [`gang`]: [`GangMember`], a member's collectives and the watch on its attempt.
 //! - [`retry`]: riding out an outage: transient errors, bounded jittered backoff.
@@ -19,15 +20,17 @@ pub mod gang;
 pub mod job_lease;
 pub mod retry;
 pub mod types;
+pub mod watch;
 pub mod wire;
 
-pub use client::{AgentLease, JobWatch, RendezvousClient, ReportFn};
+pub use client::{AgentLease, RendezvousClient, ReportFn};
 pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
 pub use gang::GangMember;
 pub use job_lease::JobLease;
 pub use retry::DEFAULT_OUTAGE_BOUND;
 pub use types::{
     AgentInfo, AgentReport, AttemptFailure, AttemptRef, HeartbeatReply, JobConfig, JobState, JobStatus,
-    MAX_REPORT_BYTES, Membership, RENDEZVOUS_REPORTER,
+    MAX_REPORT_BYTES, MemberReport, Membership, RENDEZVOUS_REPORTER,
 };
+pub use watch::{JobWatch, ReportWatch};
 pub use wire::UnknownJobState;

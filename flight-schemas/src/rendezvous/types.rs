@@ -189,6 +189,17 @@ pub struct AgentReport {
     pub jobs: Vec<crate::action::AgentJobStatus>,
 }
 
+/// One agent's latest report of one job, as
+/// [`RendezvousClient::watch_reports`](super::RendezvousClient::watch_reports)
+/// carries it: the job's entry of the agent's [`AgentReport`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberReport {
+    pub agent_id: String,
+    pub status: crate::action::AgentJobStatus,
+    /// How long before the event the agent sent it.
+    pub age: Duration,
+}
+
 /// Largest heartbeat report the rendezvous keeps; a larger one is dropped
 /// (the heartbeat itself still renews the lease).
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
