@@ -1,7 +1,7 @@
 //! `fit`: gang the agents, stream the DataFrame into them exactly once, follow
 //! training, replace lost agents, and fetch the model.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use futures::future::BoxFuture;
@@ -16,7 +16,7 @@ use super::progress::{Reporter, TrainingEvent};
 use super::recover::{Follow, Holders};
 use super::target::{Target, pick_agents};
 use super::tracking::{Tracker, TrackerHandle};
-use super::watched::Watched;
+use super::watched::{QUIET, Watched};
 use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, SparkRows, Window};
@@ -24,13 +24,6 @@ use crate::feed::{AgentClient, PushedPartition};
 #[cfg(feature = "local")]
 use crate::local::{LocalCluster, LocalClusterConfig};
 use crate::spark::{DataFrame, RecordBatchStream};
-
-/// How often the agents are asked for their progress.
-/// An agent not heard from for this long (in its reports through the
-/// rendezvous's watch, or asked directly) is asked for its status: a lost
-/// agent that no failed attempt names is found so. Longer than the third of
-/// a lease at which an agent with nothing new to report still heartbeats.
-pub(super) const QUIET: Duration = Duration::from_secs(4);
 
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.

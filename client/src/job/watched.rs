@@ -4,15 +4,20 @@
 //! so that an agent is asked directly only when something calls for it.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::rendezvous::{JobState, JobStatus, MemberReport};
 
-use super::fit::QUIET;
 use super::progress::Reporter;
 use super::recover::Holders;
 use super::{JobError, TrainingEvent};
+
+/// An agent not heard from for this long (in its reports through the
+/// rendezvous's watch, or asked directly) is asked for its status: a lost
+/// agent that no failed attempt names is found so. Longer than the third of
+/// a lease at which an agent with nothing new to report still heartbeats.
+pub(super) const QUIET: Duration = Duration::from_secs(4);
 
 pub(super) struct Watched {
     job_id: String,
