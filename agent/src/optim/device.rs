@@ -257,20 +257,31 @@ impl DeviceOptimizer {
                 .clone(),
             None => w.zeros_like(),
         };
-        let g = match scale {
-            StepScale::Host(s) => g.mul_scalar(*s),
-            StepScale::Device(s) => g.mul(s.as_ref().clone().reshape([1; D])),
-        };
-        let g = match self.clip_value {
-            Some(c) => g.clamp(-c, c),
-            None => g,
+        // The mean gradient is `g · k`: a host scale is not multiplied in but
+        // folded into the rule's coefficients (one operation fewer per
+        // parameter and step); clipping by value clamps `g` to `c / k`,
+        // which is clamping `g · k` to `c` (k > 0).
+        let (g, k) = match scale {
+            StepScale::Host(s) => match self.clip_value {
+                Some(c) => (g.clamp(-c / s, c / s), *s),
+                None => (g, *s),
+            },
+            StepScale::Device(s) => {
+                let g = g.mul(s.as_ref().clone().reshape([1; D]));
+                match self.clip_value {
+                    Some(c) => (g.clamp(-c, c), 1.0),
+                    None => (g, 1.0),
+                }
+            }
         };
         let wd = if self.decay[index] { self.weight_decay } else { 0.0 };
         let lr = self.lr as f32;
-        // The mean gradient with L2 decay added (every rule but AdamW's).
+        // The mean gradient itself (`g · k`), with L2 decay added (every rule
+        // but AdamW's): for the rules that do not fold `k`.
+        let scaled = |g: Tensor<D>| if k == 1.0 { g } else { g.mul_scalar(k) };
         let with_l2 = |g: Tensor<D>, w: &Tensor<D>| match wd > 0.0 {
-            true => g + w.clone().mul_scalar(wd as f32),
-            false => g,
+            true => scaled(g) + w.clone().mul_scalar(wd as f32),
+            false => scaled(g),
         };
         let slot = |s: &mut Self, k: usize| s.state[k][index].take(shape, &device);
         let next = match self.rule {
@@ -281,9 +292,14 @@ impl DeviceOptimizer {
                 let d = if nesterov { v.mul_scalar(momentum) + g } else { v };
                 w - d.mul_scalar(lr)
             }
+            // `w - g · (k · lr)`, decay added as `w · (1 - lr · wd)`.
             Rule::Sgd { .. } => {
-                let g = with_l2(g, &w);
-                w - g.mul_scalar(lr)
+                let w = if wd > 0.0 {
+                    w.mul_scalar(1.0 - lr * wd as f32)
+                } else {
+                    w
+                };
+                w - g.mul_scalar(k * lr)
             }
             Rule::Adam {
                 beta1,
@@ -294,12 +310,17 @@ impl DeviceOptimizer {
                 let bias2_sqrt = (1.0 - beta2.powi(t)).sqrt();
                 let factor = bias2_sqrt / (1.0 - beta1.powi(t));
                 let eps = epsilon * bias2_sqrt;
-                let g = with_l2(g, &w);
-                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
-                let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
+                // With L2 decay the mean gradient is made; without, `k` is
+                // folded into the moments' coefficients.
+                let (g, k) = match wd > 0.0 {
+                    true => (with_l2(g, &w), 1.0),
+                    false => (g, k),
+                };
+                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar((1.0 - beta1) * k);
+                let v = slot(self, 1).mul_scalar(beta2) + g.square().mul_scalar((1.0 - beta2) * k * k);
                 self.state[0][index] = Held::of(m.clone());
                 self.state[1][index] = Held::of(v.clone());
-                w - m.mul_scalar(factor).div(v.sqrt().add_scalar(eps)).mul_scalar(lr)
+                w - m.div(v.sqrt().add_scalar(eps)).mul_scalar(factor * lr)
             }
             Rule::AdamW {
                 beta1,
@@ -309,13 +330,15 @@ impl DeviceOptimizer {
                 let t = self.time.min(i32::MAX as u64) as i32;
                 let (c1, c2) = (1.0 - beta1.powi(t), 1.0 - beta2.powi(t));
                 let keep = (1.0 - self.lr * wd) as f32;
-                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar(1.0 - beta1);
-                let v = slot(self, 1).mul_scalar(beta2) + g.clone().mul(g).mul_scalar(1.0 - beta2);
+                let m = slot(self, 0).mul_scalar(beta1) + g.clone().mul_scalar((1.0 - beta1) * k);
+                let v = slot(self, 1).mul_scalar(beta2) + g.square().mul_scalar((1.0 - beta2) * k * k);
                 self.state[0][index] = Held::of(m.clone());
                 self.state[1][index] = Held::of(v.clone());
-                let delta = m.div_scalar(c1).div(v.div_scalar(c2).sqrt().add_scalar(epsilon));
+                // (m / c1) / (sqrt(v / c2) + eps) = m / (sqrt(v) + eps·sqrt(c2)) · sqrt(c2) / c1
+                let (c2_sqrt, eps) = (c2.sqrt(), epsilon);
+                let delta = m.div(v.sqrt().add_scalar(eps * c2_sqrt));
                 let decayed = if wd > 0.0 { w.mul_scalar(keep) } else { w };
-                decayed - delta.mul_scalar(lr)
+                decayed - delta.mul_scalar(c2_sqrt / c1 * lr)
             }
             Rule::RmsProp {
                 alpha,
@@ -325,7 +348,7 @@ impl DeviceOptimizer {
             } => {
                 let f = 1.0 - alpha;
                 let g = with_l2(g, &w);
-                let sq = slot(self, 0).mul_scalar(alpha) + g.clone().mul(g.clone()).mul_scalar(f);
+                let sq = slot(self, 0).mul_scalar(alpha) + g.clone().square().mul_scalar(f);
                 self.state[0][index] = Held::of(sq.clone());
                 let denom = match centered {
                     true => {
