@@ -236,6 +236,27 @@ impl DeviceOptimizer {
         StepScale::Device(Box::new(coef.mul_scalar(scale)))
     }
 
+    /// The gathered sums `g` as `(g', k)` whose product `g' · k` is the step's
+    /// mean gradient, clipped: a host scale is not multiplied in but left
+    /// for the rules to fold into their coefficients (one operation fewer
+    /// per parameter and step); clipping by value then clamps `g` to `c / k`,
+    /// which is clamping `g · k` to `c` (k > 0).
+    fn clipped<const D: usize>(&self, g: Tensor<D>, scale: &StepScale) -> (Tensor<D>, f32) {
+        match scale {
+            StepScale::Host(s) => match self.clip_value {
+                Some(c) => (g.clamp(-c / s, c / s), *s),
+                None => (g, *s),
+            },
+            StepScale::Device(s) => {
+                let g = g.mul(s.as_ref().clone().reshape([1; D]));
+                match self.clip_value {
+                    Some(c) => (g.clamp(-c, c), 1.0),
+                    None => (g, 1.0),
+                }
+            }
+        }
+    }
+
     /// Steps parameter `index` (its gathered sums taken, none counted as
     /// zeros), whose shape is `shape`, and returns its new master weights.
     ///
@@ -257,23 +278,7 @@ impl DeviceOptimizer {
                 .clone(),
             None => w.zeros_like(),
         };
-        // The mean gradient is `g · k`: a host scale is not multiplied in but
-        // folded into the rule's coefficients (one operation fewer per
-        // parameter and step); clipping by value clamps `g` to `c / k`,
-        // which is clamping `g · k` to `c` (k > 0).
-        let (g, k) = match scale {
-            StepScale::Host(s) => match self.clip_value {
-                Some(c) => (g.clamp(-c / s, c / s), *s),
-                None => (g, *s),
-            },
-            StepScale::Device(s) => {
-                let g = g.mul(s.as_ref().clone().reshape([1; D]));
-                match self.clip_value {
-                    Some(c) => (g.clamp(-c, c), 1.0),
-                    None => (g, 1.0),
-                }
-            }
-        };
+        let (g, k) = self.clipped(g, scale);
         let wd = if self.decay[index] { self.weight_decay } else { 0.0 };
         let lr = self.lr as f32;
         // The mean gradient itself (`g · k`), with L2 decay added (every rule
