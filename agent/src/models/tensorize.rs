@@ -1,6 +1,7 @@
 //! Arrow record batches → burn tensors, column by column (never row by row).
 
 use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::buffer::ScalarBuffer;
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Float32Type, Int64Type};
 use burn::tensor::{AllocationProperty, Bool, Bytes, DType, Device, Int, Tensor, TensorData};
@@ -34,18 +35,11 @@ pub struct Sequence {
 /// A `FixedSizeList<Float32>` column is copied as one contiguous block per
 /// row; scalar columns are cast to f32 once and scattered into their slot.
 pub fn features_row_major(batch: &RecordBatch, layout: &FeatureLayout) -> Result<Vec<f32>, AgentError> {
+    if let Some(values) = lone_vector(batch, layout)? {
+        return Ok(values.to_vec());
+    }
     let n = batch.num_rows();
     let d = layout.input_dim;
-    if layout.features.len() == 1 {
-        // Fast path: a single vector column is already row-major.
-        if let FeatureKind::Vector { .. } = layout.features[0].kind {
-            let col = column(batch, &layout.features[0].name)?;
-            let list = col.as_fixed_size_list();
-            let values = list.values().as_primitive::<Float32Type>();
-            let start = list.value_offset_at(0);
-            return Ok(values.values()[start..start + n * d].to_vec());
-        }
-    }
     let mut out = vec![0f32; n * d];
     for f in &layout.features {
         let col = column(batch, &f.name)?;
@@ -79,9 +73,12 @@ pub fn features(
     device: &Device,
 ) -> Result<Tensor<2>, AgentError> {
     let shape = [batch.num_rows(), layout.input_dim];
-    if let Some(bytes) = vector_bytes(batch, layout)? {
+    if let Some(values) = lone_vector(batch, layout)? {
         // Arrow's buffer handed over as it is: the upload is its one copy.
-        let bytes = Bytes::from_shared(bytes, AllocationProperty::Native);
+        let bytes = Bytes::from_shared(
+            bytes::Bytes::from_owner(values.into_inner()),
+            AllocationProperty::Native,
+        );
         return Ok(Tensor::from_data(
             TensorData::from_bytes(bytes, shape, DType::F32),
             device,
@@ -91,9 +88,9 @@ pub fn features(
     Ok(Tensor::from_data(TensorData::new(data, shape), device))
 }
 
-/// A lone vector feature column's values as shared bytes, without a copy
-/// (the column is row-major already), or `None` for any other layout.
-fn vector_bytes(batch: &RecordBatch, layout: &FeatureLayout) -> Result<Option<bytes::Bytes>, AgentError> {
+/// A lone vector feature column's values, row-major already: a slice of
+/// Arrow's buffer (no copy), or `None` for any other layout.
+fn lone_vector(batch: &RecordBatch, layout: &FeatureLayout) -> Result<Option<ScalarBuffer<f32>>, AgentError> {
     let [feature] = layout.features.as_slice() else {
         return Ok(None);
     };
@@ -102,11 +99,9 @@ fn vector_bytes(batch: &RecordBatch, layout: &FeatureLayout) -> Result<Option<by
     };
     let list = column(batch, &feature.name)?.as_fixed_size_list();
     let values = list.values().as_primitive::<Float32Type>().values();
-    let start = list.value_offset_at(0);
-    let n = batch.num_rows() * len;
-    let size = std::mem::size_of::<f32>();
-    let buffer = values.inner().slice_with_length(start * size, n * size);
-    Ok(Some(bytes::Bytes::from_owner(buffer)))
+    Ok(Some(
+        values.slice(list.value_offset_at(0), batch.num_rows() * len),
+    ))
 }
 
 /// One float column `[rows, width]` (a scalar column has width 1).
@@ -302,7 +297,7 @@ mod tests {
             .expect("spec");
         let layout = validate(&batch.schema(), &spec, StreamKind::Train).expect("layout");
         assert!(
-            super::vector_bytes(&batch, &layout).expect("bytes").is_some(),
+            super::lone_vector(&batch, &layout).expect("bytes").is_some(),
             "the shared path"
         );
         let device = Device::default();

@@ -605,12 +605,13 @@ async fn heartbeat_loop(
     let mut check = tokio::time::interval(REPORT_CHECK.min(period));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent: Option<Vec<u8>> = None;
+    let make = || report.as_ref().map(|r| r()).unwrap_or_default();
     loop {
         let bytes = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = renew.tick() => report.as_ref().map(|r| r()).unwrap_or_default(),
+            _ = renew.tick() => make(),
             _ = check.tick(), if report.is_some() => {
-                let bytes = report.as_ref().map(|r| r()).unwrap_or_default();
+                let bytes = make();
                 if sent.as_ref() == Some(&bytes) {
                     continue;
                 }

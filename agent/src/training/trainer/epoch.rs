@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 use super::cursor::{BatchCursor, Pull};
-use super::{LIVE_WAIT, TrainContext, Trainer, eval, lock};
+use super::{LIVE_WAIT, Progress, TrainContext, Trainer, eval, lock};
 use crate::error::AgentError;
 use crate::models::kindling_model::{AnyModel, DeviceShare, StepError};
 use crate::training::gradients::Trailer;
@@ -207,11 +207,7 @@ impl UnreadLosses {
 /// Adds steps' losses, read back (`(step, weight, loss sum)` each), to the
 /// epoch's sum and to the job's progress: the latest step's mean loss and
 /// each step's in the sampled history.
-fn record_losses(ctx: &TrainContext, epoch: u32, read: Vec<(u64, f64, f32)>, loss_sum: &mut f64) {
-    if read.is_empty() {
-        return;
-    }
-    let mut p = lock(&ctx.progress);
+fn record_losses(p: &mut Progress, epoch: u32, read: Vec<(u64, f64, f32)>, loss_sum: &mut f64) {
     for (at, weight, loss) in read {
         *loss_sum += loss as f64;
         p.loss = (weight > 0.0).then(|| loss as f64 / weight);
@@ -447,13 +443,14 @@ pub(super) fn train_epoch(
             None => vec![(step, sum.weight as f64, sum.loss_sum)],
         };
         step += 1;
-        record_losses(ctx, epoch, read, &mut loss_sum);
         let mut p = lock(&ctx.progress);
+        record_losses(&mut p, epoch, read, &mut loss_sum);
         p.step = step;
         p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
         p.step_times = t.times.clone();
     }
-    record_losses(ctx, epoch, unread.read(epoch)?, &mut loss_sum);
+    let rest = unread.read(epoch)?;
+    record_losses(&mut lock(&ctx.progress), epoch, rest, &mut loss_sum);
     if live {
         lock(&ctx.progress).steps_per_epoch = step;
         if rows_total == 0.0 {
