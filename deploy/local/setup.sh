@@ -7,7 +7,8 @@
 #   demo   + Java 17 for Spark and the pinned pyspark/pyarrow virtualenv;
 #   all    + g++ (the C++ Flight contract check builds against the pyarrow
 #          wheel's Arrow C++), Prometheus (the metrics test scrapes a local
-#          cluster with it), Chromium (the status page test), the Python
+#          cluster with it), Chromium (the status page test), etcd (the
+#          replicated rendezvous' tests start a 3-member cluster), the Python
 #          package deploy/python (kindling-client) into that venv, and with
 #          KINDLING_MLFLOW=1 MLflow in a venv of its own (the tracking test
 #          runs a real MLflow server).
@@ -31,6 +32,9 @@ if [ "$LEVEL" = all ]; then
   command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
   # The status page test renders the rendezvous' page in headless Chromium.
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  # The replicated rendezvous' tests run a real 3-member etcd cluster.
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
   # The GPU tests run burn-wgpu on Mesa's software Vulkan device (lavapipe).
   if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
     compgen -G '/usr/share/vulkan/icd.d/lvp_icd.*.json' >/dev/null || missing+=(mesa-vulkan-drivers)

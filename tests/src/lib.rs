@@ -1,6 +1,7 @@
 //! End-to-end tests and fixtures: a real Spark Connect server, agents and rendezvous on loopback.
 
 pub mod cluster;
+pub mod etcd;
 pub mod events;
 pub mod flight;
 pub mod http;

@@ -33,6 +33,7 @@ mod python_push;
 mod rendezvous_auth;
 mod rendezvous_failure;
 mod rendezvous_gang;
+mod rendezvous_replicas;
 mod spark_create_dataframe;
 mod spark_dataframe;
 mod spark_errors;

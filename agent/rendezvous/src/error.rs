@@ -93,11 +93,12 @@ pub enum RendezvousError {
     #[error("the rendezvous server is shutting down")]
     ShuttingDown,
 
-    /// The state file could not be written (the change was not acknowledged)
-    /// or read at start-up.
-    #[error("rendezvous state file `{}`: {source}", .path.display())]
+    /// The state could not be written (the change was not acknowledged)
+    /// or read at start-up: `place` is the state file's path, or etcd's key
+    /// and endpoints.
+    #[error("rendezvous state {place}: {source}")]
     Storage {
-        path: std::path::PathBuf,
+        place: String,
         #[source]
         source: StorageError,
     },
@@ -204,6 +205,14 @@ pub enum StorageError {
     Record(#[from] RecordError),
     #[error("the change that decided this call is not written yet; retry")]
     Unsaved,
+    #[error("etcd did not answer: {0}")]
+    Etcd(Arc<etcd_client::Error>),
+    #[error("etcd did not answer within {0:?}")]
+    EtcdTimeout(std::time::Duration),
+    #[error(
+        "this replica is no longer the leader (its etcd lease lapsed or another replica was elected): nothing was written"
+    )]
+    Deposed,
 }
 
 /// A job record in the state file that no rendezvous writes: refused at

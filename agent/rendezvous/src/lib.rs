@@ -10,7 +10,9 @@
 //!
 //! - [`types`]: the server's own settings ([`RendezvousConfig`]) and [`ReapReport`].
 //! - [`state`]: the pure state machine of agents, jobs and attempts (no gRPC).
-//! - [`store`]: the state file that lets a restarted rendezvous lose nothing.
+//! - [`store`]: where the durable state is kept ([`store::SnapshotStore`]); the state file that lets a restarted rendezvous lose nothing.
+//! - [`etcd`]: the state in etcd and one leader among several replicas (`--store etcd://…`).
+//! - [`gate`]: a replica's front: the service and pages answer only while it leads.
 //! - [`server`]: the tonic service, the `RendezvousError` → `Status` mapping and [`serve`] ([`serve_ready`] marks a readiness probe once the state is restored).
 //! - [`metrics`]: the Prometheus families (`/metrics`).
 //! - [`page`]: the status page and its data (`/`, `/api/status`), from the
@@ -22,6 +24,8 @@
 
 pub mod embedded;
 pub mod error;
+pub mod etcd;
+pub mod gate;
 pub mod metrics;
 pub mod page;
 pub mod server;

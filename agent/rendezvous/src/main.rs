@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use kindling_ops::cli::{LogArgs, TlsArgs, TokenArgs};
 use kindling_ops::web::probes::{HealthServer, Readiness};
+use kindling_rendezvous::etcd::EtcdSettings;
 use kindling_rendezvous::{RendezvousConfig, ServerConfig, serve_ready};
 use tokio_util::sync::CancellationToken;
 
@@ -50,8 +51,23 @@ struct Cli {
     /// registrations survive a crash or restart (write-before-acknowledge;
     /// docs/rendezvous.md, "Restarts"). Unset: in memory only, and a restart
     /// loses every job.
-    #[arg(long, env = "KINDLING_RENDEZVOUS_STATE_DIR")]
+    #[arg(long, env = "KINDLING_RENDEZVOUS_STATE_DIR", conflicts_with = "store")]
     state_dir: Option<std::path::PathBuf>,
+    /// Replicas on etcd: `etcd://host:2379[,host:2379…][/prefix]` keeps the
+    /// state in etcd (write-before-acknowledge, as the state file) and elects
+    /// one leader among every replica started with the same store; the
+    /// others answer UNAVAILABLE naming the leader, and take over within
+    /// the lease once it is gone (docs/rendezvous.md, "Replicas on etcd").
+    #[arg(long, env = "KINDLING_RENDEZVOUS_STORE")]
+    store: Option<String>,
+    /// The leader's etcd lease (whole seconds): a dead leader is replaced
+    /// this long after its last renewal.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ETCD_LEASE_SECS", default_value_t = 2)]
+    etcd_lease_secs: u64,
+    /// The URL clients reach this replica at, which the other replicas name
+    /// when it leads (default: http[s]://<--listen>, unless that is 0.0.0.0).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ADVERTISE")]
+    advertise: Option<String>,
     /// Address of the `/healthz` and `/readyz` HTTP probes (ready once serving).
     #[arg(
         long,
@@ -80,8 +96,27 @@ impl TryFrom<&Cli> for ServerConfig {
         let tls = cli.tls.load()?;
         cli.tls
             .check_plaintext(cli.listen, token.is_some(), tls.as_ref())?;
+        let etcd = match &cli.store {
+            None => None,
+            Some(store) => {
+                let advertise = match (&cli.advertise, cli.listen.ip().is_unspecified()) {
+                    (Some(url), _) => url.clone(),
+                    (None, false) => {
+                        let scheme = if tls.is_some() { "https" } else { "http" };
+                        format!("{scheme}://{}", cli.listen)
+                    }
+                    (None, true) => anyhow::bail!(
+                        "--store {store}: replicas name the leader by its URL; set --advertise (listening on {} says nothing)",
+                        cli.listen
+                    ),
+                };
+                let lease = Duration::from_secs(cli.etcd_lease_secs);
+                Some(EtcdSettings::parse(store, lease, &advertise).map_err(anyhow::Error::msg)?)
+            }
+        };
         Ok(ServerConfig {
             state_dir: cli.state_dir.clone(),
+            etcd,
             tls,
             viewer_token,
             ..ServerConfig::new(rendezvous, token)
@@ -112,9 +147,14 @@ async fn main() -> anyhow::Result<()> {
     // Logs go to stderr, like the agent's; stdout stays free.
     kindling_ops::cli::init_logging(filter, cli.log.log_format);
     let config = ServerConfig::try_from(&cli)?;
-    match &config.state_dir {
-        Some(dir) => tracing::info!(dir = %dir.display(), "state kept across restarts"),
-        None => tracing::warn!("no --state-dir: the state is in memory only, a restart loses every job"),
+    match (&config.etcd, &config.state_dir) {
+        (Some(etcd), _) => {
+            tracing::info!(store = %etcd.place(), advertise = %etcd.advertise, "state in etcd; one leader among the replicas")
+        }
+        (None, Some(dir)) => tracing::info!(dir = %dir.display(), "state kept across restarts"),
+        (None, None) => {
+            tracing::warn!("no --state-dir: the state is in memory only, a restart loses every job")
+        }
     }
     if config.token.is_none() {
         tracing::warn!("authentication disabled (--allow-unauthenticated)");

@@ -14,12 +14,15 @@ use kindling_schemas::pb::rendezvous as pb;
 use kindling_schemas::pb::rendezvous::rendezvous_server::{Rendezvous, RendezvousServer};
 use kindling_schemas::rendezvous::{CURRENT_ATTEMPT_METADATA, JobConfig};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::RendezvousError;
+use crate::etcd::{Candidate, EtcdSettings, Hint};
+use crate::gate::{Gate, PageGate};
 use crate::state::RendezvousState;
 use crate::types::RendezvousConfig;
 
@@ -66,6 +69,9 @@ pub struct ServerConfig {
     pub tls: Option<kindling_schemas::tls::Tls>,
     /// A token that reads the status page and `/metrics` and nothing else.
     pub viewer_token: Option<Token>,
+    /// Replicas on etcd: the state in etcd, one leader among the replicas
+    /// (`state_dir` is then unused); `None`: one node.
+    pub etcd: Option<EtcdSettings>,
 }
 
 impl ServerConfig {
@@ -78,6 +84,7 @@ impl ServerConfig {
             state_dir: None,
             tls: None,
             viewer_token: None,
+            etcd: None,
         }
     }
 }
@@ -95,81 +102,186 @@ pub async fn serve(
 
 /// [`serve`], marking `ready` once the state is restored from the state
 /// directory (a rendezvous is not ready while it would answer from an empty
-/// state) and the listener is about to be served.
+/// state) and the listener is about to be served. On etcd (`config.etcd`),
+/// ready once the replica answers (a follower names the leader), and it
+/// leads in terms: campaign, restore the state from etcd, answer from it
+/// until the lease could lapse, then campaign again (see [`crate::etcd`]).
 pub async fn serve_ready(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: CancellationToken,
     ready: &Readiness,
 ) -> Result<(), RendezvousError> {
-    let state = RendezvousState::open(config.rendezvous.clone(), config.state_dir.as_deref())?;
-    let tasks = TaskTracker::new();
-    tasks.spawn(run_reaper(state.clone(), shutdown.clone()));
-
-    let max_payload = config.rendezvous.max_payload_bytes;
-    let reports = crate::page::Reports::default();
-    let service = RendezvousService {
-        state: state.clone(),
-        shutdown: shutdown.clone(),
-        reports: reports.clone(),
+    let candidate = config.etcd.clone().map(Candidate::new);
+    // The single-node state is read before anything answers.
+    let single = match &candidate {
+        None => Some(RendezvousState::open(
+            config.rendezvous.clone(),
+            config.state_dir.as_deref(),
+        )?),
+        Some(_) => None,
     };
-    let server = RendezvousServer::new(service)
-        // Room for the largest payload plus the request's other fields, so
-        // our own PayloadTooLarge check answers rather than the codec.
-        .max_decoding_message_size(max_payload.saturating_add(64 << 10))
-        .max_encoding_message_size(usize::MAX);
-    let check = BearerCheck::new(config.token.clone());
-    let svc = InterceptedService::new(server, check.clone());
-    let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
-    let incoming = routed.grpc;
-    let auth = kindling_ops::web::HttpAuth::new(check, config.viewer_token.clone(), config.tls.is_some());
-    tasks.spawn(kindling_ops::web::serve(
-        routed.http,
-        auth,
-        shutdown.clone(),
-        kindling_ops::web::cached(
-            crate::page::pages(state.clone(), reports),
-            kindling_ops::web::RENDER_TTL,
-        ),
-    ));
-    // No ring here: its connections are dropped.
-    drop(routed.ring);
-    let signal = {
-        let shutdown = shutdown.clone();
-        let state = state.clone();
-        async move {
-            shutdown.cancelled().await;
-            state.close();
+    let hint = candidate.as_ref().map_or_else(
+        || watch::Sender::new(Hint::default()).subscribe(),
+        Candidate::hint,
+    );
+    let (front, mut server) = Front::start(listener, &config, hint, shutdown.clone()).await?;
+    ready.set(true);
+    let terms = async {
+        match (single, &candidate) {
+            (Some(state), _) => {
+                front.lead(state, &config, shutdown.clone()).await;
+                Ok(())
+            }
+            (None, Some(candidate)) => lead_on_etcd(candidate, &front, &config, &shutdown).await,
+            (None, None) => Ok(()),
         }
     };
-    // The standard gRPC health service, open like the probes: `grpc_health_probe`
-    // and Kubernetes' gRPC probes ask it, with no token.
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::Serving)
-        .await;
-    // Server reflection, open like health: `grpcurl list` finds every service.
-    let (reflection, reflection_alpha) =
-        kindling_ops::grpc::reflection(kindling_schemas::pb::rendezvous::FILE_DESCRIPTOR_SET)
-            .map_err(|e| RendezvousError::transport("building gRPC reflection", e))?;
-    // Connections queued on the bound listener are accepted from here on.
-    ready.set(true);
-    let result = ChannelConfig::default()
-        .server()
-        .max_concurrent_streams(config.max_concurrent_streams)
-        .layer(kindling_ops::grpc::TraceLayer)
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await
-        .map_err(|e| RendezvousError::transport("serving the rendezvous", e));
+    let result = tokio::select! {
+        r = terms => r,
+        r = &mut server => r.unwrap_or_else(|e| Err(RendezvousError::transport("the rendezvous task", e))),
+    };
     shutdown.cancel();
-    state.close();
-    tasks.close();
-    tasks.wait().await;
+    if !server.is_finished() {
+        let _ = server.await;
+    }
+    front.tasks.close();
+    front.tasks.wait().await;
     result
+}
+
+/// Campaigns and leads, term after term, until `shutdown`.
+async fn lead_on_etcd(
+    candidate: &Candidate,
+    front: &Front,
+    config: &ServerConfig,
+    shutdown: &CancellationToken,
+) -> Result<(), RendezvousError> {
+    while let Some(mut leader) = candidate.campaign(shutdown).await {
+        let opened = leader.open_store().await.and_then(|(store, snapshot)| {
+            RendezvousState::with_store(config.rendezvous.clone(), Box::new(store), snapshot)
+        });
+        match opened {
+            Ok(state) => front.lead(state, config, leader.lost().clone()).await,
+            Err(e) => {
+                tracing::error!(error = %e, "elected, but the state in etcd cannot be read: stepping down")
+            }
+        }
+        if shutdown.is_cancelled() {
+            leader.resign().await;
+            break;
+        }
+        tracing::warn!("this replica no longer leads the rendezvous: campaigning again");
+        leader.resign().await;
+    }
+    Ok(())
+}
+
+type Guarded = InterceptedService<RendezvousServer<RendezvousService>, BearerCheck>;
+
+/// What answers on the listener across terms: the gRPC server (health,
+/// reflection, the gated rendezvous service) and the gated pages.
+struct Front {
+    gate: Gate<Guarded>,
+    pages: PageGate,
+    health: tonic_health::server::HealthReporter,
+    check: BearerCheck,
+    tasks: TaskTracker,
+}
+
+type ServerTask = tokio::task::JoinHandle<Result<(), RendezvousError>>;
+
+impl Front {
+    async fn start(
+        listener: TcpListener,
+        config: &ServerConfig,
+        hint: watch::Receiver<Hint>,
+        shutdown: CancellationToken,
+    ) -> Result<(Front, ServerTask), RendezvousError> {
+        let gate = Gate::new(hint);
+        let pages = PageGate::default();
+        let tasks = TaskTracker::new();
+        let check = BearerCheck::new(config.token.clone());
+        let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
+        let auth = kindling_ops::web::HttpAuth::new(
+            check.clone(),
+            config.viewer_token.clone(),
+            config.tls.is_some(),
+        );
+        tasks.spawn(kindling_ops::web::serve(
+            routed.http,
+            auth,
+            shutdown.clone(),
+            kindling_ops::web::cached(pages.pages(), kindling_ops::web::RENDER_TTL),
+        ));
+        // No ring here: its connections are dropped.
+        drop(routed.ring);
+        // The standard gRPC health service, open like the probes: `grpc_health_probe`
+        // and Kubernetes' gRPC probes ask it, with no token. The rendezvous
+        // service is SERVING while this replica leads.
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::NotServing)
+            .await;
+        // Server reflection, open like health: `grpcurl list` finds every service.
+        let (reflection, reflection_alpha) =
+            kindling_ops::grpc::reflection(kindling_schemas::pb::rendezvous::FILE_DESCRIPTOR_SET)
+                .map_err(|e| RendezvousError::transport("building gRPC reflection", e))?;
+        let router = ChannelConfig::default()
+            .server()
+            .max_concurrent_streams(config.max_concurrent_streams)
+            .layer(kindling_ops::grpc::TraceLayer)
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(reflection_alpha)
+            .add_service(gate.clone());
+        let server = tokio::spawn(async move {
+            router
+                .serve_with_incoming_shutdown(routed.grpc, shutdown.cancelled_owned())
+                .await
+                .map_err(|e| RendezvousError::transport("serving the rendezvous", e))
+        });
+        let front = Front {
+            gate,
+            pages,
+            health,
+            check,
+            tasks,
+        };
+        Ok((front, server))
+    }
+
+    /// Answers from `state` until `term` ends, then wakes every blocked
+    /// call (UNAVAILABLE), ends watch streams and stops the reaper.
+    async fn lead(&self, state: RendezvousState, config: &ServerConfig, term: CancellationToken) {
+        let reaper = tokio::spawn(run_reaper(state.clone(), term.clone()));
+        let max_payload = config.rendezvous.max_payload_bytes;
+        let reports = crate::page::Reports::default();
+        let service = RendezvousService {
+            state: state.clone(),
+            shutdown: term.clone(),
+            reports: reports.clone(),
+        };
+        let server = RendezvousServer::new(service)
+            // Room for the largest payload plus the request's other fields, so
+            // our own PayloadTooLarge check answers rather than the codec.
+            .max_decoding_message_size(max_payload.saturating_add(64 << 10))
+            .max_encoding_message_size(usize::MAX);
+        self.gate
+            .open(InterceptedService::new(server, self.check.clone()));
+        self.pages.set(Some(crate::page::pages(state.clone(), reports)));
+        self.health
+            .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::Serving)
+            .await;
+        term.cancelled().await;
+        self.gate.close();
+        self.pages.set(None);
+        self.health
+            .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::NotServing)
+            .await;
+        state.close();
+        let _ = reaper.await;
+    }
 }
 
 /// Least time between two events of a watch with reports that a report

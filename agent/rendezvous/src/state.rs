@@ -13,8 +13,8 @@
 //! `state/gang.rs`, all-gathers and barriers in `state/gather.rs`; the value
 //! types come from `kindling_schemas::rendezvous` and [`crate::types`].
 
+use crate::store::SnapshotStore;
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -23,7 +23,6 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::error::RendezvousError;
-use crate::store::StateStore;
 use crate::types::{ReapReport, RendezvousConfig};
 
 mod agents;
@@ -191,8 +190,8 @@ struct State {
     agents: HashMap<String, Agent>,
     jobs: HashMap<String, JobEntry>,
     closed: bool,
-    /// The state file, when the state is durable.
-    store: Option<StateStore>,
+    /// The state file or etcd, when the state is durable.
+    store: Option<Box<dyn SnapshotStore>>,
     /// The last write failed: what memory holds is not (all) on disk, so no
     /// outcome is handed out until a write succeeds.
     unsaved: bool,
@@ -329,22 +328,6 @@ impl RendezvousState {
     /// An empty state, in memory only: a restart loses every job.
     pub fn new(config: RendezvousConfig) -> Result<Self> {
         Self::open(config, None)
-    }
-
-    /// A durable state kept in `state_dir` (or in memory only when `None`):
-    /// what the directory holds is read back, and every change is written
-    /// there before it is acknowledged (see [`crate::store`]). Agents read
-    /// back get a fresh lease, so a restart within one lease costs no attempt.
-    pub fn open(config: RendezvousConfig, state_dir: Option<&Path>) -> Result<Self> {
-        config.validate()?;
-        let state = match state_dir {
-            Some(dir) => State::restore(dir, &config)?,
-            None => State::default(),
-        };
-        Ok(RendezvousState {
-            config: Arc::new(config),
-            state: Arc::new(Mutex::new(state)),
-        })
     }
 
     /// The settings.

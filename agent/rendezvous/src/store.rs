@@ -1,6 +1,7 @@
 //! The rendezvous' durable state: one protobuf snapshot
-//! (`StateSnapshot`, defined beside the wire messages in `rendezvous.proto`)
-//! in `<state dir>/state.pb`.
+//! (`StateSnapshot`, defined beside the wire messages in `rendezvous.proto`),
+//! kept by a [`SnapshotStore`]: the state file `<state dir>/state.pb`
+//! ([`StateStore`], one node) or etcd ([`crate::etcd::EtcdStore`], replicas).
 //!
 //! A change is written before it is acknowledged: the state machine calls
 //! [`StateStore::save`] under its lock at the end of every call that changed
@@ -37,8 +38,33 @@ const FILE: &str = "state.pb";
 const TMP: &str = ".state.pb.tmp";
 const LOCK: &str = "lock";
 
-/// Where the snapshot lives, the bytes last written (to skip no-op
-/// writes), and the directory's lock, held while the store lives.
+/// Where the durable state is kept. `save` is called under the state's lock
+/// and returns once the snapshot is durable (or fails: the change is then not
+/// acknowledged); it may block, as a file's fsync does.
+pub trait SnapshotStore: Send + std::fmt::Debug {
+    /// Where, for errors and logs: the state file's path, or etcd's key and endpoints.
+    fn place(&self) -> String;
+    /// Writes `snapshot` unless it equals the last one written.
+    fn save(&mut self, snapshot: &pb::StateSnapshot) -> Result<(), RendezvousError>;
+}
+
+/// A snapshot read back: refused if it is not one, or one of a newer format.
+pub(crate) fn decode(bytes: &[u8]) -> Result<pb::StateSnapshot, StorageError> {
+    let snapshot = pb::StateSnapshot::decode(bytes).map_err(|source| StorageError::NotASnapshot {
+        bytes: bytes.len(),
+        source,
+    })?;
+    if snapshot.format != STATE_FORMAT {
+        return Err(StorageError::Format {
+            found: snapshot.format,
+            reads: STATE_FORMAT,
+        });
+    }
+    Ok(snapshot)
+}
+
+/// The state file: where the snapshot lives, the bytes last written (to
+/// skip no-op writes), and the directory's lock, held while the store lives.
 #[derive(Debug)]
 pub struct StateStore {
     dir: PathBuf,
@@ -93,7 +119,7 @@ impl StateStore {
     /// temporary file of an interrupted write is discarded.
     pub fn open(dir: &Path) -> Result<(StateStore, Option<pb::StateSnapshot>), RendezvousError> {
         let storage = |source: StorageError| RendezvousError::Storage {
-            path: dir.join(FILE),
+            place: format!("file `{}`", dir.join(FILE).display()),
             source,
         };
         std::fs::create_dir_all(dir).map_err(|e| storage(StorageError::CreateDir(Arc::new(e))))?;
@@ -115,18 +141,7 @@ impl StateStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((store, None)),
             Err(e) => return Err(storage(StorageError::Read(Arc::new(e)))),
         };
-        let snapshot = pb::StateSnapshot::decode(bytes.as_slice()).map_err(|source| {
-            storage(StorageError::NotASnapshot {
-                bytes: bytes.len(),
-                source,
-            })
-        })?;
-        if snapshot.format != STATE_FORMAT {
-            return Err(storage(StorageError::Format {
-                found: snapshot.format,
-                reads: STATE_FORMAT,
-            }));
-        }
+        let snapshot = decode(&bytes).map_err(storage)?;
         store.last = bytes;
         Ok((store, Some(snapshot)))
     }
@@ -135,15 +150,20 @@ impl StateStore {
     pub fn path(&self) -> PathBuf {
         self.dir.join(FILE)
     }
+}
 
-    /// Writes `snapshot` unless it equals the last one written.
-    pub fn save(&mut self, snapshot: &pb::StateSnapshot) -> Result<(), RendezvousError> {
+impl SnapshotStore for StateStore {
+    fn place(&self) -> String {
+        format!("file `{}`", self.path().display())
+    }
+
+    fn save(&mut self, snapshot: &pb::StateSnapshot) -> Result<(), RendezvousError> {
         let bytes = snapshot.encode_to_vec();
         if bytes == self.last {
             return Ok(());
         }
         self.write(&bytes).map_err(|e| RendezvousError::Storage {
-            path: self.path(),
+            place: self.place(),
             source: StorageError::Write {
                 bytes: bytes.len(),
                 source: Arc::new(e),
@@ -152,7 +172,9 @@ impl StateStore {
         self.last = bytes;
         Ok(())
     }
+}
 
+impl StateStore {
     fn write(&self, bytes: &[u8]) -> std::io::Result<()> {
         let tmp = self.dir.join(TMP);
         let result = (|| {

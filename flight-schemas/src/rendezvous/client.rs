@@ -2,27 +2,29 @@
 //! registration with a background heartbeat ([`AgentLease`]), jobs, joins
 //! (into a [`GangMember`]), failure reports, watch streams and status.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::agent_lease::{AgentLease, ReportFn};
 use super::error::ClientError;
 use super::gang::{GangMember, gather_request};
 use super::job_lease::JobLease;
+use super::replicas::{Replicas, split};
 use super::retry::{Backoff, DEFAULT_OUTAGE_BOUND};
-use super::types::{AgentInfo, AttemptRef, HeartbeatReply, JobConfig, JobStatus, Membership};
+use super::types::{AgentInfo, HeartbeatReply, JobConfig, JobStatus, Membership};
 use crate::auth::{BearerAttach, Token};
 use crate::channel::{ChannelConfig, Dial};
 use crate::pb::rendezvous as pb;
 use crate::pb::rendezvous::rendezvous_client::RendezvousClient as GrpcClient;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
-type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
+pub(crate) type Inner = GrpcClient<InterceptedService<Channel, BearerAttach>>;
 
 /// How long [`RendezvousClient::join_current`] waits before looking for the
 /// current attempt again after the one it tried moved on.
@@ -52,9 +54,13 @@ const REJOIN_DELAY: Duration = Duration::from_millis(50);
 /// with bounded, jittered backoff for up to the outage bound (see
 /// [`super::retry`]); only the heartbeat, which its lease task repeats
 /// anyway, and `deregister` are tried once.
+///
+/// A comma-separated list of URLs names the replicas of a rendezvous on
+/// etcd: calls go to the one leading, and follow the leadership when it
+/// moves (see [`super::replicas`]).
 #[derive(Clone, Debug)]
 pub struct RendezvousClient {
-    inner: Inner,
+    replicas: Arc<Replicas<Inner>>,
     outage: Duration,
     call_timeout: Duration,
 }
@@ -68,18 +74,45 @@ impl RendezvousClient {
 
     /// Connects to `url` with the channel settings `channel` (keepalive,
     /// connect timeout, the deadline of each try of a call that should
-    /// answer at once).
+    /// answer at once). With several URLs (replicas), to the first that
+    /// accepts a connection; the others are connected to when needed.
     pub async fn connect_with(
         url: impl Into<String>,
         token: Option<&Token>,
         channel: &ChannelConfig,
     ) -> Result<Self> {
-        let url = url.into();
-        let connection = dial(&url, channel, token.is_some())?
-            .connect()
-            .await
-            .map_err(|source| ClientError::Connect { url, source })?;
-        Ok(Self::with_channel(connection, token)?.with_call_timeout(channel.call_timeout))
+        let urls = split(&url.into());
+        let mut first_error = None;
+        for (i, url) in urls.iter().enumerate() {
+            match dial(url, channel, token.is_some())?.connect().await {
+                Ok(connection) => {
+                    let mut clients = Vec::with_capacity(urls.len());
+                    for (j, other) in urls.iter().enumerate() {
+                        clients.push(match j == i {
+                            true => Self::grpc_client(connection.clone(), token)?,
+                            false => Self::grpc_client(
+                                dial(other, channel, token.is_some())?.connect_lazy(),
+                                token,
+                            )?,
+                        });
+                    }
+                    return Ok(Self::over(
+                        Replicas::new(urls.clone(), clients, i),
+                        channel.call_timeout,
+                    ));
+                }
+                Err(source) => {
+                    first_error.get_or_insert(ClientError::Connect {
+                        url: url.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Err(first_error.unwrap_or_else(|| ClientError::Malformed {
+            op: "connect",
+            detail: "no rendezvous URL given".to_owned(),
+        }))
     }
 
     /// A client that connects to `url` on its first call (and again after a
@@ -90,20 +123,46 @@ impl RendezvousClient {
 
     /// [`connect_lazy`](Self::connect_lazy) with the channel settings `channel`.
     pub fn connect_lazy_with(url: &str, token: Option<&Token>, channel: &ChannelConfig) -> Result<Self> {
-        let connection = dial(url, channel, token.is_some())?.connect_lazy();
-        Ok(Self::with_channel(connection, token)?.with_call_timeout(channel.call_timeout))
+        let urls = split(url);
+        if urls.is_empty() {
+            return Err(ClientError::Malformed {
+                op: "connect",
+                detail: "no rendezvous URL given".to_owned(),
+            });
+        }
+        let clients = urls
+            .iter()
+            .map(|u| Self::grpc_client(dial(u, channel, token.is_some())?.connect_lazy(), token))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::over(Replicas::new(urls, clients, 0), channel.call_timeout))
     }
 
     /// A client over an existing channel.
     pub fn with_channel(channel: Channel, token: Option<&Token>) -> Result<Self> {
-        let inner = GrpcClient::with_interceptor(channel, BearerAttach::new(token)?)
+        let inner = Self::grpc_client(channel, token)?;
+        Ok(Self::over(
+            Replicas::new(vec!["(channel)".to_owned()], vec![inner], 0),
+            ChannelConfig::default().call_timeout,
+        ))
+    }
+
+    fn grpc_client(channel: Channel, token: Option<&Token>) -> Result<Inner> {
+        Ok(GrpcClient::with_interceptor(channel, BearerAttach::new(token)?)
             // All-gather replies carry world × payload bytes; the server is trusted.
-            .max_decoding_message_size(usize::MAX);
-        Ok(RendezvousClient {
-            inner,
+            .max_decoding_message_size(usize::MAX))
+    }
+
+    fn over(replicas: Replicas<Inner>, call_timeout: Duration) -> Self {
+        RendezvousClient {
+            replicas: Arc::new(replicas),
             outage: DEFAULT_OUTAGE_BOUND,
-            call_timeout: ChannelConfig::default().call_timeout,
-        })
+            call_timeout,
+        }
+    }
+
+    /// The URL calls go to now (the leader, as far as this client knows).
+    pub fn current_url(&self) -> &str {
+        self.replicas.current_url()
     }
 
     /// How long one try of a call that should answer at once (everything
@@ -129,7 +188,15 @@ impl RendezvousClient {
     }
 
     pub(super) fn backoff(&self) -> Backoff {
-        Backoff::new(self.outage)
+        Backoff::following(self.outage, self.replicas.clone())
+    }
+
+    /// A call tried once: its error moves the client on among replicas.
+    pub(super) fn once<T>(&self, outcome: Result<T>) -> Result<T> {
+        if let Err(e) = &outcome {
+            self.replicas.follow(e);
+        }
+        outcome
     }
 
     /// Runs `call` until it succeeds, fails with an answer, or the
@@ -180,7 +247,7 @@ impl RendezvousClient {
     }
 
     pub(super) fn grpc(&self) -> Inner {
-        self.inner.clone()
+        self.replicas.current()
     }
 
     // ---- agents -------------------------------------------------------------
@@ -198,28 +265,10 @@ impl RendezvousClient {
     /// rendezvous' status page).
     pub async fn register_reporting(&self, agent: AgentInfo, report: Option<ReportFn>) -> Result<AgentLease> {
         let lease = self.register_once(agent.clone()).await?;
-        let (failed_tx, failed_rx) = watch::channel(Vec::new());
-        let cancel = CancellationToken::new();
-        let tasks = TaskTracker::new();
-        tasks.spawn(heartbeat_loop(
-            self.clone(),
-            agent.clone(),
-            lease,
-            report,
-            failed_tx,
-            cancel.clone(),
-        ));
-        tasks.close();
-        Ok(AgentLease {
-            agent_id: agent.agent_id,
-            lease,
-            cancel,
-            tasks,
-            failed: failed_rx,
-        })
+        Ok(AgentLease::start(self.clone(), agent, lease, report))
     }
 
-    async fn register_once(&self, agent: AgentInfo) -> Result<Duration> {
+    pub(super) async fn register_once(&self, agent: AgentInfo) -> Result<Duration> {
         let reply = self
             .retrying("register", |mut g| {
                 let agent = agent.clone();
@@ -240,13 +289,15 @@ impl RendezvousClient {
     /// One heartbeat carrying a report (see [`register_reporting`](Self::register_reporting)).
     pub async fn heartbeat_reporting(&self, agent_id: &str, report: Vec<u8>) -> Result<HeartbeatReply> {
         let reply = self
-            .grpc()
-            .heartbeat(pb::HeartbeatRequest {
-                agent_id: agent_id.to_owned(),
-                report,
-            })
-            .await
-            .map_err(ClientError::rpc("heartbeat"))?
+            .once(
+                self.grpc()
+                    .heartbeat(pb::HeartbeatRequest {
+                        agent_id: agent_id.to_owned(),
+                        report,
+                    })
+                    .await
+                    .map_err(ClientError::rpc("heartbeat")),
+            )?
             .into_inner();
         Ok(HeartbeatReply {
             lease: Duration::from_millis(reply.lease_ms),
@@ -256,12 +307,14 @@ impl RendezvousClient {
 
     /// Removes the agent now (its running attempts fail).
     pub async fn deregister(&self, agent_id: &str) -> Result<()> {
-        self.grpc()
-            .deregister_agent(pb::DeregisterAgentRequest {
-                agent_id: agent_id.to_owned(),
-            })
-            .await
-            .map_err(ClientError::rpc("deregister"))?;
+        self.once(
+            self.grpc()
+                .deregister_agent(pb::DeregisterAgentRequest {
+                    agent_id: agent_id.to_owned(),
+                })
+                .await
+                .map_err(ClientError::rpc("deregister")),
+        )?;
         Ok(())
     }
 
@@ -295,12 +348,14 @@ impl RendezvousClient {
     /// [`keep_job_leased`](Self::keep_job_leased) repeats it.
     pub async fn renew_job_lease(&self, job_id: &str) -> Result<Option<Duration>> {
         let reply = self
-            .grpc()
-            .renew_job_lease(pb::RenewJobLeaseRequest {
-                job_id: job_id.to_owned(),
-            })
-            .await
-            .map_err(ClientError::rpc("renew_job_lease"))?
+            .once(
+                self.grpc()
+                    .renew_job_lease(pb::RenewJobLeaseRequest {
+                        job_id: job_id.to_owned(),
+                    })
+                    .await
+                    .map_err(ClientError::rpc("renew_job_lease")),
+            )?
             .into_inner();
         Ok((reply.lease_ms > 0).then(|| Duration::from_millis(reply.lease_ms)))
     }
@@ -537,128 +592,4 @@ pub(super) fn status_from_pb(op: &'static str, s: pb::JobStatusResponse) -> Resu
         op,
         detail: e.to_string(),
     })
-}
-
-/// A registered agent's lease, kept alive by a background heartbeat task.
-/// Dropping it stops the heartbeats (the lease then lapses on the server).
-#[derive(Debug)]
-pub struct AgentLease {
-    agent_id: String,
-    lease: Duration,
-    cancel: CancellationToken,
-    tasks: TaskTracker,
-    failed: watch::Receiver<Vec<AttemptRef>>,
-}
-
-impl AgentLease {
-    /// The agent's id.
-    pub fn agent_id(&self) -> &str {
-        &self.agent_id
-    }
-
-    /// The lease the server granted.
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    /// Failed attempts this agent joined, as of the latest heartbeat reply.
-    pub fn failed_attempts(&self) -> watch::Receiver<Vec<AttemptRef>> {
-        self.failed.clone()
-    }
-
-    /// Stops heartbeating and waits for the task to end, without
-    /// deregistering: the lease lapses on the server (like a crash).
-    pub async fn stop(self) {
-        self.cancel.cancel();
-        self.tasks.wait().await;
-    }
-
-    /// Stops heartbeating and deregisters the agent.
-    pub async fn deregister(self, client: &RendezvousClient) -> Result<()> {
-        self.cancel.cancel();
-        self.tasks.wait().await;
-        client.deregister(&self.agent_id).await
-    }
-}
-
-impl Drop for AgentLease {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-/// What an agent's heartbeats carry: called on each one (see
-/// [`RendezvousClient::register_reporting`]).
-pub type ReportFn = std::sync::Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
-
-async fn heartbeat_loop(
-    client: RendezvousClient,
-    agent: AgentInfo,
-    lease: Duration,
-    report: Option<ReportFn>,
-    failed: watch::Sender<Vec<AttemptRef>>,
-    cancel: CancellationToken,
-) {
-    let (period, mut renew) = renewal_ticks(lease);
-    // A report that changed goes at once (within REPORT_CHECK): a client
-    // follows its job's progress from the rendezvous's watch of them.
-    let mut check = tokio::time::interval(REPORT_CHECK.min(period));
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sent: Option<Vec<u8>> = None;
-    let make = || report.as_ref().map(|r| r()).unwrap_or_default();
-    loop {
-        let bytes = tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = renew.tick() => make(),
-            _ = check.tick(), if report.is_some() => {
-                let bytes = make();
-                if sent.as_ref() == Some(&bytes) {
-                    continue;
-                }
-                renew.reset();
-                bytes
-            }
-        };
-        sent = Some(bytes.clone());
-        let beat = tokio::select! {
-            _ = cancel.cancelled() => return,
-            beat = tokio::time::timeout(lease, client.heartbeat_reporting(&agent.agent_id, bytes)) => beat,
-        };
-        match beat {
-            Ok(Ok(reply)) => {
-                failed.send_if_modified(|current| {
-                    let changed = *current != reply.failed_attempts;
-                    if changed {
-                        *current = reply.failed_attempts;
-                    }
-                    changed
-                });
-            }
-            Ok(Err(e)) if e.code() == Some(tonic::Code::NotFound) => {
-                tracing::warn!(agent = %agent.agent_id, "lease lapsed on the server; registering again");
-                let registered = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    r = client.register_once(agent.clone()) => r,
-                };
-                if let Err(e) = registered {
-                    tracing::warn!(agent = %agent.agent_id, error = %e, "re-registration failed");
-                }
-            }
-            Ok(Err(e)) => tracing::warn!(agent = %agent.agent_id, error = %e, "heartbeat failed"),
-            Err(_) => tracing::warn!(agent = %agent.agent_id, "heartbeat timed out"),
-        }
-    }
-}
-
-/// How often an agent that reports checks whether its report changed.
-const REPORT_CHECK: Duration = Duration::from_millis(200);
-
-/// Ticks every third of `lease` (the first one a third from now), delayed
-/// rather than bunched after a stall: how every lease is kept alive, an
-/// agent's by its heartbeat and a job's by its client.
-pub(super) fn renewal_ticks(lease: Duration) -> (Duration, tokio::time::Interval) {
-    let period = (lease / 3).max(Duration::from_millis(1));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    (period, tick)
 }

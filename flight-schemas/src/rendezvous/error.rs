@@ -6,6 +6,10 @@ use crate::auth::InvalidToken;
 /// Metadata key on error statuses naming the attempt members should join now.
 pub const CURRENT_ATTEMPT_METADATA: &str = "kindling-current-attempt";
 
+/// Metadata key on a follower replica's UNAVAILABLE answer: the URL of the
+/// replica that leads (clients follow it only when it is one of theirs).
+pub const LEADER_METADATA: &str = "kindling-leader";
+
 /// What a [`RendezvousClient`](super::RendezvousClient) call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -96,6 +100,19 @@ impl ClientError {
                 matches!(source.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
             }
             _ => false,
+        }
+    }
+
+    /// The leader a follower replica named in its refusal (the last one,
+    /// after an outage), if any.
+    pub fn leader_hint(&self) -> Option<&str> {
+        match self {
+            ClientError::Rpc { source, .. } => source
+                .metadata()
+                .get(LEADER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+            ClientError::Unreachable { source, .. } => source.leader_hint(),
+            _ => None,
         }
     }
 

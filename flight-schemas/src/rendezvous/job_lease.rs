@@ -41,7 +41,7 @@ pub(super) async fn renew_loop(
     lease: Duration,
     cancel: CancellationToken,
 ) {
-    let (period, mut tick) = super::client::renewal_ticks(lease);
+    let (period, mut tick) = super::agent_lease::renewal_ticks(lease);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,

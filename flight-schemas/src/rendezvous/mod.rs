@@ -7,24 +7,29 @@
 //!
 //! - [`types`]: [`JobConfig`], [`JobState`], [`JobStatus`], [`Membership`], … (plain values).
 //! - [`wire`]: the one place those values meet their `pb` messages.
-//! - [`client`]: [`RendezvousClient`], [`AgentLease`] (its heartbeats carry the agent's report).
+//! - [`client`]: [`RendezvousClient`], the typed client (one URL, or the replicas of a rendezvous on etcd).
+//! - [`agent_lease`]: [`AgentLease`], an agent's registration kept alive (its heartbeats carry the agent's report).
 //! - [`watch`]: following a job: [`JobWatch`], and [`ReportWatch`] with its agents' reports.
 //! - [`job_lease`]: [`JobLease`], a job's client lease kept alive.
 //! - [`gang`]: [`GangMember`], a member's collectives and the watch on its attempt.
 //! - [`retry`]: riding out an outage: transient errors, bounded jittered backoff.
+//! - [`replicas`]: following the leader among several rendezvous replicas.
 //! - [`error`]: [`ClientError`] and the status metadata the server attaches.
 
+pub mod agent_lease;
 pub mod client;
 pub mod error;
 pub mod gang;
 pub mod job_lease;
+pub mod replicas;
 pub mod retry;
 pub mod types;
 pub mod watch;
 pub mod wire;
 
-pub use client::{AgentLease, RendezvousClient, ReportFn};
-pub use error::{CURRENT_ATTEMPT_METADATA, ClientError};
+pub use agent_lease::{AgentLease, ReportFn};
+pub use client::RendezvousClient;
+pub use error::{CURRENT_ATTEMPT_METADATA, ClientError, LEADER_METADATA};
 pub use gang::GangMember;
 pub use job_lease::JobLease;
 pub use retry::DEFAULT_OUTAGE_BOUND;

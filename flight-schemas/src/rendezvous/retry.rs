@@ -4,7 +4,8 @@
 //!
 //! A call that fails with a transient error (no connection, UNAVAILABLE, or a
 //! transport failure the server did not answer) is tried again after 50 ms,
-//! 100 ms, … up to 2 s between tries, each delay jittered to 50–100 % so a
+//! 100 ms, … up to 2 s between tries (500 ms over several replicas, which
+//! also moves the client among them: [`super::replicas`]), each delay jittered to 50–100 % so a
 //! restarted rendezvous is not hit by every agent at once. Once the
 //! rendezvous has been unreachable for the client's outage bound
 //! ([`DEFAULT_OUTAGE_BOUND`] unless set with
@@ -13,17 +14,24 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::client::Inner;
 use super::error::ClientError;
+use super::replicas::Replicas;
 
 /// How long a client keeps retrying a rendezvous that does not answer.
 pub const DEFAULT_OUTAGE_BOUND: Duration = Duration::from_secs(60);
 
 const FIRST_DELAY: Duration = Duration::from_millis(50);
 const MAX_DELAY: Duration = Duration::from_secs(2);
+/// Between two rounds over a replicated rendezvous' replicas: a failover
+/// takes about the leader's lease, and a client should find the new
+/// leader soon after, not up to [`MAX_DELAY`] later.
+const MAX_DELAY_REPLICAS: Duration = Duration::from_millis(500);
 
 /// Backoff state of one call that is being retried.
 #[derive(Debug)]
@@ -33,6 +41,11 @@ pub(crate) struct Backoff {
     bound: Duration,
     seed: RandomState,
     tries: u64,
+    /// Several replicas: an error moves the client on (see [`super::replicas`]).
+    replicas: Option<Arc<Replicas<Inner>>>,
+    /// Replicas tried at once since the last sleep (a named leader is
+    /// tried without waiting, once per replica between two sleeps).
+    hops: usize,
 }
 
 impl Backoff {
@@ -43,6 +56,16 @@ impl Backoff {
             bound,
             seed: RandomState::new(),
             tries: 0,
+            replicas: None,
+            hops: 0,
+        }
+    }
+
+    /// A backoff that moves the client among `replicas` on each error.
+    pub(crate) fn following(bound: Duration, replicas: Arc<Replicas<Inner>>) -> Self {
+        Backoff {
+            replicas: (replicas.len() > 1).then_some(replicas),
+            ..Backoff::new(bound)
         }
     }
 
@@ -59,6 +82,7 @@ impl Backoff {
         if !err.is_transient() {
             return Err(err);
         }
+        let hinted = self.replicas.as_ref().map(|r| (r.follow(&err), r.len()));
         let started = *self.started.get_or_insert_with(Instant::now);
         let waited = started.elapsed();
         if waited >= self.bound {
@@ -68,6 +92,13 @@ impl Backoff {
                 source: Box::new(err),
             });
         }
+        if let Some((true, replicas)) = hinted
+            && self.hops < replicas
+        {
+            self.hops += 1;
+            return Ok(());
+        }
+        self.hops = 0;
         self.tries += 1;
         let mut h = self.seed.build_hasher();
         h.write_u64(self.tries);
@@ -78,7 +109,11 @@ impl Backoff {
             tracing::warn!(op, error = %err, retry_in = ?delay, "rendezvous unreachable; retrying");
         }
         tokio::time::sleep(delay).await;
-        self.next = (self.next * 2).min(MAX_DELAY);
+        let max = match self.replicas {
+            Some(_) => MAX_DELAY_REPLICAS,
+            None => MAX_DELAY,
+        };
+        self.next = (self.next * 2).min(max);
         Ok(())
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::PoisonError;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use kindling_schemas::pb::rendezvous as pb;
@@ -19,7 +19,7 @@ use super::{
     placeholder_status,
 };
 use crate::error::{RecordError, StorageError};
-use crate::store::{STATE_FORMAT, StateStore};
+use crate::store::{STATE_FORMAT, SnapshotStore, StateStore};
 
 impl JobEntry {
     /// The job as the state file keeps it.
@@ -127,10 +127,13 @@ impl State {
 }
 
 impl State {
-    /// The state kept in `dir` (empty when it holds none yet), writing there from now on.
-    pub(super) fn restore(dir: &Path, config: &RendezvousConfig) -> Result<State> {
+    /// The state `snapshot` holds (empty when `None`), writing to `store` from now on.
+    pub(super) fn restore(
+        store: Box<dyn SnapshotStore>,
+        snapshot: Option<pb::StateSnapshot>,
+        config: &RendezvousConfig,
+    ) -> Result<State> {
         let mut state = State::default();
-        let (store, snapshot) = StateStore::open(dir)?;
         if let Some(snapshot) = snapshot {
             let now = Instant::now();
             for info in snapshot.agents {
@@ -143,13 +146,13 @@ impl State {
             }
             for record in snapshot.jobs {
                 let job = JobEntry::restore(record, config).map_err(|e| RendezvousError::Storage {
-                    path: store.path(),
+                    place: store.place(),
                     source: e.into(),
                 })?;
                 state.jobs.insert(job.config.job_id.clone(), job);
             }
             tracing::info!(
-                file = %store.path().display(),
+                from = %store.place(),
                 agents = state.agents.len(),
                 jobs = state.jobs.len(),
                 "state restored"
@@ -161,6 +164,40 @@ impl State {
 }
 
 impl RendezvousState {
+    /// A durable state kept in `state_dir` (or in memory only when `None`):
+    /// what the directory holds is read back, and every change is written
+    /// there before it is acknowledged (see [`crate::store`]). Agents read
+    /// back get a fresh lease, so a restart within one lease costs no attempt.
+    pub fn open(config: RendezvousConfig, state_dir: Option<&Path>) -> Result<Self> {
+        config.validate()?;
+        let state = match state_dir {
+            Some(dir) => {
+                let (store, snapshot) = StateStore::open(dir)?;
+                State::restore(Box::new(store), snapshot, &config)?
+            }
+            None => State::default(),
+        };
+        Ok(RendezvousState {
+            config: Arc::new(config),
+            state: Arc::new(Mutex::new(state)),
+        })
+    }
+
+    /// A durable state kept in `store`, starting from `snapshot` (what the
+    /// store held when it was opened; `None`: nothing yet).
+    pub fn with_store(
+        config: RendezvousConfig,
+        store: Box<dyn SnapshotStore>,
+        snapshot: Option<pb::StateSnapshot>,
+    ) -> Result<Self> {
+        config.validate()?;
+        let state = State::restore(store, snapshot, &config)?;
+        Ok(RendezvousState {
+            config: Arc::new(config),
+            state: Arc::new(Mutex::new(state)),
+        })
+    }
+
     /// Writes the durable state if it changed (a no-op without a state dir).
     /// Called under the lock at the end of every call that may have changed
     /// it, so nothing is acknowledged before it is on disk.
@@ -189,7 +226,7 @@ impl RendezvousState {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match (&st.store, st.unsaved) {
             (Some(store), true) => Err(RendezvousError::Storage {
-                path: store.path(),
+                place: store.place(),
                 source: StorageError::Unsaved,
             }),
             _ => outcome,

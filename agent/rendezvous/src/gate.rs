@@ -1,0 +1,144 @@
+//! The front of a replica: the gRPC service and the status pages answer
+//! from the state only while this replica leads; until then (and after it
+//! stepped down) every rendezvous call is answered UNAVAILABLE naming the
+//! leader ([`LEADER_METADATA`]) or why none is known (etcd's error), and
+//! the pages are not found. The listener, the health service and
+//! reflection stay up across terms.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::task::{Context, Poll};
+
+use kindling_ops::web::pages::Pages;
+use kindling_schemas::rendezvous::LEADER_METADATA;
+use tokio::sync::watch;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tower::ServiceExt as _;
+
+use crate::etcd::Hint;
+
+/// The service the gate lets calls through to while this replica leads.
+#[derive(Debug)]
+pub struct Gate<S> {
+    leading: Arc<RwLock<Option<S>>>,
+    hint: watch::Receiver<Hint>,
+}
+
+impl<S> Clone for Gate<S> {
+    fn clone(&self) -> Self {
+        Gate {
+            leading: self.leading.clone(),
+            hint: self.hint.clone(),
+        }
+    }
+}
+
+impl<S> Gate<S> {
+    /// A closed gate; its refusals read `hint`.
+    pub fn new(hint: watch::Receiver<Hint>) -> Self {
+        Gate {
+            leading: Arc::default(),
+            hint,
+        }
+    }
+
+    /// Calls go to `service` from now on (this replica leads).
+    pub fn open(&self, service: S) {
+        *self.leading.write().unwrap_or_else(PoisonError::into_inner) = Some(service);
+    }
+
+    /// Calls are refused from now on (this replica stepped down).
+    pub fn close(&self) {
+        *self.leading.write().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    fn refusal(&self) -> Status {
+        let hint = self.hint.borrow().clone();
+        let message = match (&hint.leader, &hint.problem) {
+            (Some(leader), _) => format!("this rendezvous replica is not the leader; the leader is {leader}"),
+            (None, Some(problem)) => format!("no rendezvous replica leads: {problem}"),
+            (None, None) => {
+                "this rendezvous replica is not the leader, and no leader is known yet".to_owned()
+            }
+        };
+        let mut status = Status::unavailable(message);
+        if let Some(value) = hint.leader.and_then(|l| l.parse().ok()) {
+            status.metadata_mut().insert(LEADER_METADATA, value);
+        }
+        status
+    }
+}
+
+impl<S, B> tower::Service<http::Request<Body>> for Gate<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let leading = self
+            .leading
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match leading {
+            Some(service) => Box::pin(async move {
+                let response = service.oneshot(request).await?;
+                Ok(response.map(Body::new))
+            }),
+            None => {
+                let refusal = self.refusal().into_http();
+                Box::pin(async move { Ok(refusal) })
+            }
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Gate<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The status pages of the term this replica leads (none while it follows).
+#[derive(Clone, Default)]
+pub struct PageGate {
+    pages: Arc<RwLock<Option<Pages>>>,
+}
+
+impl std::fmt::Debug for PageGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageGate").finish_non_exhaustive()
+    }
+}
+
+impl PageGate {
+    /// Serves `pages` from now on (`None`: not found).
+    pub fn set(&self, pages: Option<Pages>) {
+        *self.pages.write().unwrap_or_else(PoisonError::into_inner) = pages;
+    }
+
+    /// The pages the web server serves: the current term's.
+    pub fn pages(&self) -> Pages {
+        let slot = self.pages.clone();
+        Arc::new(move |path: &str| {
+            let pages = slot.read().unwrap_or_else(PoisonError::into_inner).clone();
+            pages.and_then(|p| p(path))
+        })
+    }
+}

@@ -1,0 +1,190 @@
+//! A real etcd cluster on loopback (Debian's `etcd-server`, which
+//! `deploy/local/setup.sh` installs): `n` members on free ports, each with
+//! its own data directory, SIGKILLed and restarted by tests; and real
+//! `kindling-rendezvous` replicas on it.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::netns::{Proc, binary, free_port};
+
+/// The `etcd` executable: `KINDLING_ETCD_BIN`, else `etcd` on the PATH.
+pub fn etcd_bin() -> PathBuf {
+    std::env::var_os("KINDLING_ETCD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("etcd"))
+}
+
+/// One member: its name, ports and process (`None` while killed).
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    proc: Option<Proc>,
+}
+
+/// An etcd cluster of real processes.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and returns once the cluster answers.
+    pub async fn start(n: usize) -> EtcdCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("etcd{i}"),
+                client: free_port("127.0.0.1"),
+                peer: free_port("127.0.0.1"),
+                proc: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster { members, dir };
+        for i in 0..n {
+            cluster.spawn(i, "new");
+        }
+        cluster.wait_healthy().await;
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect();
+        let m = &self.members[i];
+        let mut command = Command::new(etcd_bin());
+        command
+            .arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(self.dir.path().join(&m.name))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{}", m.client))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://127.0.0.1:{}", m.client))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg("--initial-cluster")
+            .arg(initial.join(","))
+            .arg("--initial-cluster-state")
+            .arg(state)
+            .arg("--initial-cluster-token")
+            .arg("kindling-test");
+        // Health is asked with etcdctl, not an HTTP probe.
+        let proc = Proc::spawn(&m.name, command, String::new(), self.dir.path());
+        self.members[i].proc = Some(proc);
+    }
+
+    /// `host:port,host:port,…` of every member's client URL.
+    pub fn hosts(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The client address of member `i`.
+    pub fn client_addr(&self, i: usize) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.members[i].client))
+    }
+
+    /// `etcd://<every member>/<prefix>`.
+    pub fn store(&self, prefix: &str) -> String {
+        format!("etcd://{}/{prefix}", self.hosts())
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].proc.take() {
+            p.sigkill();
+        }
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        self.spawn(i, "existing");
+    }
+
+    /// The logs of every member.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .filter_map(|m| m.proc.as_ref().map(|p| format!("--- {}\n{}", m.name, p.logs())))
+            .collect()
+    }
+
+    /// Waits until a write through etcd's own client succeeds on the cluster
+    /// (a quorum answers).
+    pub async fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let endpoints: Vec<String> = self
+                .members
+                .iter()
+                .map(|m| format!("http://127.0.0.1:{}", m.client))
+                .collect();
+            let ok = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg("--endpoints")
+                .arg(endpoints.join(","))
+                .args(["--command-timeout=2s", "put", "/kindling-test/health", "ok"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd not healthy after 60 s:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A `kindling-rendezvous` replica on etcd, on a free loopback port.
+#[derive(Debug)]
+pub struct Replica {
+    pub proc: Proc,
+    pub url: String,
+    pub health: String,
+}
+
+impl Replica {
+    /// Spawns a replica with `store` (`etcd://…`), `token` and `lease_ms` as
+    /// the agents' lease, its log in `dir`; returns once it answers `/readyz`.
+    pub async fn start(name: &str, store: &str, token: &str, dir: &std::path::Path) -> Replica {
+        let port = free_port("127.0.0.1");
+        let health = format!("127.0.0.1:{}", free_port("127.0.0.1"));
+        let url = format!("http://127.0.0.1:{port}");
+        let token_file = dir.join(format!("{name}.token"));
+        std::fs::write(&token_file, token).expect("token file");
+        let mut command = Command::new(binary("kindling-rendezvous", "KINDLING_RENDEZVOUS_BIN"));
+        command
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--health-listen")
+            .arg(&health)
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--store")
+            .arg(store)
+            .arg("--advertise")
+            .arg(&url)
+            .args(["--lease-ms", "3000"]);
+        let mut proc = Proc::spawn(name, command, health.clone(), dir);
+        proc.wait_ready().await;
+        Replica { proc, url, health }
+    }
+}

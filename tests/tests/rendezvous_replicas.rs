@@ -1,0 +1,331 @@
+//! The rendezvous replicated on etcd, with real processes: a 3-member etcd
+//! cluster (Debian's `etcd-server`) and `kindling-rendezvous` replicas on
+//! loopback. A SIGKILLed leader is replaced within its lease and a formed
+//! gang goes on in the same attempt; a leader cut off from etcd steps down
+//! before a successor acknowledges anything, and no acknowledged write is
+//! lost; an etcd member's death is invisible, a lost quorum is an error
+//! naming etcd, and its return resumes the job where it was.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kindling_schemas::auth::Token;
+use kindling_schemas::rendezvous::{
+    AgentInfo, AgentLease, GangMember, JobConfig, JobState, RendezvousClient,
+};
+use kindling_tests::etcd::{EtcdCluster, Replica};
+use kindling_tests::proxy::FreezableProxy;
+use tokio::time::Instant;
+
+const TOKEN: &str = "replicas-test-token";
+
+/// Upper bound of anything a test waits on.
+const GUARD: Duration = Duration::from_secs(60);
+
+async fn client(urls: &str) -> RendezvousClient {
+    RendezvousClient::connect_lazy(urls, Some(&Token::new(TOKEN))).unwrap()
+}
+
+/// A client of one replica that tries each call once.
+async fn one_try(url: &str) -> RendezvousClient {
+    client(url).await.with_outage_bound(Duration::ZERO)
+}
+
+fn agent(id: &str) -> AgentInfo {
+    AgentInfo {
+        agent_id: id.to_owned(),
+        flight_address: format!("http://{id}.local:50051"),
+        capacity: 1,
+        ..Default::default()
+    }
+}
+
+/// Registers `n` agents and forms the gang of a new job `job_id`.
+async fn formed_gang(
+    rv: &RendezvousClient,
+    job_id: &str,
+    n: usize,
+) -> (Vec<AgentLease>, Vec<Arc<GangMember>>) {
+    let mut leases = Vec::new();
+    for i in 0..n {
+        leases.push(rv.register(agent(&format!("{job_id}-a{i}"))).await.unwrap());
+    }
+    let attempt = rv.create_job(&JobConfig::new(job_id, n as u32)).await.unwrap();
+    assert_eq!(attempt, 1);
+    let joins: Vec<_> = (0..n)
+        .map(|i| {
+            let rv = rv.clone();
+            let (job, id) = (job_id.to_owned(), format!("{job_id}-a{i}"));
+            tokio::spawn(async move { rv.join(&job, 1, &id).await })
+        })
+        .collect();
+    let mut gang = Vec::new();
+    for j in joins {
+        gang.push(Arc::new(
+            tokio::time::timeout(GUARD, j).await.unwrap().unwrap().unwrap(),
+        ));
+    }
+    (leases, gang)
+}
+
+/// One barrier of every member; the time it took.
+async fn barrier(gang: &[Arc<GangMember>]) -> Duration {
+    let started = Instant::now();
+    let calls: Vec<_> = gang
+        .iter()
+        .map(|m| {
+            let m = m.clone();
+            tokio::spawn(async move { m.barrier().await })
+        })
+        .collect();
+    for c in calls {
+        tokio::time::timeout(GUARD, c).await.unwrap().unwrap().unwrap();
+    }
+    started.elapsed()
+}
+
+/// Which of `replicas` leads: the one a status call is answered by.
+async fn leader(replicas: &[&Replica]) -> usize {
+    let deadline = Instant::now() + GUARD;
+    loop {
+        for (i, r) in replicas.iter().enumerate() {
+            if one_try(&r.url).await.list_jobs().await.is_ok() {
+                return i;
+            }
+        }
+        assert!(Instant::now() < deadline, "no replica leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_leader_is_replaced_within_its_lease_and_the_gang_goes_on_in_the_same_attempt() {
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = etcd.store("kill-leader");
+    let mut replicas = [
+        Replica::start("r0", &store, TOKEN, dir.path()).await,
+        Replica::start("r1", &store, TOKEN, dir.path()).await,
+    ];
+    let urls = format!("{},{}", replicas[0].url, replicas[1].url);
+    let rv = client(&urls).await;
+    let (_leases, gang) = formed_gang(&rv, "failover", 2).await;
+    barrier(&gang).await;
+
+    let first = leader(&[&replicas[0], &replicas[1]]).await;
+    replicas[first].proc.sigkill();
+    // Every member's next barrier is released by the new leader.
+    let took = barrier(&gang).await;
+    let status = rv.status("failover").await.unwrap();
+    assert_eq!(
+        (status.state, status.attempt),
+        (JobState::Running, 1),
+        "{status:?}"
+    );
+    assert!(status.failures.is_empty(), "{status:?}");
+    assert_eq!(
+        rv.current_url(),
+        replicas[1 - first].url,
+        "the client follows the new leader"
+    );
+    // The new leader holds what the old one acknowledged: the gang completes.
+    for m in &gang {
+        m.complete().await.unwrap();
+    }
+    let done = rv.status("failover").await.unwrap();
+    assert_eq!((done.state, done.attempt), (JobState::Succeeded, 1));
+    eprintln!("barrier released again {took:?} after the leader's SIGKILL");
+    // A follower answers naming the leader.
+    let mut r = Replica::start("r2", &store, TOKEN, dir.path()).await;
+    let err = one_try(&r.url).await.list_jobs().await.unwrap_err();
+    assert_eq!(err.leader_hint(), Some(replicas[1 - first].url.as_str()), "{err}");
+    assert!(err.to_string().contains("not the leader"), "{err}");
+    r.proc.sigkill();
+}
+
+/// One acknowledged call: which replica answered, when it was sent and
+/// when its answer came back.
+#[derive(Clone, Debug)]
+struct Ack {
+    replica: usize,
+    job_id: String,
+    sent: Instant,
+    answered: Instant,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_cut_off_from_etcd_steps_down_before_a_successor_acknowledges_and_nothing_acknowledged_is_lost()
+ {
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    // r0 reaches etcd only through proxies the test can freeze.
+    let mut proxies = Vec::new();
+    for i in 0..3 {
+        proxies.push(FreezableProxy::start(etcd.client_addr(i)).await);
+    }
+    let hosts: Vec<String> = proxies
+        .iter()
+        .map(|p| p.url().trim_start_matches("http://").to_owned())
+        .collect();
+    let r0 = Replica::start(
+        "r0",
+        &format!("etcd://{}/partition", hosts.join(",")),
+        TOKEN,
+        dir.path(),
+    )
+    .await;
+    assert_eq!(leader(&[&r0]).await, 0, "r0 leads first");
+    let r1 = Replica::start("r1", &etcd.store("partition"), TOKEN, dir.path()).await;
+
+    // Writers on each replica, one try per call, a fresh job id each.
+    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = Vec::new();
+    for (i, url) in [r0.url.clone(), r1.url.clone()].into_iter().enumerate() {
+        let (acks, stop) = (acks.clone(), stop.clone());
+        let rv = one_try(&url).await;
+        writers.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.is_cancelled() {
+                n += 1;
+                let job_id = format!("w{i}-{n}");
+                let sent = Instant::now();
+                if rv.create_job(&JobConfig::new(&job_id, 1)).await.is_ok() {
+                    let answered = Instant::now();
+                    acks.lock().unwrap().push(Ack {
+                        replica: i,
+                        job_id,
+                        sent,
+                        answered,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let frozen_at = Instant::now();
+    for p in &proxies {
+        p.freeze();
+    }
+    // r1 takes over once r0's lease lapsed.
+    let deadline = Instant::now() + GUARD;
+    while !acks.lock().unwrap().iter().any(|a| a.replica == 1) {
+        assert!(
+            Instant::now() < deadline,
+            "r1 never led:\n{}\n{}",
+            r0.proc.logs(),
+            r1.proc.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let acks = acks.lock().unwrap().clone();
+    let (old, new): (Vec<&Ack>, Vec<&Ack>) = acks.iter().partition(|a| a.replica == 0);
+    assert!(
+        !old.is_empty() && !new.is_empty(),
+        "both replicas led in turn: {acks:?}"
+    );
+    // No overlap: every call r0 acknowledged was sent before r1's first
+    // acknowledgement came back.
+    let last_old = old.iter().map(|a| a.sent).max().unwrap();
+    let first_new = new.iter().map(|a| a.answered).min().unwrap();
+    assert!(
+        last_old < first_new,
+        "r0 acknowledged a call sent after r1 had led"
+    );
+    // r0 stopped acknowledging within its 2 s lease of the cut.
+    let last_old_answer = old.iter().map(|a| a.answered).max().unwrap();
+    assert!(
+        last_old_answer < frozen_at + Duration::from_secs(2),
+        "r0 acknowledged {:?} after the cut",
+        last_old_answer - frozen_at
+    );
+    let err = one_try(&r0.url).await.list_jobs().await.unwrap_err();
+    assert!(err.to_string().contains("(Unavailable)"), "{err}");
+    // Every acknowledged job is in the new leader's state.
+    let held: std::collections::BTreeSet<String> = one_try(&r1.url)
+        .await
+        .list_jobs()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.job_id)
+        .collect();
+    for a in &acks {
+        assert!(held.contains(&a.job_id), "acknowledged `{}` was lost", a.job_id);
+    }
+    eprintln!(
+        "{} acknowledged by r0, {} by r1; r1's first {:?} after the cut",
+        old.len(),
+        new.len(),
+        first_new - frozen_at
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_return_resumes_the_job() {
+    let mut etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = etcd.store("quorum");
+    let r0 = Replica::start("r0", &store, TOKEN, dir.path()).await;
+    let r1 = Replica::start("r1", &store, TOKEN, dir.path()).await;
+    let urls = format!("{},{}", r0.url, r1.url);
+    let rv = client(&urls).await;
+    let (_leases, gang) = formed_gang(&rv, "quorum", 2).await;
+    barrier(&gang).await;
+
+    // One member of three: nothing to see.
+    etcd.kill(0);
+    for _ in 0..3 {
+        barrier(&gang).await;
+    }
+    rv.create_job(&JobConfig::new("after-one-member", 1))
+        .await
+        .unwrap();
+    let status = rv.status("quorum").await.unwrap();
+    assert_eq!((status.state, status.attempt), (JobState::Running, 1));
+
+    // Two of three: a write fails naming etcd.
+    etcd.kill(1);
+    let quick = one_try(&urls).await;
+    let deadline = Instant::now() + GUARD;
+    let err = loop {
+        match quick.create_job(&JobConfig::new("without-quorum", 1)).await {
+            Err(e) if e.to_string().contains("etcd") => break e,
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "a write without quorum never failed naming etcd"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(err.to_string().contains("(Unavailable)"), "{err}");
+    // Members waiting in a barrier ride it out and go on once quorum is back.
+    let waiting = {
+        let gang = gang.clone();
+        tokio::spawn(async move { barrier(&gang).await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    etcd.restart(0);
+    etcd.restart(1);
+    etcd.wait_healthy().await;
+    tokio::time::timeout(GUARD, waiting).await.unwrap().unwrap();
+    let status = rv.status("quorum").await.unwrap();
+    assert_eq!(
+        (status.state, status.attempt),
+        (JobState::Running, 1),
+        "{status:?}"
+    );
+    assert!(status.failures.is_empty(), "{status:?}");
+    for m in &gang {
+        m.complete().await.unwrap();
+    }
+}
