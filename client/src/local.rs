@@ -51,6 +51,10 @@ pub struct LocalClusterConfig {
     /// (`None`: a free port on 127.0.0.1). Without TLS it must be a loopback
     /// address: the page's token would otherwise cross the network in the clear.
     pub rendezvous_addr: Option<std::net::SocketAddr>,
+    /// A rendezvous running elsewhere — its URL, or its replicas' URLs
+    /// comma-separated — that the agents register with instead of one
+    /// started in-process (`None`, the default).
+    pub external_rendezvous: Option<String>,
 }
 
 impl LocalClusterConfig {
@@ -77,6 +81,7 @@ impl LocalClusterConfig {
             credentials: Some(kindling_schemas::credential::CredentialKey::generate().into()),
             viewer_token: None,
             rendezvous_addr: None,
+            external_rendezvous: None,
         }
     }
 }
@@ -122,6 +127,18 @@ impl LocalCluster {
             retention: config.finished_retention,
             ..RendezvousConfig::default()
         };
+        if let Some(url) = config.external_rendezvous.clone() {
+            let cluster = LocalCluster {
+                config,
+                rendezvous_url: url,
+                rendezvous: Mutex::new(None),
+                agents: Mutex::new(Vec::new()),
+            };
+            for _ in 0..agents {
+                cluster.add_agent().await?;
+            }
+            return Ok(cluster);
+        }
         let addr = config
             .rendezvous_addr
             .unwrap_or((std::net::Ipv4Addr::LOCALHOST, 0).into());

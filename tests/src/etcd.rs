@@ -153,38 +153,60 @@ impl EtcdCluster {
     }
 }
 
-/// A `kindling-rendezvous` replica on etcd, on a free loopback port.
+/// A `kindling-rendezvous` replica on etcd, on a free loopback port, with
+/// a 3 s agent lease.
 #[derive(Debug)]
 pub struct Replica {
     pub proc: Proc,
     pub url: String,
     pub health: String,
+    name: String,
+    port: u16,
+    store: String,
+    dir: PathBuf,
 }
 
 impl Replica {
-    /// Spawns a replica with `store` (`etcd://…`), `token` and `lease_ms` as
-    /// the agents' lease, its log in `dir`; returns once it answers `/readyz`.
+    /// Spawns a replica with `store` (`etcd://…`) and `token`, its log in
+    /// `dir`; returns once it answers `/readyz`.
     pub async fn start(name: &str, store: &str, token: &str, dir: &std::path::Path) -> Replica {
         let port = free_port("127.0.0.1");
         let health = format!("127.0.0.1:{}", free_port("127.0.0.1"));
-        let url = format!("http://127.0.0.1:{port}");
-        let token_file = dir.join(format!("{name}.token"));
-        std::fs::write(&token_file, token).expect("token file");
+        std::fs::write(dir.join(format!("{name}.token")), token).expect("token file");
+        let mut replica = Replica {
+            proc: Self::spawn(name, port, &health, store, dir),
+            url: format!("http://127.0.0.1:{port}"),
+            health,
+            name: name.to_owned(),
+            port,
+            store: store.to_owned(),
+            dir: dir.to_owned(),
+        };
+        replica.proc.wait_ready().await;
+        replica
+    }
+
+    fn spawn(name: &str, port: u16, health: &str, store: &str, dir: &std::path::Path) -> Proc {
         let mut command = Command::new(binary("kindling-rendezvous", "KINDLING_RENDEZVOUS_BIN"));
         command
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--health-listen")
-            .arg(&health)
+            .arg(health)
             .arg("--token-file")
-            .arg(&token_file)
+            .arg(dir.join(format!("{name}.token")))
             .arg("--store")
             .arg(store)
             .arg("--advertise")
-            .arg(&url)
+            .arg(format!("http://127.0.0.1:{port}"))
             .args(["--lease-ms", "3000"]);
-        let mut proc = Proc::spawn(name, command, health.clone(), dir);
-        proc.wait_ready().await;
-        Replica { proc, url, health }
+        Proc::spawn(name, command, health.to_owned(), dir)
+    }
+
+    /// Starts the replica again on the same ports (after a SIGKILL); its
+    /// log starts afresh.
+    pub async fn restart(&mut self) {
+        self.proc = Self::spawn(&self.name, self.port, &self.health, &self.store, &self.dir);
+        self.proc.wait_ready().await;
     }
 }

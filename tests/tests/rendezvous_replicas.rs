@@ -4,7 +4,8 @@
 //! gang goes on in the same attempt; a leader cut off from etcd steps down
 //! before a successor acknowledges anything, and no acknowledged write is
 //! lost; an etcd member's death is invisible, a lost quorum is an error
-//! naming etcd, and its return resumes the job where it was.
+//! naming etcd, and its return resumes the job where it was. A `fit` on a
+//! real Spark query and agents rides out ten leader SIGKILLs in one run.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
@@ -328,4 +329,115 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
     for m in &gang {
         m.complete().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_row_once_per_epoch() {
+    use kindling::job::TrainingEvent;
+    use kindling::local::{LocalCluster, LocalClusterConfig};
+    use kindling_schemas::action::{Action, JobList};
+    use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+
+    let spark = kindling::SparkSession::connect(&spark_remote())
+        .await
+        .expect("spark");
+    let rows = 20_000;
+    let df = rule_df(&spark, rows).await;
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = etcd.store("fit");
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
+    }
+    let urls = replicas
+        .iter()
+        .map(|r| r.url.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.token = Some(Token::new(TOKEN));
+    config.external_rendezvous = Some(urls.clone());
+    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    // Long enough for ten failovers (each about the 2 s lease) on this kind of machine.
+    let epochs = 400;
+    let job = rule_job()
+        .local_mode(false)
+        .rendezvous(urls.clone())
+        .token(Token::new(TOKEN))
+        .epochs(epochs)
+        .batch_size(16)
+        .eval_fraction(0.0)
+        .events(tx)
+        .build()
+        .expect("job");
+    let fit = {
+        let df = df.clone();
+        tokio::spawn(async move { job.fit(&df).await })
+    };
+    // Training under way.
+    while let Some(e) = rx.recv().await {
+        if matches!(e, TrainingEvent::Step { .. }) {
+            break;
+        }
+    }
+    let rv = client(&urls).await;
+    let mut failovers = Vec::new();
+    for _ in 0..10 {
+        let refs: Vec<&Replica> = replicas.iter().collect();
+        let led = leader(&refs).await;
+        replicas[led].proc.sigkill();
+        let killed = Instant::now();
+        rv.list_jobs().await.expect("a new leader answers");
+        failovers.push(killed.elapsed());
+        if fit.is_finished() {
+            let ended = fit.await.expect("task");
+            panic!(
+                "training ended before the tenth failover (make it longer): {:?}",
+                ended.map(|m| m.history().len())
+            );
+        }
+        replicas[led].restart().await;
+    }
+    let mut recovering = 0;
+    while let Some(e) = rx.recv().await {
+        if matches!(e, TrainingEvent::Recovering { .. }) {
+            recovering += 1;
+        }
+    }
+    let model = fit.await.expect("task").expect("the fit completes");
+    assert_eq!(recovering, 0, "no attempt was lost");
+    assert_eq!(model.history().len(), epochs as usize);
+    let status = rv.status(model.job_id()).await.unwrap();
+    assert_eq!(
+        (status.state, status.attempt),
+        (JobState::Succeeded, 1),
+        "{status:?}"
+    );
+    // Every epoch trained every row once (each agent reports the job's rows).
+    for url in cluster.agent_urls() {
+        let agent = kindling::feed::AgentClient::connect(&url, Some(&Token::new(TOKEN))).expect("client");
+        let jobs: JobList = agent.action(&Action::ListJobs).await.expect("list");
+        let job = jobs
+            .jobs
+            .iter()
+            .find(|j| j.job_id == model.job_id())
+            .expect("the job on each agent");
+        assert_eq!(job.rows_trained_per_epoch.len(), epochs as usize, "{job:?}");
+        let wrong: Vec<(usize, u64)> = job
+            .rows_trained_per_epoch
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n != rows as u64)
+            .map(|(e, n)| (e, *n))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "epochs that did not train each of the {rows} rows once: {wrong:?}"
+        );
+    }
+    failovers.sort();
+    eprintln!("failovers (SIGKILL → a new leader answers): {failovers:?}");
+    cluster.shutdown().await;
 }

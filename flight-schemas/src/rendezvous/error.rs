@@ -90,15 +90,22 @@ impl ClientError {
 
     /// Whether the rendezvous did not answer at all — no connection,
     /// UNAVAILABLE (also its answer while shutting down), or a transport
-    /// failure (UNKNOWN: the server itself never answers UNKNOWN) — so the
+    /// failure (UNKNOWN: the server itself never answers UNKNOWN; CANCELLED
+    /// with a transport error: the connection closed under the call) — so the
     /// same call may succeed once it is back. Calls retry these themselves
     /// within the outage bound (see [`super::retry`]).
     pub fn is_transient(&self) -> bool {
         match self {
             ClientError::Connect { .. } => true,
-            ClientError::Rpc { source, .. } => {
-                matches!(source.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
-            }
+            ClientError::Rpc { source, .. } => match source.code() {
+                tonic::Code::Unavailable | tonic::Code::Unknown => true,
+                // The connection closed under the call (a SIGKILLed server):
+                // CANCELLED from the transport, not the server's own answer
+                // (a cancelled job), which carries no transport error.
+                tonic::Code::Cancelled => std::error::Error::source(source)
+                    .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
+                _ => false,
+            },
             _ => false,
         }
     }
