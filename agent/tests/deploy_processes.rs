@@ -530,6 +530,11 @@ fn every_variable_the_manifests_set_is_read_by_the_binary() {
     for (bin, manifest) in [
         (AGENT_BIN, "agent-daemonset.yaml"),
         (rendezvous_bin(), "rendezvous.yaml"),
+        (AGENT_BIN, "../overlays/rendezvous-ha/agent-rendezvous.yaml"),
+        (
+            rendezvous_bin(),
+            "../overlays/rendezvous-ha/rendezvous-statefulset.yaml",
+        ),
     ] {
         let help = Command::new(bin).arg("--help").output().expect("--help");
         assert!(help.status.success());

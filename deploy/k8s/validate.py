@@ -63,10 +63,21 @@ from validate_security import check_namespaces, check_pod_security, check_spark_
 from validate_workloads import check_disruption_budgets, check_ephemeral_storage
 
 # Each overlay and the image variant (tag suffix) its agents must run.
-OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu", "monitoring": "cpu"}
-# Not Kubernetes objects on their own: kustomize inputs, partial patches,
-# promtool's unit tests of the alerts.
-NOT_OBJECTS = {"kustomization.yaml", "agent-gpu.yaml", "alerts.test.yaml"}
+OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu", "monitoring": "cpu",
+            "rendezvous-ha": "cpu"}
+# Not Kubernetes objects on their own: kustomize inputs, promtool's unit
+# tests of the alerts; and every file a kustomization names as a patch
+# (partial objects, deletions), found by patch_files().
+NOT_OBJECTS = {"kustomization.yaml", "alerts.test.yaml"}
+
+
+def patch_files():
+    """The files the kustomizations under ROOT name in `patches:`."""
+    found = set()
+    for k in ROOT.rglob("kustomization.yaml"):
+        for p in docs(k)[0].get("patches", []):
+            found.add((k.parent / p["path"]).resolve())
+    return found
 
 
 def main():
@@ -75,7 +86,8 @@ def main():
     ap.add_argument("--renderer", choices=["auto", "kubectl", "builtin"], default="auto")
     args = ap.parse_args()
     errors = []
-    files = sorted(p for p in ROOT.rglob("*.yaml") if p.name not in NOT_OBJECTS)
+    patches = patch_files()
+    files = sorted(p for p in ROOT.rglob("*.yaml") if p.name not in NOT_OBJECTS and p.resolve() not in patches)
     for path in files:
         for obj in docs(path):
             check(obj, path.relative_to(ROOT), args.k8s_version, errors)

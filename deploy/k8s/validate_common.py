@@ -38,14 +38,18 @@ def reporter(errors, where):
 # labels (the labels are what is checked): the executor pod template is a file
 # in a ConfigMap (`kubectl kustomize` appends a hash to the ConfigMap's name).
 POD_ROLES = {
-    "agent": ("DaemonSet", "kindling-agent"),
-    "rendezvous": ("Deployment", "kindling-rendezvous"),
-    "client": ("Job", "kindling-train-example"),
-    "executor": ("ConfigMap", "spark-executor-pod-template"),
-    "spark-connect": ("Deployment", "spark-connect"),
+    "agent": [("DaemonSet", "kindling-agent")],
+    # One replica on a volume (base), or replicas on etcd (overlays/rendezvous-ha).
+    "rendezvous": [("Deployment", "kindling-rendezvous"), ("StatefulSet", "kindling-rendezvous")],
+    "client": [("Job", "kindling-train-example")],
+    "executor": [("ConfigMap", "spark-executor-pod-template")],
+    "spark-connect": [("Deployment", "spark-connect")],
+    "etcd": [("StatefulSet", "kindling-etcd")],
 }
+# Roles only some overlays have: the others must not, every overlay has the rest.
+ONLY_IN = {"etcd": {"rendezvous-ha"}}
 # The namespace each pod runs in: Spark's driver and executors in their own.
-ROLE_NAMESPACE = {"agent": NAMESPACE, "rendezvous": NAMESPACE, "client": NAMESPACE,
+ROLE_NAMESPACE = {"agent": NAMESPACE, "rendezvous": NAMESPACE, "client": NAMESPACE, "etcd": NAMESPACE,
                   "executor": SPARK_NAMESPACE, "spark-connect": SPARK_NAMESPACE}
 # Kindling's own servers: the tokens, TLS and metrics checks are about them.
 SERVERS = {"agent", "rendezvous"}
@@ -77,7 +81,7 @@ def pod_templates(objs):
             found.append((o, f"Pod/{o['metadata']['name']}", ns, o["metadata"], spec))
     pods = []
     for o, who, ns, meta, spec in found:
-        role = next((r for r, (kind, name) in POD_ROLES.items()
+        role = next((r for r, made_by in POD_ROLES.items() for kind, name in made_by
                      if o["kind"] == kind and (o["metadata"]["name"] == name
                                                or (kind == "ConfigMap" and o["metadata"]["name"].startswith(name + "-")))),
                     None)

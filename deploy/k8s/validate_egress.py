@@ -45,11 +45,16 @@ EGRESS = {
     # The Spark driver: the API server (443 or 6443, wherever it lies), its
     # executors' block managers, data sources over HTTPS.
     "spark-connect": {(ANY_ADDRESS, 443), (ANY_ADDRESS, 6443), ("executor", 7079), *DNS},
+    # The replicated rendezvous' etcd members: each other, DNS.
+    "etcd": {("etcd", 2380), *DNS},
 }
 # Destinations an overlay's own policies add, by overlay and pod role, e.g.
 # {"my-overlay": {"client": {("203.0.113.10/32", 443)}}} for an MLflow
 # tracker outside the cluster.
-EXTRA_EGRESS = {}
+EXTRA_EGRESS = {
+    # The replicas keep their state in etcd.
+    "rendezvous-ha": {"rendezvous": {("etcd", 2379)}},
+}
 # Ports Spark gives the pods it builds itself, from the driver's --conf (the
 # executor pod template declares none): container port name -> conf key.
 SPARK_PORTS = {"executor": {"blockmanager": "spark.blockManager.port"}}

@@ -8,7 +8,7 @@ the manifests make; each pod's egress is validate_egress's.
 import json
 
 from validate_common import (
-    NAMESPACE, POD_ROLES, SPARK_NAMESPACE, driver_conf, pod_templates, reporter, selects,
+    NAMESPACE, ONLY_IN, POD_ROLES, SPARK_NAMESPACE, driver_conf, pod_templates, reporter, selects,
 )
 from validate_egress import EGRESS, check_egress, policy_types
 
@@ -24,6 +24,10 @@ GRPC_PEERS = {
     # The driver's RPC and block manager.
     ("spark-connect", 7078): {"executor"},
     ("spark-connect", 7079): {"executor"},
+    # The replicated rendezvous' etcd (overlays/rendezvous-ha): clients are
+    # the replicas, peers the members.
+    ("etcd", 2379): {"rendezvous"},
+    ("etcd", 2380): {"etcd"},
 }
 # The peers a port admits, exactly as written. GRPC_PEERS sees the pods these
 # manifests make; a peer also admits every pod its selectors will match, and
@@ -36,7 +40,7 @@ EXACT_PEERS = {("spark-connect", 15002): [CLIENT_PEER]}
 # The only pods an Ingress policy may isolate: Spark's executors need
 # traffic (from the driver and each other) no policy here allows. Egress:
 # every role's exactly as in EGRESS (validate_egress.py).
-ISOLATED = {"agent", "rendezvous", "spark-connect"}
+ISOLATED = {"agent", "rendezvous", "spark-connect", "etcd"}
 ANYONE = "anyone"
 # Peers outside the namespace, by overlay, and the gRPC ports they may reach,
 # exactly: Prometheus scrapes /metrics there (overlays/monitoring,
@@ -121,8 +125,13 @@ def check_network_policies(objs, overlay, errors):
         return
     pods = pod_templates(objs)
     by_role = {p["role"]: p for p in pods if p["role"]}
-    for role in sorted(set(POD_ROLES) - set(by_role)):
-        bad(f"no pod template for {role} ({'/'.join(POD_ROLES[role])})")
+    for role in sorted(POD_ROLES):
+        expected = overlay in ONLY_IN.get(role, {overlay})
+        made_by = " or ".join("/".join(k) for k in POD_ROLES[role])
+        if expected and role not in by_role:
+            bad(f"no pod template for {role} ({made_by})")
+        if not expected and role in by_role:
+            bad(f"a pod template for {role} ({made_by}), which only {sorted(ONLY_IN[role])} have")
     name = lambda p: p["role"] or p["who"]  # noqa: E731
     rendered = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
 

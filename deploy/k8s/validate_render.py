@@ -112,7 +112,10 @@ def render_builtin(root, overlay):
                 and o["metadata"]["name"] == target.get("name", patch["metadata"]["name"])]
         if len(hits) != 1:
             raise SystemExit(f"{overlay}: patch {p['path']} matches {len(hits)} objects")
-        objs[objs.index(hits[0])] = merge(hits[0], patch)
+        if patch.get("$patch") == "delete":
+            objs.remove(hits[0])
+        else:
+            objs[objs.index(hits[0])] = merge(hits[0], patch)
     set_namespace(objs, over.get("namespace"))
     for o in objs:
         set_images(o, base.get("images", []))

@@ -24,6 +24,8 @@ SECRETS_OF = {
     "client": {"kindling-token", "kindling-client-tls", "spark-connect-token"},
     "executor": {"kindling-client-tls"},
     "spark-connect": {"spark-connect-token", "spark-connect-tls"},
+    # The rendezvous' etcd holds no secret and mounts none.
+    "etcd": set(),
 }
 # Every Secret SPARK_NAMESPACE may hold: whoever may create a pod there (the
 # Spark driver's account, so any code that runs on the driver) can mount it.
@@ -34,7 +36,7 @@ SPARK_SECRETS = {
 }
 # Pods whose root filesystem must be read-only (Spark's pods write under
 # their image's work directory).
-READ_ONLY_ROOT = {"agent", "rendezvous", "client"}
+READ_ONLY_ROOT = {"agent", "rendezvous", "client", "etcd"}
 
 
 def check_namespaces(objs, overlay, errors):

@@ -10,11 +10,19 @@
 //! includes the process start, reading the state back, and the members'
 //! retry backoff).
 //!
+//! With `--etcd host:port,…` (a cluster such as `deploy/local/etcd.sh start`
+//! makes), also: the same suite with the state in etcd (one replica, which
+//! campaigns and leads), and failovers: three replica processes on that
+//! etcd, a formed gang following them; the leader is SIGKILLed
+//! `--failovers` times (and started again as a follower), measured from the
+//! SIGKILL to every member's barrier, called right after it, released.
+//!
 //! ```text
 //! export CARGO_TARGET_DIR=$HOME/.cache/kindling/target
 //! cargo build --release -p kindling-rendezvous --bins --example bench_rendezvous
 //! $CARGO_TARGET_DIR/release/examples/bench_rendezvous \
-//!   --gang-members 1000 --barrier-members 256 --rounds 200 --channels 16
+//!   --gang-members 1000 --barrier-members 256 --rounds 200 --channels 16 \
+//!   --etcd "$(deploy/local/etcd.sh start)"
 //! ```
 
 use std::sync::Arc;
@@ -23,6 +31,7 @@ use std::time::{Duration, Instant};
 use std::path::Path;
 
 use clap::Parser;
+use kindling_rendezvous::etcd::EtcdSettings;
 use kindling_rendezvous::{RendezvousConfig, ServerConfig, serve};
 use kindling_schemas::auth::Token;
 use kindling_schemas::rendezvous::{AgentInfo, JobConfig, RendezvousClient};
@@ -61,6 +70,29 @@ struct Args {
     /// example's directory, as cargo lays out a target dir).
     #[arg(long)]
     rendezvous_bin: Option<std::path::PathBuf>,
+    /// An etcd cluster (`host:port,…`): also measure the state in etcd and
+    /// leader failovers.
+    #[arg(long)]
+    etcd: Option<String>,
+    /// Leader SIGKILLs to time (with --etcd).
+    #[arg(long, default_value_t = 12)]
+    failovers: usize,
+}
+
+/// Where a suite's server keeps its state.
+enum Store<'a> {
+    Memory,
+    Dir(&'a Path),
+    Etcd(EtcdSettings),
+}
+
+/// A key prefix no earlier run used.
+fn fresh_prefix(what: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    format!("/kindling-bench/{what}-{}-{now}", std::process::id())
 }
 
 /// A rendezvous served on `listener` until the returned token is cancelled
@@ -68,14 +100,20 @@ struct Args {
 fn start_server(
     listener: tokio::net::TcpListener,
     token: &Token,
-    state_dir: Option<&Path>,
+    store: &Store<'_>,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let config = RendezvousConfig::default()
         .with_lease(Duration::from_secs(60))
         .with_gang_timeout(Duration::from_secs(60))
         .with_barrier_timeout(Duration::from_secs(60));
+    let (state_dir, etcd) = match store {
+        Store::Memory => (None, None),
+        Store::Dir(dir) => (Some(dir.to_path_buf()), None),
+        Store::Etcd(settings) => (None, Some(settings.clone())),
+    };
     let config = ServerConfig {
-        state_dir: state_dir.map(Path::to_owned),
+        state_dir,
+        etcd,
         ..ServerConfig::new(config, Some(token.clone()))
     };
     let stop = CancellationToken::new();
@@ -212,10 +250,18 @@ type BoxError = Box<dyn std::error::Error>;
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let mut rows = Vec::new();
-    suite(&args, None, "", &mut rows).await?;
+    suite(&args, &Store::Memory, "", &mut rows).await?;
     let dir = tempfile::tempdir()?;
-    suite(&args, Some(dir.path()), " [state dir]", &mut rows).await?;
+    suite(&args, &Store::Dir(dir.path()), " [state dir]", &mut rows).await?;
+    if let Some(hosts) = &args.etcd {
+        let store = format!("etcd://{hosts}{}", fresh_prefix("suite"));
+        let settings = EtcdSettings::parse(&store, Duration::from_secs(2), "http://127.0.0.1:0")?;
+        suite(&args, &Store::Etcd(settings), " [etcd]", &mut rows).await?;
+    }
     restarts(&args, &mut rows).await?;
+    if let Some(hosts) = &args.etcd {
+        failovers(&args, hosts, &mut rows).await?;
+    }
     println!(
         "\n| measurement | members | samples | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|"
     );
@@ -239,12 +285,20 @@ struct RendezvousProcess(std::process::Child);
 impl RendezvousProcess {
     /// Starts one on `addr` keeping its state in `dir`.
     fn spawn(bin: &Path, addr: std::net::SocketAddr, dir: &Path) -> std::io::Result<Self> {
+        Self::spawn_with(bin, addr, &["--state-dir".as_ref(), dir.as_os_str()])
+    }
+
+    /// Starts one on `addr` with `store_args` saying where its state is.
+    fn spawn_with(
+        bin: &Path,
+        addr: std::net::SocketAddr,
+        store_args: &[&std::ffi::OsStr],
+    ) -> std::io::Result<Self> {
         std::process::Command::new(bin)
             .args(["--listen", &addr.to_string(), "--health-listen", "127.0.0.1:0"])
             .args(["--lease-ms", "60000", "--gang-timeout-ms", "60000"])
             .env("KINDLING_TOKEN", "bench")
-            .arg("--state-dir")
-            .arg(dir)
+            .args(store_args)
             .env("RUST_LOG", "warn")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -269,7 +323,8 @@ impl Drop for RendezvousProcess {
 /// Restart to resumed: a formed gang's members call a barrier while the
 /// rendezvous process is down (SIGKILLed); timed from the new process's
 /// spawn to all released.
-async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+/// The `kindling-rendezvous` binary the process rows run.
+fn rendezvous_bin(args: &Args) -> Result<std::path::PathBuf, BoxError> {
     let bin = match &args.rendezvous_bin {
         Some(bin) => bin.clone(),
         None => std::env::current_exe()?
@@ -286,6 +341,11 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
         )
         .into());
     }
+    Ok(bin)
+}
+
+async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+    let bin = rendezvous_bin(args)?;
     let token = Token::new("bench");
     let dir = tempfile::tempdir()?;
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
@@ -350,17 +410,12 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
 }
 
 /// Gang formation and collectives against a fresh server, its state in
-/// memory (`state_dir` `None`) or in `state_dir`; rows labelled with `label`.
-async fn suite(
-    args: &Args,
-    state_dir: Option<&Path>,
-    label: &str,
-    rows: &mut Vec<Row>,
-) -> Result<(), BoxError> {
+/// `store`; rows labelled with `label`.
+async fn suite(args: &Args, store: &Store<'_>, label: &str, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let token = Token::new("bench");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let (stop, server) = start_server(listener, &token, state_dir);
+    let (stop, server) = start_server(listener, &token, store);
     let mut clients = Vec::new();
     for _ in 0..args.channels.max(1) {
         clients.push(RendezvousClient::connect(url.clone(), Some(&token)).await?);
@@ -523,5 +578,95 @@ async fn suite(
     }
     stop.cancel();
     server.await?;
+    Ok(())
+}
+
+/// Leader failovers: three replica processes on the etcd at `hosts`, a
+/// formed gang following them; the leader is SIGKILLed and every member's
+/// barrier, called right after, timed until released; the killed replica
+/// is started again (a follower now) before the next round.
+async fn failovers(args: &Args, hosts: &str, rows: &mut Vec<Row>) -> Result<(), BoxError> {
+    let bin = rendezvous_bin(args)?;
+    let token = Token::new("bench");
+    let store = format!("etcd://{hosts}{}", fresh_prefix("failover"));
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        addrs.push(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?);
+    }
+    let spawn = |addr: std::net::SocketAddr| {
+        let advertise = format!("http://{addr}");
+        RendezvousProcess::spawn_with(
+            &bin,
+            addr,
+            &[
+                "--store".as_ref(),
+                store.as_ref(),
+                "--advertise".as_ref(),
+                advertise.as_ref(),
+            ],
+        )
+    };
+    let mut replicas = addrs
+        .iter()
+        .map(|a| spawn(*a))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let client = RendezvousClient::connect_lazy(&urls.join(","), Some(&token))?;
+    let n = args.restart_members;
+    let mut leases = Vec::new();
+    for i in 0..n {
+        leases.push(client.register(agent(i)).await?);
+    }
+    client.create_job(&JobConfig::new("failovers", n as u32)).await?;
+    let joins = (0..n).map(|i| {
+        let c = client.clone();
+        async move { c.join("failovers", 1, &agent(i).agent_id).await }
+    });
+    let gangs: Vec<Arc<_>> = futures::future::try_join_all(joins)
+        .await?
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    let mut released = Vec::new();
+    for _ in 0..args.failovers {
+        // The leader: the replica a one-try call is answered by.
+        let mut leader = None;
+        while leader.is_none() {
+            for (i, url) in urls.iter().enumerate() {
+                let one =
+                    RendezvousClient::connect_lazy(url, Some(&token))?.with_outage_bound(Duration::ZERO);
+                if one.list_jobs().await.is_ok() {
+                    leader = Some(i);
+                    break;
+                }
+            }
+        }
+        let leader = leader.ok_or("no leader")?;
+        replicas[leader].kill()?; // SIGKILL
+        let killed = Instant::now();
+        let barriers: Vec<_> = gangs
+            .iter()
+            .map(|g| {
+                let g = g.clone();
+                tokio::spawn(async move { g.barrier().await.map(|()| Instant::now()) })
+            })
+            .collect();
+        let mut last = killed;
+        for b in barriers {
+            last = last.max(b.await??);
+        }
+        released.push(last - killed);
+        replicas[leader] = spawn(addrs[leader])?;
+    }
+    let status = client.status("failovers").await?;
+    assert_eq!(status.attempt, 1, "the failovers cost no attempt: {status:?}");
+    rows.push(Row::new(
+        "leader SIGKILL → every member's barrier released [etcd, 3 replicas, 2 s lease]",
+        n,
+        released,
+    ));
+    for l in leases {
+        l.stop().await;
+    }
     Ok(())
 }
