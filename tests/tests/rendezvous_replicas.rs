@@ -137,11 +137,24 @@ async fn a_killed_leader_is_replaced_within_its_lease_and_the_gang_goes_on_in_th
     let done = rv.status("failover").await.unwrap();
     assert_eq!((done.state, done.attempt), (JobState::Succeeded, 1));
     eprintln!("barrier released again {took:?} after the leader's SIGKILL");
-    // A follower answers naming the leader.
+    // A follower answers naming the leader; each says on /metrics whether it leads.
     let mut r = Replica::start("r2", &store, TOKEN, dir.path()).await;
     let err = one_try(&r.url).await.list_jobs().await.unwrap_err();
     assert_eq!(err.leader_hint(), Some(replicas[1 - first].url.as_str()), "{err}");
     assert!(err.to_string().contains("not the leader"), "{err}");
+    for (url, leads) in [(&r.url, 0), (&replicas[1 - first].url, 1)] {
+        let addr = url.trim_start_matches("http://");
+        let page = kindling_tests::http::get(addr, "/metrics", &[kindling_tests::http::bearer(TOKEN)]).await;
+        assert_eq!(page.code, 200, "{page:?}");
+        assert!(
+            page.body.lines().any(|l| l
+                .strip_prefix("kindling_rendezvous_leader ")
+                .and_then(|v| v.parse::<f64>().ok())
+                == Some(f64::from(leads))),
+            "{url}: {}",
+            page.body
+        );
+    }
     r.proc.sigkill();
 }
 

@@ -133,12 +133,22 @@ impl PageGate {
         *self.pages.write().unwrap_or_else(PoisonError::into_inner) = pages;
     }
 
-    /// The pages the web server serves: the current term's.
+    /// The pages the web server serves: the current term's; while this
+    /// replica follows, its `/metrics` alone (the process, and
+    /// `kindling_rendezvous_leader` 0), so a scrape of every replica finds each.
     pub fn pages(&self) -> Pages {
         let slot = self.pages.clone();
+        let following = kindling_ops::exposition::registry("rendezvous", crate::metrics::Follower);
         Arc::new(move |path: &str| {
             let pages = slot.read().unwrap_or_else(PoisonError::into_inner).clone();
-            pages.and_then(|p| p(path))
+            match (pages, path) {
+                (Some(p), _) => p(path),
+                (None, "/metrics") => Some(kindling_ops::web::Page {
+                    content_type: kindling_ops::exposition::CONTENT_TYPE,
+                    body: kindling_ops::exposition::encode(&following).into(),
+                }),
+                (None, _) => None,
+            }
         })
     }
 }

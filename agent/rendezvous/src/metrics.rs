@@ -14,6 +14,7 @@ pub fn families(
     jobs: &[JobStatus],
     agents: &[AgentInfo],
 ) -> Result<(), std::fmt::Error> {
+    leader(&mut e, true)?;
     single(
         &mut e,
         "kindling_rendezvous_agents",
@@ -137,5 +138,28 @@ mod tests {
             page.contains("kindling_rendezvous_jobs{state=\"running\"} 2"),
             "{page}"
         );
+    }
+}
+
+/// `kindling_rendezvous_leader`: 1 where this process answers from the state
+/// (a single rendezvous always; of replicas on etcd, the leader), 0 on a
+/// follower, whose `/metrics` has nothing else of the rendezvous'.
+pub fn leader(e: &mut DescriptorEncoder<'_>, leads: bool) -> Result<(), std::fmt::Error> {
+    single(
+        e,
+        "kindling_rendezvous_leader",
+        "1 when this rendezvous answers from the state (the leader of replicas on etcd), 0 on a follower.",
+        MetricType::Gauge,
+        if leads { 1.0 } else { 0.0 },
+    )
+}
+
+/// What a follower replica's `/metrics` shows of the rendezvous.
+#[derive(Debug)]
+pub struct Follower;
+
+impl prometheus_client::collector::Collector for Follower {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        leader(&mut encoder, false)
     }
 }
