@@ -20,12 +20,13 @@ API_TOKEN_ROLES = {"spark-connect"}
 # clients.
 SECRETS_OF = {
     "agent": {"kindling-token", "kindling-viewer-token", "kindling-credential-key", "kindling-agent-tls"},
-    "rendezvous": {"kindling-token", "kindling-viewer-token", "kindling-rendezvous-tls"},
+    # Replicated on etcd (overlays/rendezvous-ha), also its client certificate for etcd.
+    "rendezvous": {"kindling-token", "kindling-viewer-token", "kindling-rendezvous-tls", "kindling-etcd-client-tls"},
     "client": {"kindling-token", "kindling-client-tls", "spark-connect-token"},
     "executor": {"kindling-client-tls"},
     "spark-connect": {"spark-connect-token", "spark-connect-tls"},
-    # The rendezvous' etcd holds no secret and mounts none.
-    "etcd": set(),
+    # The rendezvous' etcd: its members' certificate (clients and peers).
+    "etcd": {"kindling-etcd-tls"},
 }
 # Every Secret SPARK_NAMESPACE may hold: whoever may create a pod there (the
 # Spark driver's account, so any code that runs on the driver) can mount it.

@@ -30,11 +30,38 @@ struct Member {
 pub struct EtcdCluster {
     members: Vec<Member>,
     dir: tempfile::TempDir,
+    /// Mutual TLS (clients and peers): the members' certificate files, and
+    /// a client's (etcdctl's here).
+    tls: Option<(kindling_fixtures::pki::Files, kindling_fixtures::pki::Files)>,
+    /// Where the members' certificate lies, while the cluster lives.
+    _certs: Option<tempfile::TempDir>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members and returns once the cluster answers.
     pub async fn start(n: usize) -> EtcdCluster {
+        Self::start_with(n, None, None).await
+    }
+
+    /// [`start`](Self::start) with mutual TLS for clients and peers, the
+    /// members' certificate and the client's `client` signed by `ca`.
+    pub async fn start_tls(
+        n: usize,
+        ca: &kindling_fixtures::pki::TestCa,
+        client: &kindling_fixtures::pki::Files,
+    ) -> EtcdCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let member = ca
+            .issue("etcd", &["127.0.0.1", "localhost"])
+            .write(&dir.path().join("member-tls"), ca.pem());
+        Self::start_with(n, Some((member, client.clone())), Some(dir)).await
+    }
+
+    async fn start_with(
+        n: usize,
+        tls: Option<(kindling_fixtures::pki::Files, kindling_fixtures::pki::Files)>,
+        certs: Option<tempfile::TempDir>,
+    ) -> EtcdCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -44,7 +71,12 @@ impl EtcdCluster {
                 proc: None,
             })
             .collect();
-        let mut cluster = EtcdCluster { members, dir };
+        let mut cluster = EtcdCluster {
+            members,
+            dir,
+            tls,
+            _certs: certs,
+        };
         for i in 0..n {
             cluster.spawn(i, "new");
         }
@@ -53,10 +85,11 @@ impl EtcdCluster {
     }
 
     fn spawn(&mut self, i: usize, state: &str) {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let initial: Vec<String> = self
             .members
             .iter()
-            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .map(|m| format!("{}={scheme}://127.0.0.1:{}", m.name, m.peer))
             .collect();
         let m = &self.members[i];
         let mut command = Command::new(etcd_bin());
@@ -66,19 +99,32 @@ impl EtcdCluster {
             .arg("--data-dir")
             .arg(self.dir.path().join(&m.name))
             .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{}", m.client))
+            .arg(format!("{scheme}://127.0.0.1:{}", m.client))
             .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{}", m.client))
+            .arg(format!("{scheme}://127.0.0.1:{}", m.client))
             .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg(format!("{scheme}://127.0.0.1:{}", m.peer))
             .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg(format!("{scheme}://127.0.0.1:{}", m.peer))
             .arg("--initial-cluster")
             .arg(initial.join(","))
             .arg("--initial-cluster-state")
             .arg(state)
             .arg("--initial-cluster-token")
             .arg("kindling-test");
+        if let Some((member, _)) = &self.tls {
+            for (flag, path) in [
+                ("--cert-file", &member.cert),
+                ("--key-file", &member.key),
+                ("--trusted-ca-file", &member.ca),
+                ("--peer-cert-file", &member.cert),
+                ("--peer-key-file", &member.key),
+                ("--peer-trusted-ca-file", &member.ca),
+            ] {
+                command.arg(flag).arg(path);
+            }
+            command.args(["--client-cert-auth", "--peer-client-cert-auth"]);
+        }
         // Health is asked with etcdctl, not an HTTP probe.
         let proc = Proc::spawn(&m.name, command, String::new(), self.dir.path());
         self.members[i].proc = Some(proc);
@@ -128,15 +174,27 @@ impl EtcdCluster {
     pub async fn wait_healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
             let endpoints: Vec<String> = self
                 .members
                 .iter()
-                .map(|m| format!("http://127.0.0.1:{}", m.client))
+                .map(|m| format!("{scheme}://127.0.0.1:{}", m.client))
                 .collect();
-            let ok = Command::new("etcdctl")
+            let mut etcdctl = Command::new("etcdctl");
+            etcdctl
                 .env("ETCDCTL_API", "3")
                 .arg("--endpoints")
-                .arg(endpoints.join(","))
+                .arg(endpoints.join(","));
+            if let Some((_, client)) = &self.tls {
+                etcdctl
+                    .arg("--cacert")
+                    .arg(&client.ca)
+                    .arg("--cert")
+                    .arg(&client.cert)
+                    .arg("--key")
+                    .arg(&client.key);
+            }
+            let ok = etcdctl
                 .args(["--command-timeout=2s", "put", "/kindling-test/health", "ok"])
                 .output()
                 .is_ok_and(|o| o.status.success());
@@ -164,29 +222,49 @@ pub struct Replica {
     port: u16,
     store: String,
     dir: PathBuf,
+    extra: Vec<std::ffi::OsString>,
 }
 
 impl Replica {
     /// Spawns a replica with `store` (`etcd://…`) and `token`, its log in
     /// `dir`; returns once it answers `/readyz`.
     pub async fn start(name: &str, store: &str, token: &str, dir: &std::path::Path) -> Replica {
+        Self::start_with(name, store, token, dir, &[]).await
+    }
+
+    /// [`start`](Self::start) with `extra` flags.
+    pub async fn start_with(
+        name: &str,
+        store: &str,
+        token: &str,
+        dir: &std::path::Path,
+        extra: &[std::ffi::OsString],
+    ) -> Replica {
         let port = free_port("127.0.0.1");
         let health = format!("127.0.0.1:{}", free_port("127.0.0.1"));
         std::fs::write(dir.join(format!("{name}.token")), token).expect("token file");
         let mut replica = Replica {
-            proc: Self::spawn(name, port, &health, store, dir),
+            proc: Self::spawn(name, port, &health, store, dir, extra),
             url: format!("http://127.0.0.1:{port}"),
             health,
             name: name.to_owned(),
             port,
             store: store.to_owned(),
             dir: dir.to_owned(),
+            extra: extra.to_vec(),
         };
         replica.proc.wait_ready().await;
         replica
     }
 
-    fn spawn(name: &str, port: u16, health: &str, store: &str, dir: &std::path::Path) -> Proc {
+    fn spawn(
+        name: &str,
+        port: u16,
+        health: &str,
+        store: &str,
+        dir: &std::path::Path,
+        extra: &[std::ffi::OsString],
+    ) -> Proc {
         let mut command = Command::new(binary("kindling-rendezvous", "KINDLING_RENDEZVOUS_BIN"));
         command
             .arg("--listen")
@@ -199,14 +277,22 @@ impl Replica {
             .arg(store)
             .arg("--advertise")
             .arg(format!("http://127.0.0.1:{port}"))
-            .args(["--lease-ms", "3000"]);
+            .args(["--lease-ms", "3000"])
+            .args(extra);
         Proc::spawn(name, command, health.to_owned(), dir)
     }
 
     /// Starts the replica again on the same ports (after a SIGKILL); its
     /// log starts afresh.
     pub async fn restart(&mut self) {
-        self.proc = Self::spawn(&self.name, self.port, &self.health, &self.store, &self.dir);
+        self.proc = Self::spawn(
+            &self.name,
+            self.port,
+            &self.health,
+            &self.store,
+            &self.dir,
+            &self.extra,
+        );
         self.proc.wait_ready().await;
     }
 }

@@ -454,3 +454,87 @@ async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_
     eprintln!("failovers (SIGKILL → a new leader answers): {failovers:?}");
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_reaches_etcd_over_mutual_tls_one_without_a_client_certificate_never_leads_and_plaintext_off_loopback_is_refused()
+ {
+    use kindling_fixtures::pki::TestCa;
+    use std::ffi::OsString;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("etcd-ca");
+    let client = ca
+        .issue("kindling-rendezvous", &["kindling-rendezvous"])
+        .write(&dir.path().join("client-tls"), ca.pem());
+    let etcd = EtcdCluster::start_tls(3, &ca, &client).await;
+    let store = etcd.store("tls");
+    let with = |pairs: &[(&str, &std::path::Path)]| -> Vec<OsString> {
+        pairs
+            .iter()
+            .flat_map(|(flag, path)| [OsString::from(flag), path.as_os_str().to_owned()])
+            .collect()
+    };
+    // No client certificate: etcd refuses the handshake; the replica never
+    // leads and says why, naming etcd.
+    let anonymous = Replica::start_with(
+        "anonymous",
+        &store,
+        TOKEN,
+        dir.path(),
+        &with(&[("--etcd-ca", &client.ca)]),
+    )
+    .await;
+    let err = one_try(&anonymous.url).await.list_jobs().await.unwrap_err();
+    assert!(
+        err.to_string().contains("not the leader") || err.to_string().contains("etcd"),
+        "{err}"
+    );
+    // With one: it leads, and keeps jobs.
+    let mutual = Replica::start_with(
+        "mutual",
+        &store,
+        TOKEN,
+        dir.path(),
+        &with(&[
+            ("--etcd-ca", &client.ca),
+            ("--etcd-cert", &client.cert),
+            ("--etcd-key", &client.key),
+        ]),
+    )
+    .await;
+    assert_eq!(leader(&[&mutual]).await, 0);
+    let rv = one_try(&mutual.url).await;
+    rv.create_job(&JobConfig::new("over-tls", 1)).await.unwrap();
+    assert_eq!(rv.status("over-tls").await.unwrap().attempt, 1);
+    let refused = one_try(&anonymous.url).await.list_jobs().await.unwrap_err();
+    assert!(
+        refused.to_string().contains("etcd") && !refused.to_string().contains("the leader is"),
+        "the replica without a certificate still cannot reach etcd: {refused}"
+    );
+    // Plaintext to an etcd off loopback is refused at start, naming it.
+    let out = std::process::Command::new(kindling_tests::netns::binary(
+        "kindling-rendezvous",
+        "KINDLING_RENDEZVOUS_BIN",
+    ))
+    .args([
+        "--allow-unauthenticated",
+        "--listen",
+        "127.0.0.1:0",
+        "--health-listen",
+        "127.0.0.1:0",
+    ])
+    .args([
+        "--store",
+        "etcd://etcd.example:2379",
+        "--advertise",
+        "http://127.0.0.1:1",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started: {stderr}");
+    assert!(
+        stderr.contains("plaintext to etcd at etcd.example:2379"),
+        "{stderr}"
+    );
+}

@@ -49,6 +49,27 @@ pub struct EtcdSettings {
     pub lease: Duration,
     /// The URL clients reach this replica at (followers answer with the leader's).
     pub advertise: String,
+    /// TLS to etcd (`None`: plaintext, loopback only unless allowed).
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS to etcd: the CA its members' certificates are checked against, and
+/// this replica's client certificate (etcd's `--client-cert-auth`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA (PEM).
+    pub ca: Vec<u8>,
+    /// The client certificate and key (PEM), if etcd asks for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("EtcdTls")
+            .field("client_certificate", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The default key prefix.
@@ -64,6 +85,10 @@ impl EtcdSettings {
     /// let s = EtcdSettings::parse("etcd://e0:2379,e1:2379/team-a", Duration::from_secs(2), "http://r0:7070").unwrap();
     /// assert_eq!(s.endpoints, ["http://e0:2379", "http://e1:2379"]);
     /// assert_eq!(s.prefix, "/team-a");
+    /// assert!(s.check_plaintext(false).unwrap_err().contains("e0:2379,e1:2379"));
+    /// let local = EtcdSettings::parse("etcd://127.0.0.1:2379", Duration::from_secs(2), "http://r0:7070").unwrap();
+    /// assert_eq!(local.prefix, "/kindling/rendezvous");
+    /// assert!(local.check_plaintext(false).is_ok());
     /// assert!(EtcdSettings::parse("etcd://", Duration::from_secs(2), "http://r0:7070").is_err());
     /// ```
     pub fn parse(store: &str, lease: Duration, advertise: &str) -> Result<Self, String> {
@@ -101,7 +126,46 @@ impl EtcdSettings {
             prefix,
             lease,
             advertise: advertise.to_owned(),
+            tls: None,
         })
+    }
+
+    /// The same settings over TLS (`https://` to every member).
+    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
+        self.endpoints = self
+            .endpoints
+            .iter()
+            .map(|e| format!("https://{}", e.trim_start_matches("http://")))
+            .collect();
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Refuses plaintext to an etcd off loopback: whoever can reach it could
+    /// rewrite every job and agent address (allowed with `allow`, for a
+    /// network that is private by other means).
+    pub fn check_plaintext(&self, allow: bool) -> Result<(), String> {
+        if self.tls.is_some() || allow {
+            return Ok(());
+        }
+        let off_loopback: Vec<&str> = self
+            .endpoints
+            .iter()
+            .map(|e| e.trim_start_matches("http://"))
+            .filter(|host| {
+                let name = host.rsplit_once(':').map_or(*host, |(h, _)| h);
+                let name = name.trim_start_matches('[').trim_end_matches(']');
+                !(name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+            })
+            .collect();
+        match off_loopback.as_slice() {
+            [] => Ok(()),
+            hosts => Err(format!(
+                "plaintext to etcd at {} (off loopback): whoever reaches it could rewrite the rendezvous' state; \
+                 give --etcd-ca (and --etcd-cert/--etcd-key), or --allow-plaintext-etcd on a network private by other means",
+                hosts.join(",")
+            )),
+        }
     }
 
     fn election(&self) -> String {
@@ -129,10 +193,18 @@ impl EtcdSettings {
     }
 
     async fn connect(&self) -> Result<Client, RendezvousError> {
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(self.lease)
             .with_keep_alive(self.lease / 2, self.lease)
             .with_keep_alive_while_idle(true);
+        if let Some(tls) = &self.tls {
+            let mut config =
+                etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&tls.ca));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(config);
+        }
         Client::connect(&self.endpoints, Some(options))
             .await
             .map_err(|e| self.error(StorageError::Etcd(Arc::new(e))))

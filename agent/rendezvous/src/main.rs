@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use kindling_ops::cli::{LogArgs, TlsArgs, TokenArgs};
 use kindling_ops::web::probes::{HealthServer, Readiness};
-use kindling_rendezvous::etcd::EtcdSettings;
+use kindling_rendezvous::etcd::{EtcdSettings, EtcdTls};
 use kindling_rendezvous::{RendezvousConfig, ServerConfig, serve_ready};
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +68,19 @@ struct Cli {
     /// when it leads (default: http[s]://<--listen>, unless that is 0.0.0.0).
     #[arg(long, env = "KINDLING_RENDEZVOUS_ADVERTISE")]
     advertise: Option<String>,
+    /// CA (PEM) of etcd's member certificates: TLS to etcd.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ETCD_CA", requires = "store")]
+    etcd_ca: Option<std::path::PathBuf>,
+    /// This replica's client certificate (PEM) for etcd's --client-cert-auth.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ETCD_CERT", requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ETCD_KEY", requires = "etcd_cert")]
+    etcd_key: Option<std::path::PathBuf>,
+    /// Plaintext to an etcd off loopback (refused by default: whoever reaches
+    /// it could rewrite the state), for a network private by other means.
+    #[arg(long, env = "KINDLING_RENDEZVOUS_ALLOW_PLAINTEXT_ETCD")]
+    allow_plaintext_etcd: bool,
     /// Address of the `/healthz` and `/readyz` HTTP probes (ready once serving).
     #[arg(
         long,
@@ -111,7 +124,25 @@ impl TryFrom<&Cli> for ServerConfig {
                     ),
                 };
                 let lease = Duration::from_secs(cli.etcd_lease_secs);
-                Some(EtcdSettings::parse(store, lease, &advertise).map_err(anyhow::Error::msg)?)
+                let mut settings =
+                    EtcdSettings::parse(store, lease, &advertise).map_err(anyhow::Error::msg)?;
+                if let Some(ca) = &cli.etcd_ca {
+                    let read = |p: &std::path::Path| {
+                        std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+                    };
+                    let identity = match (&cli.etcd_cert, &cli.etcd_key) {
+                        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                        _ => None,
+                    };
+                    settings = settings.with_tls(EtcdTls {
+                        ca: read(ca)?,
+                        identity,
+                    });
+                }
+                settings
+                    .check_plaintext(cli.allow_plaintext_etcd)
+                    .map_err(anyhow::Error::msg)?;
+                Some(settings)
             }
         };
         Ok(ServerConfig {
