@@ -155,6 +155,19 @@ async fn a_killed_leader_is_replaced_within_its_lease_and_the_gang_goes_on_in_th
             page.body
         );
     }
+    let page = kindling_tests::http::get(
+        r.url.trim_start_matches("http://"),
+        "/",
+        &[kindling_tests::http::bearer(TOKEN)],
+    )
+    .await;
+    assert!(
+        page.body.contains(&format!(
+            "The leader is <a href=\"{}/\">",
+            replicas[1 - first].url
+        )),
+        "the follower's page names the leader: {page:?}"
+    );
     r.proc.sigkill();
 }
 

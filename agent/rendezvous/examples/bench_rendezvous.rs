@@ -279,6 +279,27 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
+type Gang = Arc<kindling_schemas::rendezvous::GangMember>;
+
+/// `n` agents registered (their leases) and the gang of a new job `job_id`.
+async fn formed_gang(
+    client: &RendezvousClient,
+    job_id: &str,
+    n: usize,
+) -> Result<(Vec<kindling_schemas::rendezvous::AgentLease>, Vec<Gang>), BoxError> {
+    let mut leases = Vec::new();
+    for i in 0..n {
+        leases.push(client.register(agent(i)).await?);
+    }
+    client.create_job(&JobConfig::new(job_id, n as u32)).await?;
+    let joins = (0..n).map(|i| {
+        let c = client.clone();
+        async move { c.join(job_id, 1, &agent(i).agent_id).await }
+    });
+    let gangs = futures::future::try_join_all(joins).await?;
+    Ok((leases, gangs.into_iter().map(Arc::new).collect()))
+}
+
 /// A `kindling-rendezvous` process, SIGKILLed when dropped.
 struct RendezvousProcess(std::process::Child);
 
@@ -362,17 +383,7 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
         }
     };
     let n = args.restart_members;
-    let mut leases = Vec::new();
-    for i in 0..n {
-        leases.push(client.register(agent(i)).await?);
-    }
-    client.create_job(&JobConfig::new("restarts", n as u32)).await?;
-    let joins = (0..n).map(|i| {
-        let c = client.clone();
-        async move { c.join("restarts", 1, &agent(i).agent_id).await }
-    });
-    let gangs: Vec<_> = futures::future::try_join_all(joins).await?;
-    let gangs: Vec<Arc<_>> = gangs.into_iter().map(Arc::new).collect();
+    let (leases, gangs) = formed_gang(&client, "restarts", n).await?;
     let mut resumed = Vec::new();
     for _ in 0..args.restarts {
         server.kill()?; // SIGKILL
@@ -613,20 +624,7 @@ async fn failovers(args: &Args, hosts: &str, rows: &mut Vec<Row>) -> Result<(), 
     let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     let client = RendezvousClient::connect_lazy(&urls.join(","), Some(&token))?;
     let n = args.restart_members;
-    let mut leases = Vec::new();
-    for i in 0..n {
-        leases.push(client.register(agent(i)).await?);
-    }
-    client.create_job(&JobConfig::new("failovers", n as u32)).await?;
-    let joins = (0..n).map(|i| {
-        let c = client.clone();
-        async move { c.join("failovers", 1, &agent(i).agent_id).await }
-    });
-    let gangs: Vec<Arc<_>> = futures::future::try_join_all(joins)
-        .await?
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let (leases, gangs) = formed_gang(&client, "failovers", n).await?;
     let mut released = Vec::new();
     for _ in 0..args.failovers {
         // The leader: the replica a one-try call is answered by.

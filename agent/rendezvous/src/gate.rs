@@ -115,10 +115,12 @@ impl<S: NamedService> NamedService for Gate<S> {
     const NAME: &'static str = S::NAME;
 }
 
-/// The status pages of the term this replica leads (none while it follows).
-#[derive(Clone, Default)]
+/// The status pages of the term this replica leads; while it follows, a
+/// page naming the leader and its own `/metrics`.
+#[derive(Clone)]
 pub struct PageGate {
     pages: Arc<RwLock<Option<Pages>>>,
+    hint: watch::Receiver<Hint>,
 }
 
 impl std::fmt::Debug for PageGate {
@@ -128,7 +130,16 @@ impl std::fmt::Debug for PageGate {
 }
 
 impl PageGate {
-    /// Serves `pages` from now on (`None`: not found).
+    /// A gate serving the follower's pages until [`set`](Self::set); they
+    /// name the leader from `hint`.
+    pub fn new(hint: watch::Receiver<Hint>) -> Self {
+        PageGate {
+            pages: Arc::default(),
+            hint,
+        }
+    }
+
+    /// Serves `pages` from now on (`None`: the follower's).
     pub fn set(&self, pages: Option<Pages>) {
         *self.pages.write().unwrap_or_else(PoisonError::into_inner) = pages;
     }
@@ -138,6 +149,7 @@ impl PageGate {
     /// `kindling_rendezvous_leader` 0), so a scrape of every replica finds each.
     pub fn pages(&self) -> Pages {
         let slot = self.pages.clone();
+        let hint = self.hint.clone();
         let following = kindling_ops::exposition::registry("rendezvous", crate::metrics::Follower);
         Arc::new(move |path: &str| {
             let pages = slot.read().unwrap_or_else(PoisonError::into_inner).clone();
@@ -147,8 +159,35 @@ impl PageGate {
                     content_type: kindling_ops::exposition::CONTENT_TYPE,
                     body: kindling_ops::exposition::encode(&following).into(),
                 }),
+                (None, "/" | "/index.html") => Some(kindling_ops::web::Page {
+                    content_type: "text/html; charset=utf-8",
+                    body: follower_page(&hint.borrow()).into(),
+                }),
                 (None, _) => None,
             }
         })
     }
+}
+
+/// What a follower's status page says: who leads (its page is there), or
+/// why no one is known to.
+fn follower_page(hint: &Hint) -> String {
+    let escape = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let said = match (&hint.leader, &hint.problem) {
+        (Some(leader), _) => {
+            let leader = escape(leader);
+            format!("The leader is <a href=\"{leader}/\">{leader}</a>: its status page shows the jobs.")
+        }
+        (None, Some(problem)) => format!("No replica leads: {}", escape(problem)),
+        (None, None) => "No leader is known yet.".to_owned(),
+    };
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Kindling rendezvous (follower)</title></head>\
+         <body><h1>Kindling rendezvous: a follower</h1><p>This replica does not lead. {said}</p></body></html>"
+    )
 }

@@ -198,8 +198,8 @@ impl Front {
         hint: watch::Receiver<Hint>,
         shutdown: CancellationToken,
     ) -> Result<(Front, ServerTask), RendezvousError> {
-        let gate = Gate::new(hint);
-        let pages = PageGate::default();
+        let gate = Gate::new(hint.clone());
+        let pages = PageGate::new(hint);
         let tasks = TaskTracker::new();
         let check = BearerCheck::new(config.token.clone());
         let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
