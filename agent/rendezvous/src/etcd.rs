@@ -314,16 +314,21 @@ impl Candidate {
         ));
         let won = tokio::select! {
             _ = lost.cancelled() => return Ok(None),
-            won = client.campaign(s.election(), s.advertise.clone(), lease) => won.map_err(etcd)?,
+            won = client.campaign(s.election(), s.advertise.clone(), lease) => won,
         };
-        let key = match won.leader() {
-            Some(key) => key.clone(),
-            None => {
-                return Err(
-                    s.error(StorageError::Etcd(Arc::new(etcd_client::Error::ElectError(
+        let key = match won.map(|w| w.leader().cloned()) {
+            Ok(Some(key)) => key,
+            failed => {
+                // An abandoned candidacy must not stay in the election with
+                // a live lease: it could be elected and never lead.
+                lost.cancel();
+                let _ = tokio::time::timeout(s.lease, client.lease_revoke(lease)).await;
+                return Err(match failed {
+                    Err(e) => etcd(e),
+                    Ok(_) => s.error(StorageError::Etcd(Arc::new(etcd_client::Error::ElectError(
                         "the campaign's answer names no leader key".into(),
                     )))),
-                );
+                });
             }
         };
         tracing::info!(advertise = %s.advertise, lease, "elected the rendezvous' leader");
