@@ -269,6 +269,16 @@ impl Proc {
         }
     }
 
+    /// Whether the process has ended (its status), without waiting.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
+    /// Waits for the process to end (blocking).
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait")
+    }
+
     /// SIGKILLs the process and asserts it died of it.
     pub fn sigkill(&mut self) {
         self.child.kill().expect("SIGKILL");

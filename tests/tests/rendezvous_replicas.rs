@@ -4,8 +4,9 @@
 //! gang goes on in the same attempt; a leader cut off from etcd steps down
 //! before a successor acknowledges anything, and no acknowledged write is
 //! lost; an etcd member's death is invisible, a lost quorum is an error
-//! naming etcd, and its return resumes the job where it was. A `fit` on a
-//! real Spark query and agents rides out ten leader SIGKILLs in one run.
+//! naming etcd, and its return resumes the job where it was. `kindling
+//! train` on a real Spark query and agents rides out ten leader SIGKILLs in
+//! one run.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
@@ -375,20 +376,16 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_row_once_per_epoch() {
-    use kindling::job::TrainingEvent;
+async fn kindling_train_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_row_once_per_epoch()
+{
     use kindling::local::{LocalCluster, LocalClusterConfig};
     use kindling_schemas::action::{Action, JobList};
-    use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+    use kindling_tests::spark::spark_remote;
 
-    let spark = kindling::SparkSession::connect(&spark_remote())
-        .await
-        .expect("spark");
-    let rows = 20_000;
-    let df = rule_df(&spark, rows).await;
+    let rows = 20_000u64;
     let etcd = EtcdCluster::start(3).await;
     let dir = tempfile::tempdir().unwrap();
-    let store = etcd.store("fit");
+    let store = etcd.store("train");
     let mut replicas = Vec::new();
     for i in 0..3 {
         replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
@@ -402,30 +399,60 @@ async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_
     config.token = Some(Token::new(TOKEN));
     config.external_rendezvous = Some(urls.clone());
     let cluster = LocalCluster::start(2, config).await.expect("cluster");
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let token_file = dir.path().join("cli.token");
+    std::fs::write(&token_file, TOKEN).unwrap();
     // Long enough for ten failovers (each about the 2 s lease) on this kind of machine.
     let epochs = 400;
-    let job = rule_job()
-        .local_mode(false)
-        .rendezvous(urls.clone())
-        .token(Token::new(TOKEN))
-        .epochs(epochs)
-        .batch_size(16)
-        .eval_fraction(0.0)
-        .events(tx)
-        .build()
-        .expect("job");
-    let fit = {
-        let df = df.clone();
-        tokio::spawn(async move { job.fit(&df).await })
-    };
-    // Training under way.
-    while let Some(e) = rx.recv().await {
-        if matches!(e, TrainingEvent::Step { .. }) {
-            break;
-        }
-    }
+    let sql = format!(
+        "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+         (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range({rows}))"
+    );
+    let mut command =
+        std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"));
+    command
+        .args(["train", "--remote", &spark_remote(), "--sql", &sql])
+        .args([
+            "--features",
+            "x1,x2",
+            "--label",
+            "y",
+            "--model",
+            "mlp:16",
+            "--slots",
+            "2",
+        ])
+        .args([
+            "--epochs",
+            &epochs.to_string(),
+            "--batch-size",
+            "16",
+            "--eval-fraction",
+            "0",
+        ])
+        .args(["--rendezvous", &urls])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("-o")
+        .arg(dir.path().join("model"));
+    // Killed if the test fails; its stderr in train.log.
+    let mut train = kindling_tests::netns::Proc::spawn("train", command, String::new(), dir.path());
+
+    // Training under way: the job runs at the rendezvous.
     let rv = client(&urls).await;
+    let deadline = Instant::now() + GUARD;
+    let job_id = loop {
+        let running = rv
+            .list_jobs()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|j| j.state == JobState::Running);
+        if let Some(job) = running {
+            break job.job_id;
+        }
+        assert!(Instant::now() < deadline, "the job never ran:\n{}", train.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let mut failovers = Vec::new();
     for _ in 0..10 {
         let refs: Vec<&Replica> = replicas.iter().collect();
@@ -434,30 +461,25 @@ async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_
         let killed = Instant::now();
         rv.list_jobs().await.expect("a new leader answers");
         failovers.push(killed.elapsed());
-        if fit.is_finished() {
-            let ended = fit.await.expect("task");
-            panic!(
-                "training ended before the tenth failover (make it longer): {:?}",
-                ended.map(|m| m.history().len())
-            );
-        }
+        assert!(
+            train.try_wait().is_none(),
+            "kindling train ended before the tenth failover (make it longer):\n{}",
+            train.logs()
+        );
         replicas[led].restart().await;
     }
-    let mut recovering = 0;
-    while let Some(e) = rx.recv().await {
-        if matches!(e, TrainingEvent::Recovering { .. }) {
-            recovering += 1;
-        }
-    }
-    let model = fit.await.expect("task").expect("the fit completes");
-    assert_eq!(recovering, 0, "no attempt was lost");
-    assert_eq!(model.history().len(), epochs as usize);
-    let status = rv.status(model.job_id()).await.unwrap();
+    let (ended, train) = tokio::task::spawn_blocking(move || (train.wait(), train))
+        .await
+        .unwrap();
+    assert!(ended.success(), "{}", train.logs());
+    assert!(dir.path().join("model/spec.json").exists(), "{}", train.logs());
+    let status = rv.status(&job_id).await.unwrap();
     assert_eq!(
         (status.state, status.attempt),
         (JobState::Succeeded, 1),
         "{status:?}"
     );
+    assert!(status.failures.is_empty(), "{status:?}");
     // Every epoch trained every row once (each agent reports the job's rows).
     for url in cluster.agent_urls() {
         let agent = kindling::feed::AgentClient::connect(&url, Some(&Token::new(TOKEN))).expect("client");
@@ -465,14 +487,14 @@ async fn a_fit_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_
         let job = jobs
             .jobs
             .iter()
-            .find(|j| j.job_id == model.job_id())
+            .find(|j| j.job_id == job_id)
             .expect("the job on each agent");
-        assert_eq!(job.rows_trained_per_epoch.len(), epochs as usize, "{job:?}");
+        assert_eq!(job.rows_trained_per_epoch.len(), epochs, "{job:?}");
         let wrong: Vec<(usize, u64)> = job
             .rows_trained_per_epoch
             .iter()
             .enumerate()
-            .filter(|(_, n)| **n != rows as u64)
+            .filter(|(_, n)| **n != rows)
             .map(|(e, n)| (e, *n))
             .collect();
         assert!(
