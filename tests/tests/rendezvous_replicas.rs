@@ -116,6 +116,18 @@ async fn a_killed_leader_is_replaced_within_its_lease_and_the_gang_goes_on_in_th
     barrier(&gang).await;
 
     let first = leader(&[&replicas[0], &replicas[1]]).await;
+    // Leadership holds while its holder lives: three leases, the same leader
+    // throughout (a lease that is not renewed would hand it over every 2 s).
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(6) {
+        assert_eq!(
+            leader(&[&replicas[0], &replicas[1]]).await,
+            first,
+            "the leadership moved without a failure after {:?}",
+            watched.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     replicas[first].proc.sigkill();
     // Every member's next barrier is released by the new leader.
     let took = barrier(&gang).await;

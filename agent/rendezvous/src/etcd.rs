@@ -72,6 +72,9 @@ impl std::fmt::Debug for EtcdTls {
     }
 }
 
+/// How often a connection to etcd is pinged when idle.
+const ETCD_PING_EVERY: Duration = Duration::from_secs(10);
+
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "/kindling/rendezvous";
 
@@ -193,9 +196,13 @@ impl EtcdSettings {
     }
 
     async fn connect(&self) -> Result<Client, RendezvousError> {
+        // HTTP/2 pings no more often than etcd's server allows (its
+        // --grpc-keepalive-min-time, 5 s: more often and it closes the
+        // connection as "too many pings"); the lease's own renewals every
+        // quarter lease are what tells a dead etcd quickly.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.lease)
-            .with_keep_alive(self.lease / 2, self.lease)
+            .with_keep_alive(ETCD_PING_EVERY, self.lease.max(Duration::from_secs(5)))
             .with_keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             let mut config =
@@ -380,6 +387,7 @@ async fn keep_alive(
             }
             // No answer before the lease could lapse: step down now.
             Err(_) => {
+                tracing::warn!(lease, "etcd did not answer the lease's renewal in time");
                 stream = None;
                 continue;
             }
@@ -392,20 +400,21 @@ async fn keep_alive(
     }
 }
 
-/// One renewal on the keep-alive stream (opened, with its first renewal,
-/// when there is none); the TTL etcd answers (0: the lease is gone).
+/// One renewal on the keep-alive stream; the TTL etcd answers (0: the
+/// lease is gone). Without a stream, opening one is the renewal: etcd's
+/// client sends the first request and reads its answer itself, failing when
+/// the lease is gone, so there is no answer left to read (the TTL is then
+/// reported as 1: alive).
 async fn renew(
     client: &mut Client,
     lease: i64,
     stream: &mut Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
 ) -> Result<i64, etcd_client::Error> {
-    let (_, answers) = match stream {
-        Some(open) => {
-            open.0.keep_alive().await?;
-            open
-        }
-        None => stream.insert(client.lease_keep_alive(lease).await?),
+    let Some((keeper, answers)) = stream else {
+        *stream = Some(client.lease_keep_alive(lease).await?);
+        return Ok(1);
     };
+    keeper.keep_alive().await?;
     match answers.message().await? {
         Some(answer) => Ok(answer.ttl()),
         None => Err(etcd_client::Error::LeaseKeepAliveError(
