@@ -300,6 +300,28 @@ async fn formed_gang(
     Ok((leases, gangs.into_iter().map(Arc::new).collect()))
 }
 
+type Released = tokio::task::JoinHandle<Result<Instant, kindling_schemas::rendezvous::ClientError>>;
+
+/// Every member's next barrier, called now; each task ends when it is released.
+fn barriers(gangs: &[Gang]) -> Vec<Released> {
+    gangs
+        .iter()
+        .map(|g| {
+            let g = g.clone();
+            tokio::spawn(async move { g.barrier().await.map(|()| Instant::now()) })
+        })
+        .collect()
+}
+
+/// How long after `from` the last of `barriers` was released.
+async fn released_after(barriers: Vec<Released>, from: Instant) -> Result<Duration, BoxError> {
+    let mut last = from;
+    for b in barriers {
+        last = last.max(b.await??);
+    }
+    Ok(last - from)
+}
+
 /// A `kindling-rendezvous` process, SIGKILLed when dropped.
 struct RendezvousProcess(std::process::Child);
 
@@ -387,21 +409,11 @@ async fn restarts(args: &Args, rows: &mut Vec<Row>) -> Result<(), BoxError> {
     let mut resumed = Vec::new();
     for _ in 0..args.restarts {
         server.kill()?; // SIGKILL
-        let barriers: Vec<_> = gangs
-            .iter()
-            .map(|g| {
-                let g = g.clone();
-                tokio::spawn(async move { g.barrier().await.map(|()| Instant::now()) })
-            })
-            .collect();
+        let barriers = barriers(&gangs);
         tokio::time::sleep(Duration::from_millis(args.outage_ms)).await;
         let started = Instant::now();
         server = RendezvousProcess::spawn(&bin, addr, dir.path())?;
-        let mut last = started;
-        for b in barriers {
-            last = last.max(b.await??);
-        }
-        resumed.push(last - started);
+        resumed.push(released_after(barriers, started).await?);
     }
     let status = client.status("restarts").await?;
     assert_eq!(status.attempt, 1, "the restarts cost no attempt: {status:?}");
@@ -642,18 +654,8 @@ async fn failovers(args: &Args, hosts: &str, rows: &mut Vec<Row>) -> Result<(), 
         let leader = leader.ok_or("no leader")?;
         replicas[leader].kill()?; // SIGKILL
         let killed = Instant::now();
-        let barriers: Vec<_> = gangs
-            .iter()
-            .map(|g| {
-                let g = g.clone();
-                tokio::spawn(async move { g.barrier().await.map(|()| Instant::now()) })
-            })
-            .collect();
-        let mut last = killed;
-        for b in barriers {
-            last = last.max(b.await??);
-        }
-        released.push(last - killed);
+        let barriers = barriers(&gangs);
+        released.push(released_after(barriers, killed).await?);
         replicas[leader] = spawn(addrs[leader])?;
     }
     let status = client.status("failovers").await?;
