@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::netns::{Proc, binary, free_port};
+use crate::netns::{Proc, binary, free_ports};
 
 /// The `etcd` executable: `KINDLING_ETCD_BIN`, else `etcd` on the PATH.
 pub fn etcd_bin() -> PathBuf {
@@ -62,26 +62,59 @@ impl EtcdCluster {
         tls: Option<(kindling_fixtures::pki::Files, kindling_fixtures::pki::Files)>,
         certs: Option<tempfile::TempDir>,
     ) -> EtcdCluster {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                name: format!("etcd{i}"),
-                client: free_port("127.0.0.1"),
-                peer: free_port("127.0.0.1"),
-                proc: None,
-            })
-            .collect();
         let mut cluster = EtcdCluster {
-            members,
-            dir,
+            members: Vec::new(),
+            dir: tempfile::tempdir().expect("temp dir"),
             tls,
             _certs: certs,
         };
-        for i in 0..n {
-            cluster.spawn(i, "new");
+        // A port picked free can be taken by another test's process before
+        // etcd binds it; a member that exits at start lost that race, and
+        // the cluster starts again on new ports and a fresh data dir.
+        for round in 1..=3 {
+            let ports = free_ports("127.0.0.1", 2 * n);
+            cluster.members = (0..n)
+                .map(|i| Member {
+                    name: format!("etcd{i}"),
+                    client: ports[2 * i],
+                    peer: ports[2 * i + 1],
+                    proc: None,
+                })
+                .collect();
+            for i in 0..n {
+                cluster.spawn(i, "new");
+            }
+            if cluster.wait_healthy_or_exit().await || round == 3 {
+                break;
+            }
+            eprintln!("[etcd] a member exited at start; again on new ports:\n{}", cluster.logs());
+            for i in 0..n {
+                cluster.kill(i);
+            }
+            cluster.dir = tempfile::tempdir().expect("temp dir");
         }
         cluster.wait_healthy().await;
         cluster
+    }
+
+    /// Waits for a quorum like [`Self::wait_healthy`]; false as soon as a
+    /// member's process has exited (true when healthy or out of time).
+    async fn wait_healthy_or_exit(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if self.healthy() {
+                return true;
+            }
+            let exited = self
+                .members
+                .iter_mut()
+                .any(|m| m.proc.as_mut().is_some_and(|p| p.try_wait().is_some()));
+            if exited {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true // wait_healthy reports the timeout with the logs
     }
 
     fn spawn(&mut self, i: usize, state: &str) {
@@ -173,34 +206,7 @@ impl EtcdCluster {
     /// (a quorum answers).
     pub async fn wait_healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let scheme = if self.tls.is_some() { "https" } else { "http" };
-            let endpoints: Vec<String> = self
-                .members
-                .iter()
-                .map(|m| format!("{scheme}://127.0.0.1:{}", m.client))
-                .collect();
-            let mut etcdctl = Command::new("etcdctl");
-            etcdctl
-                .env("ETCDCTL_API", "3")
-                .arg("--endpoints")
-                .arg(endpoints.join(","));
-            if let Some((_, client)) = &self.tls {
-                etcdctl
-                    .arg("--cacert")
-                    .arg(&client.ca)
-                    .arg("--cert")
-                    .arg(&client.cert)
-                    .arg("--key")
-                    .arg(&client.key);
-            }
-            let ok = etcdctl
-                .args(["--command-timeout=2s", "put", "/kindling-test/health", "ok"])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if ok {
-                return;
-            }
+        while !self.healthy() {
             assert!(
                 Instant::now() < deadline,
                 "etcd not healthy after 60 s:\n{}",
@@ -208,6 +214,34 @@ impl EtcdCluster {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Whether a write through etcdctl succeeds now.
+    fn healthy(&self) -> bool {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client))
+            .collect();
+        let mut etcdctl = Command::new("etcdctl");
+        etcdctl
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(endpoints.join(","));
+        if let Some((_, client)) = &self.tls {
+            etcdctl
+                .arg("--cacert")
+                .arg(&client.ca)
+                .arg("--cert")
+                .arg(&client.cert)
+                .arg("--key")
+                .arg(&client.key);
+        }
+        etcdctl
+            .args(["--command-timeout=2s", "put", "/kindling-test/health", "ok"])
+            .output()
+            .is_ok_and(|o| o.status.success())
     }
 }
 
@@ -240,8 +274,10 @@ impl Replica {
         dir: &std::path::Path,
         extra: &[std::ffi::OsString],
     ) -> Replica {
-        let port = free_port("127.0.0.1");
-        let health = format!("127.0.0.1:{}", free_port("127.0.0.1"));
+        let [port, health] = free_ports("127.0.0.1", 2)[..] else {
+            unreachable!("two ports")
+        };
+        let health = format!("127.0.0.1:{health}");
         std::fs::write(dir.join(format!("{name}.token")), token).expect("token file");
         let mut replica = Replica {
             proc: Self::spawn(name, port, &health, store, dir, extra),

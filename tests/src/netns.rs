@@ -308,8 +308,19 @@ async fn ready(addr: &str) -> bool {
 
 /// A port free on `ip` (in this namespace) now.
 pub fn free_port(ip: &str) -> u16 {
-    let l = StdListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"));
-    l.local_addr().expect("addr").port()
+    free_ports(ip, 1)[0]
+}
+
+/// `n` distinct ports free on `ip` now: every listener is held until all
+/// are bound, so the kernel cannot hand the same port out twice (as
+/// binding and releasing one at a time can).
+pub fn free_ports(ip: &str, n: usize) -> Vec<u16> {
+    let held: Vec<StdListener> = (0..n)
+        .map(|_| StdListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}")))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }
 
 /// Bytes a node's root qdisc sent (`Sent N bytes` of `tc -s qdisc`).
