@@ -200,6 +200,30 @@ pub enum AgentError {
     /// The job has no checkpoint on this agent.
     #[error("job `{0}` has no checkpoint on this agent yet")]
     NoCheckpoint(String),
+    /// `start_job` with `rows_from` on an agent that does not hold the
+    /// dataset (yet: a search starts it on a replacement agent first).
+    #[error(
+        "job `{job_id}` trains on the rows of dataset `{dataset}`, which agent `{agent_id}` does not hold: \
+         start the dataset's job on this agent first"
+    )]
+    NoDataset {
+        /// The job.
+        job_id: String,
+        /// The dataset it names.
+        dataset: String,
+        /// This agent.
+        agent_id: String,
+    },
+    /// The dataset a job names cannot serve it, or the job takes no rows.
+    #[error("job `{job_id}` and dataset `{dataset}`: {reason}")]
+    Dataset {
+        /// The job.
+        job_id: String,
+        /// The dataset.
+        dataset: String,
+        /// Why.
+        reason: String,
+    },
 
     // The job is in the wrong state (FailedPrecondition).
     /// The job exists but is in the wrong state for the call.
@@ -554,6 +578,8 @@ impl From<AgentError> for Status {
             | AgentError::UnknownModel { .. }
             | AgentError::NotAtRendezvous { .. }
             | AgentError::NoCheckpoint(_) => Status::not_found(msg),
+            AgentError::NoDataset { .. } => Status::unavailable(msg),
+            AgentError::Dataset { .. } => Status::failed_precondition(msg),
             AgentError::WrongState { .. }
             | AgentError::UnknownLayout
             | AgentError::NoData

@@ -1,9 +1,11 @@
 //! The jobs an agent knows, and starting their lifecycle tasks. Rooms,
-//! lowest first: `job` (one job's data, state and lifecycle) · `ingest`
+//! lowest first: `splits` (a job's rows per split) · `job` (one job's
+//! data, state and lifecycle) · `ingest`
 //! (exactly-once ingest) · this file (the agent's table of jobs).
 
 pub(crate) mod ingest;
 pub(crate) mod job;
+pub(crate) mod splits;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -163,6 +165,10 @@ impl JobRegistry {
                 cap: self.env.max_jobs,
             });
         }
+        let rows = match &start.spec.rows_from {
+            Some(dataset) => Some(self.dataset_for(&jobs, &start, dataset)?),
+            None => None,
+        };
         let incarnation = incarnation_of(&at_rendezvous);
         self.env.inbox.set_incarnation(&start.job_id, incarnation);
         let job = Job::new(
@@ -173,7 +179,8 @@ impl JobRegistry {
             device,
             self.env.clone(),
             self.cancel.child_token(),
-        );
+        )
+        .reading(rows);
         // Until it joins, the job reports the attempt it will join (from 1).
         job.lock().attempt = at_rendezvous.attempt.max(1);
         jobs.insert(start.job_id, job.clone());
@@ -192,6 +199,52 @@ impl JobRegistry {
             }
         }
         Ok(job)
+    }
+
+    /// The dataset job `start` reads its rows from: on this agent, holding
+    /// rows, not ended, and carrying the columns the job's spec names.
+    fn dataset_for(
+        &self,
+        jobs: &HashMap<String, Arc<Job>>,
+        start: &StartJob,
+        dataset: &str,
+    ) -> Result<Arc<Job>, AgentError> {
+        let refuse = |reason: String| AgentError::Dataset {
+            job_id: start.job_id.clone(),
+            dataset: dataset.to_owned(),
+            reason,
+        };
+        let Some(held) = jobs.get(dataset) else {
+            return Err(AgentError::NoDataset {
+                job_id: start.job_id.clone(),
+                dataset: dataset.to_owned(),
+                agent_id: self.env.agent_id.clone(),
+            });
+        };
+        if !held.spec.holds_rows {
+            return Err(refuse(
+                "that job trains; only a job started with `holds_rows` lends its rows".into(),
+            ));
+        }
+        let state = held.lock().state;
+        if state.is_terminal() {
+            return Err(refuse(format!(
+                "the dataset's job is {} on this agent: its rows are gone",
+                format!("{state:?}").to_lowercase()
+            )));
+        }
+        let (want, have) = (start.spec.columns(), held.spec.columns());
+        if want != have {
+            return Err(refuse(format!(
+                "the job's columns {want:?} are not the dataset's {have:?}"
+            )));
+        }
+        if start.spec.inputs != held.spec.inputs {
+            return Err(refuse(
+                "the job declares its inputs' types unlike the dataset".into(),
+            ));
+        }
+        Ok(held.clone())
     }
 
     /// The job `start` names if it runs already with the same spec and

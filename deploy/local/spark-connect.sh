@@ -60,6 +60,10 @@
 #                         a query's whole result through the driver, so a larger
 #                         unpersisted DataFrame cannot be relayed in one query;
 #                         `fit` relays a persisted one in slices below it.
+#   KINDLING_SPARK_UI_PORT
+#                         serve Spark's web UI and REST API (jobs, stages and
+#                         their CPU time) on 127.0.0.1 at this port (default: no
+#                         UI); a local master only
 #   KINDLING_HOME         state dir (default $HOME/.cache/kindling): venv, logs, pid
 #   KINDLING_PYTHON       python used to create the venv (default python3)
 set -euo pipefail
@@ -373,6 +377,17 @@ start() {
       )
     fi
   fi
+  local ui=(--conf spark.ui.enabled=false)
+  if [ -n "${KINDLING_SPARK_UI_PORT:-}" ]; then
+    if [ "$STANDALONE" = 1 ]; then
+      log "KINDLING_SPARK_UI_PORT applies to a local master only"; exit 1
+    fi
+    # The UI listens where the driver does: on loopback.
+    export SPARK_LOCAL_IP=127.0.0.1
+    ui=(--conf spark.ui.enabled=true --conf "spark.ui.port=$KINDLING_SPARK_UI_PORT"
+        --conf spark.ui.retainedJobs=100000
+        --conf spark.ui.retainedStages=100000)
+  fi
   log "starting Spark $("$VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)') ($master) on 127.0.0.1:$PORT"
   # Run in the foreground under nohup so the pid we record is the JVM's.
   nohup "$SPARK_HOME/bin/spark-submit" \
@@ -384,7 +399,7 @@ start() {
     --conf "spark.connect.grpc.binding.port=$PORT" \
     --conf spark.connect.grpc.maxInboundMessageSize=268435456 \
     --conf "spark.driver.maxResultSize=${KINDLING_SPARK_MAX_RESULT_SIZE:-1g}" \
-    --conf spark.ui.enabled=false \
+    "${ui[@]}" \
     --conf spark.sql.shuffle.partitions=4 \
     --conf "spark.local.dir=$RUN/tmp" \
     --conf "spark.sql.warehouse.dir=$RUN/warehouse" \

@@ -176,6 +176,14 @@ pub struct JobSpec {
     /// below the number of classes).
     #[serde(default = "default_top_k", skip_serializing_if = "is_default_top_k")]
     pub top_k: u32,
+    /// The rows this job trains on are those of the dataset job named here
+    /// on each of its agents (a search's trials): nothing is fed to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_from: Option<String>,
+    /// This job trains nothing: it holds the rows fed to it for the jobs
+    /// that name it in `rows_from`, until it is cancelled (a search's dataset).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_rows: bool,
 }
 
 fn default_top_k() -> u32 {
@@ -355,6 +363,16 @@ impl JobSpec {
         if self.checkpoint.keep_last == 0 {
             return Err(SpecError::new("checkpoint.keep_last", "must be at least 1"));
         }
+        if let Some(dataset) = &self.rows_from {
+            if self.holds_rows {
+                return Err(SpecError::new(
+                    "rows_from",
+                    "a job that holds rows for others reads no other job's rows",
+                ));
+            }
+            crate::descriptor::check_job_id(dataset)
+                .map_err(|e| SpecError::new("rows_from", e.to_string()))?;
+        }
         training::check(self)
     }
 
@@ -403,6 +421,8 @@ impl Default for JobSpecBuilder {
                 class_weights: None,
                 sample_weight: None,
                 top_k: 5,
+                rows_from: None,
+                holds_rows: false,
             },
             loss_set: false,
         }

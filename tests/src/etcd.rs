@@ -87,7 +87,10 @@ impl EtcdCluster {
             if cluster.wait_healthy_or_exit().await || round == 3 {
                 break;
             }
-            eprintln!("[etcd] a member exited at start; again on new ports:\n{}", cluster.logs());
+            eprintln!(
+                "[etcd] a member exited at start; again on new ports:\n{}",
+                cluster.logs()
+            );
             for i in 0..n {
                 cluster.kill(i);
             }

@@ -7,6 +7,7 @@ pub mod flight;
 pub mod http;
 pub mod mlflow;
 pub mod netns;
+pub mod procs;
 pub mod proxy;
 pub mod ring;
 pub mod spark;

@@ -142,6 +142,68 @@ impl Drop for PrivateSpark {
     }
 }
 
+/// What Spark itself says it ran, from its REST API (a [`PrivateSpark`]
+/// started with `KINDLING_SPARK_UI_PORT`): the jobs it ran and its tasks'
+/// CPU time (`executorCpuTime` summed over every stage).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SparkWork {
+    pub jobs: usize,
+    pub cpu_ns: u64,
+}
+
+impl std::ops::Sub for SparkWork {
+    type Output = SparkWork;
+    fn sub(self, before: SparkWork) -> SparkWork {
+        SparkWork {
+            jobs: self.jobs - before.jobs,
+            cpu_ns: self.cpu_ns - before.cpu_ns,
+        }
+    }
+}
+
+/// `GET path` of Spark's REST API on `127.0.0.1:port` as JSON (HTTP/1.0:
+/// one body, not chunked).
+fn spark_rest(port: u16, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("Spark's UI");
+    write!(s, "GET {path} HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    let (_, body) = out.split_once("\r\n\r\n").expect("a body");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// Spark's jobs and CPU time so far, once no job is running (its listener
+/// has recorded every job that ended).
+pub async fn spark_work(ui_port: u16) -> SparkWork {
+    let apps = spark_rest(ui_port, "/api/v1/applications");
+    let app = apps[0]["id"].as_str().expect("an application").to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let jobs = spark_rest(ui_port, &format!("/api/v1/applications/{app}/jobs"));
+        let jobs = jobs.as_array().expect("jobs");
+        let running = jobs.iter().any(|j| j["status"] == "RUNNING");
+        let stages = spark_rest(ui_port, &format!("/api/v1/applications/{app}/stages"));
+        let stages = stages.as_array().expect("stages");
+        let active = stages.iter().any(|s| s["status"] == "ACTIVE");
+        if !running && !active {
+            let cpu_ns = stages
+                .iter()
+                .map(|s| s["executorCpuTime"].as_u64().unwrap_or(0))
+                .sum();
+            return SparkWork {
+                jobs: jobs.len(),
+                cpu_ns,
+            };
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Spark's jobs still run after 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A real standalone Spark cluster of the caller's own: a master and one
 /// worker per entry of `node_agents`, each worker launching its own executor
 /// JVM (1 core, 1 GiB), with a Spark Connect server attached, on free ports;

@@ -34,6 +34,8 @@ mod rendezvous_auth;
 mod rendezvous_failure;
 mod rendezvous_gang;
 mod rendezvous_replicas;
+mod search;
+mod search_faults;
 mod spark_create_dataframe;
 mod spark_dataframe;
 mod spark_errors;

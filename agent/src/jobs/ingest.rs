@@ -1,5 +1,5 @@
 //! Exactly-once ingest into a job's splits
-//! ([`IngestState`](crate::jobs::job::IngestState)): per `DoPut`
+//! ([`IngestState`](crate::jobs::splits::IngestState)): per `DoPut`
 //! stream, what it staged until it commits all or nothing; end of data.
 
 use std::collections::{HashMap, HashSet};
@@ -15,6 +15,13 @@ use crate::error::{AgentError, SpillError};
 use crate::jobs::job::{Job, JobData};
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
+    if let Some(dataset) = &job.spec.rows_from {
+        return Err(AgentError::Dataset {
+            job_id: job.job_id.clone(),
+            dataset: dataset.clone(),
+            reason: "the job takes no rows: it trains on the dataset's".into(),
+        });
+    }
     if d.state.is_terminal() {
         return Err(AgentError::wrong_state(
             &job.job_id,

@@ -2,8 +2,7 @@
 //! state, and the task that gangs with the other agents, trains, and re-joins
 //! the next attempt when the rendezvous fails the current one.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,9 +18,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::cache::{MemoryBudget, ShardCache};
+use crate::cache::MemoryBudget;
 use crate::collective::{Inbox, Ring, RingConfig};
 use crate::error::AgentError;
+use crate::jobs::splits::IngestState;
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::training::checkpoint::CheckpointStore;
 use crate::training::trainer::{self, Progress, TrainContext};
@@ -64,122 +64,6 @@ pub struct JobEnv {
     pub credentials: Option<kindling_schemas::credential::CredentialKeys>,
     /// What a job's streams may stage before they commit, and for how long.
     pub staging: crate::cache::StagingLimits,
-}
-
-/// A producer's committed position in one split.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProducerPosition {
-    /// The next sequence number not yet committed.
-    pub next_seq: u64,
-    /// Rows committed.
-    pub rows: u64,
-}
-
-/// One split of a job on this agent: its rows, who committed them, and
-/// whether its producers said they are done.
-#[derive(Debug)]
-pub struct SplitIngest {
-    /// The split's batches.
-    pub cache: ShardCache,
-    producers: HashMap<String, ProducerPosition>,
-    ended: bool,
-}
-
-impl SplitIngest {
-    fn new(cache: ShardCache) -> Self {
-        SplitIngest {
-            cache,
-            producers: HashMap::new(),
-            ended: false,
-        }
-    }
-
-    /// The producer's committed position (zero before its first commit).
-    pub fn position(&self, producer: &str) -> ProducerPosition {
-        self.producers.get(producer).copied().unwrap_or_default()
-    }
-
-    /// Whether the split's producers said they are done.
-    pub fn ended(&self) -> bool {
-        self.ended
-    }
-
-    /// Committed rows.
-    pub fn committed_rows(&self) -> u64 {
-        self.cache.committed_rows()
-    }
-
-    /// Records that the split's producers are done.
-    pub fn end(&mut self) {
-        self.ended = true;
-    }
-
-    /// Moves `producer`'s committed position to `next_seq`, `rows` more rows on.
-    pub fn advance(&mut self, producer: &str, next_seq: u64, rows: u64) {
-        let pos = self.producers.entry(producer.to_owned()).or_default();
-        pos.next_seq = next_seq;
-        pos.rows += rows;
-    }
-}
-
-/// Both splits of a job and the numbering of its `DoPut` streams.
-#[derive(Debug)]
-pub struct IngestState {
-    train: SplitIngest,
-    eval: SplitIngest,
-    next_stream: u64,
-}
-
-impl IngestState {
-    /// Empty splits spilling under `spill_dir` (`train/`, `eval/`), in memory
-    /// up to `budget`.
-    pub fn new(spill_dir: &Path, budget: Arc<MemoryBudget>) -> Self {
-        IngestState {
-            train: SplitIngest::new(ShardCache::new(spill_dir.join("train"), budget.clone())),
-            eval: SplitIngest::new(ShardCache::new(spill_dir.join("eval"), budget)),
-            next_stream: 0,
-        }
-    }
-
-    /// One split.
-    pub fn split(&self, split: Split) -> &SplitIngest {
-        match split {
-            Split::Train => &self.train,
-            Split::Eval => &self.eval,
-        }
-    }
-
-    /// One split, to change.
-    pub fn split_mut(&mut self, split: Split) -> &mut SplitIngest {
-        match split {
-            Split::Train => &mut self.train,
-            Split::Eval => &mut self.eval,
-        }
-    }
-
-    /// `(bytes in memory, bytes on disk)` of both splits.
-    pub fn bytes(&self) -> (u64, u64) {
-        let (m1, d1) = self.train.cache.bytes();
-        let (m2, d2) = self.eval.cache.bytes();
-        (m1 + m2, d1 + d2)
-    }
-
-    /// Numbers a new `DoPut` stream.
-    pub fn open_stream(&mut self) -> u64 {
-        self.next_stream += 1;
-        self.next_stream
-    }
-
-    /// Drops every cached batch of both splits.
-    pub fn clear(&mut self) {
-        self.train.cache.clear();
-        self.eval.cache.clear();
-    }
-
-    /// Bytes the job's uncommitted streams hold, both splits.
-    pub fn staged_bytes(&self) -> u64 {
-        self.train.cache.staged_bytes() + self.eval.cache.staged_bytes()
-    }
 }
 
 /// How long a ring's peer credential lives (one attempt's ring; a new
@@ -235,6 +119,10 @@ pub struct Job {
     pub refused_puts: Mutex<std::collections::BTreeMap<String, u64>>,
     data_changed: watch::Sender<u64>,
     env: JobEnv,
+    /// The dataset job whose rows this job trains on (`rows_from`).
+    rows: Option<Arc<Job>>,
+    /// The jobs training on this job's rows (it holds rows for others).
+    borrowers: Mutex<Vec<std::sync::Weak<Job>>>,
 }
 
 impl Job {
@@ -274,7 +162,36 @@ impl Job {
             refused_puts: Mutex::default(),
             data_changed: watch::channel(0).0,
             env,
+            rows: None,
+            borrowers: Mutex::default(),
         })
+    }
+
+    /// The job, training on the rows of `dataset` (a job holding rows on
+    /// this agent) rather than its own.
+    pub fn reading(self: Arc<Self>, dataset: Option<Arc<Job>>) -> Arc<Self> {
+        match (dataset, Arc::try_unwrap(self)) {
+            (Some(d), Ok(mut job)) => {
+                job.rows = Some(d.clone());
+                let job = Arc::new(job);
+                let mut borrowers = d.borrowers.lock().unwrap_or_else(|p| p.into_inner());
+                borrowers.retain(|b| b.strong_count() > 0);
+                borrowers.push(Arc::downgrade(&job));
+                job
+            }
+            (_, Ok(job)) => Arc::new(job),
+            (_, Err(shared)) => shared,
+        }
+    }
+
+    /// The job whose rows this job trains on: its dataset, or itself.
+    pub fn source(&self) -> &Job {
+        self.rows.as_deref().unwrap_or(self)
+    }
+
+    /// The source as an `Arc` (`self` when the job holds its own rows).
+    fn source_arc(self: &Arc<Self>) -> Arc<Job> {
+        self.rows.clone().unwrap_or_else(|| self.clone())
     }
 
     /// What the job's streams may stage, and for how long.
@@ -322,9 +239,21 @@ impl Job {
 
     /// The job's status on this agent.
     pub fn status(&self) -> AgentJobStatus {
+        let (rows_train, rows_eval) = match &self.rows {
+            Some(source) => {
+                let s = source.lock();
+                let ingest = &s.ingest;
+                (
+                    ingest.split(Split::Train).committed_rows(),
+                    ingest.split(Split::Eval).committed_rows(),
+                )
+            }
+            None => (0, 0),
+        };
         let d = self.lock();
         let p = self.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (memory, disk) = d.ingest.bytes();
+        let own = self.rows.is_none();
         AgentJobStatus {
             job_id: self.job_id.clone(),
             agent_id: self.env.agent_id.clone(),
@@ -337,8 +266,16 @@ impl Job {
             step: p.step,
             steps_per_epoch: p.steps_per_epoch,
             loss: p.loss,
-            rows_train: d.ingest.split(Split::Train).committed_rows(),
-            rows_eval: d.ingest.split(Split::Eval).committed_rows(),
+            rows_train: if own {
+                d.ingest.split(Split::Train).committed_rows()
+            } else {
+                rows_train
+            },
+            rows_eval: if own {
+                d.ingest.split(Split::Eval).committed_rows()
+            } else {
+                rows_eval
+            },
             rows_trained_per_epoch: p.rows_trained_per_epoch.clone(),
             samples_per_sec: p.samples_per_sec,
             cache_bytes_memory: memory,
@@ -355,8 +292,17 @@ impl Job {
         }
     }
 
+    /// Cancels the jobs training on this job's rows, which are going.
+    fn end_borrowers(&self, why: &str) {
+        let borrowers = std::mem::take(&mut *self.borrowers.lock().unwrap_or_else(|p| p.into_inner()));
+        for b in borrowers.iter().filter_map(std::sync::Weak::upgrade) {
+            b.cancel(&format!("its dataset `{}` ended: {why}", self.job_id));
+        }
+    }
+
     /// Cancels the job and drops its data.
     pub fn cancel(&self, reason: &str) {
+        self.end_borrowers(reason);
         {
             let mut d = self.lock();
             if !d.state.is_terminal() {
@@ -375,6 +321,7 @@ impl Job {
     /// other jobs go on. The producer sees the cause on its stream; the Rust
     /// client then cancels the job everywhere.
     pub fn fail_and_drop_data(&self, cause: String) {
+        self.end_borrowers(&cause);
         {
             let mut d = self.lock();
             if !d.state.is_terminal() {
@@ -392,11 +339,17 @@ impl Job {
     /// job's error.
     /// Returns whether it failed the job (it had not ended yet).
     fn fail_quietly(&self, cause: String) -> bool {
-        let mut d = self.lock();
-        let failing = !d.state.is_terminal();
+        let failing = {
+            let mut d = self.lock();
+            let failing = !d.state.is_terminal();
+            if failing {
+                d.state = AgentJobState::Failed;
+                d.error = Some(cause.clone());
+            }
+            failing
+        };
         if failing {
-            d.state = AgentJobState::Failed;
-            d.error = Some(cause);
+            self.end_borrowers(&cause);
         }
         failing
     }
@@ -410,10 +363,18 @@ impl Job {
     /// Waits until the data's layout is known (a stream's schema was
     /// accepted) or the train split has ended (or the token fires).
     async fn wait_for_data(&self, cancel: &CancellationToken) -> Result<(), AgentError> {
-        let mut rx = self.data_changed.subscribe();
+        let source = self.source();
+        let mut rx = source.data_changed.subscribe();
         loop {
             {
-                let d = self.lock();
+                let d = source.lock();
+                if self.rows.is_some() && d.state.is_terminal() {
+                    return Err(AgentError::Dataset {
+                        job_id: self.job_id.clone(),
+                        dataset: source.job_id.clone(),
+                        reason: "the dataset's job ended on this agent: its rows are gone".into(),
+                    });
+                }
                 if d.layout.is_some() || d.ingest.split(Split::Train).ended() {
                     return Ok(());
                 }
@@ -548,10 +509,16 @@ impl Job {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
-        let layout = self.lock().layout.clone().ok_or(AgentError::NoData)?;
+        if self.spec.holds_rows {
+            // A dataset trains nothing: it lends its rows until it ends.
+            cancel.cancelled().await;
+            return Err(AgentError::Cancelled("the dataset's attempt ended".into()));
+        }
+        let source = self.source_arc();
+        let layout = source.lock().layout.clone().ok_or(AgentError::NoData)?;
         let data = Arc::new(JobShards {
-            changes: std::sync::Mutex::new(self.data_changed.subscribe()),
-            job: self.clone(),
+            changes: std::sync::Mutex::new(source.data_changed.subscribe()),
+            job: source,
             runtime: tokio::runtime::Handle::current(),
         });
         let ring = Ring::new(

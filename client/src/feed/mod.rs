@@ -173,13 +173,18 @@ impl FeedError {
     /// Whether a retry (or re-sending to another agent) can help.
     pub fn is_retryable(&self) -> bool {
         match self {
-            FeedError::Agent { status, .. } => matches!(
-                status.code(),
+            FeedError::Agent { status, .. } => match status.code() {
                 tonic::Code::Unavailable
-                    | tonic::Code::Aborted
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Unknown
-            ),
+                | tonic::Code::Aborted
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown => true,
+                // The connection closed under the call (a SIGKILLed agent):
+                // CANCELLED from the transport, not the agent's own answer
+                // (a cancelled job), which carries no transport error.
+                tonic::Code::Cancelled => std::error::Error::source(status)
+                    .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
+                _ => false,
+            },
             FeedError::Spark(e) => e.is_retryable(),
             _ => false,
         }

@@ -25,6 +25,23 @@ use crate::feed::{AgentClient, PushedPartition};
 use crate::local::{LocalCluster, LocalClusterConfig};
 use crate::spark::{DataFrame, RecordBatchStream};
 
+/// What [`TrainingJob::prepare`] gives: the splits (or why they cannot be
+/// planned), the layout, the persisted query.
+pub(super) type Prepared<'a> = (
+    Result<(Rows<'a>, Option<Rows<'a>>), JobError>,
+    schema::FeatureLayout,
+    Option<DataFrame>,
+);
+
+/// Where a job's rows come from.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'r, 'a> {
+    /// Fed to the job: the train rows, and the eval rows if any.
+    Fed(&'r Rows<'a>, Option<&'r Rows<'a>>),
+    /// A dataset held on the agents (a search's trial).
+    Held(&'r super::search::Held),
+}
+
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.
 struct CancelGuard {
@@ -168,7 +185,6 @@ impl TrainingJob {
         rows: Rows<'_>,
         tracking: Option<TrackerHandle>,
     ) -> Result<TrainedModel, JobError> {
-        let spec = &self.spec;
         let mut reporter =
             Reporter::new(self.reporting.progress, self.reporting.events.clone()).tracked(tracking);
         // In local mode the in-process rendezvous serves the status page on
@@ -197,7 +213,28 @@ impl TrainingJob {
 
         // The data, checked before anything starts on the agents. A persisted
         // query is released at the end, whatever fails after it was persisted.
-        let (rows, layout, cached) = match rows {
+        let (rows, layout, cached) = self.prepare(rows).await?;
+        let result = match rows {
+            Ok((train_df, eval_df)) => {
+                let source = Source::Fed(&train_df, eval_df.as_ref());
+                self.train(target, source, layout, job_id, reporter).await
+            }
+            Err(e) => Err(e),
+        };
+        // The cached rows go on success and on failure alike.
+        if let Some(df) = cached {
+            let _ = df.unpersist(false).await;
+        }
+        result
+    }
+
+    /// The rows to feed, checked against the spec before anything starts
+    /// on the agents: the train split and the eval split (or why they cannot
+    /// be planned), the layout, and the persisted query to release at the
+    /// end (whatever fails after it was persisted).
+    pub(super) async fn prepare<'a>(&self, rows: Rows<'a>) -> Result<Prepared<'a>, JobError> {
+        let spec = &self.spec;
+        Ok(match rows {
             Rows::Spark(rows) => {
                 let data = rows.df().select(spec.columns());
                 let schema = data.schema().await?;
@@ -227,19 +264,7 @@ impl TrainingJob {
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
                 (Ok((Rows::Arrow { schema, open }, None)), layout, None)
             }
-        };
-        let result = match rows {
-            Ok((train_df, eval_df)) => {
-                self.train(target, &train_df, eval_df.as_ref(), layout, job_id, reporter)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        // The cached rows go on success and on failure alike.
-        if let Some(df) = cached {
-            let _ = df.unpersist(false).await;
-        }
-        result
+        })
     }
 
     /// The training rows and the eval split of `data` (with `schema`), each
@@ -284,18 +309,16 @@ impl TrainingJob {
     }
 
     /// Everything after the data is checked: agents, feed, training, model.
-    async fn train(
+    pub(super) async fn train(
         &self,
         target: Target<'_>,
-        train_df: &Rows<'_>,
-        eval_df: Option<&Rows<'_>>,
+        source: Source<'_, '_>,
         layout: schema::FeatureLayout,
         job_id: String,
         mut reporter: Reporter,
     ) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
         let n = spec.num_slots as usize;
-
         let token = target.token();
         let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.placement.channel)
             .await?;
@@ -316,7 +339,11 @@ impl TrainingJob {
             clients: Vec::new(),
             armed: true,
         };
-        let chosen = pick_agents(&rv, &target, n, &[], spec.model.name()).await?;
+        // A trial trains where its dataset's rows are.
+        let chosen = match source {
+            Source::Fed(..) => pick_agents(&rv, &target, n, &[], spec.model.name()).await?,
+            Source::Held(held) => held.agents(&rv).await?,
+        };
         let mut clients = Vec::with_capacity(n);
         for a in &chosen {
             let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
@@ -335,17 +362,21 @@ impl TrainingJob {
             job_id: job_id.clone(),
             agents: holders.clients.iter().map(|c| c.url().to_owned()).collect(),
         });
-        let fed = self
-            .feed_splits(
-                &feed,
-                train_df,
-                eval_df,
-                &mut holders,
-                None,
-                &mut placed,
-                &mut reporter,
-            )
-            .await;
+        let fed = match source {
+            Source::Fed(train_df, eval_df) => {
+                self.feed_splits(
+                    &feed,
+                    train_df,
+                    eval_df,
+                    &mut holders,
+                    None,
+                    &mut placed,
+                    &mut reporter,
+                )
+                .await
+            }
+            Source::Held(_) => Ok(()),
+        };
         if let Err(e) = fed {
             // Agents that refused more rows because the job failed (its spec
             // or input, found as training started) name the real cause at
@@ -359,7 +390,7 @@ impl TrainingJob {
                 &rv,
                 &target,
                 &feed,
-                (train_df, eval_df),
+                source,
                 &mut holders,
                 &mut guard,
                 &mut placed,
@@ -412,7 +443,7 @@ impl TrainingJob {
         rv: &RendezvousClient,
         target: &Target<'_>,
         feed: &PushCtx<'_>,
-        (train_df, eval_df): (&Rows<'_>, Option<&Rows<'_>>),
+        source: Source<'_, '_>,
         holders: &mut Holders,
         guard: &mut CancelGuard,
         placed: &mut Placements,
@@ -455,8 +486,14 @@ impl TrainingJob {
                 let recovery = self.reassign(rv, target, &job_id, holders, &lost).await?;
                 guard.clients = holders.member_clients();
                 let only = Some(recovery.resent.as_slice());
-                self.feed_splits(feed, train_df, eval_df, holders, only, placed, reporter)
-                    .await?;
+                match source {
+                    Source::Fed(train_df, eval_df) => {
+                        self.feed_splits(feed, train_df, eval_df, holders, only, placed, reporter)
+                            .await?
+                    }
+                    // The dataset's own follower re-feeds its lost shards.
+                    Source::Held(held) => held.recovered(&lost, self.recovery.replacement_wait).await?,
+                }
                 let attempt = match recovery.shrunk_to {
                     Some(world) => {
                         let attempt = self.shrink(rv, &job_id, world).await?;
@@ -471,6 +508,7 @@ impl TrainingJob {
                 reporter.emit(TrainingEvent::Recovering {
                     attempt,
                     resent_shards: recovery.resent,
+                    lost: lost.clone(),
                 });
                 continue;
             }

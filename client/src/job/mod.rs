@@ -13,6 +13,7 @@ mod evaluate;
 mod fit;
 mod progress;
 mod recover;
+mod search;
 mod target;
 mod tracking;
 mod trained;
@@ -32,6 +33,10 @@ use tokio::sync::mpsc;
 
 pub use error::JobError;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
+pub use search::{
+    Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,
+    TrialOutcome, TrialResult,
+};
 pub use tracking::MlflowTracking;
 pub use trained::TrainedModel;
 pub use transform::{Served, ServingCluster, Transform};

@@ -98,6 +98,8 @@ pub enum TrainingEvent {
         attempt: u32,
         /// Shards re-sent to replacement agents.
         resent_shards: Vec<usize>,
+        /// The agents lost.
+        lost: Vec<String>,
     },
     /// An agent logged a warning or an error for the job (a failed attempt,
     /// a lost peer, a full spill disk): seen here wherever the agent runs.
@@ -269,6 +271,7 @@ impl Reporter {
             TrainingEvent::Recovering {
                 attempt,
                 resent_shards,
+                ..
             } => {
                 let _ = bars.println(recovering_line(*attempt, resent_shards));
             }
@@ -337,6 +340,7 @@ impl Reporter {
             TrainingEvent::Recovering {
                 attempt,
                 resent_shards,
+                ..
             } => Some(recovering_line(*attempt, resent_shards)),
             TrainingEvent::AgentLog { job_id, event } => Some(agent_log_line(job_id, event)),
             TrainingEvent::EarlyStopped { epoch, best_epoch } => Some(early_stop_line(*epoch, *best_epoch)),

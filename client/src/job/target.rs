@@ -12,6 +12,7 @@ use super::JobError;
 use crate::local::LocalCluster;
 
 /// Where the job runs.
+#[derive(Clone)]
 pub(super) enum Target<'a> {
     #[cfg(feature = "local")]
     Local(&'a LocalCluster),

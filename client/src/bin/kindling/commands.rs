@@ -17,8 +17,10 @@ use kindling_schemas::tls::{Tls, TlsFiles};
 
 mod evaluate;
 mod options;
+mod tune;
 
 pub use evaluate::{EvaluateArgs, evaluate};
+pub use tune::{TuneArgs, tune};
 
 /// Where the input rows come from.
 #[derive(Debug, clap::Args)]
@@ -319,6 +321,15 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .await
         .context("connecting to Spark Connect")?;
     let df = args.input.dataframe(&spark).await?;
+    let model = job(&args)?.fit(&df).await.context("training")?;
+    model.save(&args.output)?;
+    report_model(&model);
+    println!("model saved to {}", args.output.display());
+    Ok(())
+}
+
+/// The job `kindling train`'s (and `kindling tune`'s) flags describe.
+pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
     let builder = TrainingJob::builder()
         .model(parse_model(&args.model)?)
         .task(parse_task(&args.task)?)
@@ -361,8 +372,11 @@ pub async fn train(args: TrainArgs) -> Result<()> {
     if let Some(t) = read_token(&args.token_file)? {
         builder = builder.token(t);
     }
-    let model = builder.build()?.fit(&df).await.context("training")?;
-    model.save(&args.output)?;
+    Ok(builder.build()?)
+}
+
+/// What a trained model reached, in one line.
+pub fn report_model(model: &TrainedModel) {
     // The saved weights are the best epoch's when early stopping kept it.
     let kept = model
         .best_epoch()
@@ -386,8 +400,6 @@ pub async fn train(args: TrainArgs) -> Result<()> {
             kept.train_loss
         );
     }
-    println!("model saved to {}", args.output.display());
-    Ok(())
 }
 
 /// Runs `kindling predict`.

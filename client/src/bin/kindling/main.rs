@@ -28,6 +28,9 @@ enum Command {
     Sql(SqlArgs),
     /// Train a model on a Spark query, table or file (local mode or a cluster).
     Train(Box<commands::TrainArgs>),
+    /// Search a model's options on one feed of the rows: many trials, the
+    /// weak ones stopped early; saves the best trial's model.
+    Tune(Box<commands::TuneArgs>),
     /// Predict with a saved model over a Spark query, table or file.
     Predict(commands::PredictArgs),
     /// Score a saved model on a Spark query, table or file (every metric).
@@ -72,6 +75,7 @@ async fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Sql(args) => sql(args).await,
         Command::Train(args) => commands::train(*args).await,
+        Command::Tune(args) => commands::tune(*args).await,
         Command::Predict(args) => commands::predict(args).await,
         Command::Evaluate(args) => commands::evaluate(args).await,
         Command::Status(args) => commands::status(args).await,

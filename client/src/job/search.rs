@@ -1,0 +1,614 @@
+//! `TrainingJob::search`: the rows fed once into a dataset job on the
+//! agents, then many trials — ordinary jobs, each with its own options,
+//! attempts and checkpoints — that train on those rows, several at once,
+//! the weak ones stopped at rungs by ASHA. Rooms: `space` (the options and
+//! their values) · `asha` (the scheduler) · this file (running a search) ·
+//! `results` (what a search returns).
+
+mod asha;
+mod results;
+mod space;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
+use kindling_schemas::schema::FeatureLayout;
+use kindling_schemas::spec::{JobSpec, Metric};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+pub use asha::Decision;
+pub use results::{SearchResult, TrialOutcome, TrialResult};
+pub use space::{ALIASES as SPACE_ALIASES, Dimension, SearchSpace, Values as SpaceValues};
+
+use super::fit::Source;
+use super::progress::{ProgressMode, Reporter, TrainingEvent};
+use super::target::Target;
+use super::{JobError, TrainingJob};
+use crate::feed::AgentClient;
+use crate::feed::relay::{Rows, SparkRows};
+#[cfg(feature = "local")]
+use crate::local::{LocalCluster, LocalClusterConfig};
+use crate::spark::DataFrame;
+
+/// How a search schedules its trials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Every trial trains all its epochs.
+    RunAll,
+    /// Asynchronous successive halving: at rungs of `grace_epochs · reductionᵏ`
+    /// epochs a trial goes on only if its metric is in the best
+    /// `1/reduction` of what earlier trials recorded there.
+    Asha {
+        /// The first rung (epochs every trial trains).
+        grace_epochs: u32,
+        /// η: the share kept at each rung is 1/η (at least 2).
+        reduction: u32,
+    },
+}
+
+/// A search over a job's options ([`TrainingJob::search`]).
+///
+/// ```
+/// use kindling::job::{Scheduler, Search, SearchSpace};
+/// let search = Search::new(SearchSpace::new().log_uniform("lr", 1e-4, 1e-1).choice("batch_size", [32, 64]))
+///     .trials(8)
+///     .asha(1, 3)
+///     .parallel(4);
+/// assert_eq!(search.scheduler, Scheduler::Asha { grace_epochs: 1, reduction: 3 });
+/// ```
+#[derive(Debug, Clone)]
+pub struct Search {
+    /// The options searched.
+    pub space: SearchSpace,
+    /// Trials drawn at random; `None`: every combination of a grid.
+    pub count: Option<usize>,
+    /// Seed of the random draws.
+    pub seed: u64,
+    /// All to the end, or ASHA.
+    pub scheduler: Scheduler,
+    /// The metric that ranks trials (default: early stopping's, else
+    /// `eval_loss` with an eval split, else `train_loss`).
+    pub metric: Option<Metric>,
+    /// Trials training at once (each on every agent of the dataset).
+    pub parallel: usize,
+}
+
+impl Search {
+    /// A grid over `space`, every trial to the end, two at once.
+    pub fn new(space: SearchSpace) -> Self {
+        Search {
+            space,
+            count: None,
+            seed: 0,
+            scheduler: Scheduler::RunAll,
+            metric: None,
+            parallel: 2,
+        }
+    }
+
+    /// Draws `n` trials at random instead of a grid.
+    pub fn trials(mut self, n: usize) -> Self {
+        self.count = Some(n);
+        self
+    }
+
+    /// The seed of the draws.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// ASHA with its first rung at `grace_epochs` and reduction `eta`.
+    pub fn asha(mut self, grace_epochs: u32, eta: u32) -> Self {
+        self.scheduler = Scheduler::Asha {
+            grace_epochs,
+            reduction: eta,
+        };
+        self
+    }
+
+    /// The metric that ranks trials.
+    pub fn metric(mut self, metric: Metric) -> Self {
+        self.metric = Some(metric);
+        self
+    }
+
+    /// Trials training at once.
+    pub fn parallel(mut self, n: usize) -> Self {
+        self.parallel = n;
+        self
+    }
+}
+
+/// A search checked before anything is fed: each trial's options and spec.
+struct Plan {
+    trials: Vec<(BTreeMap<String, Value>, JobSpec)>,
+    metric: Metric,
+    scheduler: Scheduler,
+    parallel: usize,
+}
+
+impl Plan {
+    fn asha(&self) -> Option<asha::Asha> {
+        let Scheduler::Asha {
+            grace_epochs,
+            reduction,
+        } = self.scheduler
+        else {
+            return None;
+        };
+        let longest = self.trials.iter().map(|(_, s)| s.epochs).max().unwrap_or(1);
+        Some(asha::Asha::new(
+            grace_epochs,
+            reduction,
+            longest,
+            self.metric.higher_is_better(),
+        ))
+    }
+}
+
+/// The dataset a search's trials read, as its follower last saw it.
+#[derive(Debug, Clone, Default)]
+struct HeldState {
+    /// Flight URLs of the agents holding its shards, at its start.
+    urls: Vec<String>,
+    /// Every split landed.
+    fed: bool,
+    /// Agents lost whose shards are held again (by replacements or the
+    /// remaining agents).
+    recovered: BTreeSet<String>,
+}
+
+/// The rows of a search's dataset job, held on its agents.
+#[derive(Debug)]
+pub(crate) struct Held {
+    job_id: String,
+    state: watch::Receiver<HeldState>,
+}
+
+impl Held {
+    /// The agents a trial starts on: the dataset's gang members now (its
+    /// first agents until its gang formed).
+    pub(super) async fn agents(&self, rv: &RendezvousClient) -> Result<Vec<AgentInfo>, JobError> {
+        let members = rv.status(&self.job_id).await?.members;
+        let urls = self.state.borrow().urls.clone();
+        let live = rv.list_agents().await?;
+        let found: Vec<AgentInfo> = match members.is_empty() {
+            false => members
+                .iter()
+                .filter_map(|id| live.iter().find(|a| &a.agent_id == id).cloned())
+                .collect(),
+            true => urls
+                .iter()
+                .filter_map(|u| live.iter().find(|a| &a.flight_address == u).cloned())
+                .collect(),
+        };
+        if found.is_empty() {
+            return Err(JobError::TrainingFailed {
+                job_id: self.job_id.clone(),
+                cause: "no live agent holds the dataset".into(),
+            });
+        }
+        Ok(found)
+    }
+
+    /// Waits until the dataset's follower has placed the shards of every
+    /// agent in `lost` again (at most `wait` plus a minute).
+    pub(super) async fn recovered(&self, lost: &[String], wait: Duration) -> Result<(), JobError> {
+        let mut state = self.state.clone();
+        let done = state.wait_for(|s| lost.iter().all(|l| s.recovered.contains(l)));
+        match tokio::time::timeout(wait + Duration::from_secs(60), done).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(JobError::TrainingFailed {
+                job_id: self.job_id.clone(),
+                cause: "the dataset's follower ended".into(),
+            }),
+            Err(_) => Err(JobError::TrainingFailed {
+                job_id: self.job_id.clone(),
+                cause: format!("the dataset did not recover from losing {}", lost.join(", ")),
+            }),
+        }
+    }
+}
+
+impl TrainingJob {
+    /// Searches `search`'s space on `df`: the query runs once, its rows are
+    /// fed once into a dataset on the agents (counted once against their
+    /// memory), and every trial — this job with its options set — trains on
+    /// them, `search.parallel` at once. A trial that fails does not stop the
+    /// others; dropping the returned future cancels every trial and frees
+    /// the dataset (a client that dies frees it when its lease lapses). A
+    /// space that cannot work is refused before anything is fed.
+    ///
+    /// ```no_run
+    /// # async fn demo(job: kindling::job::TrainingJob, df: kindling::DataFrame) -> Result<(), kindling::job::JobError> {
+    /// use kindling::job::{Search, SearchSpace};
+    /// let space = SearchSpace::new().log_uniform("lr", 1e-4, 1e-1).choice("hidden", [[32], [128]]);
+    /// let result = job.search(&df, &Search::new(space).trials(8).asha(1, 3)).await?;
+    /// println!("{}", result.table());
+    /// let model = result.best_model().expect("a trial finished");
+    /// # Ok(()) }
+    /// ```
+    pub async fn search(&self, df: &DataFrame, search: &Search) -> Result<SearchResult, JobError> {
+        let plan = self.plan(search)?;
+        #[cfg(feature = "local")]
+        if self.placement.local_mode {
+            let dir = self
+                .placement
+                .work_dir
+                .join(uuid::Uuid::new_v4().simple().to_string());
+            let mut config = LocalClusterConfig::new(&dir);
+            config.token = self.placement.token.clone();
+            config.gang_timeout = self.recovery.gang_timeout;
+            config.models = self.placement.models.clone();
+            config.rendezvous_addr = self.placement.status_addr;
+            let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
+            let result = self
+                .run_search(Target::Local(&cluster), df, plan)
+                .await
+                .map(|mut r| {
+                    // The cluster ends here: nothing is left to serve the models.
+                    r.trials
+                        .iter_mut()
+                        .filter_map(|t| t.model.as_mut())
+                        .for_each(|m| m.serving = None);
+                    r
+                });
+            cluster.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+            return result;
+        }
+        let url = self.placement.rendezvous.as_deref().unwrap_or_default();
+        let target = Target::Remote {
+            url,
+            token: self.placement.token.clone(),
+        };
+        self.run_search(target, df, plan).await
+    }
+
+    /// [`search`](Self::search) on an existing local cluster (tests kill
+    /// its agents).
+    #[cfg(feature = "local")]
+    pub async fn search_on(
+        &self,
+        cluster: &LocalCluster,
+        df: &DataFrame,
+        search: &Search,
+    ) -> Result<SearchResult, JobError> {
+        let plan = self.plan(search)?;
+        self.run_search(Target::Local(cluster), df, plan).await
+    }
+
+    /// Checks `search` against this job as [`search`](Self::search) does
+    /// first: every trial's options make a valid spec, the metric fits.
+    pub fn check_search(&self, search: &Search) -> Result<(), JobError> {
+        self.plan(search).map(|_| ())
+    }
+
+    /// Every trial's spec, checked; the metric; nothing fed yet.
+    fn plan(&self, search: &Search) -> Result<Plan, JobError> {
+        let setting = |setting, reason: String| JobError::Setting { setting, reason };
+        if self.spec.rows_from.is_some() || self.spec.holds_rows {
+            return Err(setting(
+                "search",
+                "the job to search must train on its own rows".into(),
+            ));
+        }
+        let eval = self.feeding.eval_fraction > 0.0;
+        let metric = search
+            .metric
+            .or(self.spec.early_stopping.map(|e| e.monitor))
+            .unwrap_or(if eval { Metric::EvalLoss } else { Metric::TrainLoss });
+        if metric.needs_eval() && !eval {
+            return Err(setting(
+                "search metric",
+                format!("{} needs an eval split: set eval_fraction above 0", metric.name()),
+            ));
+        }
+        if search.parallel == 0 {
+            return Err(setting(
+                "search parallel",
+                "at least 1 trial must train at a time".into(),
+            ));
+        }
+        if let Scheduler::Asha { reduction, .. } = search.scheduler
+            && reduction < 2
+        {
+            return Err(setting(
+                "search asha",
+                format!("reduction {reduction}: must be at least 2"),
+            ));
+        }
+        let options = search.space.trials(search.count, search.seed)?;
+        let trials = options
+            .into_iter()
+            .map(|o| search.space.apply(&self.spec, &o).map(|spec| (o, spec)))
+            .collect::<Result<Vec<_>, _>>()?;
+        search.space.check_taken(&trials)?;
+        Ok(Plan {
+            trials,
+            metric,
+            scheduler: search.scheduler,
+            parallel: search.parallel,
+        })
+    }
+
+    /// Prepares the rows, runs the search, releases the persisted query.
+    async fn run_search(
+        &self,
+        target: Target<'_>,
+        df: &DataFrame,
+        plan: Plan,
+    ) -> Result<SearchResult, JobError> {
+        let search_id = self.job_id.clone().unwrap_or_else(|| {
+            format!(
+                "kindling-search-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            )
+        });
+        let (rows, layout, cached) = self.prepare(Rows::Spark(SparkRows::whole(df.clone()))).await?;
+        let result = match rows {
+            Ok((train, eval)) => {
+                self.search_rows(
+                    target,
+                    Source::Fed(&train, eval.as_ref()),
+                    layout,
+                    &search_id,
+                    plan,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Some(df) = cached {
+            let _ = df.unpersist(false).await;
+        }
+        result
+    }
+
+    /// Feeds the dataset job and follows it while the trials train.
+    async fn search_rows(
+        &self,
+        target: Target<'_>,
+        rows: Source<'_, '_>,
+        layout: FeatureLayout,
+        search_id: &str,
+        plan: Plan,
+    ) -> Result<SearchResult, JobError> {
+        let started = Instant::now();
+        let data_id = format!("{search_id}-data");
+        let mut holder = self.clone();
+        holder.spec.holds_rows = true;
+        holder.job_id = Some(data_id.clone());
+        holder.reporting.events = None;
+        let (events, received) = mpsc::channel(1024);
+        let (state_tx, state) = watch::channel(HeldState::default());
+        let held = Held {
+            job_id: data_id.clone(),
+            state,
+        };
+        let reporter = Reporter::new(self.reporting.progress, Some(events));
+        let hold = holder.train(target.clone(), rows, layout.clone(), data_id.clone(), reporter);
+        // Ends when the dataset's follower (`hold`) drops its reporter.
+        tokio::spawn(follow_dataset(received, state_tx, self.reporting.events.clone()));
+        tokio::pin!(hold);
+        let mut ready = held.state.clone();
+        let trials = async {
+            if ready.wait_for(|s| s.fed).await.is_err() {
+                return None;
+            }
+            self.say(&format!(
+                "dataset {data_id} fed; {} trial(s), {} at a time",
+                plan.trials.len(),
+                plan.parallel
+            ));
+            Some(self.run_trials(&target, &held, &layout, search_id, &plan).await)
+        };
+        let ended = |r: Result<super::TrainedModel, JobError>| match r {
+            Err(e) => e,
+            Ok(_) => JobError::TrainingFailed {
+                job_id: data_id.clone(),
+                cause: "the dataset's job ended before the search".into(),
+            },
+        };
+        let trials = tokio::select! {
+            r = &mut hold => return Err(ended(r)),
+            t = trials => t,
+        };
+        // The dataset goes now, not when this future is dropped.
+        self.drop_dataset(&target, &held).await;
+        let trials = trials.ok_or_else(|| JobError::TrainingFailed {
+            job_id: data_id.clone(),
+            cause: "the dataset's follower ended before it was fed".into(),
+        })?;
+        let rungs = plan.asha().map(|a| a.rungs()).unwrap_or_default();
+        Ok(SearchResult::new(plan.metric, trials, started.elapsed(), rungs))
+    }
+
+    /// Cancels the dataset's job at the rendezvous and on its agents.
+    async fn drop_dataset(&self, target: &Target<'_>, held: &Held) {
+        const REASON: &str = "the search ended";
+        let token = target.token();
+        let Ok(rv) =
+            RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
+                .await
+        else {
+            return;
+        };
+        let agents = held.agents(&rv).await.unwrap_or_default();
+        let _ = rv.cancel(&held.job_id, REASON).await;
+        for a in agents {
+            if let Ok(c) =
+                AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)
+            {
+                let _ = c.cancel_job(&held.job_id, REASON).await;
+            }
+        }
+    }
+
+    /// Runs every trial, `plan.parallel` at once; results in trial order.
+    async fn run_trials(
+        &self,
+        target: &Target<'_>,
+        held: &Held,
+        layout: &FeatureLayout,
+        search_id: &str,
+        plan: &Plan,
+    ) -> Vec<TrialResult> {
+        let asha = Mutex::new(plan.asha());
+        let width = plan.trials.len().to_string().len().max(2);
+        // The futures made first (not in a stream's closure), so a search
+        // stays `Send` for `tokio::spawn`.
+        let mut trials = Vec::with_capacity(plan.trials.len());
+        for (i, (options, spec)) in plan.trials.iter().enumerate() {
+            let job_id = format!("{search_id}-t{i:0width$}");
+            let trial = (i, job_id);
+            trials.push(self.run_trial(target, held, layout, trial, options, spec, plan.metric, &asha));
+        }
+        let mut results: Vec<TrialResult> = futures::stream::iter(trials)
+            .buffer_unordered(plan.parallel)
+            .collect()
+            .await;
+        results.sort_by_key(|t| t.trial);
+        results
+    }
+
+    /// One trial: this job with `options`, on the dataset's rows; its epochs
+    /// go to the scheduler, which may stop it at a rung.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_trial(
+        &self,
+        target: &Target<'_>,
+        held: &Held,
+        layout: &FeatureLayout,
+        (trial, job_id): (usize, String),
+        options: &BTreeMap<String, Value>,
+        spec: &JobSpec,
+        metric: Metric,
+        asha: &Mutex<Option<asha::Asha>>,
+    ) -> TrialResult {
+        let started = Instant::now();
+        let mut job = self.clone();
+        job.spec = spec.clone();
+        job.spec.rows_from = Some(held.job_id.clone());
+        job.job_id = Some(job_id.clone());
+        job.reporting.events = None;
+        let (events, mut received) = mpsc::channel(256);
+        let reporter = Reporter::new(ProgressMode::Silent, Some(events));
+        let shown = space::show(options);
+        self.say(&format!("trial {trial} {shown}: started as {job_id}"));
+        let training = job.train(
+            target.clone(),
+            Source::Held(held),
+            layout.clone(),
+            job_id.clone(),
+            reporter,
+        );
+        tokio::pin!(training);
+        let mut history = Vec::new();
+        let mut stopped = None;
+        let result = loop {
+            tokio::select! {
+                r = &mut training => break r,
+                Some(event) = received.recv() => {
+                    let TrainingEvent::Epoch(m) = event else { continue };
+                    let value = m.get(metric);
+                    history.push(m);
+                    let (Some(value), None) = (value, stopped) else { continue };
+                    let epoch = history.len() as u32;
+                    let decision = asha
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .as_mut()
+                        .map_or(Decision::Continue, |a| a.on_epoch(epoch, value));
+                    self.say(&format!("trial {trial}: epoch {epoch} {} {value:.6}", metric.name()));
+                    if let Decision::Stop { epoch, cutoff } = decision {
+                        stopped = Some(epoch);
+                        let why = format!(
+                            "stopped by ASHA at epoch {epoch}: {} {value:.6} is not in the rung's best (cut {cutoff:.6})",
+                            metric.name()
+                        );
+                        self.say(&format!("trial {trial}: {why}"));
+                        self.stop_trial(target, &job_id, &why).await;
+                    }
+                }
+            }
+        };
+        let (model, error) = match result {
+            Ok(model) => {
+                history = model.history().to_vec();
+                (Some(model), None)
+            }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let outcome = match (stopped, &model) {
+            (Some(at_epoch), _) => TrialOutcome::Stopped { at_epoch },
+            (None, Some(_)) => TrialOutcome::Finished,
+            (None, None) => TrialOutcome::Failed,
+        };
+        if let Some(at) = stopped {
+            history.truncate(at as usize);
+        }
+        let result = TrialResult::new(
+            trial,
+            job_id,
+            options.clone(),
+            outcome,
+            error,
+            history,
+            metric,
+            started.elapsed(),
+            // A stopped trial's model is not the search's to offer.
+            model.filter(|_| stopped.is_none()),
+        );
+        self.say(&format!("trial {trial} {shown}: {}", result.summary(metric)));
+        result
+    }
+
+    /// Cancels a trial at the rendezvous (its `train` then ends, and its
+    /// agents drop it).
+    async fn stop_trial(&self, target: &Target<'_>, job_id: &str, why: &str) {
+        let token = target.token();
+        match RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
+            .await
+        {
+            Ok(rv) => {
+                if let Err(e) = rv.cancel(job_id, why).await {
+                    tracing::warn!(job = job_id, error = %e, "could not stop the trial");
+                }
+            }
+            Err(e) => tracing::warn!(job = job_id, error = %e, "could not stop the trial"),
+        }
+    }
+
+    /// A line of the search's progress, unless silent.
+    fn say(&self, line: &str) {
+        if self.reporting.progress != ProgressMode::Silent {
+            eprintln!("[kindling] {line}");
+        }
+    }
+}
+
+/// Follows the dataset's events: who holds it, when it is fed, which lost
+/// agents' shards are held again; the application's channel gets them too.
+async fn follow_dataset(
+    mut received: mpsc::Receiver<TrainingEvent>,
+    state: watch::Sender<HeldState>,
+    app: Option<mpsc::Sender<TrainingEvent>>,
+) {
+    while let Some(event) = received.recv().await {
+        state.send_modify(|s| match &event {
+            TrainingEvent::Started { agents, .. } => s.urls = agents.clone(),
+            TrainingEvent::Fed { split: "train", .. } => s.fed = true,
+            TrainingEvent::Recovering { lost, .. } => s.recovered.extend(lost.iter().cloned()),
+            _ => {}
+        });
+        if let Some(app) = &app {
+            let _ = app.try_send(event);
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Searching: a Spark query fed once into a dataset on the agents, and
+//! many trials — ordinary jobs with their own options — training on it,
+//! weak ones stopped by ASHA at rungs; a trial equal to the same job
+//! trained alone; a bad space refused before anything is fed. A real
+//! Spark Connect server, real agents and a real rendezvous on loopback.
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Int32Type, Int64Type};
+use kindling::SparkSession;
+use kindling::job::{Search, SearchSpace, TrainedModel, TrialOutcome};
+use kindling_schemas::action::AgentJobState;
+use kindling_schemas::rendezvous::RendezvousClient;
+use kindling_tests::cluster::{agent_client, cluster, status};
+use kindling_tests::events::fed_events;
+use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, spark_remote, spark_work};
+use tokio::sync::mpsc;
+
+/// The share of `batch`'s rows whose label `y` the model predicts.
+fn accuracy_on(model: &TrainedModel, batch: &RecordBatch) -> f64 {
+    let features = batch.project(&[0, 1]).expect("features");
+    let predicted = model.predict_batch(&features).expect("predict");
+    let predicted = predicted
+        .column_by_name("prediction")
+        .expect("prediction")
+        .as_primitive::<Int64Type>();
+    let labels = batch.column_by_name("y").expect("y").as_primitive::<Int32Type>();
+    let right = (0..batch.num_rows())
+        .filter(|&i| predicted.value(i) == labels.value(i) as i64)
+        .count();
+    right as f64 / batch.num_rows() as f64
+}
+
+/// Eight trials of learning rates, ASHA with η = 2 over 4 epochs (rungs 1
+/// and 2): the query is fed once (one train and one eval feed, every row
+/// once), every stopped trial stopped at a rung with its history cut
+/// there, the finished ones trained all 4 epochs, the best is the best
+/// finished trial and its model predicts the rule; afterwards the dataset
+/// is gone from every agent (its job cancelled, no bytes cached) and no
+/// trial runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_trials_with_asha_train_on_one_feed_and_the_best_model_predicts() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let rows = 4000u64;
+    let df = rule_df(&spark, rows as usize).await;
+    let (cluster, _dir) = cluster(2).await;
+    let (tx, mut rx) = mpsc::channel(4096);
+    let job = rule_job()
+        .job_id("srch-a")
+        .epochs(4)
+        .events(tx)
+        .build()
+        .expect("job");
+    let space = SearchSpace::parse(["lr=0.1|0.05|0.03|0.01|0.003|0.001|0.0003|0.0001"]).expect("space");
+    let search = Search::new(space).asha(1, 2).parallel(3);
+    let result = job.search_on(&cluster, &df, &search).await.expect("search");
+    println!("{}", result.table());
+
+    let fed = fed_events(&mut rx);
+    let splits: Vec<&str> = fed.iter().map(|f| f.split).collect();
+    assert_eq!(splits, ["eval", "train"], "one feed of each split: {fed:?}");
+    let fed_rows: u64 = fed.iter().flat_map(|f| f.rows_per_shard.iter()).sum();
+    assert_eq!(fed_rows, rows, "every row fed once");
+
+    assert_eq!(result.rungs, [1, 2]);
+    assert_eq!(result.trials.len(), 8);
+    let mut stopped = 0;
+    for t in &result.trials {
+        match t.outcome {
+            TrialOutcome::Stopped { at_epoch } => {
+                stopped += 1;
+                assert!(
+                    result.rungs.contains(&at_epoch),
+                    "trial {} stopped at {at_epoch}",
+                    t.trial
+                );
+                assert_eq!(t.history.len(), at_epoch as usize);
+                assert!(t.model.is_none());
+            }
+            TrialOutcome::Finished => {
+                assert_eq!(t.history.len(), 4, "trial {}", t.trial);
+                assert!(t.model.is_some());
+            }
+            TrialOutcome::Failed => panic!("trial {} failed: {:?}", t.trial, t.error),
+        }
+        assert_eq!(t.job_id, format!("srch-a-t{:02}", t.trial));
+    }
+    assert!(stopped >= 1, "ASHA stopped no trial:\n{}", result.table());
+    let best = result.best_trial().expect("a finished trial");
+    let best_loss = best.best.expect("a metric").0;
+    for t in result
+        .trials
+        .iter()
+        .filter(|t| t.outcome == TrialOutcome::Finished)
+    {
+        assert!(
+            best_loss <= t.best.expect("metric").0,
+            "trial {} beats the best",
+            t.trial
+        );
+    }
+    let model = result.best_model().expect("the best model");
+    let accuracy = accuracy_on(model, &kindling_fixtures::rule_batch(2000, 99));
+    assert!(accuracy > 0.9, "the best trial's model predicts {accuracy}");
+
+    // The dataset is gone from every agent, and no trial runs.
+    for i in 0..2 {
+        let c = agent_client(&cluster, i);
+        let data = status(&c, "srch-a-data").await;
+        assert_eq!(data.state, AgentJobState::Cancelled, "agent {i}: {data:?}");
+        assert_eq!((data.cache_bytes_memory, data.cache_bytes_disk), (0, 0));
+    }
+    let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+        .await
+        .expect("rendezvous");
+    for j in rv.list_jobs().await.expect("jobs") {
+        assert!(j.state.is_terminal(), "{} still {:?}", j.job_id, j.state);
+    }
+}
+
+/// Spark's own account: a search of eight trials runs exactly the Spark
+/// jobs one `fit` of the same query runs (the query once), and the rows
+/// reach the agents once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_search_of_eight_trials_runs_the_spark_jobs_of_one_fit() {
+    let ui = kindling_tests::netns::free_port("127.0.0.1");
+    let spark = PrivateSpark::start_with("local[2]", &[("KINDLING_SPARK_UI_PORT", &ui.to_string())]);
+    let session = SparkSession::connect(&spark.remote()).await.expect("spark");
+    let df = rule_df(&session, 4000).await;
+    let job = rule_job().epochs(2).build().expect("job");
+    let before = spark_work(ui).await;
+    job.fit(&df).await.expect("fit");
+    let fit = spark_work(ui).await - before;
+    let (tx, mut rx) = mpsc::channel(4096);
+    let searching = rule_job().epochs(2).events(tx).build().expect("job");
+    let space = SearchSpace::parse(["lr=0.1|0.05|0.03|0.01", "batch_size=32|64"]).expect("space");
+    let before = spark_work(ui).await;
+    let result = searching
+        .search(&df, &Search::new(space).parallel(4))
+        .await
+        .expect("search");
+    let search = spark_work(ui).await - before;
+    assert_eq!(result.trials.len(), 8);
+    assert!(result.trials.iter().all(|t| t.outcome == TrialOutcome::Finished));
+    assert!(fit.jobs > 0);
+    assert_eq!(
+        search.jobs, fit.jobs,
+        "Spark jobs: the search {search:?}, one fit {fit:?}"
+    );
+    let fed = fed_events(&mut rx);
+    let fed_rows: u64 = fed.iter().flat_map(|f| f.rows_per_shard.iter()).sum();
+    assert_eq!((fed.len(), fed_rows), (2, 4000), "{fed:?}");
+}
+
+/// A trial trains exactly the weights the same job trains alone with
+/// `fit` on the same query: the same rows in the same shards, the same seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trial_trains_the_same_weights_as_the_same_job_fit_alone() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 3000).await;
+    let alone = rule_job()
+        .epochs(2)
+        .optimizer(kindling::OptimizerSpec::adam(0.01))
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("fit");
+    let space = SearchSpace::parse(["lr=0.01|0.05"]).expect("space");
+    let result = rule_job()
+        .epochs(2)
+        .build()
+        .expect("job")
+        .search(&df, &Search::new(space))
+        .await
+        .expect("search");
+    let trial = result.trials[0].model.as_ref().expect("trial 0 finished");
+    assert_eq!(trial.spec().optimizer, alone.spec().optimizer);
+    assert_eq!(
+        trial.weights().expect("weights"),
+        alone.weights().expect("weights"),
+        "trial 0 and the job trained alone differ"
+    );
+    assert_eq!(trial.history().len(), 2);
+    let other = result.trials[1].model.as_ref().expect("trial 1 finished");
+    assert_ne!(
+        other.weights().expect("weights"),
+        alone.weights().expect("weights")
+    );
+}
+
+/// A space that cannot work is refused before anything is fed: the error
+/// names the option, and no job was created at the rendezvous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_space_is_refused_naming_the_option_before_anything_is_fed() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 100).await;
+    let (cluster, _dir) = cluster(2).await;
+    let job = rule_job().build().expect("job");
+    for (forms, says) in [
+        (&["lr=log:1e-1..1e-4"][..], "`lr`: an empty range"),
+        (&["learnin_rate=0.1|0.2"][..], "unknown option `learnin_rate`"),
+        (&["batch_size=64|0"][..], "batch_size"),
+        (&["label=a|b"][..], "`label` cannot vary"),
+    ] {
+        let space = SearchSpace::parse(forms.iter().copied()).expect("parses");
+        let err = job
+            .search_on(&cluster, &df, &Search::new(space))
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(says), "{forms:?}: {err}");
+    }
+    let err = job
+        .search_on(
+            &cluster,
+            &df,
+            &Search::new(SearchSpace::new().choice("lr", [0.1])).metric(kindling::Metric::EvalAccuracy),
+        )
+        .await
+        .map(|_| ());
+    assert!(err.is_ok(), "a good space runs: {err:?}");
+    let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
+        .await
+        .expect("rendezvous");
+    let jobs: Vec<String> = rv
+        .list_jobs()
+        .await
+        .expect("jobs")
+        .into_iter()
+        .map(|j| j.job_id)
+        .collect();
+    assert_eq!(
+        jobs.len(),
+        2,
+        "only the good search's dataset and trial were created: {jobs:?}"
+    );
+}
+
+/// `kindling tune --help` documents the space's syntax.
+#[test]
+fn kindling_tune_help_documents_the_space() {
+    let out = std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"))
+        .args(["tune", "--help"])
+        .output()
+        .expect("kindling");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for form in [
+        "--space <NAME=VALUES>",
+        "a|b|c",
+        "low..high",
+        "log:low..high",
+        "int:low..high",
+        "--trials",
+        "--scheduler",
+    ] {
+        assert!(
+            help.contains(form),
+            "`kindling tune --help` lacks {form}:\n{help}"
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! A search's faults, with real processes SIGKILLed: an agent holding a
+//! dataset shard lost mid-search is replaced as in `fit` (its shard fed
+//! again, its trials resumed there); a search client killed frees the
+//! dataset and its trials when its lease lapses. A real Spark Connect
+//! server, real `kindling-rendezvous` and `kindling-agent` processes.
+
+use std::time::{Duration, Instant};
+
+use kindling::SparkSession;
+use kindling::feed::AgentClient;
+use kindling::job::{Search, SearchSpace, TrainingEvent, TrialOutcome};
+use kindling_schemas::action::AgentJobState;
+use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::rendezvous::RendezvousClient;
+use kindling_tests::netns::{Proc, binary};
+use kindling_tests::procs::ProcCluster;
+use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+use tokio::sync::mpsc;
+
+fn client(url: &str, cluster: &ProcCluster) -> AgentClient {
+    AgentClient::connect_with(url, Some(&cluster.token()), &ChannelConfig::default()).expect("agent")
+}
+
+/// Polls `job` on the agent at `url` until `done` holds of its status.
+async fn wait_for(
+    c: &AgentClient,
+    job: &str,
+    what: &str,
+    done: impl Fn(&kindling_schemas::action::AgentJobStatus) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(s) = c.job_status(job).await
+            && done(&s)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{job}: {what} not seen in 120 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Three trials train at once on two of three agent processes; once trial
+/// 0 trains its third epoch, one dataset agent is SIGKILLed. The dataset's
+/// shard goes to the spare agent (fed again from the query), every trial
+/// resumes there and finishes every epoch; the best model is a finished
+/// trial's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigkilled_agent_mid_search_is_replaced_and_every_trial_finishes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut procs = ProcCluster::start(3, dir.path(), 1000).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 16_000).await;
+    let (tx, mut rx) = mpsc::channel(4096);
+    let epochs = 12;
+    let job = rule_job()
+        .local_mode(false)
+        .rendezvous(procs.rendezvous_url.clone())
+        .token(procs.token())
+        .job_id("srch-k")
+        .epochs(epochs)
+        .batch_size(8)
+        .replacement_wait(Duration::from_secs(60))
+        .events(tx)
+        .build()
+        .expect("job");
+    let space = SearchSpace::parse(["lr=0.05|0.02|0.01"]).expect("space");
+    let searching = tokio::spawn(async move { job.search(&df, &Search::new(space).parallel(3)).await });
+    let agents = loop {
+        match rx.recv().await.expect("events") {
+            TrainingEvent::Started { agents, .. } => break agents,
+            _ => continue,
+        }
+    };
+    let victim = procs.index_of(&agents[1]).expect("a dataset agent");
+    wait_for(&client(&agents[1], &procs), "srch-k-t00", "epoch 3", |s| {
+        s.epoch >= 3
+    })
+    .await;
+    procs.kill_agent(victim);
+    let result = tokio::time::timeout(Duration::from_secs(300), searching)
+        .await
+        .unwrap_or_else(|_| panic!("the search did not end:\n{}", procs.logs()))
+        .expect("task")
+        .unwrap_or_else(|e| panic!("search: {e}\n{}", procs.logs()));
+    println!("{}", result.table());
+    for t in &result.trials {
+        assert_eq!(
+            t.outcome,
+            TrialOutcome::Finished,
+            "trial {}: {:?}",
+            t.trial,
+            t.error
+        );
+        assert_eq!(t.history.len(), epochs as usize, "trial {}", t.trial);
+    }
+    let mut recovered = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        if let TrainingEvent::Recovering {
+            lost, resent_shards, ..
+        } = e
+        {
+            recovered.push((lost, resent_shards));
+        }
+    }
+    let lost = format!("agent-{victim}");
+    assert!(
+        recovered
+            .iter()
+            .any(|(l, resent)| l.contains(&lost) && resent == &[1]),
+        "the dataset's shard 1 was fed again: {recovered:?}"
+    );
+    assert!(result.best_model().is_some());
+    // The spare (the only agent not in the first gang) held the dataset.
+    let spare = (0..3)
+        .find(|&i| !agents.contains(&procs.agent_urls[i]))
+        .expect("a spare");
+    let data = client(&procs.agent_urls[spare], &procs)
+        .job_status("srch-k-data")
+        .await
+        .expect("status");
+    assert_eq!(data.state, AgentJobState::Cancelled, "the search ended: {data:?}");
+}
+
+/// `kindling tune` as a process, SIGKILLed once its trials train: the
+/// rendezvous cancels the dataset and the trials when the client's lease
+/// lapses, and every agent drops the dataset's rows (no bytes cached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigkilled_search_client_frees_the_dataset_when_its_lease_lapses() {
+    let dir = tempfile::tempdir().expect("dir");
+    let procs = ProcCluster::start(2, dir.path(), 1000).await;
+    let sql = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+               (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range(20000))";
+    let lease = 3.0;
+    let mut command = std::process::Command::new(binary("kindling", "KINDLING_CLI_BIN"));
+    command
+        .args(["tune", "--remote", &spark_remote(), "--sql", sql])
+        .args([
+            "--features",
+            "x1,x2",
+            "--label",
+            "y",
+            "--model",
+            "mlp:16",
+            "--slots",
+            "2",
+        ])
+        .args(["--epochs", "500", "--batch-size", "8", "--eval-fraction", "0.2"])
+        .args(["--rendezvous", &procs.rendezvous_url])
+        .arg("--token-file")
+        .arg(&procs.token_file)
+        .args(["--client-lease-secs", &lease.to_string()])
+        .args(["--space", "lr=0.01|0.02", "--scheduler", "all", "--parallel", "2"])
+        .arg("-o")
+        .arg(dir.path().join("model"));
+    let mut tune = Proc::spawn("tune", command, String::new(), dir.path());
+    let rv = RendezvousClient::connect(&procs.rendezvous_url, Some(&procs.token()))
+        .await
+        .expect("rendezvous");
+    // The dataset's job and both trials running.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (data, trials) = loop {
+        let jobs = rv.list_jobs().await.expect("jobs");
+        let running: Vec<String> = jobs
+            .iter()
+            .filter(|j| j.state == kindling_schemas::rendezvous::JobState::Running)
+            .map(|j| j.job_id.clone())
+            .collect();
+        let data = running.iter().find(|j| j.ends_with("-data")).cloned();
+        let trials: Vec<String> = running.iter().filter(|j| j.contains("-t0")).cloned().collect();
+        if let (Some(data), 2) = (data, trials.len()) {
+            break (data, trials);
+        }
+        assert!(tune.try_wait().is_none(), "tune ended:\n{}", tune.logs());
+        assert!(Instant::now() < deadline, "no search running:\n{}", tune.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let agents: Vec<AgentClient> = procs.agent_urls.iter().map(|u| client(u, &procs)).collect();
+    for c in &agents {
+        wait_for(c, &trials[0], "an epoch", |s| s.epoch >= 1).await;
+        let s = c.job_status(&data).await.expect("dataset");
+        assert!(
+            s.rows_train > 0 && s.cache_bytes_memory > 0,
+            "the dataset is held: {s:?}"
+        );
+    }
+    tune.sigkill();
+    let killed = Instant::now();
+    for c in &agents {
+        wait_for(c, &data, "the dataset dropped", |s| {
+            s.state == AgentJobState::Cancelled && s.cache_bytes_memory == 0 && s.cache_bytes_disk == 0
+        })
+        .await;
+        for t in &trials {
+            wait_for(c, t, "the trial cancelled", |s| {
+                s.state == AgentJobState::Cancelled
+            })
+            .await;
+        }
+    }
+    let freed = killed.elapsed();
+    // The lease, then the agents' next word with the rendezvous (their lease).
+    assert!(
+        freed < Duration::from_secs_f64(lease + 10.0),
+        "the dataset was freed {freed:?} after the client died"
+    );
+    let status = rv.status(&data).await.expect("status");
+    assert_eq!(status.state, kindling_schemas::rendezvous::JobState::Cancelled);
+}
