@@ -201,3 +201,75 @@ async fn a_tracking_server_that_is_down_silent_or_killed_never_fails_training() 
     let run = assert_run_holds(&server, "outage", &model);
     assert_eq!(run["info"]["status"], "FINISHED", "{run:#}");
 }
+
+/// A run's tags by key.
+fn tags_of(run: &Value) -> BTreeMap<String, String> {
+    run["data"]["tags"]
+        .as_array()
+        .map(|tags| {
+            tags.iter()
+                .map(|t| {
+                    (
+                        t["key"].as_str().expect("key").to_owned(),
+                        t["value"].as_str().expect("value").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A search is one MLflow run with a child run per trial: each child holds
+/// its trial's epochs (a stopped trial's up to its rung, tagged), the
+/// parent names the best trial and holds its model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_search_is_a_parent_run_with_a_child_run_per_trial() {
+    use kindling::job::{Search, SearchSpace, TrialOutcome};
+    let server = MlflowServer::start();
+    let spark = SparkSession::connect(&spark_remote()).await.expect("connect");
+    let df = rule_df(&spark, 2000).await;
+    let space = SearchSpace::parse(["lr=0.1|0.03|0.001|0.0001"]).expect("space");
+    let result = rule_job()
+        .job_id("srch-ml")
+        .epochs(3)
+        .mlflow(server.url(), "kindling-search")
+        .build()
+        .expect("job")
+        .search(&df, &Search::new(space).asha(1, 2).parallel(1))
+        .await
+        .expect("search");
+    let runs = server.runs("kindling-search");
+    assert_eq!(runs.len(), 5, "a parent and four children: {runs:#?}");
+    let parent = runs
+        .iter()
+        .find(|r| r["info"]["run_name"] == "srch-ml")
+        .expect("the search's run");
+    let parent_id = parent["info"]["run_id"].as_str().expect("id");
+    let best = result.best_trial().expect("a best trial");
+    let tags = tags_of(parent);
+    assert_eq!(tags.get("kindling.search.best_trial"), Some(&best.job_id));
+    assert_eq!(tags.get("kindling.search.trials").map(String::as_str), Some("4"));
+    assert_eq!(parent["info"]["status"], "FINISHED");
+    assert!(!server.artifacts(parent_id, "model").is_empty(), "the best model");
+    for t in &result.trials {
+        let run = runs
+            .iter()
+            .find(|r| r["info"]["run_name"] == t.job_id.as_str())
+            .unwrap_or_else(|| panic!("no run for {}", t.job_id));
+        let tags = tags_of(run);
+        assert_eq!(
+            tags.get("mlflow.parentRunId").map(String::as_str),
+            Some(parent_id)
+        );
+        let run_id = run["info"]["run_id"].as_str().expect("id");
+        let logged = server.history(run_id, "eval_loss");
+        // A stopped trial may log an epoch past its rung before it stops.
+        assert!(logged.len() >= t.history.len(), "{}: {logged:?}", t.job_id);
+        for (m, (step, v)) in t.history.iter().zip(&logged) {
+            assert_eq!((m.epoch as u64, m.eval_loss), (*step, Some(*v)));
+        }
+        if let TrialOutcome::Stopped { at_epoch } = t.outcome {
+            assert_eq!(tags.get("kindling.stopped_at_epoch"), Some(&at_epoch.to_string()));
+        }
+    }
+}

@@ -27,6 +27,7 @@ pub use space::{ALIASES as SPACE_ALIASES, Dimension, SearchSpace, Values as Spac
 use super::fit::Source;
 use super::progress::{ProgressMode, Reporter, TrainingEvent};
 use super::target::Target;
+use super::tracking::{RunId, Tracker};
 use super::{JobError, TrainingJob};
 use crate::feed::AgentClient;
 use crate::feed::relay::{Rows, SparkRows};
@@ -149,6 +150,17 @@ impl Plan {
             self.metric.higher_is_better(),
         ))
     }
+}
+
+/// What every trial of a search shares.
+struct TrialCtx<'a> {
+    target: &'a Target<'a>,
+    held: &'a Held,
+    layout: &'a FeatureLayout,
+    metric: Metric,
+    asha: Mutex<Option<asha::Asha>>,
+    /// The search's MLflow run, once created.
+    parent: Option<RunId>,
 }
 
 /// The dataset a search's trials read, as its follower last saw it.
@@ -350,22 +362,36 @@ impl TrainingJob {
                 &uuid::Uuid::new_v4().simple().to_string()[..12]
             )
         });
+        // MLflow: a run for the search, its trials' runs its children.
+        let tracker = match &self.reporting.mlflow {
+            Some(m) => Some(Tracker::start(m, &self.spec)?),
+            None => None,
+        };
+        if let Some(t) = &tracker {
+            t.handle().observe(&TrainingEvent::Started {
+                job_id: search_id.clone(),
+                agents: Vec::new(),
+            });
+        }
+        let parent = tracker.as_ref().map(Tracker::run_id);
         let (rows, layout, cached) = self.prepare(Rows::Spark(SparkRows::whole(df.clone()))).await?;
         let result = match rows {
             Ok((train, eval)) => {
-                self.search_rows(
-                    target,
-                    Source::Fed(&train, eval.as_ref()),
-                    layout,
-                    &search_id,
-                    plan,
-                )
-                .await
+                let rows = Source::Fed(&train, eval.as_ref());
+                self.search_rows(target, rows, layout, (&search_id, parent), plan)
+                    .await
             }
             Err(e) => Err(e),
         };
         if let Some(df) = cached {
             let _ = df.unpersist(false).await;
+        }
+        if let Some(t) = tracker {
+            if let Ok(r) = &result {
+                t.handle().tags(r.tags());
+            }
+            let best = result.as_ref().ok().and_then(SearchResult::best_model);
+            t.finish_with(best, result.is_err()).await;
         }
         result
     }
@@ -376,7 +402,7 @@ impl TrainingJob {
         target: Target<'_>,
         rows: Source<'_, '_>,
         layout: FeatureLayout,
-        search_id: &str,
+        (search_id, parent): (&str, Option<RunId>),
         plan: Plan,
     ) -> Result<SearchResult, JobError> {
         let started = Instant::now();
@@ -406,7 +432,15 @@ impl TrainingJob {
                 plan.trials.len(),
                 plan.parallel
             ));
-            Some(self.run_trials(&target, &held, &layout, search_id, &plan).await)
+            let ctx = TrialCtx {
+                target: &target,
+                held: &held,
+                layout: &layout,
+                metric: plan.metric,
+                asha: Mutex::new(plan.asha()),
+                parent: parent.clone(),
+            };
+            Some(self.run_trials(&ctx, search_id, &plan).await)
         };
         let ended = |r: Result<super::TrainedModel, JobError>| match r {
             Err(e) => e,
@@ -451,15 +485,7 @@ impl TrainingJob {
     }
 
     /// Runs every trial, `plan.parallel` at once; results in trial order.
-    async fn run_trials(
-        &self,
-        target: &Target<'_>,
-        held: &Held,
-        layout: &FeatureLayout,
-        search_id: &str,
-        plan: &Plan,
-    ) -> Vec<TrialResult> {
-        let asha = Mutex::new(plan.asha());
+    async fn run_trials(&self, ctx: &TrialCtx<'_>, search_id: &str, plan: &Plan) -> Vec<TrialResult> {
         let width = plan.trials.len().to_string().len().max(2);
         // The futures made first (not in a stream's closure), so a search
         // stays `Send` for `tokio::spawn`.
@@ -467,7 +493,7 @@ impl TrainingJob {
         for (i, (options, spec)) in plan.trials.iter().enumerate() {
             let job_id = format!("{search_id}-t{i:0width$}");
             let trial = (i, job_id);
-            trials.push(self.run_trial(target, held, layout, trial, options, spec, plan.metric, &asha));
+            trials.push(self.run_trial(ctx, trial, options, spec));
         }
         let mut results: Vec<TrialResult> = futures::stream::iter(trials)
             .buffer_unordered(plan.parallel)
@@ -479,18 +505,21 @@ impl TrainingJob {
 
     /// One trial: this job with `options`, on the dataset's rows; its epochs
     /// go to the scheduler, which may stop it at a rung.
-    #[allow(clippy::too_many_arguments)]
     async fn run_trial(
         &self,
-        target: &Target<'_>,
-        held: &Held,
-        layout: &FeatureLayout,
+        ctx: &TrialCtx<'_>,
         (trial, job_id): (usize, String),
         options: &BTreeMap<String, Value>,
         spec: &JobSpec,
-        metric: Metric,
-        asha: &Mutex<Option<asha::Asha>>,
     ) -> TrialResult {
+        let TrialCtx {
+            target,
+            held,
+            layout,
+            metric,
+            ref asha,
+            ..
+        } = *ctx;
         let started = Instant::now();
         let mut job = self.clone();
         job.spec = spec.clone();
@@ -498,7 +527,13 @@ impl TrainingJob {
         job.job_id = Some(job_id.clone());
         job.reporting.events = None;
         let (events, mut received) = mpsc::channel(256);
-        let reporter = Reporter::new(ProgressMode::Silent, Some(events));
+        let tracker = self
+            .reporting
+            .mlflow
+            .as_ref()
+            .and_then(|m| Tracker::start_child(m, &job.spec, ctx.parent.clone()).ok());
+        let reporter =
+            Reporter::new(ProgressMode::Silent, Some(events)).tracked(tracker.as_ref().map(Tracker::handle));
         let shown = space::show(options);
         self.say(&format!("trial {trial} {shown}: started as {job_id}"));
         let training = job.train(
@@ -566,6 +601,14 @@ impl TrainingJob {
             model.filter(|_| stopped.is_none()),
         );
         self.say(&format!("trial {trial} {shown}: {}", result.summary(metric)));
+        if let Some(t) = tracker {
+            if let TrialOutcome::Stopped { at_epoch } = result.outcome {
+                t.handle()
+                    .tags(vec![("kindling.stopped_at_epoch".into(), at_epoch.to_string())]);
+            }
+            t.finish_with(result.model.as_ref(), result.outcome == TrialOutcome::Failed)
+                .await;
+        }
         result
     }
 

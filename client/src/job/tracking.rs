@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kindling_schemas::action::EpochMetrics;
@@ -106,7 +106,11 @@ pub(crate) struct Tracker {
     tx: mpsc::Sender<Msg>,
     done: mpsc::Receiver<()>,
     config: MlflowTracking,
+    run_id: RunId,
 }
+
+/// A run's id once MLflow created it (a search's run, its trials' parent).
+pub(crate) type RunId = Arc<OnceLock<String>>;
 
 /// Where the progress reporter sends the events a run records.
 #[derive(Debug, Clone)]
@@ -118,7 +122,18 @@ impl Tracker {
     /// Starts tracking a job with `spec` (nothing is sent before the job's
     /// id is known).
     pub(crate) fn start(config: &MlflowTracking, spec: &JobSpec) -> Result<Tracker, JobError> {
+        Self::start_child(config, spec, None)
+    }
+
+    /// Like [`start`](Self::start), the run a child of `parent`'s (MLflow's
+    /// `mlflow.parentRunId` tag), once the parent has an id.
+    pub(crate) fn start_child(
+        config: &MlflowTracking,
+        spec: &JobSpec,
+        parent: Option<RunId>,
+    ) -> Result<Tracker, JobError> {
         let token = config.token()?;
+        let run_id = RunId::default();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(REQUEST_TIMEOUT))
             .http_status_as_error(false)
@@ -138,6 +153,8 @@ impl Tracker {
             lost: 0,
             failed: false,
             warned: false,
+            parent,
+            run_id: run_id.clone(),
         };
         std::thread::Builder::new()
             .name("kindling-mlflow".into())
@@ -153,7 +170,13 @@ impl Tracker {
             tx,
             done,
             config: config.clone(),
+            run_id,
         })
+    }
+
+    /// The run's id, set once MLflow created the run.
+    pub(crate) fn run_id(&self) -> RunId {
+        self.run_id.clone()
     }
 
     /// The sender the progress reporter passes events to.
@@ -163,6 +186,11 @@ impl Tracker {
 }
 
 impl TrackerHandle {
+    /// Sets tags on the run (never blocks).
+    pub(crate) fn tags(&self, tags: Vec<(String, String)>) {
+        let _ = self.tx.send(Msg::Tags(tags));
+    }
+
     /// Passes on the events MLflow records (never blocks).
     pub(crate) fn observe(&self, event: &super::TrainingEvent) {
         use super::TrainingEvent as E;
@@ -186,8 +214,13 @@ impl Tracker {
     /// Ends the run: the model as artifacts when training succeeded, then
     /// its status; waits at most the flush timeout for the queue to drain.
     pub(crate) async fn finish(self, result: &Result<TrainedModel, JobError>) {
-        let model_dir = match result {
-            Ok(model) => {
+        self.finish_with(result.as_ref().ok(), result.is_err()).await
+    }
+
+    /// Ends the run with `model` (if any) as its artifacts, `failed` or not.
+    pub(crate) async fn finish_with(self, model: Option<&TrainedModel>, failed: bool) {
+        let model_dir = match model {
+            Some(model) => {
                 let dir =
                     std::env::temp_dir().join(format!("kindling-mlflow-{}", uuid::Uuid::new_v4().simple()));
                 match model.save(&dir) {
@@ -198,12 +231,9 @@ impl Tracker {
                     }
                 }
             }
-            Err(_) => None,
+            None => None,
         };
-        let _ = self.tx.send(Msg::Finish {
-            model_dir,
-            failed: result.is_err(),
-        });
+        let _ = self.tx.send(Msg::Finish { model_dir, failed });
         let (done, wait, url) = (self.done, self.config.flush_timeout, self.config.url.clone());
         let finished = tokio::task::spawn_blocking(move || done.recv_timeout(wait).is_ok())
             .await
@@ -255,6 +285,8 @@ struct Worker {
     lost: u64,
     failed: bool,
     warned: bool,
+    parent: Option<RunId>,
+    run_id: RunId,
 }
 
 fn now_ms() -> u64 {
@@ -379,16 +411,22 @@ impl Worker {
                 self.experiment_id = Some(id.ok_or_else(|| Failure::Refused("no experiment id".into()))?);
             }
             Call::CreateRun { name } => {
+                let mut tags = vec![json!({"key": "kindling.job_id", "value": name})];
+                if let Some(parent) = self.parent.as_ref().and_then(|p| p.get()) {
+                    tags.push(json!({"key": "mlflow.parentRunId", "value": parent}));
+                }
                 let body = json!({
                     "experiment_id": self.experiment_id,
                     "run_name": name,
                     "start_time": now_ms(),
-                    "tags": [{"key": "kindling.job_id", "value": name}],
+                    "tags": tags,
                 });
                 let created = self.post("runs/create", body)?;
                 let info = &created["run"]["info"];
+                let id = info["run_id"].as_str().unwrap_or_default().to_owned();
+                let _ = self.run_id.set(id.clone());
                 self.run = Some(Run {
-                    id: info["run_id"].as_str().unwrap_or_default().to_owned(),
+                    id,
                     artifact_uri: info["artifact_uri"].as_str().unwrap_or_default().to_owned(),
                 });
             }

@@ -146,6 +146,35 @@ impl SearchResult {
         self.trials[i].model.take()
     }
 
+    /// The search's outcome as MLflow tags: the best trial, its options
+    /// and metric, how many trials finished and stopped.
+    pub(crate) fn tags(&self) -> Vec<(String, String)> {
+        let count = |o: fn(&TrialOutcome) -> bool| self.trials.iter().filter(|t| o(&t.outcome)).count();
+        let mut tags = vec![
+            ("kindling.search.trials".into(), self.trials.len().to_string()),
+            (
+                "kindling.search.finished".into(),
+                count(|o| *o == TrialOutcome::Finished).to_string(),
+            ),
+            (
+                "kindling.search.stopped".into(),
+                count(|o| matches!(o, TrialOutcome::Stopped { .. })).to_string(),
+            ),
+        ];
+        if let Some(best) = self.best_trial() {
+            tags.push(("kindling.search.best_trial".into(), best.job_id.clone()));
+            tags.push(("kindling.search.best_options".into(), space::show(&best.options)));
+            if let Some((v, e)) = best.best {
+                tags.push((
+                    format!("kindling.search.best_{}", self.metric.name()),
+                    v.to_string(),
+                ));
+                tags.push(("kindling.search.best_epoch".into(), e.to_string()));
+            }
+        }
+        tags
+    }
+
     /// One line per trial: options, best metric and its epoch, epochs run,
     /// outcome, time; the best trial marked `*`.
     pub fn table(&self) -> String {
