@@ -59,7 +59,7 @@ use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 mod common;
-use common::{cpu_seconds, load_average, proc_field, process_cpu_seconds};
+use common::{cpu_seconds, load_average, proc_field, process_cpu_seconds, spark_pid};
 
 const FEATURES: usize = 16;
 /// Spark partitions of the ETL unless `--partitions` says otherwise.
@@ -488,27 +488,6 @@ fn measure(pipeline: &str, rows: i64, setup: &Setup<'_>) -> anyhow::Result<Measu
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(measured)
-}
-
-/// The Spark Connect server's pid: `--spark-pid`, else the one
-/// `deploy/local/spark-connect.sh` recorded for a server on this machine.
-fn spark_pid(remote: &str, explicit: Option<String>) -> Option<String> {
-    let pid = explicit.or_else(|| {
-        let local = ["sc://127.0.0.1:", "sc://localhost:"]
-            .iter()
-            .find_map(|prefix| remote.strip_prefix(prefix))?;
-        let port: String = local.chars().take_while(char::is_ascii_digit).collect();
-        let home = std::env::var("KINDLING_HOME")
-            .map(PathBuf::from)
-            .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache/kindling")))
-            .ok()?;
-        let pid = std::fs::read_to_string(home.join(format!("spark-{port}/server.pid"))).ok()?;
-        Some(pid.trim().to_string())
-    })?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    String::from_utf8_lossy(&cmdline)
-        .contains("SparkConnectServer")
-        .then_some(pid)
 }
 
 /// The CPUs of a `taskset -c` style list ("0", "0-3,6").

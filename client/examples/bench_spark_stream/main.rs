@@ -12,6 +12,7 @@
 //! ```
 
 #[path = "../common/mod.rs"]
+#[allow(dead_code)]
 mod common;
 mod replay;
 

@@ -526,6 +526,13 @@ impl TrainingJob {
         job.spec.rows_from = Some(held.job_id.clone());
         job.job_id = Some(job_id.clone());
         job.reporting.events = None;
+        // A dataset that shrank (no replacement for a lost agent) holds its
+        // rows on fewer agents: a trial started since trains on those.
+        if let Some(n) = self.dataset_world(target, held).await
+            && n < job.spec.num_slots
+        {
+            job.spec.num_slots = n;
+        }
         let (events, mut received) = mpsc::channel(256);
         let tracker = self
             .reporting
@@ -610,6 +617,16 @@ impl TrainingJob {
                 .await;
         }
         result
+    }
+
+    /// How many agents hold the dataset now (`None` if the rendezvous
+    /// cannot say).
+    async fn dataset_world(&self, target: &Target<'_>, held: &Held) -> Option<u32> {
+        let token = target.token();
+        let rv = RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
+            .await
+            .ok()?;
+        Some(rv.status(&held.job_id).await.ok()?.num_slots)
     }
 
     /// Cancels a trial at the rendezvous (its `train` then ends, and its
