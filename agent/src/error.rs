@@ -430,6 +430,10 @@ pub enum AgentError {
     ResponseJson(#[source] serde_json::Error),
 }
 
+/// The cause of a ring operation ended by its attempt's cancellation (the
+/// attempt ended from outside: a failed peer, a cancelled job).
+pub const RING_ABORTED: &str = "collective operation aborted";
+
 impl AgentError {
     /// The caller's stream failed with `status`.
     pub fn caller_stream(status: &Status) -> Self {
@@ -479,6 +483,12 @@ impl AgentError {
                 | AgentError::NoEvalSplit { .. }
                 | AgentError::NoData
         ) || matches!(self, AgentError::Model(e) if e.is_final())
+    }
+
+    /// Whether it is a ring operation ended by its attempt's cancellation.
+    pub fn is_ring_abort(&self) -> bool {
+        matches!(self, AgentError::Ring(RingError::AttemptFailed { cause, .. }) if cause == RING_ABORTED)
+            || matches!(self, AgentError::AttemptFailed { cause, .. } if cause == RING_ABORTED)
     }
 
     /// Whether it only says the work was cancelled (from outside), not why.

@@ -97,9 +97,14 @@ async fn main() -> anyhow::Result<()> {
             features.join(", ")
         ))
         .await?;
-    let space = SearchSpace::new()
-        .log_uniform("lr", 1e-4, 3e-2)
-        .choice("hidden", [serde_json::json!([16]), serde_json::json!([32]), serde_json::json!([64])]);
+    let space = SearchSpace::new().log_uniform("lr", 1e-4, 3e-2).choice(
+        "hidden",
+        [
+            serde_json::json!([16]),
+            serde_json::json!([32]),
+            serde_json::json!([64]),
+        ],
+    );
     let drawn = space.trials(Some(trials), 7)?;
     let dir = tempfile::tempdir()?;
     let cluster = LocalCluster::start(2, LocalClusterConfig::new(dir.path())).await?;
@@ -127,7 +132,10 @@ async fn main() -> anyhow::Result<()> {
         .map(|o| trial_job(epochs, o))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let fits: Vec<_> = jobs.iter().map(|j| j.fit_on(&cluster, &df)).collect();
-    let models: Vec<_> = futures::stream::iter(fits).buffer_unordered(parallel).collect().await;
+    let models: Vec<_> = futures::stream::iter(fits)
+        .buffer_unordered(parallel)
+        .collect()
+        .await;
     let best = models
         .iter()
         .filter_map(|m| m.as_ref().ok())
@@ -137,8 +145,14 @@ async fn main() -> anyhow::Result<()> {
 
     let job = builder(epochs).build()?;
     for (way, search) in [
-        ("search, all to the end", Search::new(space.clone()).trials(trials).seed(7)),
-        ("search, ASHA (1 epoch, η 3)", Search::new(space.clone()).trials(trials).seed(7).asha(1, 3)),
+        (
+            "search, all to the end",
+            Search::new(space.clone()).trials(trials).seed(7),
+        ),
+        (
+            "search, ASHA (1 epoch, η 3)",
+            Search::new(space.clone()).trials(trials).seed(7).asha(1, 3),
+        ),
     ] {
         eprintln!("{way}");
         let done = measure(way, (Instant::now(), spark_cpu(), cpu_seconds()));

@@ -46,7 +46,11 @@ async fn main() -> anyhow::Result<()> {
     let result = job.search(&df, &search).await?;
     println!("{}", result.table());
     let best = result.best_trial().expect("a trial finished");
-    println!("best: trial {} {:?}", best.trial, best.options);
+    println!(
+        "best: trial {} {}",
+        best.trial,
+        serde_json::to_string(&best.options)?
+    );
     if let Some(model) = &best.model {
         model.save(&output)?;
         println!("model saved to {output}");

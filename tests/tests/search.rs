@@ -258,3 +258,130 @@ fn kindling_tune_help_documents_the_space() {
         );
     }
 }
+
+/// A trial that fails (its `no_weight_decay` pattern matches no parameter,
+/// found on the agents) is reported failed with its cause; the other trial
+/// finishes and is the best.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_trial_does_not_stop_the_others() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 1000).await;
+    let space = SearchSpace::new().choice(
+        "no_weight_decay",
+        [
+            serde_json::json!(["no-such-parameter"]),
+            serde_json::json!(["bias"]),
+        ],
+    );
+    let result = rule_job()
+        .epochs(2)
+        .optimizer(kindling::OptimizerSpec::adamw(0.02, 0.01))
+        .build()
+        .expect("job")
+        .search(&df, &Search::new(space))
+        .await
+        .expect("search");
+    let [failed, finished] = &result.trials[..] else {
+        panic!("two trials: {}", result.table());
+    };
+    assert_eq!(failed.outcome, TrialOutcome::Failed);
+    let cause = failed.error.as_deref().expect("a cause");
+    assert!(cause.contains("no-such-parameter"), "{cause}");
+    assert_eq!(finished.outcome, TrialOutcome::Finished);
+    assert_eq!(result.best, Some(1));
+    assert!(result.table().contains("trial 0 failed:"));
+}
+
+/// Dropping a search's future mid-training cancels every trial and the
+/// dataset on every agent, which drop its rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_the_search_cancels_every_trial_and_frees_the_dataset() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 4000).await;
+    let (cluster, _dir) = cluster(2).await;
+    let cluster = std::sync::Arc::new(cluster);
+    let job = rule_job()
+        .job_id("srch-drop")
+        .epochs(500)
+        .batch_size(8)
+        .build()
+        .expect("job");
+    let space = SearchSpace::parse(["lr=0.01|0.02"]).expect("space");
+    let searching = {
+        let cluster = cluster.clone();
+        tokio::spawn(async move { job.search_on(&cluster, &df, &Search::new(space)).await })
+    };
+    let agents: Vec<_> = (0..2).map(|i| agent_client(&cluster, i)).collect();
+    for c in &agents {
+        wait_until(c, "srch-drop-t01", |s| s.epoch >= 1).await;
+    }
+    searching.abort();
+    for c in &agents {
+        for job in ["srch-drop-data", "srch-drop-t00", "srch-drop-t01"] {
+            wait_until(c, job, |s| {
+                s.state == AgentJobState::Cancelled && s.cache_bytes_memory == 0 && s.cache_bytes_disk == 0
+            })
+            .await;
+        }
+    }
+}
+
+/// Polls `job` on `c` until `done` holds of its status (60 s at most).
+async fn wait_until(
+    c: &kindling::feed::AgentClient,
+    job: &str,
+    done: impl Fn(&kindling_schemas::action::AgentJobStatus) -> bool,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Ok(s) = c.job_status(job).await
+            && done(&s)
+        {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{job}: not seen in 60 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Four trials at once on agents of one training thread each: every trial
+/// trains on a thread pool of its own, so none waits for another's thread
+/// while its ring partner on the other agent waits for it — every trial
+/// finishes on its first attempt (a shared pool deadlocked two agents'
+/// threads on different trials until the collective timeout failed them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_trials_at_once_on_one_thread_per_agent_never_wait_on_each_other() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 4000).await;
+    let (cluster, _dir) = kindling_tests::cluster::cluster_with(2, |c| {
+        c.train_threads = 1;
+        c.collective_timeout = std::time::Duration::from_secs(5);
+    })
+    .await;
+    let space = SearchSpace::parse(["lr=0.05|0.02|0.01|0.005"]).expect("space");
+    let result = rule_job()
+        .job_id("srch-threads")
+        .epochs(3)
+        .build()
+        .expect("job")
+        .search_on(&cluster, &df, &Search::new(space).parallel(4))
+        .await
+        .expect("search");
+    assert!(
+        result.trials.iter().all(|t| t.outcome == TrialOutcome::Finished),
+        "{}",
+        result.table()
+    );
+    for i in 0..2 {
+        for t in &result.trials {
+            let s = status(&agent_client(&cluster, i), &t.job_id).await;
+            assert!(
+                s.failed_attempts.is_empty(),
+                "{} on agent {i}: {:?}",
+                t.job_id,
+                s.failed_attempts
+            );
+            assert_eq!(s.attempt, 1);
+        }
+    }
+}

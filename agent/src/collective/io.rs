@@ -177,7 +177,7 @@ impl Io {
         RingError::AttemptFailed {
             job_id: self.job_id.to_string(),
             attempt: self.attempt,
-            cause: "collective operation aborted".into(),
+            cause: crate::error::RING_ABORTED.into(),
         }
     }
 

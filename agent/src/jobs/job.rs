@@ -47,8 +47,11 @@ pub struct JobEnv {
     pub gpu_step_on_device: bool,
     /// How long rendezvous calls retry an unreachable rendezvous.
     pub rendezvous_outage: Duration,
-    /// The threads trainers compute on.
-    pub train_pool: Arc<rayon::ThreadPool>,
+    /// Threads each job's trainer computes on (0: one per core), in a pool
+    /// of its own: jobs training at once on the same agents (a search's
+    /// trials) never wait for one another's threads, so no two agents can
+    /// each hold a thread for a different job's step that waits on the other.
+    pub train_threads: usize,
     /// The models jobs can name.
     pub models: ModelRegistry,
     /// The rendezvous this agent registered with (`create_job`'s default).
@@ -440,10 +443,12 @@ impl Job {
                 .instrument(span);
             tokio::pin!(work);
             let mut ended_from_outside = false;
+            let mut cancelled_outside = false;
             let result = tokio::select! {
                 result = &mut work => result,
                 over = gang.attempt_over() => {
                     ended_from_outside = true;
+                    cancelled_outside = matches!(&over, Ok(s) if s.state == JobState::Cancelled);
                     match over {
                         Ok(_) => tracing::info!(job = %self.job_id, attempt, "attempt over at the rendezvous"),
                         Err(e) => self.report(EventLevel::Warn, &format!("lost the watch of the attempt: {e}")),
@@ -482,7 +487,10 @@ impl Job {
                         return;
                     }
                     self.lock().log.attempt_failed(attempt, &e.to_string());
-                    if ended_from_outside && e.is_cancellation() {
+                    // The job cancelled at the rendezvous (a search's stopped
+                    // trial): its ring operations were aborted, no error.
+                    let cancelled = cancelled_outside && e.is_ring_abort();
+                    if ended_from_outside && (e.is_cancellation() || cancelled) {
                         // Another member failed, or the job was cancelled: the
                         // rendezvous has the cause; this is no error of ours.
                         tracing::info!(job = %self.job_id, attempt, error = %e, "attempt ended by the rendezvous");
@@ -568,7 +576,19 @@ impl Job {
             shuffle: self.spec.shuffle,
             step_on_device: self.env.gpu_step_on_device,
         };
-        let pool = self.env.train_pool.clone();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.env.train_threads)
+            .thread_name({
+                let id = self.job_id.clone();
+                move |i| format!("train-{i}-{id}")
+            })
+            .build()
+            .map_err(|e| {
+                AgentError::io(
+                    "start the trainer thread pool",
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
         // The trainer (on the training pool's thread) logs under the attempt's span.
         let span = tracing::Span::current();
         let outcome =

@@ -488,27 +488,14 @@ async fn bind(config: &AgentConfig) -> Result<(TcpListener, std::net::SocketAddr
     Ok((listener, addr, format!("{scheme}://{host}:{}", addr.port())))
 }
 
-/// What every job on the agent shares: the trainer's thread pool, the
+/// What every job on the agent shares: its trainers' thread count, the
 /// cache budget, the spill and checkpoint folders (cleaned after a crash).
 fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -> Result<JobEnv, AgentError> {
-    let train_pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.train_threads)
-        .thread_name({
-            let id = config.agent_id.clone();
-            move |i| format!("train-{id}-{i}")
-        })
-        .build()
-        .map_err(|e| {
-            AgentError::io(
-                "start the trainer thread pool",
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
     let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
     let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
     crate::training::checkpoint::clean_after_crash(&spill_dir, &checkpoint_dir);
     Ok(JobEnv {
-        train_pool: Arc::new(train_pool),
+        train_threads: config.train_threads,
         agent_id: config.agent_id.clone(),
         spill_dir,
         checkpoint_dir,

@@ -623,9 +623,10 @@ impl TrainingJob {
     /// cannot say).
     async fn dataset_world(&self, target: &Target<'_>, held: &Held) -> Option<u32> {
         let token = target.token();
-        let rv = RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
-            .await
-            .ok()?;
+        let rv =
+            RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
+                .await
+                .ok()?;
         Some(rv.status(&held.job_id).await.ok()?.num_slots)
     }
 
