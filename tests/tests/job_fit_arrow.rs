@@ -148,3 +148,31 @@ async fn an_eval_split_is_refused_before_anything_starts() -> Result<(), JobErro
     );
     Ok(())
 }
+
+/// A search on Arrow batches: opened once for the dataset, both trials
+/// finish ranked by the train loss (no eval split), each rank training
+/// half the rows every epoch.
+#[tokio::test]
+async fn a_search_on_arrow_batches_opens_them_once() -> Result<(), JobError> {
+    use kindling::job::{Search, SearchSpace, TrialOutcome};
+    let data = batches(8_000, 1_000);
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let space = SearchSpace::parse(["lr=0.05|0.01"])?;
+    let result = job(0.0)?
+        .search_arrow(
+            data[0].schema(),
+            || {
+                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                replay(&data)
+            },
+            &Search::new(space),
+        )
+        .await?;
+    assert_eq!(opened.load(std::sync::atomic::Ordering::SeqCst), 1, "one feed");
+    assert_eq!(result.metric, kindling::Metric::TrainLoss);
+    for t in &result.trials {
+        assert_eq!(t.outcome, TrialOutcome::Finished, "{}", result.table());
+        assert!(t.history.iter().all(|m| m.rows == 4_000));
+    }
+    Ok(())
+}

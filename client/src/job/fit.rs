@@ -115,38 +115,44 @@ impl TrainingJob {
     async fn fit_rows(&self, rows: Rows<'_>) -> Result<TrainedModel, JobError> {
         #[cfg(feature = "local")]
         if self.placement.local_mode {
-            let dir = self
-                .placement
-                .work_dir
-                .join(uuid::Uuid::new_v4().simple().to_string());
-            let mut config = LocalClusterConfig::new(&dir);
-            if let Some(t) = &self.placement.token {
-                config.token = Some(t.clone());
-            }
-            config.gang_timeout = self.recovery.gang_timeout;
-            config.models = self.placement.models.clone();
-            config.rendezvous_addr = self.placement.status_addr;
-            let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
+            let (cluster, dir) = self.start_local().await?;
             // The cluster ends here: nothing is left to serve the model.
             let result = self.run(Target::Local(&cluster), rows).await.map(|mut m| {
                 m.serving = None;
                 m
             });
-            cluster.shutdown().await;
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
-            }
+            stop_local(cluster, &dir).await;
             return result;
         }
-        let url = self.placement.rendezvous.as_deref().unwrap_or_default();
-        self.run(
-            Target::Remote {
-                url,
-                token: self.placement.token.clone(),
-            },
-            rows,
-        )
-        .await
+        self.run(self.remote(), rows).await
+    }
+
+    /// The cluster behind the job's rendezvous.
+    pub(super) fn remote(&self) -> Target<'_> {
+        Target::Remote {
+            url: self.placement.rendezvous.as_deref().unwrap_or_default(),
+            token: self.placement.token.clone(),
+        }
+    }
+
+    /// A rendezvous and `num_slots` agents in this process, in a work dir
+    /// of their own (local mode).
+    #[cfg(feature = "local")]
+    pub(super) async fn start_local(&self) -> Result<(LocalCluster, std::path::PathBuf), JobError> {
+        let dir = self
+            .placement
+            .work_dir
+            .join(uuid::Uuid::new_v4().simple().to_string());
+        let mut config = LocalClusterConfig::new(&dir);
+        // Without a token of the job's, the cluster keeps its generated one.
+        if let Some(t) = &self.placement.token {
+            config.token = Some(t.clone());
+        }
+        config.gang_timeout = self.recovery.gang_timeout;
+        config.models = self.placement.models.clone();
+        config.rendezvous_addr = self.placement.status_addr;
+        let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
+        Ok((cluster, dir))
     }
 
     /// Trains on an existing local cluster (its spare agents replace lost
@@ -605,6 +611,15 @@ impl TrainingJob {
             partitions,
         });
         Ok(())
+    }
+}
+
+/// Stops a local-mode cluster and removes its work dir.
+#[cfg(feature = "local")]
+pub(super) async fn stop_local(cluster: LocalCluster, dir: &std::path::Path) {
+    cluster.shutdown().await;
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
     }
 }
 

@@ -32,7 +32,7 @@ use super::{JobError, TrainingJob};
 use crate::feed::AgentClient;
 use crate::feed::relay::{Rows, SparkRows};
 #[cfg(feature = "local")]
-use crate::local::{LocalCluster, LocalClusterConfig};
+use crate::local::LocalCluster;
 use crate::spark::DataFrame;
 
 /// How a search schedules its trials.
@@ -246,40 +246,50 @@ impl TrainingJob {
     /// # Ok(()) }
     /// ```
     pub async fn search(&self, df: &DataFrame, search: &Search) -> Result<SearchResult, JobError> {
+        self.search_rows_of(Rows::Spark(SparkRows::whole(df.clone())), search)
+            .await
+    }
+
+    /// [`search`](Self::search) on Arrow batches that do not come from a
+    /// Spark query, as [`fit_arrow`](Self::fit_arrow) takes them: `open` is
+    /// called once for the feed and again if a lost agent's shard must be
+    /// fed again. With no query to split, the eval split must be 0, so the
+    /// search ranks trials by `train_loss` unless told otherwise.
+    pub async fn search_arrow<F>(
+        &self,
+        schema: arrow::datatypes::SchemaRef,
+        open: F,
+        search: &Search,
+    ) -> Result<SearchResult, JobError>
+    where
+        F: Fn() -> futures::future::BoxFuture<
+                'static,
+                Result<crate::spark::RecordBatchStream, crate::spark::Error>,
+            > + Send
+            + Sync,
+    {
+        self.search_rows_of(Rows::Arrow { schema, open: &open }, search)
+            .await
+    }
+
+    async fn search_rows_of(&self, rows: Rows<'_>, search: &Search) -> Result<SearchResult, JobError> {
         let plan = self.plan(search)?;
         #[cfg(feature = "local")]
         if self.placement.local_mode {
-            let dir = self
-                .placement
-                .work_dir
-                .join(uuid::Uuid::new_v4().simple().to_string());
-            let mut config = LocalClusterConfig::new(&dir);
-            config.token = self.placement.token.clone();
-            config.gang_timeout = self.recovery.gang_timeout;
-            config.models = self.placement.models.clone();
-            config.rendezvous_addr = self.placement.status_addr;
-            let cluster = LocalCluster::start(self.spec.num_slots as usize, config).await?;
+            let (cluster, dir) = self.start_local().await?;
             let result = self
-                .run_search(Target::Local(&cluster), df, plan)
+                .run_search(Target::Local(&cluster), rows, plan)
                 .await
                 .map(|mut r| {
                     // The cluster ends here: nothing is left to serve the models.
-                    r.trials
-                        .iter_mut()
-                        .filter_map(|t| t.model.as_mut())
-                        .for_each(|m| m.serving = None);
+                    let models = r.trials.iter_mut().filter_map(|t| t.model.as_mut());
+                    models.for_each(|m| m.serving = None);
                     r
                 });
-            cluster.shutdown().await;
-            let _ = std::fs::remove_dir_all(&dir);
+            super::fit::stop_local(cluster, &dir).await;
             return result;
         }
-        let url = self.placement.rendezvous.as_deref().unwrap_or_default();
-        let target = Target::Remote {
-            url,
-            token: self.placement.token.clone(),
-        };
-        self.run_search(target, df, plan).await
+        self.run_search(self.remote(), rows, plan).await
     }
 
     /// [`search`](Self::search) on an existing local cluster (tests kill
@@ -292,7 +302,8 @@ impl TrainingJob {
         search: &Search,
     ) -> Result<SearchResult, JobError> {
         let plan = self.plan(search)?;
-        self.run_search(Target::Local(cluster), df, plan).await
+        let rows = Rows::Spark(SparkRows::whole(df.clone()));
+        self.run_search(Target::Local(cluster), rows, plan).await
     }
 
     /// Checks `search` against this job as [`search`](Self::search) does
@@ -353,7 +364,7 @@ impl TrainingJob {
     async fn run_search(
         &self,
         target: Target<'_>,
-        df: &DataFrame,
+        rows: Rows<'_>,
         plan: Plan,
     ) -> Result<SearchResult, JobError> {
         let search_id = self.job_id.clone().unwrap_or_else(|| {
@@ -374,7 +385,7 @@ impl TrainingJob {
             });
         }
         let parent = tracker.as_ref().map(Tracker::run_id);
-        let (rows, layout, cached) = self.prepare(Rows::Spark(SparkRows::whole(df.clone()))).await?;
+        let (rows, layout, cached) = self.prepare(rows).await?;
         let result = match rows {
             Ok((train, eval)) => {
                 let rows = Source::Fed(&train, eval.as_ref());
