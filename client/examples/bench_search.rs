@@ -14,7 +14,11 @@
 //! cargo run --release -p kindling --features local --example bench_search -- sc://127.0.0.1:15002 1000000 16 4 2
 //! ```
 //!
-//! Arguments: Spark Connect URL, rows, trials N, epochs, trials at once P.
+//! Arguments: Spark Connect URL, rows, trials N, epochs, trials at once P,
+//! the ETL: `plain` (the generated rows) or `join` (each row's bucket of
+//! 1,000 joined with that bucket's means of two features, a group-by over
+//! every row, and the features centred on them: feature engineering as
+//! ETL does it).
 //! Spark's CPU is the Spark Connect server's process (driver and local
 //! executors: the query, persisting, splitting and streaming its rows),
 //! read from `/proc` when `deploy/local/spark-connect.sh` runs it on this
@@ -51,11 +55,15 @@ struct Row {
     best: f64,
 }
 
+fn feature_names() -> Vec<String> {
+    (1..=FEATURES).map(|i| format!("x{i}")).collect()
+}
+
 fn builder(epochs: u32) -> kindling::job::TrainingJobBuilder {
     TrainingJob::builder()
         .model(ModelSpec::Mlp { hidden: vec![32] })
         .task(Task::Classification { num_classes: 2 })
-        .features((1..=FEATURES).map(|i| format!("x{i}")))
+        .features(feature_names())
         .label("y")
         .num_slots(2)
         .batch_size(512)
@@ -90,13 +98,24 @@ async fn main() -> anyhow::Result<()> {
     let features: Vec<String> = (1..=FEATURES)
         .map(|i| format!("CAST(rand({i}) * 2 - 1 AS FLOAT) AS x{i}"))
         .collect();
-    let df = spark
-        .sql(&format!(
-            "SELECT *, CAST(x1 + 2 * x2 - x3 + 0.5 * x4 > x5 * x6 AS INT) AS y FROM \
-             (SELECT {} FROM range(0, {rows}, 1, 8))",
-            features.join(", ")
-        ))
-        .await?;
+    let etl = arg(5, "plain");
+    let base = format!("SELECT id, {} FROM range(0, {rows}, 1, 8)", features.join(", "));
+    let label = "CAST(x1 + 2 * x2 - x3 + 0.5 * x4 > x5 * x6 AS INT) AS y";
+    let sql = match etl.as_str() {
+        // The rows as generated.
+        "plain" => format!("SELECT {}, {label} FROM ({base})", feature_names().join(", ")),
+        // Feature engineering as ETL does it: each row's bucket (of 1,000)
+        // joined with that bucket's mean of x1 and x2 (a group-by over all
+        // rows), the features centred on them.
+        "join" => format!(
+            "WITH r AS ({base}), b AS (SELECT id % 1000 AS bucket, avg(x1) AS m1, avg(x2) AS m2 FROM r GROUP BY id % 1000) \
+             SELECT CAST(x1 - m1 AS FLOAT) AS x1, CAST(x2 - m2 AS FLOAT) AS x2, {}, {label} \
+             FROM r JOIN b ON r.id % 1000 = b.bucket",
+            feature_names()[2..].join(", ")
+        ),
+        other => anyhow::bail!("ETL {other}: `plain` or `join`"),
+    };
+    let df = spark.sql(&sql).await?;
     let space = SearchSpace::new().log_uniform("lr", 1e-4, 3e-2).choice(
         "hidden",
         [
@@ -143,7 +162,8 @@ async fn main() -> anyhow::Result<()> {
         .fold(f64::INFINITY, f64::min);
     table.push(done(models.iter().filter(|m| m.is_ok()).count(), 0, best));
 
-    let job = builder(epochs).build()?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let job = builder(epochs).events(tx).build()?;
     for (way, search) in [
         (
             "search, all to the end",
@@ -158,6 +178,16 @@ async fn main() -> anyhow::Result<()> {
         let done = measure(way, (Instant::now(), spark_cpu(), cpu_seconds()));
         let result = job.search_on(&cluster, &df, &search.parallel(parallel)).await?;
         eprintln!("{}", result.table());
+        let mut fed = 0.0;
+        while let Ok(event) = rx.try_recv() {
+            if let kindling::job::TrainingEvent::Fed { seconds, .. } = event {
+                fed += seconds;
+            }
+        }
+        eprintln!(
+            "{way}: the dataset fed in {fed:.1} s of its {:.1} s",
+            result.elapsed.as_secs_f64()
+        );
         let count = |f: fn(&TrialOutcome) -> bool| result.trials.iter().filter(|t| f(&t.outcome)).count();
         let best = result.best_trial().and_then(|t| t.best).map_or(f64::NAN, |b| b.0);
         table.push(done(
@@ -169,7 +199,7 @@ async fn main() -> anyhow::Result<()> {
     cluster.shutdown().await;
 
     println!(
-        "\n{rows} rows, {FEATURES} float features, {trials} trials (lr log-uniform, hidden 16/32/64), \
+        "\n{rows} rows, {FEATURES} float features, ETL {etl}, {trials} trials (lr log-uniform, hidden 16/32/64), \
          {epochs} epochs, {parallel} at a time, 2 agents; load {}",
         load_average()
     );
