@@ -2,25 +2,29 @@
 //! agents, then many trials — ordinary jobs, each with its own options,
 //! attempts and checkpoints — that train on those rows, several at once,
 //! the weak ones stopped at rungs by ASHA. Rooms: `space` (the options and
-//! their values) · `asha` (the scheduler) · this file (running a search) ·
-//! `results` (what a search returns).
+//! their values) · `asha` (the scheduler) · `held` (the dataset as the
+//! client follows it) · `results` (what a search returns) · this file
+//! (running a search).
 
 mod asha;
+mod held;
 mod results;
 mod space;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt as _;
-use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
+use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::{JobSpec, Metric};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 pub use asha::Decision;
+pub(crate) use held::Held;
+use held::{HeldState, follow_dataset};
 pub use results::{SearchResult, TrialOutcome, TrialResult};
 pub use space::{ALIASES as SPACE_ALIASES, Dimension, SearchSpace, Values as SpaceValues};
 
@@ -161,70 +165,6 @@ struct TrialCtx<'a> {
     asha: Mutex<Option<asha::Asha>>,
     /// The search's MLflow run, once created.
     parent: Option<RunId>,
-}
-
-/// The dataset a search's trials read, as its follower last saw it.
-#[derive(Debug, Clone, Default)]
-struct HeldState {
-    /// Flight URLs of the agents holding its shards, at its start.
-    urls: Vec<String>,
-    /// Every split landed.
-    fed: bool,
-    /// Agents lost whose shards are held again (by replacements or the
-    /// remaining agents).
-    recovered: BTreeSet<String>,
-}
-
-/// The rows of a search's dataset job, held on its agents.
-#[derive(Debug)]
-pub(crate) struct Held {
-    job_id: String,
-    state: watch::Receiver<HeldState>,
-}
-
-impl Held {
-    /// The agents a trial starts on: the dataset's gang members now (its
-    /// first agents until its gang formed).
-    pub(super) async fn agents(&self, rv: &RendezvousClient) -> Result<Vec<AgentInfo>, JobError> {
-        let members = rv.status(&self.job_id).await?.members;
-        let urls = self.state.borrow().urls.clone();
-        let live = rv.list_agents().await?;
-        let found: Vec<AgentInfo> = match members.is_empty() {
-            false => members
-                .iter()
-                .filter_map(|id| live.iter().find(|a| &a.agent_id == id).cloned())
-                .collect(),
-            true => urls
-                .iter()
-                .filter_map(|u| live.iter().find(|a| &a.flight_address == u).cloned())
-                .collect(),
-        };
-        if found.is_empty() {
-            return Err(JobError::TrainingFailed {
-                job_id: self.job_id.clone(),
-                cause: "no live agent holds the dataset".into(),
-            });
-        }
-        Ok(found)
-    }
-
-    /// Waits until the dataset's follower has placed the shards of every
-    /// agent in `lost` again (at most `wait` plus a minute).
-    pub(super) async fn recovered(&self, lost: &[String], wait: Duration) -> Result<(), JobError> {
-        let mut state = self.state.clone();
-        let done = state.wait_for(|s| lost.iter().all(|l| s.recovered.contains(l)));
-        match tokio::time::timeout(wait + Duration::from_secs(60), done).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(JobError::TrainingFailed {
-                job_id: self.job_id.clone(),
-                cause: "the dataset's follower ended".into(),
-            }),
-            Err(_) => Err(JobError::TrainingFailed {
-                job_id: self.job_id.clone(),
-                cause: format!("the dataset did not recover from losing {}", lost.join(", ")),
-            }),
-        }
-    }
 }
 
 impl TrainingJob {
@@ -661,26 +601,6 @@ impl TrainingJob {
     fn say(&self, line: &str) {
         if self.reporting.progress != ProgressMode::Silent {
             eprintln!("[kindling] {line}");
-        }
-    }
-}
-
-/// Follows the dataset's events: who holds it, when it is fed, which lost
-/// agents' shards are held again; the application's channel gets them too.
-async fn follow_dataset(
-    mut received: mpsc::Receiver<TrainingEvent>,
-    state: watch::Sender<HeldState>,
-    app: Option<mpsc::Sender<TrainingEvent>>,
-) {
-    while let Some(event) = received.recv().await {
-        state.send_modify(|s| match &event {
-            TrainingEvent::Started { agents, .. } => s.urls = agents.clone(),
-            TrainingEvent::Fed { split: "train", .. } => s.fed = true,
-            TrainingEvent::Recovering { lost, .. } => s.recovered.extend(lost.iter().cloned()),
-            _ => {}
-        });
-        if let Some(app) = &app {
-            let _ = app.try_send(event);
         }
     }
 }
