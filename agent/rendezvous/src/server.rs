@@ -391,7 +391,7 @@ impl Rendezvous for RendezvousService {
         &self,
         _request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        let agents = self.state.list_agents()?;
+        let agents = self.state.durable(self.state.list_agents())?;
         Ok(Response::new(pb::ListAgentsResponse { agents }))
     }
 
@@ -499,7 +499,9 @@ impl Rendezvous for RendezvousService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusResponse>, Status> {
-        let status = self.state.job_status(&request.into_inner().job_id)?;
+        let status = self
+            .state
+            .durable(self.state.job_status(&request.into_inner().job_id))?;
         Ok(Response::new(pb::JobStatusResponse::from(&status)))
     }
 
@@ -507,7 +509,7 @@ impl Rendezvous for RendezvousService {
         &self,
         _request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let jobs = self.state.list_jobs()?;
+        let jobs = self.state.durable(self.state.list_jobs())?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.iter().map(pb::JobStatusResponse::from).collect(),
         }))

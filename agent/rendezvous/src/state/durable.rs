@@ -221,8 +221,10 @@ impl RendezvousState {
     /// Whoever resolved it holds the lock until its write ends, so taking the
     /// lock orders this after that write; if the write failed, the caller
     /// gets UNAVAILABLE and its retry gets the same outcome once a write
-    /// succeeds.
-    pub(super) fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
+    /// succeeds. Reads answered to callers (a job's status, the jobs, the
+    /// agents) pass through it too: memory holding a change no write took
+    /// is not shown as if a crash could not take it back.
+    pub fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match (&st.store, st.unsaved) {
             (Some(store), true) => Err(RendezvousError::Storage {

@@ -435,6 +435,11 @@ async fn a_failed_attempt_is_announced_only_once_it_is_written() {
     // a crash could still take it back; the member is told to retry.
     assert!(!watcher.has_changed().unwrap(), "announced before it was written");
     assert_eq!(watcher.borrow().attempt, 1);
+    // Nor does a caller reading the job, the jobs or the agents.
+    let read = s.durable(s.job_status("j")).unwrap_err();
+    assert!(matches!(read, RendezvousError::Storage { .. }), "{read}");
+    assert!(s.durable(s.list_jobs()).is_err());
+    assert!(s.durable(s.list_agents()).is_err());
     let err = blocked.await.unwrap().unwrap_err();
     assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
     std::fs::remove_dir(&blocker).unwrap();
@@ -442,6 +447,7 @@ async fn a_failed_attempt_is_announced_only_once_it_is_written() {
     assert_eq!(s.report_failure("j", 1, "b", "boom").unwrap(), Some(2));
     assert!(watcher.has_changed().unwrap());
     assert_eq!(watcher.borrow_and_update().attempt, 2);
+    assert_eq!(s.durable(s.job_status("j")).unwrap().attempt, 2);
     drop(s);
     let restored = durable(dir.path()).job_status("j").unwrap();
     assert_eq!((restored.attempt, restored.failures.len()), (2, 1));
