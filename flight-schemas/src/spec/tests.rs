@@ -220,3 +220,30 @@ fn from_json_rejects_unknown_model_and_invalid_values() {
         "epochs"
     );
 }
+
+#[test]
+fn a_dataset_and_its_readers_say_so_and_cannot_be_both() {
+    let mut dataset = base().build().expect("valid");
+    dataset.holds_rows = true;
+    dataset.validate().expect("a dataset is a valid spec");
+    assert!(
+        dataset.summary().starts_with("a dataset: holds its rows"),
+        "{}",
+        dataset.summary()
+    );
+    let mut reader = base().build().expect("valid");
+    reader.rows_from = Some("search-data".into());
+    assert_eq!(JobSpec::from_json(&reader.to_json()).expect("parses"), reader);
+    assert!(reader.summary().ends_with("on the rows of dataset `search-data`"));
+    reader.holds_rows = true;
+    assert_eq!(reader.validate().expect_err("both").field, "rows_from");
+    reader.holds_rows = false;
+    reader.rows_from = Some("../x".into());
+    assert_eq!(reader.validate().expect_err("a bad id").field, "rows_from");
+    // Neither is written when unset: older agents read the spec as before.
+    let json = base().build().expect("valid").to_json();
+    assert!(
+        !json.contains("rows_from") && !json.contains("holds_rows"),
+        "{json}"
+    );
+}

@@ -430,6 +430,15 @@ fn check_weights(spec: &super::JobSpec) -> Result<(), SpecError> {
 pub(crate) fn summary(spec: &super::JobSpec) -> String {
     use super::{ModelSpec, Task};
 
+    if spec.holds_rows {
+        return format!(
+            "a dataset: holds its rows ({} and `{}`) on {} slot(s) for the jobs that read them",
+            spec.features.join(", "),
+            spec.label,
+            spec.num_slots
+        );
+    }
+
     let model = match &spec.model {
         ModelSpec::Linear => "linear".to_owned(),
         ModelSpec::Mlp { hidden } => format!("mlp {hidden:?}"),
@@ -484,6 +493,9 @@ pub(crate) fn summary(spec: &super::JobSpec) -> String {
             stop.monitor.name(),
             stop.patience
         ));
+    }
+    if let Some(dataset) = &spec.rows_from {
+        parts.push(format!("on the rows of dataset `{dataset}`"));
     }
     parts.join(" · ")
 }
