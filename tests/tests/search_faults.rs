@@ -122,6 +122,74 @@ async fn a_sigkilled_agent_mid_search_is_replaced_and_every_trial_finishes() {
     assert_eq!(data.state, AgentJobState::Cancelled, "the search ended: {data:?}");
 }
 
+/// No spare and no replacement within the wait: when one of the dataset's
+/// two agent processes is SIGKILLed mid-search, the survivor takes its
+/// shard (fed again from the query) and the dataset shrinks to it; every
+/// trial shrinks with it, resumes, and finishes every epoch on the rows of
+/// both shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dataset_that_loses_an_agent_with_no_replacement_shrinks_and_its_trials_with_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mut procs = ProcCluster::start(2, dir.path(), 1000).await;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let rows = 8_000;
+    let df = rule_df(&spark, rows).await;
+    let (tx, mut rx) = mpsc::channel(4096);
+    let epochs = 10;
+    let job = rule_job()
+        .local_mode(false)
+        .rendezvous(procs.rendezvous_url.clone())
+        .token(procs.token())
+        .job_id("srch-s")
+        .epochs(epochs)
+        .batch_size(8)
+        .eval_fraction(0.0)
+        .min_slots(1)
+        .replacement_wait(Duration::from_secs(2))
+        .events(tx)
+        .build()
+        .expect("job");
+    let space = SearchSpace::parse(["lr=0.05|0.02"]).expect("space");
+    let searching = tokio::spawn(async move { job.search(&df, &Search::new(space).parallel(2)).await });
+    let agents = loop {
+        match rx.recv().await.expect("events") {
+            TrainingEvent::Started { agents, .. } => break agents,
+            _ => continue,
+        }
+    };
+    let survivor = client(&agents[0], &procs);
+    wait_for(&survivor, "srch-s-t00", "epoch 2", |s| s.epoch >= 2).await;
+    procs.kill_agent(procs.index_of(&agents[1]).expect("an agent"));
+    let result = tokio::time::timeout(Duration::from_secs(300), searching)
+        .await
+        .unwrap_or_else(|_| panic!("the search did not end:\n{}", procs.logs()))
+        .expect("task")
+        .unwrap_or_else(|e| panic!("search: {e}\n{}", procs.logs()));
+    println!("{}", result.table());
+    let mut shrunk = false;
+    while let Ok(e) = rx.try_recv() {
+        shrunk |= matches!(e, TrainingEvent::Shrunk { world_size: 1, .. });
+    }
+    assert!(shrunk, "the dataset shrank to the survivor");
+    for t in &result.trials {
+        assert_eq!(
+            t.outcome,
+            TrialOutcome::Finished,
+            "trial {}: {:?}",
+            t.trial,
+            t.error
+        );
+        assert_eq!(t.history.len(), epochs as usize, "trial {}", t.trial);
+        // The last epoch trained every row, all of them on the survivor.
+        assert_eq!(
+            t.history.last().expect("an epoch").rows,
+            rows as u64,
+            "trial {}",
+            t.trial
+        );
+    }
+}
+
 /// `kindling tune` as a process, SIGKILLed once its trials train: the
 /// rendezvous cancels the dataset and the trials when the client's lease
 /// lapses, and every agent drops the dataset's rows (no bytes cached).
