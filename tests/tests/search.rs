@@ -385,3 +385,59 @@ async fn four_trials_at_once_on_one_thread_per_agent_never_wait_on_each_other() 
         }
     }
 }
+
+/// `kindling tune` as a user runs it (local mode, a real Spark query):
+/// prints the trials' table, writes every trial to `--results` as JSON and
+/// saves the best finished trial's model to `--output`.
+#[test]
+fn kindling_tune_prints_the_table_writes_every_trial_and_saves_the_best_model() {
+    let dir = tempfile::tempdir().expect("dir");
+    let results = dir.path().join("results.json");
+    let model = dir.path().join("model");
+    let sql = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+               (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range(4000))";
+    let out = std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"))
+        .args(["tune", "--local", "--remote", &spark_remote(), "--sql", sql])
+        .args([
+            "--features",
+            "x1,x2",
+            "--label",
+            "y",
+            "--model",
+            "mlp:8",
+            "--epochs",
+            "2",
+        ])
+        .args(["--space", "lr=0.05|0.001", "--scheduler", "all"])
+        .arg("--results")
+        .arg(&results)
+        .arg("-o")
+        .arg(&model)
+        .output()
+        .expect("kindling");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("trial  options"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&results).expect("results")).expect("json");
+    assert_eq!(json["metric"], "eval_loss");
+    let trials = json["trials"].as_array().expect("trials");
+    assert_eq!(trials.len(), 2);
+    for t in trials {
+        assert_eq!(t["outcome"], "finished", "{t}");
+        assert_eq!(t["history"].as_array().expect("history").len(), 2);
+    }
+    let best = json["best_trial"].as_u64().expect("a best trial") as usize;
+    let loss = |i: usize| trials[i]["best"].as_f64().expect("best");
+    assert!(loss(best) <= loss(1 - best));
+    assert_eq!(
+        trials[best]["options"]["lr"], 0.05,
+        "the larger rate learns the rule in 2 epochs"
+    );
+    let saved = kindling::TrainedModel::load(&model).expect("the saved model");
+    assert_eq!(saved.job_id(), trials[best]["job_id"].as_str().expect("id"));
+}

@@ -146,6 +146,44 @@ impl SearchResult {
         self.trials[i].model.take()
     }
 
+    /// Every trial as JSON: trial, job id, options, outcome (`finished`,
+    /// `stopped`, `failed`), the rung it stopped at, its error, best metric
+    /// and epoch, epochs run, seconds, and each epoch's metrics; with the
+    /// metric, the best trial and the rungs.
+    pub fn to_json(&self) -> serde_json::Value {
+        let trials: Vec<serde_json::Value> = self
+            .trials
+            .iter()
+            .map(|t| {
+                let (outcome, stopped_at) = match t.outcome {
+                    TrialOutcome::Finished => ("finished", None),
+                    TrialOutcome::Stopped { at_epoch } => ("stopped", Some(at_epoch)),
+                    TrialOutcome::Failed => ("failed", None),
+                };
+                serde_json::json!({
+                    "trial": t.trial,
+                    "job_id": t.job_id,
+                    "options": t.options,
+                    "outcome": outcome,
+                    "stopped_at_epoch": stopped_at,
+                    "error": t.error,
+                    "best": t.best.map(|b| b.0),
+                    "best_epoch": t.best.map(|b| b.1),
+                    "epochs": t.history.len(),
+                    "seconds": t.elapsed.as_secs_f64(),
+                    "history": t.history,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "metric": self.metric.name(),
+            "best_trial": self.best,
+            "rungs": self.rungs,
+            "seconds": self.elapsed.as_secs_f64(),
+            "trials": trials,
+        })
+    }
+
     /// The search's outcome as MLflow tags: the best trial, its options
     /// and metric, how many trials finished and stopped.
     pub(crate) fn tags(&self) -> Vec<(String, String)> {

@@ -61,6 +61,10 @@ pub struct TuneArgs {
     /// Trials training at once (each on every agent of the dataset).
     #[arg(long, default_value_t = 2)]
     pub parallel: usize,
+    /// Also write every trial (options, outcome, best metric, epochs, each
+    /// epoch's metrics) to this file as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub results: Option<std::path::PathBuf>,
 }
 
 /// Runs `kindling tune`.
@@ -92,6 +96,11 @@ pub async fn tune(args: TuneArgs) -> Result<()> {
     let df = args.job.input.dataframe(&spark).await?;
     let result = job.search(&df, &search).await.context("searching")?;
     println!("{}", result.table());
+    if let Some(path) = &args.results {
+        let json = serde_json::to_string_pretty(&result.to_json())?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        println!("results written to {}", path.display());
+    }
     let Some(best) = result.best_trial() else {
         bail!("no trial finished: nothing to save");
     };
