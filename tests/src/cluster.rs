@@ -173,6 +173,31 @@ pub async fn wait_until(
     }
 }
 
+/// Polls the job's status until `pred` holds, `what` naming the wait;
+/// a job the agent does not know yet (or cannot answer for) is polled
+/// again; panics after `limit`.
+pub async fn wait_for_job(
+    client: &AgentClient,
+    job_id: &str,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&AgentJobStatus) -> bool,
+) -> AgentJobStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(s) = client.job_status(job_id).await
+            && pred(&s)
+        {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{job_id}: {what} not seen within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits for a terminal state.
 pub async fn wait_done(client: &AgentClient, job_id: &str) -> AgentJobStatus {
     wait_until(client, job_id, Duration::from_secs(300), |s| {

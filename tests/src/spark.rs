@@ -305,6 +305,15 @@ pub fn executor_python() -> String {
     String::from_utf8(out.stdout).expect("utf-8").trim().to_owned()
 }
 
+/// The rule data as SQL text, for the `kindling` CLI's `--sql`: `rows` rows
+/// of `x1`, `x2` in [-1, 1) (`rand(1)`, `rand(2)`) and `y = x1 + 2·x2 > 0.1`.
+pub fn rule_sql(rows: usize) -> String {
+    format!(
+        "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+         (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range({rows}))"
+    )
+}
+
 /// `rows` rows in 4 partitions, computed in Spark: float features `x1`, `x2`
 /// in [-1, 1) (seeded) and the label `y = x1 + 2·x2 > 0.1`, a linear rule a
 /// model can learn to > 95 %.

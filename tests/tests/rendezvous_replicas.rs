@@ -423,10 +423,7 @@ async fn kindling_train_rides_out_ten_leader_kills_on_its_first_attempt_and_trai
     std::fs::write(&token_file, TOKEN).unwrap();
     // Long enough for ten failovers (each about the 2 s lease) on this kind of machine.
     let epochs = 400;
-    let sql = format!(
-        "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-         (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range({rows}))"
-    );
+    let sql = kindling_tests::spark::rule_sql(rows as usize);
     let mut command =
         std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"));
     command

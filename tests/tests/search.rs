@@ -10,10 +10,13 @@ use kindling::SparkSession;
 use kindling::job::{Search, SearchSpace, TrainedModel, TrialOutcome};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_tests::cluster::{agent_client, cluster, status};
+use kindling_tests::cluster::{agent_client, cluster, status, wait_for_job};
 use kindling_tests::events::fed_events;
-use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, spark_remote, spark_work};
+use kindling_tests::spark::{PrivateSpark, rule_df, rule_job, rule_sql, spark_remote, spark_work};
 use tokio::sync::mpsc;
+
+/// How long a test waits for an agent to show a job's state.
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The share of `batch`'s rows whose label `y` the model predicts.
 fn accuracy_on(model: &TrainedModel, batch: &RecordBatch) -> f64 {
@@ -313,34 +316,16 @@ async fn dropping_the_search_cancels_every_trial_and_frees_the_dataset() {
     };
     let agents: Vec<_> = (0..2).map(|i| agent_client(&cluster, i)).collect();
     for c in &agents {
-        wait_until(c, "srch-drop-t01", |s| s.epoch >= 1).await;
+        wait_for_job(c, "srch-drop-t01", "an epoch", LIMIT, |s| s.epoch >= 1).await;
     }
     searching.abort();
     for c in &agents {
         for job in ["srch-drop-data", "srch-drop-t00", "srch-drop-t01"] {
-            wait_until(c, job, |s| {
+            wait_for_job(c, job, "cancelled with no rows", LIMIT, |s| {
                 s.state == AgentJobState::Cancelled && s.cache_bytes_memory == 0 && s.cache_bytes_disk == 0
             })
             .await;
         }
-    }
-}
-
-/// Polls `job` on `c` until `done` holds of its status (60 s at most).
-async fn wait_until(
-    c: &kindling::feed::AgentClient,
-    job: &str,
-    done: impl Fn(&kindling_schemas::action::AgentJobStatus) -> bool,
-) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        if let Ok(s) = c.job_status(job).await
-            && done(&s)
-        {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{job}: not seen in 60 s");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -394,10 +379,9 @@ fn kindling_tune_prints_the_table_writes_every_trial_and_saves_the_best_model() 
     let dir = tempfile::tempdir().expect("dir");
     let results = dir.path().join("results.json");
     let model = dir.path().join("model");
-    let sql = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-               (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range(4000))";
+    let sql = rule_sql(4000);
     let out = std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"))
-        .args(["tune", "--local", "--remote", &spark_remote(), "--sql", sql])
+        .args(["tune", "--local", "--remote", &spark_remote(), "--sql", &sql])
         .args([
             "--features",
             "x1,x2",

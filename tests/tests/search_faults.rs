@@ -8,35 +8,49 @@ use std::time::{Duration, Instant};
 
 use kindling::SparkSession;
 use kindling::feed::AgentClient;
-use kindling::job::{Search, SearchSpace, TrainingEvent, TrialOutcome};
-use kindling_schemas::action::AgentJobState;
+use kindling::job::{Search, SearchSpace, TrainingEvent, TrainingJobBuilder, TrialOutcome};
+use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::RendezvousClient;
+use kindling_tests::cluster::wait_for_job;
 use kindling_tests::netns::{Proc, binary};
 use kindling_tests::procs::ProcCluster;
-use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+use kindling_tests::spark::{rule_df, rule_job, rule_sql, spark_remote};
 use tokio::sync::mpsc;
 
 fn client(url: &str, cluster: &ProcCluster) -> AgentClient {
     AgentClient::connect_with(url, Some(&cluster.token()), &ChannelConfig::default()).expect("agent")
 }
 
-/// Polls `job` on the agent at `url` until `done` holds of its status.
-async fn wait_for(
-    c: &AgentClient,
-    job: &str,
-    what: &str,
-    done: impl Fn(&kindling_schemas::action::AgentJobStatus) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// Polls `job` on `c` until `done` holds of its status (120 s at most).
+async fn wait_for(c: &AgentClient, job: &str, what: &str, done: impl Fn(&AgentJobStatus) -> bool) {
+    wait_for_job(c, job, what, Duration::from_secs(120), done).await;
+}
+
+/// The rule job on `procs`' rendezvous as a remote client drives it, for
+/// `job_id` and `epochs`, batch 8, its events to `events`.
+fn cluster_job(
+    procs: &ProcCluster,
+    job_id: &str,
+    epochs: u32,
+    events: mpsc::Sender<TrainingEvent>,
+) -> TrainingJobBuilder {
+    rule_job()
+        .local_mode(false)
+        .rendezvous(procs.rendezvous_url.clone())
+        .token(procs.token())
+        .job_id(job_id)
+        .epochs(epochs)
+        .batch_size(8)
+        .events(events)
+}
+
+/// The dataset's agents' Flight URLs, by shard, from its `Started` event.
+async fn dataset_agents(events: &mut mpsc::Receiver<TrainingEvent>) -> Vec<String> {
     loop {
-        if let Ok(s) = c.job_status(job).await
-            && done(&s)
-        {
-            return;
+        if let TrainingEvent::Started { agents, .. } = events.recv().await.expect("events") {
+            return agents;
         }
-        assert!(Instant::now() < deadline, "{job}: {what} not seen in 120 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -53,25 +67,13 @@ async fn a_sigkilled_agent_mid_search_is_replaced_and_every_trial_finishes() {
     let df = rule_df(&spark, 16_000).await;
     let (tx, mut rx) = mpsc::channel(4096);
     let epochs = 12;
-    let job = rule_job()
-        .local_mode(false)
-        .rendezvous(procs.rendezvous_url.clone())
-        .token(procs.token())
-        .job_id("srch-k")
-        .epochs(epochs)
-        .batch_size(8)
+    let job = cluster_job(&procs, "srch-k", epochs, tx)
         .replacement_wait(Duration::from_secs(60))
-        .events(tx)
         .build()
         .expect("job");
     let space = SearchSpace::parse(["lr=0.05|0.02|0.01"]).expect("space");
     let searching = tokio::spawn(async move { job.search(&df, &Search::new(space).parallel(3)).await });
-    let agents = loop {
-        match rx.recv().await.expect("events") {
-            TrainingEvent::Started { agents, .. } => break agents,
-            _ => continue,
-        }
-    };
+    let agents = dataset_agents(&mut rx).await;
     let victim = procs.index_of(&agents[1]).expect("a dataset agent");
     wait_for(&client(&agents[1], &procs), "srch-k-t00", "epoch 3", |s| {
         s.epoch >= 3
@@ -136,27 +138,15 @@ async fn a_dataset_that_loses_an_agent_with_no_replacement_shrinks_and_its_trial
     let df = rule_df(&spark, rows).await;
     let (tx, mut rx) = mpsc::channel(4096);
     let epochs = 10;
-    let job = rule_job()
-        .local_mode(false)
-        .rendezvous(procs.rendezvous_url.clone())
-        .token(procs.token())
-        .job_id("srch-s")
-        .epochs(epochs)
-        .batch_size(8)
+    let job = cluster_job(&procs, "srch-s", epochs, tx)
         .eval_fraction(0.0)
         .min_slots(1)
         .replacement_wait(Duration::from_secs(2))
-        .events(tx)
         .build()
         .expect("job");
     let space = SearchSpace::parse(["lr=0.05|0.02"]).expect("space");
     let searching = tokio::spawn(async move { job.search(&df, &Search::new(space).parallel(2)).await });
-    let agents = loop {
-        match rx.recv().await.expect("events") {
-            TrainingEvent::Started { agents, .. } => break agents,
-            _ => continue,
-        }
-    };
+    let agents = dataset_agents(&mut rx).await;
     let survivor = client(&agents[0], &procs);
     wait_for(&survivor, "srch-s-t00", "epoch 2", |s| s.epoch >= 2).await;
     procs.kill_agent(procs.index_of(&agents[1]).expect("an agent"));
@@ -197,12 +187,11 @@ async fn a_dataset_that_loses_an_agent_with_no_replacement_shrinks_and_its_trial
 async fn a_sigkilled_search_client_frees_the_dataset_when_its_lease_lapses() {
     let dir = tempfile::tempdir().expect("dir");
     let procs = ProcCluster::start(2, dir.path(), 1000).await;
-    let sql = "SELECT x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
-               (SELECT rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range(20000))";
+    let sql = rule_sql(20_000);
     let lease = 3.0;
     let mut command = std::process::Command::new(binary("kindling", "KINDLING_CLI_BIN"));
     command
-        .args(["tune", "--remote", &spark_remote(), "--sql", sql])
+        .args(["tune", "--remote", &spark_remote(), "--sql", &sql])
         .args([
             "--features",
             "x1,x2",

@@ -242,21 +242,18 @@ impl Job {
 
     /// The job's status on this agent.
     pub fn status(&self) -> AgentJobStatus {
-        let (rows_train, rows_eval) = match &self.rows {
-            Some(source) => {
-                let s = source.lock();
-                let ingest = &s.ingest;
-                (
-                    ingest.split(Split::Train).committed_rows(),
-                    ingest.split(Split::Eval).committed_rows(),
-                )
-            }
-            None => (0, 0),
+        // The rows it trains on: its own, or its dataset's (read before
+        // its own lock is taken: the source may be the job itself).
+        let (rows_train, rows_eval) = {
+            let s = self.source().lock();
+            (
+                s.ingest.split(Split::Train).committed_rows(),
+                s.ingest.split(Split::Eval).committed_rows(),
+            )
         };
         let d = self.lock();
         let p = self.progress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let (memory, disk) = d.ingest.bytes();
-        let own = self.rows.is_none();
         AgentJobStatus {
             job_id: self.job_id.clone(),
             agent_id: self.env.agent_id.clone(),
@@ -269,16 +266,8 @@ impl Job {
             step: p.step,
             steps_per_epoch: p.steps_per_epoch,
             loss: p.loss,
-            rows_train: if own {
-                d.ingest.split(Split::Train).committed_rows()
-            } else {
-                rows_train
-            },
-            rows_eval: if own {
-                d.ingest.split(Split::Eval).committed_rows()
-            } else {
-                rows_eval
-            },
+            rows_train,
+            rows_eval,
             rows_trained_per_epoch: p.rows_trained_per_epoch.clone(),
             samples_per_sec: p.samples_per_sec,
             cache_bytes_memory: memory,

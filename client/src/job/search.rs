@@ -159,6 +159,9 @@ impl Plan {
 /// What every trial of a search shares.
 struct TrialCtx<'a> {
     target: &'a Target<'a>,
+    /// The search's one client of the rendezvous (trials stopped, the
+    /// dataset's world asked and its job cancelled through it).
+    rv: &'a RendezvousClient,
     held: &'a Held,
     layout: &'a FeatureLayout,
     metric: Metric,
@@ -358,6 +361,10 @@ impl TrainingJob {
     ) -> Result<SearchResult, JobError> {
         let started = Instant::now();
         let data_id = format!("{search_id}-data");
+        let token = target.token();
+        let rv =
+            RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
+                .await?;
         let mut holder = self.clone();
         holder.spec.holds_rows = true;
         holder.job_id = Some(data_id.clone());
@@ -385,6 +392,7 @@ impl TrainingJob {
             ));
             let ctx = TrialCtx {
                 target: &target,
+                rv: &rv,
                 held: &held,
                 layout: &layout,
                 metric: plan.metric,
@@ -405,7 +413,7 @@ impl TrainingJob {
             t = trials => t,
         };
         // The dataset goes now, not when this future is dropped.
-        self.drop_dataset(&target, &held).await;
+        self.drop_dataset(&target, &rv, &held).await;
         let trials = trials.ok_or_else(|| JobError::TrainingFailed {
             job_id: data_id.clone(),
             cause: "the dataset's follower ended before it was fed".into(),
@@ -415,16 +423,10 @@ impl TrainingJob {
     }
 
     /// Cancels the dataset's job at the rendezvous and on its agents.
-    async fn drop_dataset(&self, target: &Target<'_>, held: &Held) {
+    async fn drop_dataset(&self, target: &Target<'_>, rv: &RendezvousClient, held: &Held) {
         const REASON: &str = "the search ended";
         let token = target.token();
-        let Ok(rv) =
-            RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
-                .await
-        else {
-            return;
-        };
-        let agents = held.agents(&rv).await.unwrap_or_default();
+        let agents = held.agents(rv).await.unwrap_or_default();
         let _ = rv.cancel(&held.job_id, REASON).await;
         for a in agents {
             if let Ok(c) =
@@ -479,10 +481,10 @@ impl TrainingJob {
         job.reporting.events = None;
         // A dataset that shrank (no replacement for a lost agent) holds its
         // rows on fewer agents: a trial started since trains on those.
-        if let Some(n) = self.dataset_world(target, held).await
-            && n < job.spec.num_slots
+        if let Ok(dataset) = ctx.rv.status(&held.job_id).await
+            && dataset.num_slots < job.spec.num_slots
         {
-            job.spec.num_slots = n;
+            job.spec.num_slots = dataset.num_slots;
         }
         let (events, mut received) = mpsc::channel(256);
         let tracker = self
@@ -526,7 +528,7 @@ impl TrainingJob {
                             metric.name()
                         );
                         self.say(&format!("trial {trial}: {why}"));
-                        self.stop_trial(target, &job_id, &why).await;
+                        self.stop_trial(ctx.rv, &job_id, &why).await;
                     }
                 }
             }
@@ -570,30 +572,11 @@ impl TrainingJob {
         result
     }
 
-    /// How many agents hold the dataset now (`None` if the rendezvous
-    /// cannot say).
-    async fn dataset_world(&self, target: &Target<'_>, held: &Held) -> Option<u32> {
-        let token = target.token();
-        let rv =
-            RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
-                .await
-                .ok()?;
-        Some(rv.status(&held.job_id).await.ok()?.num_slots)
-    }
-
     /// Cancels a trial at the rendezvous (its `train` then ends, and its
     /// agents drop it).
-    async fn stop_trial(&self, target: &Target<'_>, job_id: &str, why: &str) {
-        let token = target.token();
-        match RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
-            .await
-        {
-            Ok(rv) => {
-                if let Err(e) = rv.cancel(job_id, why).await {
-                    tracing::warn!(job = job_id, error = %e, "could not stop the trial");
-                }
-            }
-            Err(e) => tracing::warn!(job = job_id, error = %e, "could not stop the trial"),
+    async fn stop_trial(&self, rv: &RendezvousClient, job_id: &str, why: &str) {
+        if let Err(e) = rv.cancel(job_id, why).await {
+            tracing::warn!(job = job_id, error = %e, "could not stop the trial");
         }
     }
 
