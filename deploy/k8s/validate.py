@@ -42,7 +42,7 @@ object on its own), validate_security (check_namespaces, check_pod_security,
 check_spark_namespace), validate_network (check_network_policies),
 validate_egress (check_egress), validate_credentials (check_tls,
 check_tokens, check_spark_connect), validate_workloads
-(check_ephemeral_storage, check_disruption_budgets), validate_monitoring
+(check_ephemeral_storage, check_disruption_budgets, check_spread), validate_monitoring
 (check_monitors) and validate_promql (metrics, PromQL, dashboards, alerts,
 promtool). This file runs them over every manifest file and overlay.
 """
@@ -60,7 +60,7 @@ from validate_promql import ALERTS_TESTS, check_promql_with_promtool, exported_m
 from validate_render import render_builtin, render_kubectl, with_dummy_token
 from validate_schema import check
 from validate_security import check_namespaces, check_pod_security, check_spark_namespace
-from validate_workloads import check_disruption_budgets, check_ephemeral_storage
+from validate_workloads import check_disruption_budgets, check_ephemeral_storage, check_spread
 
 # Each overlay and the image variant (tag suffix) its agents must run.
 OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu", "monitoring": "cpu",
@@ -118,6 +118,7 @@ def main():
             check_tokens(objs, overlay, errors)
             check_disruption_budgets(objs, overlay, errors)
             check_ephemeral_storage(objs, overlay, errors)
+            check_spread(objs, overlay, errors)
             rules, queries = check_monitors(objs, overlay, exported, errors)
             print(f"overlays/{overlay}: {len(objs)} objects rendered with {renderer}")
             if rules or queries:

@@ -1,12 +1,13 @@
 """What a node's disk and a drain may do to the pods of each rendered
 overlay: ephemeral-storage requests and limits, within which emptyDirs fit
 (check_ephemeral_storage); PodDisruptionBudgets that select every workload
-and never block a drain (check_disruption_budgets).
+and never block a drain (check_disruption_budgets); replicas that hold a
+quorum or a leadership spread one per node (check_spread).
 """
 
 import re
 
-from validate_common import pod_templates, reporter, selects
+from validate_common import POD_ROLES, pod_templates, reporter, selects
 
 
 QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
@@ -118,3 +119,38 @@ def check_disruption_budgets(objs, overlay, errors):
         elif len(names) > 1:
             bad(f"{w['kind']}/{key[2]} in {key[0]}: its pods are selected by {len(names)} PodDisruptionBudgets "
                 f"{sorted(names)}: the eviction API refuses every eviction of such a pod")
+
+
+# Roles whose replicas are there to survive a node: at least this many
+# replicas where there is more than one (etcd: an odd quorum of 3 at least;
+# the rendezvous on etcd: a leader and a follower).
+SPREAD = {"etcd": 3, "rendezvous": 2}
+
+
+def check_spread(objs, overlay, errors):
+    """Every workload of a SPREAD role that runs more than one replica runs
+    at least its minimum (etcd an odd number) and keeps them on different
+    nodes: a required pod anti-affinity on kubernetes.io/hostname whose
+    selector selects its own pods (a preferred one lets the scheduler put
+    two etcd members, or every replica, on one node, whose loss then takes
+    the quorum or the rendezvous)."""
+    bad = reporter(errors, f"overlays/{overlay}")
+    for w in (o for o in objs if o["kind"] in WORKLOADS):
+        role = next((r for r, made_by in POD_ROLES.items()
+                     if (w["kind"], w["metadata"]["name"]) in made_by), None)
+        replicas = (w.get("spec") or {}).get("replicas", 1)
+        if role not in SPREAD or replicas <= 1:
+            continue
+        what = f"{w['kind']}/{w['metadata']['name']}"
+        if replicas < SPREAD[role] or (role == "etcd" and replicas % 2 == 0):
+            bad(f"{what}: {replicas} replicas; {role} needs at least {SPREAD[role]}"
+                + (" and an odd number (a quorum)" if role == "etcd" else ""))
+        template = w["spec"].get("template") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        anti = ((template.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {}
+        required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+        if not any(term.get("topologyKey") == "kubernetes.io/hostname"
+                   and selects(term.get("labelSelector") or {"matchLabels": {"-": "-"}}, labels)
+                   for term in required):
+            bad(f"{what}: its {replicas} replicas need a required podAntiAffinity on kubernetes.io/hostname "
+                "selecting their own pods (preferred lets one node hold several, whose loss takes them all)")

@@ -219,8 +219,30 @@ impl EtcdCluster {
         }
     }
 
-    /// Whether a write through etcdctl succeeds now.
-    fn healthy(&self) -> bool {
+    /// The member etcd's raft currently follows (its leader), as etcd's
+    /// own `endpoint status` reports it; `None` while no member answers
+    /// with a leader.
+    pub fn raft_leader(&self) -> Option<usize> {
+        let out = self
+            .etcdctl()
+            .args(["--command-timeout=2s", "endpoint", "status", "-w", "json"])
+            .output()
+            .ok()?;
+        let statuses: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let statuses = statuses.as_array()?;
+        // Each answering member names its own id and the leader's.
+        let id_of = |s: &serde_json::Value| s["Status"]["header"]["member_id"].as_u64();
+        let leader = statuses.iter().find_map(|s| s["Status"]["leader"].as_u64())?;
+        let endpoint = statuses.iter().find(|s| id_of(s) == Some(leader))?["Endpoint"]
+            .as_str()?
+            .to_owned();
+        self.members
+            .iter()
+            .position(|m| endpoint.ends_with(&format!(":{}", m.client)))
+    }
+
+    /// etcdctl with every member's endpoint (and the client identity on TLS).
+    fn etcdctl(&self) -> Command {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let endpoints: Vec<String> = self
             .members
@@ -242,6 +264,11 @@ impl EtcdCluster {
                 .arg(&client.key);
         }
         etcdctl
+    }
+
+    /// Whether a write through etcdctl succeeds now.
+    fn healthy(&self) -> bool {
+        self.etcdctl()
             .args(["--command-timeout=2s", "put", "/kindling-test/health", "ok"])
             .output()
             .is_ok_and(|o| o.status.success())

@@ -3,10 +3,11 @@
 //! loopback. A SIGKILLed leader is replaced within its lease and a formed
 //! gang goes on in the same attempt; a leader cut off from etcd steps down
 //! before a successor acknowledges anything, and no acknowledged write is
-//! lost; an etcd member's death is invisible, a lost quorum is an error
+//! lost; an etcd member's death (a follower, then etcd's leader) is
+//! invisible even to a client that tries once, a lost quorum is an error
 //! naming etcd, and its return resumes the job where it was. `kindling
 //! train` on a real Spark query and agents rides out ten leader SIGKILLs in
-//! one run.
+//! one run; the Python package's job two (one before it is created).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,8 @@ use kindling_schemas::rendezvous::{
     AgentInfo, AgentLease, GangMember, JobConfig, JobState, RendezvousClient,
 };
 use kindling_tests::etcd::{EtcdCluster, Replica};
+
+use crate::python_common;
 use kindling_tests::proxy::FreezableProxy;
 use tokio::time::Instant;
 
@@ -85,6 +88,20 @@ async fn barrier(gang: &[Arc<GangMember>]) -> Duration {
         tokio::time::timeout(GUARD, c).await.unwrap().unwrap().unwrap();
     }
     started.elapsed()
+}
+
+/// Twenty rounds of a write (a new job) by a client of `url` that tries
+/// each call once, and a barrier of `gang`: every write answered the first
+/// time.
+async fn answered_first_time(url: &str, gang: &[Arc<GangMember>], jobs: &str) {
+    let quick = one_try(url).await;
+    for i in 0..20 {
+        let job = format!("{jobs}-{i}");
+        if let Err(e) = quick.create_job(&JobConfig::new(&job, 1)).await {
+            panic!("write {i} of 20 refused: {e}");
+        }
+        barrier(gang).await;
+    }
 }
 
 /// Which of `replicas` leads: the one a status call is answered by.
@@ -321,19 +338,40 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
     let (_leases, gang) = formed_gang(&rv, "quorum", 2).await;
     barrier(&gang).await;
 
-    // One member of three: nothing to see.
-    etcd.kill(0);
-    for _ in 0..3 {
-        barrier(&gang).await;
+    // One member of three, not etcd's leader: nothing to see, not even for
+    // a client that tries each call once (etcd's client keeps handing calls
+    // to the dead member; the rendezvous sends those to another).
+    let lead = leader(&[&r0, &r1]).await;
+    let raft = etcd.raft_leader().expect("etcd has a leader");
+    let follower = (raft + 1) % 3;
+    etcd.kill(follower);
+    answered_first_time(&[&r0, &r1][lead].url, &gang, "etcd-follower-lost").await;
+    assert_eq!(
+        leader(&[&r0, &r1]).await,
+        lead,
+        "losing an etcd follower moved the leadership"
+    );
+    etcd.restart(follower);
+    etcd.wait_healthy().await;
+
+    // etcd's own leader: etcd elects another (about a second), which the
+    // gang's calls ride out; then every call is answered the first time.
+    etcd.kill(raft);
+    barrier(&gang).await;
+    let deadline = Instant::now() + GUARD;
+    while etcd.raft_leader().is_none_or(|l| l == raft) {
+        assert!(Instant::now() < deadline, "etcd elected no new leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    rv.create_job(&JobConfig::new("after-one-member", 1))
-        .await
-        .unwrap();
+    let lead = leader(&[&r0, &r1]).await;
+    answered_first_time(&[&r0, &r1][lead].url, &gang, "etcd-leader-lost").await;
     let status = rv.status("quorum").await.unwrap();
     assert_eq!((status.state, status.attempt), (JobState::Running, 1));
+    assert!(status.failures.is_empty(), "{status:?}");
 
     // Two of three: a write fails naming etcd.
-    etcd.kill(1);
+    let other = (0..3).find(|&m| m != raft).expect("three members");
+    etcd.kill(other);
     let quick = one_try(&urls).await;
     let deadline = Instant::now() + GUARD;
     let err = loop {
@@ -379,8 +417,8 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
             }
         }
     }
-    etcd.restart(0);
-    etcd.restart(1);
+    etcd.restart(raft);
+    etcd.restart(other);
     etcd.wait_healthy().await;
     tokio::time::timeout(GUARD, waiting).await.unwrap().unwrap();
     let status = rv.status("quorum").await.unwrap();
@@ -606,4 +644,120 @@ async fn a_replica_reaches_etcd_over_mutual_tls_one_without_a_client_certificate
         stderr.contains("plaintext to etcd at etcd.example:2379"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_python_package_s_job_rides_out_leader_kills_before_it_is_created_and_while_it_trains() {
+    use std::io::{BufRead, BufReader, Write};
+
+    use kindling::local::{LocalCluster, LocalClusterConfig};
+
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = etcd.store("python");
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
+    }
+    let urls = replicas
+        .iter()
+        .map(|r| r.url.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.token = Some(Token::new(TOKEN));
+    config.external_rendezvous = Some(urls.clone());
+    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+
+    // The leader SIGKILLed just before the package creates its job: the
+    // agent it asks follows the rendezvous to the next leader.
+    let refs: Vec<&Replica> = replicas.iter().collect();
+    let first = leader(&refs).await;
+    replicas[first].proc.sigkill();
+    let (rows, epochs) = (2_000u64, 1_200usize);
+    let args = serde_json::json!({
+        "agents": cluster.agent_urls(),
+        "token": TOKEN,
+        "job_id": "python-on-replicas",
+        "rows_per_agent": rows,
+        "epochs": epochs,
+    });
+    let mut python = std::process::Command::new(python_common::python_bin())
+        .arg(python_common::repo_root().join("tests/python/job_on_replicas.py"))
+        .arg(args.to_string())
+        .env("PYTHONPATH", python_common::repo_root().join("deploy/python"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    let mut stdin = python.stdin.take().unwrap();
+    let mut lines = BufReader::new(python.stdout.take().unwrap()).lines();
+    let fed = tokio::task::spawn_blocking(move || {
+        let line = lines.next();
+        (line, lines)
+    });
+    let (fed, lines) = tokio::time::timeout(GUARD, fed).await.unwrap().unwrap();
+    let fed = match fed {
+        Some(Ok(line)) => line,
+        other => {
+            let out = python.wait_with_output().unwrap();
+            panic!(
+                "the script never fed its job ({other:?}):\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+    };
+    assert!(fed.starts_with("fed "), "{fed}");
+    replicas[first].restart().await;
+
+    // And the next leader SIGKILLed while the job trains.
+    let refs: Vec<&Replica> = replicas.iter().collect();
+    let second = leader(&refs).await;
+    replicas[second].proc.sigkill();
+    let killed = Instant::now();
+    client(&urls)
+        .await
+        .list_jobs()
+        .await
+        .expect("a new leader answers");
+    eprintln!("failover while training: {:?}", killed.elapsed());
+    writeln!(stdin, "go on").unwrap();
+    let rest = tokio::task::spawn_blocking(move || lines.collect::<Result<Vec<String>, _>>());
+    let rest = tokio::time::timeout(Duration::from_secs(300), rest)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let out = python.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the script failed ({}):\n{rest:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The job still trained after the second kill: it ran through it.
+    let resumed: serde_json::Value =
+        serde_json::from_str(rest[0].strip_prefix("resumed ").expect("resumed line")).unwrap();
+    assert!(
+        resumed["history"].as_array().unwrap().len() < epochs,
+        "the job ended before the leader was killed (make it longer): {resumed}"
+    );
+    eprintln!(
+        "epochs trained when the job went on: {}",
+        resumed["history"].as_array().unwrap().len()
+    );
+    let result: serde_json::Value = serde_json::from_str(rest.last().unwrap()).unwrap();
+    assert_eq!(result["created"]["attempt"], 1, "{result}");
+    assert_eq!(result["rendezvous"], urls.as_str(), "{result}");
+    assert_eq!(
+        result["states"],
+        serde_json::json!(["succeeded", "succeeded"]),
+        "{result}"
+    );
+    assert_eq!(result["attempts"], serde_json::json!([1, 1]), "{result}");
+    let per_epoch = result["rows_per_epoch"].as_array().unwrap();
+    assert_eq!(per_epoch.len(), epochs, "{result}");
+    assert!(per_epoch.iter().all(|n| n == rows), "{result}");
+    cluster.shutdown().await;
 }

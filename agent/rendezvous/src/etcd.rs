@@ -349,6 +349,9 @@ impl Candidate {
     }
 }
 
+/// How soon a failed renewal is sent again.
+const RENEW_RETRY: Duration = Duration::from_millis(50);
+
 /// Renews the lease every TTL/4 and cancels `lost` once it could have
 /// lapsed: TTL − TTL/8 after the last renewal etcd confirmed was sent.
 async fn keep_alive(
@@ -381,9 +384,16 @@ async fn keep_alive(
                 lost.cancel();
                 return;
             }
+            // A renewal is safe to send again: try soon (a member that
+            // died, or an election in etcd), not a quarter lease later.
             Ok(Err(e)) => {
                 tracing::warn!(lease, error = %e, "renewing the etcd lease");
                 stream = None;
+                tokio::select! {
+                    _ = lost.cancelled() => return,
+                    _ = tokio::time::sleep(RENEW_RETRY) => {}
+                }
+                continue;
             }
             // No answer before the lease could lapse: step down now.
             Err(_) => {
@@ -573,12 +583,44 @@ async fn write(
     let fenced = Txn::new()
         .when([Compare::create_revision(key.key(), CompareOp::Equal, key.rev())])
         .and_then([TxnOp::put(s.state_key(), bytes, None)]);
-    match tokio::time::timeout(s.lease, client.txn(fenced)).await {
-        Err(_) => Err(StorageError::EtcdTimeout(s.lease)),
-        Ok(Err(e)) => Err(StorageError::Etcd(Arc::new(e))),
-        Ok(Ok(done)) if done.succeeded() => Ok(()),
-        Ok(Ok(_)) => Err(StorageError::Deposed),
+    let deadline = Instant::now() + s.lease;
+    loop {
+        match tokio::time::timeout_at(deadline, client.txn(fenced.clone())).await {
+            Err(_) => return Err(StorageError::EtcdTimeout(s.lease)),
+            // The client balances over every member and keeps handing calls
+            // to one that died; a member that refused the connection was sent
+            // nothing, so the write goes to another (a write that may have
+            // been delivered is never sent twice: it could land after a
+            // newer one).
+            Ok(Err(e)) if refused(&e) && Instant::now() + REFUSED_RETRY < deadline => {
+                tracing::debug!(error = %e, "an etcd member refused the write's connection: trying another");
+                tokio::time::sleep(REFUSED_RETRY).await;
+            }
+            Ok(Err(e)) => return Err(StorageError::Etcd(Arc::new(e))),
+            Ok(Ok(done)) if done.succeeded() => return Ok(()),
+            Ok(Ok(_)) => return Err(StorageError::Deposed),
+        }
     }
+}
+
+/// How long a write waits before it goes to another member after one
+/// refused its connection.
+const REFUSED_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether `e` is a member refusing the connection: the call was never sent.
+fn refused(e: &etcd_client::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) => Some(status),
+        etcd_client::Error::TransportError(t) => Some(t),
+        _ => None,
+    };
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::ConnectionRefused;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The snapshot in etcd, written by the leader only (see the module's doc).
@@ -620,5 +662,29 @@ impl SnapshotStore for EtcdStore {
             Ok(Err(source)) => Err(error(source)),
             Err(_) => Err(error(StorageError::Deposed)),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A member that refuses the connection is told apart from every other
+    /// failure: only then was nothing sent, and the write may go elsewhere.
+    #[tokio::test]
+    async fn a_refused_connection_is_the_only_failure_a_write_is_sent_again_for() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        let err = match Client::connect([format!("http://127.0.0.1:{port}")], Some(options)).await {
+            Ok(mut client) => client.get("k", None).await.expect_err("nothing listens"),
+            Err(e) => e,
+        };
+        assert!(refused(&err), "{err:?}");
+        let status = tonic::Status::unavailable("etcdserver: leader changed");
+        assert!(!refused(&etcd_client::Error::GRpcStatus(status)));
+        assert!(!refused(&etcd_client::Error::InvalidArgs("x".into())));
     }
 }
