@@ -369,21 +369,30 @@ pub enum AgentError {
         /// The cap.
         cap: usize,
     },
-    /// A `DoPut` stream sent nothing for too long; its staged rows are dropped.
+    /// A `DoPut` or `DoExchange` stream sent nothing, or read nothing, for
+    /// too long (a `DoPut`'s staged rows are dropped).
     #[error(
-        "the stream sent nothing for {idle:?} (--stream-idle-secs): it was ended and its staged rows dropped"
+        "the {call} stream sent or read nothing for {idle:?} (--stream-idle-secs): it was ended{dropped}"
     )]
     StreamIdle {
+        /// `DoPut` or `DoExchange`.
+        call: &'static str,
         /// The bound.
         idle: std::time::Duration,
+        /// What else was lost, if anything (", its staged rows dropped").
+        dropped: &'static str,
     },
-    /// A `DoPut` stream was open too long; its staged rows are dropped.
+    /// A `DoPut` or `DoExchange` stream was open too long.
     #[error(
-        "the stream was open longer than {max_age:?} (--stream-max-age-secs): it was ended and its staged rows dropped"
+        "the {call} stream was open longer than {max_age:?} (--stream-max-age-secs): it was ended{dropped}"
     )]
     StreamTooOld {
+        /// `DoPut` or `DoExchange`.
+        call: &'static str,
         /// The bound.
         max_age: std::time::Duration,
+        /// What else was lost, if anything.
+        dropped: &'static str,
     },
     /// The agent holds as many unfinished jobs as it may (`--max-jobs`).
     #[error(

@@ -82,6 +82,11 @@ impl JobRegistry {
         &self.served
     }
 
+    /// What streams may stage, and how long they may stay quiet or open.
+    pub fn staging(&self) -> crate::cache::StagingLimits {
+        self.env.staging
+    }
+
     /// This agent's id.
     pub fn agent_id(&self) -> &str {
         &self.env.agent_id

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
+
 use kindling::feed::AgentClient;
 use kindling_schemas::action::{Action, CredentialResponse, IssueCredential};
 use kindling_schemas::auth::Token;
@@ -471,5 +473,125 @@ async fn one_credential_holds_at_most_its_cap_of_streams_on_an_agent() {
         .await
         .expect("a stream after the others ended");
     assert_eq!(ok.rows_committed, 10);
+    cluster.shutdown().await;
+}
+
+/// A raw Flight client of agent `url` with `token`.
+fn raw_flight(
+    url: &str,
+    token: &Token,
+) -> arrow_flight::flight_service_client::FlightServiceClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        kindling_schemas::auth::BearerAttach,
+    >,
+> {
+    let channel = kindling_schemas::channel::ChannelConfig::default()
+        .dial(url, true)
+        .expect("dial")
+        .connect_lazy();
+    arrow_flight::flight_service_client::FlightServiceClient::with_interceptor(
+        channel,
+        kindling_schemas::auth::BearerAttach::new(Some(token)).expect("token"),
+    )
+}
+
+/// DoExchange checks a credential before it reads a message: a producer's,
+/// or the reader's of a job the agent does not hold, is refused while its
+/// stream has sent nothing at all. A reader's exchange that then sends nothing is ended after the
+/// idle bound, and its stream slot freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn do_exchange_refuses_a_credential_before_reading_and_ends_a_quiet_exchange() {
+    let (cluster, _dir) = cluster_with(1, |c| {
+        c.credentials = Some(CredentialKey::new(KEY).expect("key").into());
+        c.staging = kindling_agent::cache::StagingLimits {
+            stream_idle: Duration::from_secs(2),
+            ..Default::default()
+        };
+    })
+    .await;
+    let url = cluster.agent_url(0).expect("agent");
+    let operator = agent_client(&cluster, 0);
+    start_job(&cluster, "a", &linear_spec(1), &[0]).await;
+    start_job(&cluster, "b", &linear_spec(1), &[0]).await;
+    let silent = || futures::stream::pending::<arrow_flight::FlightData>();
+    let elsewhere =
+        CredentialKey::new(KEY)
+            .expect("key")
+            .issue("not-here", Role::Reader, Duration::from_secs(60));
+    for (what, token, code) in [
+        (
+            "a producer's",
+            issue(&operator, "a", Role::Producer).await,
+            Code::PermissionDenied,
+        ),
+        (
+            "the reader's of a job not here",
+            Token::new(elsewhere),
+            Code::NotFound,
+        ),
+    ] {
+        // Answered without a message sent: the agent read nothing first.
+        let refused = tokio::time::timeout(
+            Duration::from_secs(30),
+            raw_flight(&url, &token).do_exchange(silent()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what} credential: DoExchange waited for a message"))
+        .expect_err("refused");
+        assert_eq!(refused.code(), code, "{what}: {refused}");
+    }
+
+    // A reader of its own (trained) job whose exchange goes quiet: before
+    // its first message, and after it.
+    put(&operator, "a", Split::Train, "p", &[rule_batch(200, 1)])
+        .await
+        .expect("rows");
+    end_of_data(&operator, "a", Split::Train, Some(200)).await;
+    wait_done(&operator, "a").await;
+    let reader = issue(&operator, "a", Role::Reader).await;
+    let idle = |e: &tonic::Status| {
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        assert!(
+            e.message().contains("DoExchange stream sent or read nothing"),
+            "{e}"
+        );
+    };
+    let unopened = tokio::time::timeout(
+        Duration::from_secs(60),
+        raw_flight(&url, &reader).do_exchange(silent()),
+    )
+    .await
+    .expect("an exchange that never sends is ended")
+    .expect_err("with an error");
+    idle(&unopened);
+    let path = kindling_schemas::descriptor::DataPath::Predict { job_id: "a".into() };
+    let opening = arrow_flight::FlightData {
+        flight_descriptor: Some(path.descriptor()),
+        ..Default::default()
+    };
+    let then_silent = futures::stream::once(async move { opening }).chain(silent());
+    let mut quiet = raw_flight(&url, &reader)
+        .do_exchange(then_silent)
+        .await
+        .expect("admitted")
+        .into_inner();
+    let ended = tokio::time::timeout(Duration::from_secs(60), quiet.message())
+        .await
+        .expect("the quiet exchange was ended")
+        .expect_err("with an error");
+    idle(&ended);
+    // The credential's streams are free for an exchange that predicts.
+    let client = AgentClient::connect(&url, Some(&reader)).expect("client");
+    let batch = rule_batch(10, 2);
+    let features = batch.project(&[0, 1]).expect("features");
+    let predicted: Vec<_> = client
+        .predict("a", features.schema(), futures::stream::iter([features]))
+        .await
+        .expect("predict")
+        .try_collect()
+        .await
+        .expect("predictions");
+    assert_eq!(predicted.iter().map(|b| b.num_rows()).sum::<usize>(), 10);
     cluster.shutdown().await;
 }

@@ -425,3 +425,60 @@ fn kindling_tune_prints_the_table_writes_every_trial_and_saves_the_best_model() 
     let saved = kindling::TrainedModel::load(&model).expect("the saved model");
     assert_eq!(saved.job_id(), trials[best]["job_id"].as_str().expect("id"));
 }
+
+/// `kindling train --local` as a user runs it: the status page's link,
+/// which holds the run's token, goes to a file of the user's (mode 0600);
+/// neither the token nor any `token=` URL reaches the terminal.
+#[test]
+fn kindling_train_local_writes_the_status_page_link_to_a_file_and_prints_no_token() {
+    use std::io::{BufRead, Read};
+
+    let dir = tempfile::tempdir().expect("dir");
+    let sql = rule_sql(2000);
+    let mut run = std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"))
+        .args(["train", "--local", "--remote", &spark_remote(), "--sql", &sql])
+        .args(["--features", "x1,x2", "--label", "y", "--epochs", "1"])
+        .arg("-o")
+        .arg(dir.path().join("model"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kindling");
+    // The link's file lives as long as the run's local cluster: read it
+    // while the run goes on.
+    let mut stderr = std::io::BufReader::new(run.stderr.take().expect("stderr"));
+    let mut printed = String::new();
+    let link_file = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).expect("stderr") == 0 {
+            panic!("no status page link file named:\n{printed}");
+        }
+        printed.push_str(&line);
+        if let Some(rest) = line.split("open the link in ").nth(1) {
+            break rest.split(": it holds").next().expect("path").trim().to_owned();
+        }
+    };
+    let link_file = std::path::Path::new(&link_file);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(link_file)
+            .expect("the link file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{} is readable by others", link_file.display());
+    }
+    let link = std::fs::read_to_string(link_file).expect("the link file");
+    stderr.read_to_string(&mut printed).expect("stderr");
+    let out = run.wait_with_output().expect("kindling");
+    printed.push_str(&String::from_utf8_lossy(&out.stdout));
+    assert!(out.status.success(), "{printed}");
+    assert!(!printed.contains("token="), "{printed}");
+    let token = link
+        .trim()
+        .split("?token=")
+        .nth(1)
+        .expect("the link holds the token");
+    assert!(token.len() >= 16, "{link}");
+    assert!(!printed.contains(token), "the token was printed:\n{printed}");
+}

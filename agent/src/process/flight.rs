@@ -85,14 +85,17 @@ fn inbound(status: Status) -> Status {
     status
 }
 
-/// The first message of a `DoPut` or `DoExchange` and the path its descriptor names.
+/// The first message of a `DoPut` or `DoExchange` and the path its
+/// descriptor names; a caller that sends none within the idle bound holds
+/// its stream slot no longer.
 async fn open_stream(
     call: &'static str,
     input: &mut Streaming<FlightData>,
+    limits: &crate::cache::StagingLimits,
 ) -> Result<(FlightData, DataPath), AgentError> {
-    let first = input
-        .message()
-        .await
+    let too_old = tokio::time::Instant::now() + limits.stream_max_age;
+    let first = in_time(call, input.message(), limits, too_old)
+        .await?
         .map_err(|s| AgentError::caller_stream(&inbound(s)))?
         .ok_or(AgentError::EmptyStream { call })?;
     let descriptor = first
@@ -209,7 +212,7 @@ impl FlightService for AgentFlightService {
         }
         let slot = self.jobs.stream_slot(&caller)?;
         let mut input = request.into_inner();
-        let (first, path) = open_stream("DoPut", &mut input).await?;
+        let (first, path) = open_stream("DoPut", &mut input, &self.jobs.staging()).await?;
         let DataPath::Data { job_id, split } = path else {
             return Err(AgentError::WrongPath {
                 call: "DoPut",
@@ -258,8 +261,23 @@ impl FlightService for AgentFlightService {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
         let caller = Caller::of(&request);
+        // As for DoPut, a credential is checked before any message is read:
+        // a reader's, of a job or served model here, of its current
+        // incarnation, within its streams.
+        if let Caller::Job(claims) = &caller {
+            caller.allow(&claims.job_id, &[Role::Reader], "predict")?;
+            if self.jobs.get(&claims.job_id).is_err() && self.jobs.served().get(&claims.job_id).is_none() {
+                return Err(AgentError::UnknownModel {
+                    agent_id: self.jobs.agent_id().to_owned(),
+                    model_id: claims.job_id.clone(),
+                }
+                .into());
+            }
+            self.check_incarnation(&caller, &claims.job_id)?;
+        }
+        let slot = self.jobs.stream_slot(&caller)?;
         let mut input = request.into_inner();
-        let (first, path) = open_stream("DoExchange", &mut input).await?;
+        let (first, path) = open_stream("DoExchange", &mut input, &self.jobs.staging()).await?;
         let DataPath::Predict { job_id } = &path else {
             return Err(AgentError::WrongPath {
                 call: "DoExchange",
@@ -270,7 +288,6 @@ impl FlightService for AgentFlightService {
         };
         caller.allow(job_id, &[Role::Reader], "predict")?;
         self.check_incarnation(&caller, job_id)?;
-        let slot = self.jobs.stream_slot(&caller)?;
         // A job's own model, else a model served under that id.
         let (model, spec, served) = match self.jobs.get(job_id) {
             Ok(job) => {
@@ -307,14 +324,13 @@ impl FlightService for AgentFlightService {
                     s.predicted(b.num_rows());
                 }
             });
-        let out = FlightDataEncoderBuilder::new()
+        let answers = FlightDataEncoderBuilder::new()
             .build(batches)
-            .map_err(flight_status)
-            // The credential's slot is held as long as the exchange.
-            .inspect(move |_| {
-                let _ = &slot;
-            });
-        Ok(Response::new(Box::pin(out)))
+            .map_err(flight_status);
+        let (tx, rx) = mpsc::channel(4);
+        // The credential's slot is held as long as the exchange.
+        tokio::spawn(exchange_in_time(answers, tx, self.jobs.staging(), slot));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn do_action(
@@ -473,7 +489,7 @@ async fn receive_put(
     let limits = stream.staging();
     let too_old = tokio::time::Instant::now() + limits.stream_max_age;
     loop {
-        let Some(msg) = in_time(decoder.next(), &limits, too_old).await? else {
+        let Some(msg) = in_time("DoPut", decoder.next(), &limits, too_old).await? else {
             return Ok(());
         };
         let msg = msg.map_err(|e| match e {
@@ -488,7 +504,7 @@ async fn receive_put(
                 let ack = stream.accept_batch(meta, batch).await?;
                 // A producer that stops reading its acks is as quiet as one
                 // that stops sending.
-                in_time(tx.send(Ok(put_result(&ack))), &limits, too_old)
+                in_time("DoPut", tx.send(Ok(put_result(&ack))), &limits, too_old)
                     .await?
                     .map_err(|_| AgentError::ProducerGone)?;
             }
@@ -496,25 +512,69 @@ async fn receive_put(
     }
 }
 
-/// `work`'s outcome, unless the stream stays quiet for the idle bound or
-/// reaches `too_old` first.
+/// `work`'s outcome, unless the `call`'s stream stays quiet for the idle
+/// bound or reaches `too_old` first.
 async fn in_time<T>(
+    call: &'static str,
     work: impl std::future::Future<Output = T>,
     limits: &crate::cache::StagingLimits,
     too_old: tokio::time::Instant,
 ) -> Result<T, AgentError> {
     let quiet = tokio::time::Instant::now() + limits.stream_idle;
+    let dropped = if call == "DoPut" {
+        " and its staged rows dropped"
+    } else {
+        ""
+    };
     tokio::time::timeout_at(quiet.min(too_old), work)
         .await
         .map_err(|_| {
             if quiet < too_old {
                 AgentError::StreamIdle {
+                    call,
                     idle: limits.stream_idle,
+                    dropped,
                 }
             } else {
                 AgentError::StreamTooOld {
+                    call,
                     max_age: limits.stream_max_age,
+                    dropped,
                 }
             }
         })
+}
+
+/// Drives a `DoExchange`'s answers into `tx` while the client keeps
+/// sending and reading: a stream quiet for the idle bound (sending nothing,
+/// or reading no answer) or open past its age is ended with the error, and
+/// the credential's stream slot goes with it.
+async fn exchange_in_time(
+    answers: impl Stream<Item = Result<FlightData, Status>>,
+    tx: mpsc::Sender<Result<FlightData, Status>>,
+    limits: crate::cache::StagingLimits,
+    slot: impl Send,
+) {
+    let _slot = slot;
+    let too_old = tokio::time::Instant::now() + limits.stream_max_age;
+    let mut answers = std::pin::pin!(answers);
+    loop {
+        let next = match in_time("DoExchange", answers.next(), &limits, too_old).await {
+            Ok(Some(next)) => next,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = tx.try_send(Err(e.into()));
+                return;
+            }
+        };
+        match in_time("DoExchange", tx.send(next), &limits, too_old).await {
+            Ok(Ok(())) => {}
+            // The client is gone.
+            Ok(Err(_)) => return,
+            Err(e) => {
+                let _ = tx.try_send(Err(e.into()));
+                return;
+            }
+        }
+    }
 }

@@ -92,10 +92,11 @@ struct Cli {
     #[arg(long, env = "KINDLING_MAX_RECEIVING_BYTES", value_parser = parse_bytes)]
     max_receiving_bytes: Option<u64>,
     /// A `DoPut` stream that sends nothing (or reads no ack) for this long is
-    /// ended and what it staged dropped (s).
+    /// ended and what it staged dropped; a `DoExchange` that sends nothing or
+    /// reads no prediction, likewise (s).
     #[arg(long, env = "KINDLING_STREAM_IDLE_SECS", default_value_t = 300)]
     stream_idle_secs: u64,
-    /// A `DoPut` stream open longer than this is ended likewise (s).
+    /// A `DoPut` or `DoExchange` stream open longer than this is ended likewise (s).
     #[arg(long, env = "KINDLING_STREAM_MAX_AGE_SECS", default_value_t = 6 * 3600)]
     stream_max_age_secs: u64,
     /// Threads the trainer computes on (0 = one per core). Leave cores for the
