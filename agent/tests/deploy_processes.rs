@@ -884,6 +884,88 @@ async fn a_shard_far_bigger_than_the_budget_trains_with_bounded_process_memory()
     );
 }
 
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                found.push(e.path());
+            }
+        }
+    }
+    found
+}
+
+/// A real agent SIGKILLed while it holds a shard spilled to disk (and a
+/// checkpoint prune it was in the middle of): what it left on disk is
+/// removed when an agent starts again on the node's work directory, before
+/// it is ready, and the new agent takes a job of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_agent_s_spill_and_half_removed_checkpoints_are_cleaned_when_it_starts_again() {
+    const PIECE: usize = 65_536; // 1 MiB of values a batch
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.agent_with_budget("crash", "16MiB").await;
+    let rv = cluster.rendezvous_client().await;
+    rv.create_job(&JobConfig::new("spilled", 1))
+        .await
+        .expect("create job");
+    start_on(
+        &url,
+        "spilled",
+        &one_agent_rule_spec(8192),
+        &cluster.rendezvous_url,
+    )
+    .await;
+    let committed = put_generated(
+        &url,
+        "spilled",
+        "generated",
+        (0..48).map(|i| rule_batch(PIECE, i as u64)),
+    )
+    .await;
+    assert_eq!(committed, 48 * PIECE as u64);
+    let held = wait_until(&url, "spilled", |s| s.cache_bytes_disk > 16 << 20).await;
+    let work = cluster.dir.path().join("crash");
+    let spill = work.join("spill").join("agent-crash");
+    let checkpoints = work.join("checkpoints").join("agent-crash");
+    let pruning = checkpoints.join(".removing-older");
+    std::fs::create_dir_all(&pruning).expect("a prune under way");
+    std::fs::write(pruning.join("weights.bin"), vec![0u8; 4096]).expect("its file");
+    agent.child.kill().expect("SIGKILL");
+    agent.child.wait().expect("reaped");
+    let left = files_under(&spill);
+    assert!(
+        !left.is_empty(),
+        "nothing spilled on disk ({} bytes reported)",
+        held.cache_bytes_disk
+    );
+
+    eprintln!("{} spill files left by the killed agent", left.len());
+    let (again, url) = cluster.agent_with_budget("crash", "16MiB").await;
+    let remaining: Vec<_> = left.iter().filter(|p| p.exists()).collect();
+    assert!(remaining.is_empty(), "left after the restart: {remaining:?}");
+    assert!(!pruning.exists(), "the half-removed checkpoint is still there");
+    assert!(
+        again
+            .logs()
+            .contains("removed what a previous agent process left behind"),
+        "{}",
+        again.logs()
+    );
+    rv.create_job(&JobConfig::new("after", 1))
+        .await
+        .expect("create job");
+    start_on(&url, "after", &one_agent_rule_spec(256), &cluster.rendezvous_url).await;
+    assert_eq!(put(&url, "after", &rule_batch(1000, 7)).await, 1000);
+    end_of_data(&url, "after", 1000).await;
+    let done = wait_until(&url, "after", |s| s.state.is_terminal()).await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{}", again.logs());
+}
+
 /// The rule's linear classifier on one agent, two epochs, in batches of `batch_size`.
 fn one_agent_rule_spec(batch_size: usize) -> JobSpec {
     JobSpec::builder()
@@ -1337,6 +1419,87 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
     }
     let jobs: serde_json::Value = action(&url, &Action::ListJobs).await;
     assert!(jobs["jobs"].as_array().is_some_and(Vec::is_empty), "{jobs}");
+}
+
+/// The CPU time `pid` has used (user + system), from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // After the command's parenthesised name: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let hz = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
+    let hz: u64 = String::from_utf8_lossy(&hz.stdout)
+        .trim()
+        .parse()
+        .expect("CLK_TCK");
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// A real agent process out of file descriptors (its limit lowered with
+/// `prlimit` to a few past what it holds, then a flood of connections takes
+/// them): every accept fails, and each listener waits before it tries again
+/// instead of spinning — the process uses under a quarter of a core while
+/// the flood holds it — and once the flood goes, a Flight call is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_listeners_back_off_and_serve_once_freed() {
+    use std::net::Ipv4Addr;
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent("nofile").await;
+    let pid = agent.child.id();
+    let fds = || std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let limit = fds() + 16;
+    let lowered = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={limit}:{limit}"))
+        .status()
+        .expect("prlimit");
+    assert!(lowered.success(), "prlimit --nofile on the agent");
+    let main = url.trim_start_matches("https://").to_owned();
+    let mut flood = Vec::new();
+    for a in 0..4u8 {
+        flood.extend(silent_connections(Ipv4Addr::new(127, 0, 0, 10 + a), &main, 24).await);
+    }
+    flood.extend(silent_connections(Ipv4Addr::LOCALHOST, &agent.health, 24).await);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fds() + 2 < limit {
+        assert!(
+            Instant::now() < deadline,
+            "the flood never took the agent's descriptors"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A window while every accept fails: the backoff keeps the process idle.
+    let (cpu, started) = (cpu_time(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (used, window) = (cpu_time(pid) - cpu, started.elapsed());
+    assert!(
+        used < window / 4,
+        "out of descriptors the agent used {used:?} of CPU in {window:?}: its listeners spin"
+    );
+    assert!(
+        agent.logs().contains("accept"),
+        "no failed accept was logged:\n{}",
+        agent.logs()
+    );
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answered = flight(&url).do_action(Action::ListJobs.to_flight()).await.is_ok();
+        if answered {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not answered after the flood:\n{}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The memory oracle. One producer credential sends hostile traffic — 100

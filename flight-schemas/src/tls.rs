@@ -25,6 +25,7 @@ mod open;
 mod peers;
 
 pub use open::{GrpcConn, MAX_GRPC_CONNECTIONS, MAX_GRPC_PER_PEER};
+pub use peers::{PeerSlot, PeerSlots};
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};

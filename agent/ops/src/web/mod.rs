@@ -120,15 +120,28 @@ pub fn html_csp(html: &[u8]) -> String {
 /// of the process' memory or tasks).
 pub const MAX_CONNECTIONS: usize = 128;
 
+/// Of [`MAX_CONNECTIONS`], the most one peer address holds: one address
+/// cannot take the port from a scraper or a browser elsewhere.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 16;
+
 /// Serves [`router`] on the HTTP connections of a port until `stop`, at
-/// most [`MAX_CONNECTIONS`] at once.
+/// most [`MAX_CONNECTIONS`] at once and [`MAX_CONNECTIONS_PER_PEER`] from
+/// one address.
 pub async fn serve(conns: mpsc::Receiver<Conn>, auth: HttpAuth, stop: CancellationToken, pages: Pages) {
-    serve_capped(conns, router(auth, pages), MAX_CONNECTIONS, stop).await
+    let caps = (MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
+    serve_capped(conns, router(auth, pages), caps, stop).await
 }
 
-async fn serve_capped(mut conns: mpsc::Receiver<Conn>, app: Router, cap: usize, stop: CancellationToken) {
+async fn serve_capped(
+    mut conns: mpsc::Receiver<Conn>,
+    app: Router,
+    (cap, per_peer): (usize, usize),
+    stop: CancellationToken,
+) {
+    use tonic::transport::server::Connected as _;
     let tracker = TaskTracker::new();
     let open = std::sync::Arc::new(tokio::sync::Semaphore::new(cap));
+    let peers = kindling_schemas::tls::PeerSlots::new(per_peer);
     loop {
         let conn = tokio::select! {
             _ = stop.cancelled() => break,
@@ -142,10 +155,24 @@ async fn serve_capped(mut conns: mpsc::Receiver<Conn>, app: Router, cap: usize, 
             drop(conn);
             continue;
         };
+        let peer = conn.connect_info().remote_addr();
+        let mine = match peer.map(|p| peers.take(p.ip())) {
+            Some(None) => {
+                tracing::debug!(
+                    ?peer,
+                    cap = per_peer,
+                    "HTTP connection refused: its address holds its cap"
+                );
+                drop(conn);
+                continue;
+            }
+            Some(Some(slot)) => Some(slot),
+            None => None,
+        };
         let served = serve_connection(conn, app.clone(), true, stop.clone());
         tracker.spawn(async move {
             served.await;
-            drop(permit);
+            drop((permit, mine));
         });
     }
     tracker.close();
@@ -285,7 +312,7 @@ mod tests {
             })
         });
         let auth = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
-        let server = tokio::spawn(serve_capped(rx, router(auth, pages), 2, stop.clone()));
+        let server = tokio::spawn(serve_capped(rx, router(auth, pages), (2, 2), stop.clone()));
         let request = "GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer op\r\n\r\n";
         let mut open = Vec::new();
         for _ in 0..3 {
@@ -316,6 +343,109 @@ mod tests {
                 assert_eq!(response(client).await.0, "HTTP/1.1 200 OK");
             }
         }
+        stop.cancel();
+        server.await.expect("the server stops");
+    }
+
+    /// A metrics-only router with the operator token `op`.
+    fn metrics_app() -> Router {
+        let pages: Pages = Arc::new(|path: &str| {
+            (path == "/metrics").then(|| Page {
+                content_type: "text/plain",
+                body: Bytes::from_static(b"m 1\n"),
+            })
+        });
+        router(
+            HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false),
+            pages,
+        )
+    }
+
+    /// A connection from `from` to `addr`, handed over to the server as the
+    /// router would.
+    async fn hand_over(
+        from: &str,
+        addr: std::net::SocketAddr,
+        listener: &TcpListener,
+        tx: &mpsc::Sender<Conn>,
+    ) -> BufReader<TcpStream> {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(format!("{from}:0").parse().expect("addr"))
+            .expect("bind");
+        let client = socket.connect(addr).await.expect("connect");
+        let (conn, _) = listener.accept().await.expect("accept");
+        tx.send(Conn::Plain(conn)).await.expect("hand over");
+        BufReader::new(client)
+    }
+
+    /// Whether `client` gets an answer to a request (else it was closed).
+    async fn answered(client: &mut BufReader<TcpStream>) -> bool {
+        let request = "GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer op\r\n\r\n";
+        if client.get_mut().write_all(request.as_bytes()).await.is_err() {
+            return false;
+        }
+        let mut status = String::new();
+        matches!(client.read_line(&mut status).await, Ok(n) if n > 0)
+    }
+
+    #[tokio::test]
+    async fn one_address_holds_its_share_of_the_connections_and_another_is_served() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_capped(rx, metrics_app(), (8, 2), stop.clone()));
+        let mut flood = Vec::new();
+        for _ in 0..3 {
+            flood.push(hand_over("127.0.0.2", addr, &listener, &tx).await);
+        }
+        let mut third = flood.pop().expect("third");
+        assert!(
+            !answered(&mut third).await,
+            "a third connection of one address was served"
+        );
+        for client in &mut flood {
+            assert!(answered(client).await);
+        }
+        let mut other = hand_over("127.0.0.3", addr, &listener, &tx).await;
+        assert!(answered(&mut other).await, "another address was refused");
+        // Once one of its connections closes, the address connects again.
+        drop(flood.pop());
+        let mut again = None;
+        for _ in 0..100 {
+            let mut c = hand_over("127.0.0.2", addr, &listener, &tx).await;
+            if answered(&mut c).await {
+                again = Some(c);
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(again.is_some(), "the address never connected again");
+        stop.cancel();
+        server.await.expect("the server stops");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_half_a_request_head_is_dropped_after_the_read_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_capped(rx, metrics_app(), (8, 8), stop.clone()));
+        let mut slow = hand_over("127.0.0.1", addr, &listener, &tx).await;
+        slow.get_mut()
+            .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .expect("half a head");
+        let started = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(READ_TIMEOUT * 4, slow.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the slow client was never dropped");
+        assert!(started.elapsed() >= READ_TIMEOUT / 2, "dropped before its time");
+        // Meanwhile and after, the port serves.
+        let mut other = hand_over("127.0.0.1", addr, &listener, &tx).await;
+        assert!(answered(&mut other).await);
         stop.cancel();
         server.await.expect("the server stops");
     }
