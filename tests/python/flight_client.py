@@ -68,6 +68,28 @@ class InjectedFailure(Exception):
     """A producer failing mid-stream, as a failed Spark task would."""
 
 
+def exchange_refusal(url, token, job_id, table):
+    """A DoExchange the agent refuses: where pyarrow raised (begin, write or
+    read) and the exception's type, as docs/protocol.md says it surfaces."""
+    client = fl.FlightClient(url.replace("http://", "grpc://"))
+    options = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())], timeout=60)
+    where = "call"
+    try:
+        writer, reader = client.do_exchange(fl.FlightDescriptor.for_path(job_id, "predict"), options=options)
+        where = "begin"
+        writer.begin(table.schema)
+        where = "write"
+        writer.write_table(table)
+        writer.done_writing()
+        where = "read"
+        reader.read_all()
+        return {"where": None, "type": None}
+    except Exception as e:  # noqa: BLE001 - the type is what is observed
+        return {"where": where, "type": type(e).__name__, "message": str(e)}
+    finally:
+        client.close()
+
+
 def put_stream(agent, job_id, split, producer, batches, fail_after=None):
     """One stream of ``producer`` (seq from 0): per-batch acks, then the final ack.
 
@@ -213,6 +235,10 @@ def main():
     mine = np.exp(logits - logits.max(axis=1, keepdims=True))
     mine /= mine.sum(axis=1, keepdims=True)
     out["table_vs_exchange_max_diff"] = float(np.abs(mine - np.asarray(probs)).max())
+    # Refused exchanges, as the doc says pyarrow shows them.
+    features = test.select(["id", "x1", "x2"])
+    out["exchange_wrong_token"] = exchange_refusal(args["agents"][0], "not-the-token", job_id, features)
+    out["exchange_unknown_model"] = exchange_refusal(args["agents"][0], args["token"], "no-such-job", features)
     for a in agents:
         a.close()
     print(json.dumps(out))
