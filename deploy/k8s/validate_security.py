@@ -35,9 +35,9 @@ SPARK_SECRETS = {
     "spark-connect-token": "Spark Connect's own token",
     "spark-connect-tls": "Spark Connect's server certificate",
 }
-# Pods whose root filesystem must be read-only (Spark's pods write under
-# their image's work directory).
-READ_ONLY_ROOT = {"agent", "rendezvous", "client", "etcd"}
+# Pods whose root filesystem must be read-only: every one (Spark's write to
+# emptyDirs mounted at /tmp and their working directory).
+READ_ONLY_ROOT = {"agent", "rendezvous", "client", "etcd", "executor", "spark-connect"}
 
 
 def check_namespaces(objs, overlay, errors):
