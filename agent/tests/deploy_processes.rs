@@ -1527,10 +1527,26 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     let pid = agent.child.id();
     let spec = one_agent_rule_spec(1024);
     let rv = cluster.rendezvous_client().await;
-    for job in ["hostile", "honest"] {
+    for job in ["hostile", "honest", "calm"] {
         rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
         start_on(&url, job, &spec, &cluster.rendezvous_url).await;
     }
+    // What training the other job's rows takes with nothing else going on.
+    let rows = 64 * 1024;
+    let train = |job: &'static str| {
+        let url = url.clone();
+        async move {
+            let committed =
+                put_generated(&url, job, "shard", pieces(&rule_batch(rows, 9), 4096).into_iter()).await;
+            assert_eq!(committed, rows as u64);
+            let started = Instant::now();
+            end_of_data(&url, job, rows as u64).await;
+            let done = wait_until(&url, job, |s| s.state.is_terminal()).await;
+            (done, started.elapsed())
+        }
+    };
+    let (calm, calm_took) = train("calm").await;
+    assert_eq!(calm.state, AgentJobState::Succeeded, "{calm:#?}");
     let idle = proc_memory(pid, "VmRSS:");
     let credential: CredentialResponse = action(
         &url,
@@ -1668,17 +1684,10 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
         "the streams past the credential's cap are refused naming it: {refused:?}"
     );
     // Meanwhile the other job trains on the agent.
-    let rows = 64 * 1024;
-    let committed = put_generated(
-        &url,
-        "honest",
-        "shard",
-        pieces(&rule_batch(rows, 9), 4096).into_iter(),
-    )
-    .await;
-    assert_eq!(committed, rows as u64);
-    end_of_data(&url, "honest", rows as u64).await;
-    let done = wait_until(&url, "honest", |s| s.state.is_terminal()).await;
+    let (done, took) = train("honest").await;
+    eprintln!(
+        "memory oracle: the other job trained in {took:?} beside the hostile streams, {calm_took:?} alone"
+    );
     assert_eq!(
         done.state,
         AgentJobState::Succeeded,
@@ -1686,6 +1695,50 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
         agent.logs()
     );
     assert_eq!(done.rows_trained_per_epoch, vec![rows as u64; 2]);
+    // A dictionary-encoded DoExchange (a reader of the trained job, its
+    // dictionary batches sent after the schema) is refused at the schema:
+    // no dictionary, nor any delta, is kept.
+    let reader: CredentialResponse = action(
+        &url,
+        &Action::IssueCredential(IssueCredential {
+            job_id: "honest".into(),
+            role: Role::Reader,
+            ttl_secs: 600,
+        }),
+    )
+    .await;
+    let reader = {
+        let channel = client_channel().dial(&url, true).expect("dial").connect_lazy();
+        let attach = BearerAttach::new(Some(&Token::new(reader.credential))).expect("token");
+        FlightServiceClient::with_interceptor(channel, attach)
+    };
+    let values: Vec<String> = (0..1000).map(|i| format!("value-{}", i % 7)).collect();
+    let coded: arrow::array::DictionaryArray<arrow::datatypes::Int32Type> =
+        values.iter().map(String::as_str).collect();
+    let coded = RecordBatch::try_new(
+        std::sync::Arc::new(dict_schema.clone()),
+        vec![std::sync::Arc::new(coded)],
+    )
+    .expect("a dictionary batch");
+    let path = kindling_schemas::descriptor::DataPath::Predict {
+        job_id: "honest".into(),
+    };
+    let exchange = arrow_flight::encode::FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(path.descriptor()))
+        .with_dictionary_handling(arrow_flight::encode::DictionaryHandling::Resend)
+        .build(futures::stream::iter([Ok(coded.clone()), Ok(coded)]))
+        .map(|m| m.expect("encoded"));
+    let refusal = match reader.clone().do_exchange(exchange).await {
+        Err(status) => status,
+        Ok(answers) => answers
+            .into_inner()
+            .next()
+            .await
+            .expect("an answer")
+            .expect_err("a dictionary"),
+    };
+    assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
+    assert!(refusal.message().contains("dictionary"), "{refusal}");
     let hostile_status = status(&url, "hostile").await;
     assert_eq!(
         hostile_status.rows_train, 0,
