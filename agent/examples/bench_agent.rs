@@ -557,6 +557,49 @@ async fn caps_cost(total_mb: usize) -> anyhow::Result<()> {
         bytes >> 20,
         on / off
     );
+    accounting_cost(&schema, &batches, bytes, off, turns)
+}
+
+/// What the cache's accounting costs, which both arms above pay: each
+/// batch decoded from its Flight message as the agent decodes it, then
+/// charged what it holds (`cache::charge`: its buffers' memory, the body it
+/// slices, copied if padded) against what the accounting did before (its
+/// values' bytes only), timed over every batch of the ingest, medians of
+/// `turns`; the difference as a share of the ingest's own time.
+fn accounting_cost(
+    schema: &arrow::datatypes::Schema,
+    batches: &[arrow::array::RecordBatch],
+    bytes: usize,
+    ingest_gbps: f64,
+    turns: usize,
+) -> anyhow::Result<()> {
+    let messages = encode(schema, batches, &DataPath::data("accounting", Split::Train));
+    let decoded = arrow_flight::utils::flight_data_to_batches(&messages)?;
+    let (mut now, mut before) = (Vec::new(), Vec::new());
+    for _ in 0..turns {
+        let started = Instant::now();
+        for b in &decoded {
+            std::hint::black_box(kindling_agent::cache::charge(std::hint::black_box(b.clone())));
+        }
+        now.push(started.elapsed());
+        let started = Instant::now();
+        for b in &decoded {
+            std::hint::black_box(kindling_schemas::schema::batch_bytes(std::hint::black_box(b)));
+        }
+        before.push(started.elapsed());
+    }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (now, before) = (median(now), median(before));
+    let ingest = Duration::from_secs_f64(bytes as f64 / (ingest_gbps * 1e9));
+    let added = now.saturating_sub(before);
+    println!(
+        "| the cache's accounting over the {} batches (what each holds) | {now:?} | {before:?} (values' bytes only, as before) | +{:.3} % of the ingest's {ingest:?} |",
+        decoded.len(),
+        100.0 * added.as_secs_f64() / ingest.as_secs_f64()
+    );
     Ok(())
 }
 
