@@ -1421,6 +1421,110 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
     assert!(jobs["jobs"].as_array().is_some_and(Vec::is_empty), "{jobs}");
 }
 
+/// `n` TLS connections from `from` to `addr` that ask for HTTP/1.1 (the
+/// status page and `/metrics`) and then send nothing.
+async fn idle_page_connections(
+    from: std::net::Ipv4Addr,
+    addr: &str,
+    n: usize,
+) -> Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let tcp = silent_connections(from, addr, 1).await.remove(0);
+        conns.push(
+            page_connector()
+                .connect(page_name(), tcp)
+                .await
+                .expect("TLS handshake"),
+        );
+    }
+    conns
+}
+
+fn page_connector() -> tokio_rustls::TlsConnector {
+    let tls = Tls::new(TlsFiles {
+        cert: Some(PKI.client.cert.clone()),
+        key: Some(PKI.client.key.clone()),
+        ca: Some(PKI.client.ca.clone()),
+        client_auth: false,
+        server_name: Some(AGENT_CERT_NAME.into()),
+    })
+    .expect("client TLS");
+    let mut config = (*tls.client_config().expect("a client config")).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+fn page_name() -> rustls_pki_types::ServerName<'static> {
+    rustls_pki_types::ServerName::try_from(AGENT_CERT_NAME).expect("name")
+}
+
+/// A flood of idle page connections (TLS done, HTTP/1.1 asked, no request)
+/// from one address at a real agent's main port: the address holds its
+/// share of the port's HTTP connections and the rest are closed at once;
+/// the held ones are dropped once the request-head timeout passes; meanwhile
+/// `/metrics` from another address is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_page_connections_from_one_address_hold_its_share_and_another_reads_metrics() {
+    use std::net::Ipv4Addr;
+
+    use kindling_ops::web::{MAX_CONNECTIONS_PER_PEER, READ_TIMEOUT};
+    let cluster = Cluster::start().await;
+    let (agent, url) = cluster.agent("pages").await;
+    let main = url.trim_start_matches("https://").to_owned();
+    let extra = 8;
+    let mut flood = idle_page_connections(
+        Ipv4Addr::new(127, 0, 0, 2),
+        &main,
+        MAX_CONNECTIONS_PER_PEER + extra,
+    )
+    .await;
+    let started = Instant::now();
+    let reads = flood.iter_mut().map(|conn| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(READ_TIMEOUT * 3, conn.read(&mut byte)).await;
+        (matches!(read, Ok(Ok(0) | Err(_))), Instant::now())
+    });
+    // Meanwhile another address reads /metrics with the viewer token.
+    let metrics = async {
+        let tcp = silent_connections(Ipv4Addr::new(127, 0, 0, 3), &main, 1)
+            .await
+            .remove(0);
+        let mut conn = page_connector()
+            .connect(page_name(), tcp)
+            .await
+            .expect("TLS handshake");
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nhost: agent\r\nauthorization: Bearer {VIEWER_TOKEN}\r\nconnection: close\r\n\r\n"
+        );
+        conn.write_all(request.as_bytes()).await.expect("request");
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer).await;
+        answer
+    };
+    let (ends, answer) = tokio::join!(futures::future::join_all(reads), metrics);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "another address: {answer}\n{}",
+        agent.logs()
+    );
+    let closed: Vec<Duration> = ends
+        .iter()
+        .filter(|(c, _)| *c)
+        .map(|(_, at)| *at - started)
+        .collect();
+    assert_eq!(
+        closed.len(),
+        ends.len(),
+        "some idle page connections were never closed"
+    );
+    let at_once = closed.iter().filter(|t| **t < READ_TIMEOUT / 2).count();
+    assert_eq!(
+        at_once, extra,
+        "the connections past the address's share are closed at once, the others after the read timeout: {closed:?}"
+    );
+}
+
 /// The CPU time `pid` has used (user + system), from `/proc/<pid>/stat`.
 fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
