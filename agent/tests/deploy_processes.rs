@@ -1606,6 +1606,24 @@ async fn out_of_descriptors_the_listeners_back_off_and_serve_once_freed() {
     }
 }
 
+/// A Flight client of agent `url` holding a credential for `job_id` in
+/// `role`, issued by the agent with the operator token.
+async fn credential_client(url: &str, job_id: &str, role: kindling_schemas::credential::Role) -> Flight {
+    use kindling_schemas::action::{CredentialResponse, IssueCredential};
+    let issued: CredentialResponse = action(
+        url,
+        &Action::IssueCredential(IssueCredential {
+            job_id: job_id.into(),
+            role,
+            ttl_secs: 600,
+        }),
+    )
+    .await;
+    let channel = client_channel().dial(url, true).expect("dial").connect_lazy();
+    let attach = BearerAttach::new(Some(&Token::new(issued.credential))).expect("token");
+    FlightServiceClient::with_interceptor(channel, attach)
+}
+
 /// The memory oracle. One producer credential sends hostile traffic — 100
 /// streams whose message bodies are padded far past their one-row batches,
 /// staged and then held open; a stream of thousands of one-row batches,
@@ -1618,7 +1636,6 @@ async fn out_of_descriptors_the_listeners_back_off_and_serve_once_freed() {
 /// trains every row of both epochs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other_job_trains() {
-    use kindling_schemas::action::{CredentialResponse, IssueCredential};
     use kindling_schemas::credential::Role;
     const BUDGET: u64 = 16 << 20;
     const RECEIVING: u64 = 32 << 20;
@@ -1652,20 +1669,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     let (calm, calm_took) = train("calm").await;
     assert_eq!(calm.state, AgentJobState::Succeeded, "{calm:#?}");
     let idle = proc_memory(pid, "VmRSS:");
-    let credential: CredentialResponse = action(
-        &url,
-        &Action::IssueCredential(IssueCredential {
-            job_id: "hostile".into(),
-            role: Role::Producer,
-            ttl_secs: 600,
-        }),
-    )
-    .await;
-    let hostile = {
-        let channel = client_channel().dial(&url, true).expect("dial").connect_lazy();
-        let attach = BearerAttach::new(Some(&Token::new(credential.credential))).expect("token");
-        FlightServiceClient::with_interceptor(channel, attach)
-    };
+    let hostile = credential_client(&url, "hostile", Role::Producer).await;
     // Each batch message padded with PAD bytes past its one row, then the
     // stream held open (it never ends).
     let held = |producer: String, rows: usize, batches: usize, pad: usize| {
@@ -1802,20 +1806,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     // A dictionary-encoded DoExchange (a reader of the trained job, its
     // dictionary batches sent after the schema) is refused at the schema:
     // no dictionary, nor any delta, is kept.
-    let reader: CredentialResponse = action(
-        &url,
-        &Action::IssueCredential(IssueCredential {
-            job_id: "honest".into(),
-            role: Role::Reader,
-            ttl_secs: 600,
-        }),
-    )
-    .await;
-    let reader = {
-        let channel = client_channel().dial(&url, true).expect("dial").connect_lazy();
-        let attach = BearerAttach::new(Some(&Token::new(reader.credential))).expect("token");
-        FlightServiceClient::with_interceptor(channel, attach)
-    };
+    let reader = credential_client(&url, "honest", Role::Reader).await;
     let values: Vec<String> = (0..1000).map(|i| format!("value-{}", i % 7)).collect();
     let coded: arrow::array::DictionaryArray<arrow::datatypes::Int32Type> =
         values.iter().map(String::as_str).collect();

@@ -104,6 +104,37 @@ async fn answered_first_time(url: &str, gang: &[Arc<GangMember>], jobs: &str) {
     }
 }
 
+/// A 3-member etcd, three replicas on it under `prefix`, and a local
+/// cluster of two agents following them (their URLs, comma-separated).
+async fn replicated_cluster(
+    prefix: &str,
+) -> (
+    EtcdCluster,
+    tempfile::TempDir,
+    Vec<Replica>,
+    String,
+    kindling::local::LocalCluster,
+) {
+    use kindling::local::{LocalCluster, LocalClusterConfig};
+    let etcd = EtcdCluster::start(3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = etcd.store(prefix);
+    let mut replicas = Vec::new();
+    for i in 0..3 {
+        replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
+    }
+    let urls = replicas
+        .iter()
+        .map(|r| r.url.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut config = LocalClusterConfig::new(dir.path());
+    config.token = Some(Token::new(TOKEN));
+    config.external_rendezvous = Some(urls.clone());
+    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    (etcd, dir, replicas, urls, cluster)
+}
+
 /// Which of `replicas` leads: the one a status call is answered by.
 async fn leader(replicas: &[&Replica]) -> usize {
     let deadline = Instant::now() + GUARD;
@@ -436,27 +467,11 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kindling_train_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_row_once_per_epoch()
 {
-    use kindling::local::{LocalCluster, LocalClusterConfig};
     use kindling_schemas::action::{Action, JobList};
     use kindling_tests::spark::spark_remote;
 
     let rows = 20_000u64;
-    let etcd = EtcdCluster::start(3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = etcd.store("train");
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
-    }
-    let urls = replicas
-        .iter()
-        .map(|r| r.url.clone())
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut config = LocalClusterConfig::new(dir.path());
-    config.token = Some(Token::new(TOKEN));
-    config.external_rendezvous = Some(urls.clone());
-    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    let (_etcd, dir, mut replicas, urls, cluster) = replicated_cluster("train").await;
     let token_file = dir.path().join("cli.token");
     std::fs::write(&token_file, TOKEN).unwrap();
     // Long enough for ten failovers (each about the 2 s lease) on this kind of machine.
@@ -650,24 +665,7 @@ async fn a_replica_reaches_etcd_over_mutual_tls_one_without_a_client_certificate
 async fn the_python_package_s_job_rides_out_leader_kills_before_it_is_created_and_while_it_trains() {
     use std::io::{BufRead, BufReader, Write};
 
-    use kindling::local::{LocalCluster, LocalClusterConfig};
-
-    let etcd = EtcdCluster::start(3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = etcd.store("python");
-    let mut replicas = Vec::new();
-    for i in 0..3 {
-        replicas.push(Replica::start(&format!("r{i}"), &store, TOKEN, dir.path()).await);
-    }
-    let urls = replicas
-        .iter()
-        .map(|r| r.url.clone())
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut config = LocalClusterConfig::new(dir.path());
-    config.token = Some(Token::new(TOKEN));
-    config.external_rendezvous = Some(urls.clone());
-    let cluster = LocalCluster::start(2, config).await.expect("cluster");
+    let (_etcd, _dir, mut replicas, urls, cluster) = replicated_cluster("python").await;
 
     // The leader SIGKILLed just before the package creates its job: the
     // agent it asks follows the rendezvous to the next leader.
