@@ -22,10 +22,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 mod open;
-mod peers;
+pub mod peers;
 
 pub use open::{GrpcConn, MAX_GRPC_CONNECTIONS, MAX_GRPC_PER_PEER};
-pub use peers::{PeerSlot, PeerSlots};
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};

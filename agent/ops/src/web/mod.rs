@@ -141,7 +141,7 @@ async fn serve_capped(
     use tonic::transport::server::Connected as _;
     let tracker = TaskTracker::new();
     let open = std::sync::Arc::new(tokio::sync::Semaphore::new(cap));
-    let peers = kindling_schemas::tls::PeerSlots::new(per_peer);
+    let peers = kindling_schemas::tls::peers::PeerSlots::new(per_peer);
     loop {
         let conn = tokio::select! {
             _ = stop.cancelled() => break,
