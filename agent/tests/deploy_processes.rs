@@ -1606,6 +1606,21 @@ async fn out_of_descriptors_the_listeners_back_off_and_serve_once_freed() {
     }
 }
 
+/// The status a refused streaming call ends with: the call's own, or its
+/// reply stream's first item.
+async fn refused_with<T>(call: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>) -> tonic::Status {
+    match call {
+        Err(status) => status,
+        Ok(answers) => answers
+            .into_inner()
+            .next()
+            .await
+            .expect("an answer")
+            .err()
+            .expect("a refusal, not an answer"),
+    }
+}
+
 /// A Flight client of agent `url` holding a credential for `job_id` in
 /// `role`, issued by the agent with the operator token.
 async fn credential_client(url: &str, job_id: &str, role: kindling_schemas::credential::Role) -> Flight {
@@ -1708,15 +1723,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
             .collect()
             .await;
     let dict = futures::stream::iter(dict);
-    let refusal = match hostile.clone().do_put(dict).await {
-        Err(status) => status,
-        Ok(acks) => acks
-            .into_inner()
-            .next()
-            .await
-            .expect("an answer")
-            .expect_err("a dictionary"),
-    };
+    let refusal = refused_with(hostile.clone().do_put(dict).await).await;
     assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
 
     // Each stream opened, then read until it has acknowledged all its
@@ -1823,15 +1830,7 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
         .with_dictionary_handling(arrow_flight::encode::DictionaryHandling::Resend)
         .build(futures::stream::iter([Ok(coded.clone()), Ok(coded)]))
         .map(|m| m.expect("encoded"));
-    let refusal = match reader.clone().do_exchange(exchange).await {
-        Err(status) => status,
-        Ok(answers) => answers
-            .into_inner()
-            .next()
-            .await
-            .expect("an answer")
-            .expect_err("a dictionary"),
-    };
+    let refusal = refused_with(reader.clone().do_exchange(exchange).await).await;
     assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
     assert!(refusal.message().contains("dictionary"), "{refusal}");
     let hostile_status = status(&url, "hostile").await;

@@ -45,6 +45,20 @@ fn cluster_job(
         .events(events)
 }
 
+/// Every trial of `result` finished, each after all its `epochs`.
+fn every_trial_finished(result: &kindling::job::SearchResult, epochs: u32) {
+    for t in &result.trials {
+        assert_eq!(
+            t.outcome,
+            TrialOutcome::Finished,
+            "trial {}: {:?}",
+            t.trial,
+            t.error
+        );
+        assert_eq!(t.history.len(), epochs as usize, "trial {}", t.trial);
+    }
+}
+
 /// The dataset's agents' Flight URLs, by shard, from its `Started` event.
 async fn dataset_agents(events: &mut mpsc::Receiver<TrainingEvent>) -> Vec<String> {
     loop {
@@ -86,16 +100,7 @@ async fn a_sigkilled_agent_mid_search_is_replaced_and_every_trial_finishes() {
         .expect("task")
         .unwrap_or_else(|e| panic!("search: {e}\n{}", procs.logs()));
     println!("{}", result.table());
-    for t in &result.trials {
-        assert_eq!(
-            t.outcome,
-            TrialOutcome::Finished,
-            "trial {}: {:?}",
-            t.trial,
-            t.error
-        );
-        assert_eq!(t.history.len(), epochs as usize, "trial {}", t.trial);
-    }
+    every_trial_finished(&result, epochs);
     let mut recovered = Vec::new();
     while let Ok(e) = rx.try_recv() {
         if let TrainingEvent::Recovering {
@@ -161,15 +166,8 @@ async fn a_dataset_that_loses_an_agent_with_no_replacement_shrinks_and_its_trial
         shrunk |= matches!(e, TrainingEvent::Shrunk { world_size: 1, .. });
     }
     assert!(shrunk, "the dataset shrank to the survivor");
+    every_trial_finished(&result, epochs);
     for t in &result.trials {
-        assert_eq!(
-            t.outcome,
-            TrialOutcome::Finished,
-            "trial {}: {:?}",
-            t.trial,
-            t.error
-        );
-        assert_eq!(t.history.len(), epochs as usize, "trial {}", t.trial);
         // The last epoch trained every row, all of them on the survivor.
         assert_eq!(
             t.history.last().expect("an epoch").rows,

@@ -305,21 +305,11 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = mpsc::channel(1);
         let stop = CancellationToken::new();
-        let pages: Pages = Arc::new(|path: &str| {
-            (path == "/metrics").then(|| Page {
-                content_type: "text/plain",
-                body: Bytes::from_static(b"m 1\n"),
-            })
-        });
-        let auth = HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false);
-        let server = tokio::spawn(serve_capped(rx, router(auth, pages), (2, 2), stop.clone()));
+        let server = tokio::spawn(serve_capped(rx, metrics_app(), (2, 2), stop.clone()));
         let request = "GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer op\r\n\r\n";
         let mut open = Vec::new();
         for _ in 0..3 {
-            let client = TcpStream::connect(addr).await.expect("connect");
-            let (conn, _) = listener.accept().await.expect("accept");
-            tx.send(Conn::Plain(conn)).await.expect("hand over");
-            open.push(BufReader::new(client));
+            open.push(hand_over("127.0.0.1", addr, &listener, &tx).await);
         }
         // The third is closed without an answer.
         let mut third = open.pop().expect("third");
