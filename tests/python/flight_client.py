@@ -69,8 +69,9 @@ class InjectedFailure(Exception):
 
 
 def exchange_refusal(url, token, job_id, table):
-    """A DoExchange the agent refuses: where pyarrow raised (begin, write or
-    read) and the exception's type, as docs/protocol.md says it surfaces."""
+    """A DoExchange the agent refuses: where pyarrow raised (the call, begin,
+    a write or the read: which one is a race between the call's opening and
+    the agent's answer) and the exception's type, as docs/protocol.md says."""
     client = fl.FlightClient(url.replace("http://", "grpc://"))
     options = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())], timeout=60)
     where = "call"
@@ -82,8 +83,8 @@ def exchange_refusal(url, token, job_id, table):
         writer.write_table(table)
         writer.done_writing()
         where = "read"
-        reader.read_all()
-        return {"where": None, "type": None}
+        predicted = reader.read_all()
+        return {"where": None, "type": None, "predicted_rows": predicted.num_rows}
     except Exception as e:  # noqa: BLE001 - the type is what is observed
         return {"where": where, "type": type(e).__name__, "message": str(e)}
     finally:

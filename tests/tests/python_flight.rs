@@ -137,9 +137,11 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
     assert_eq!(out["probabilities_sum_ok"], json!(true));
     let predict_accuracy = out["predict_accuracy"].as_f64().expect("predict accuracy");
     assert!(predict_accuracy > 0.9, "prediction accuracy {predict_accuracy}");
-    // A refused DoExchange surfaces where docs/protocol.md says, as the
-    // exception of its code's row: never at the call, at the first read (or
-    // at `begin`/a write when the agent already closed the call).
+    // A refused DoExchange surfaces as docs/protocol.md says: the exception
+    // of its code's row, at the call, `begin`, a write or the first read
+    // (which of them is a race between the call's opening and the agent's
+    // answer), and nothing predicted (a read that returned would say
+    // `where: null` with its rows).
     for (case, class) in [
         ("exchange_wrong_token", "FlightUnauthenticatedError"),
         ("exchange_unknown_model", "ArrowKeyError"),
@@ -147,7 +149,7 @@ async fn pyarrow_client_trains_reads_the_model_and_predicts() {
         let refusal = &out[case];
         assert_eq!(refusal["type"], class, "{case}: {refusal}");
         assert!(
-            ["begin", "write", "read"].contains(&refusal["where"].as_str().unwrap_or_default()),
+            ["call", "begin", "write", "read"].contains(&refusal["where"].as_str().unwrap_or_default()),
             "{case}: {refusal}"
         );
     }
