@@ -453,6 +453,7 @@ async fn start_ingest_job(
         job_id: job.into(),
         spec,
         rendezvous: rv.url(),
+        initial_weights: None,
     });
     kindling_agent_action(agent, token, start).await.map(drop)
 }

@@ -222,6 +222,7 @@ async fn ingest(
                 job_id: job_id.clone(),
                 spec: spec.clone(),
                 rendezvous: rv.url(),
+                initial_weights: None,
             };
             act(&mut client, Action::StartJob(start)).await?;
             let stop = CancellationToken::new();

@@ -88,6 +88,7 @@ async fn ingest(pki: &Pki, total_mb: usize, rounds: usize) -> anyhow::Result<()>
                     job_id: job_id.clone(),
                     spec: spec.clone(),
                     rendezvous: rv.url(),
+                    initial_weights: None,
                 }),
             )
             .await?;

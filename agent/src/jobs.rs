@@ -145,6 +145,11 @@ impl JobRegistry {
         let device = crate::models::device::label(&start.spec)?;
         // So is a model this agent does not have, or a config it refuses.
         self.env.models.check(&start.spec)?;
+        // So are initial weights that are not a weights table (whether they
+        // fit the model is known once the first batch gives the layout).
+        let initial = start.initial_table().map_err(|e| {
+            AgentError::from(crate::error::ModelError::Table(format!("initial_weights: {e}")))
+        })?;
         let rendezvous = self.rendezvous_at(&start.rendezvous)?;
         let at_rendezvous = match rendezvous.status(&start.job_id).await {
             Ok(status) => status,
@@ -185,7 +190,8 @@ impl JobRegistry {
             self.env.clone(),
             self.cancel.child_token(),
         )
-        .reading(rows);
+        .reading(rows)
+        .starting_from(initial);
         // Until it joins, the job reports the attempt it will join (from 1).
         job.lock().attempt = at_rendezvous.attempt.max(1);
         jobs.insert(start.job_id, job.clone());

@@ -451,6 +451,7 @@ async fn start_on(url: &str, job_id: &str, spec: &JobSpec, rendezvous: &str) {
             job_id: job_id.into(),
             spec: spec.clone(),
             rendezvous: rendezvous.into(),
+            initial_weights: None,
         }),
     )
     .await;

@@ -84,6 +84,7 @@ impl Local {
             job_id: job_id.into(),
             spec: spec.clone(),
             rendezvous: self.rendezvous.url(),
+            initial_weights: None,
         });
         self.action::<serde_json::Value>(&start).await.map(|_| ())
     }

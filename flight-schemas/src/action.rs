@@ -86,7 +86,7 @@ impl ActionKind {
                  rendezvous?}."
             }
             ActionKind::StartJob => {
-                "Start a job: {job_id, spec, rendezvous}. The agent joins the job's gang."
+                "Start a job: {job_id, spec, rendezvous, initial_weights?}. The agent joins the job's gang."
             }
             ActionKind::JobStatus => "A job's state on this agent: {job_id}.",
             ActionKind::CancelJob => "Cancel a job and drop its data: {job_id, reason}.",
@@ -185,9 +185,31 @@ impl Action {
                 Action::CreateJob(a)
             }
             ActionKind::StartJob => {
+                if body.len() > crate::model_serving::MAX_SERVE_BODY_BYTES {
+                    return Err(bad(format!(
+                        "{} bytes: the largest start_job body (with its initial weights) is {} bytes",
+                        body.len(),
+                        crate::model_serving::MAX_SERVE_BODY_BYTES
+                    )));
+                }
                 let a: StartJob = json(kind, body)?;
                 check(&a.job_id)?;
                 a.spec.validate().map_err(|e| bad(e.to_string()))?;
+                match (&a.spec.init_from, &a.initial_weights) {
+                    (Some(_), None) => {
+                        return Err(bad(
+                            "the spec's `init_from` names initial weights but `initial_weights` is absent"
+                                .into(),
+                        ));
+                    }
+                    (None, Some(_)) => {
+                        return Err(bad(
+                            "`initial_weights` given but the spec has no `init_from` saying where they came from"
+                                .into(),
+                        ));
+                    }
+                    _ => {}
+                }
                 Action::StartJob(a)
             }
             ActionKind::JobStatus => {
@@ -344,6 +366,23 @@ pub struct StartJob {
     pub spec: JobSpec,
     /// Rendezvous URL, e.g. `http://127.0.0.1:7070`.
     pub rendezvous: String,
+    /// The weights to start from when the spec has `init_from`: a weights
+    /// table (`DoGet [job_id, model]`'s schema) as an Arrow IPC stream,
+    /// base64 (standard alphabet, padded), as `serve_model`'s `weights`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_weights: Option<String>,
+}
+
+impl StartJob {
+    /// The initial weights table, decoded (`None` without `init_from`).
+    pub fn initial_table(
+        &self,
+    ) -> Result<Option<arrow::array::RecordBatch>, crate::model_serving::WeightsError> {
+        self.initial_weights
+            .as_deref()
+            .map(crate::model_serving::decode_weights)
+            .transpose()
+    }
 }
 
 /// Names a job.
@@ -416,6 +455,7 @@ mod tests {
                 job_id: "j".into(),
                 spec: spec(),
                 rendezvous: "http://127.0.0.1:1".into(),
+                initial_weights: None,
             }),
             Action::JobStatus(JobRef { job_id: "j".into() }),
             Action::CancelJob(CancelJob {
@@ -472,6 +512,7 @@ mod tests {
             job_id: "j".into(),
             spec: bad_spec,
             rendezvous: String::new(),
+            initial_weights: None,
         })
         .expect("json");
         let err = Action::parse("start_job", &body).expect_err("bad spec");

@@ -163,16 +163,7 @@ impl ServeModel {
 
     /// The weights table, decoded; an error names what is wrong.
     pub fn weights_table(&self) -> Result<RecordBatch, WeightsError> {
-        let ipc = base64::engine::general_purpose::STANDARD
-            .decode(&self.weights)
-            .map_err(WeightsError::NotBase64)?;
-        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
-            .map_err(WeightsError::NotIpc)?;
-        let schema = reader.schema();
-        let batches = reader
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(WeightsError::NotIpc)?;
-        arrow::compute::concat_batches(&schema, &batches).map_err(WeightsError::NotIpc)
+        decode_weights(&self.weights)
     }
 
     /// The layout its model is built for.
@@ -226,6 +217,26 @@ pub enum WeightsError {
     /// The table cannot be written as an Arrow IPC stream.
     #[error("the weights table cannot be written as an Arrow IPC stream: {0}")]
     Encode(#[source] arrow::error::ArrowError),
+}
+
+/// A weights table as `serve_model` and `start_job` carry it: an Arrow
+/// IPC stream, base64 (standard alphabet, padded).
+pub fn encode_weights(table: &RecordBatch) -> Result<String, WeightsError> {
+    Ok(base64::engine::general_purpose::STANDARD.encode(ipc_stream(table)?))
+}
+
+/// The weights table of [`encode_weights`]' text; an error names what is wrong.
+pub fn decode_weights(text: &str) -> Result<RecordBatch, WeightsError> {
+    let ipc = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(WeightsError::NotBase64)?;
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
+        .map_err(WeightsError::NotIpc)?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(WeightsError::NotIpc)?;
+    arrow::compute::concat_batches(&schema, &batches).map_err(WeightsError::NotIpc)
 }
 
 /// `table` as an Arrow IPC stream.

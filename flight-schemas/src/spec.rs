@@ -14,7 +14,7 @@ mod training;
 
 pub use model_spec::{
     InputType, MAX_CONFIG_BYTES, MAX_MODEL_NAME, MAX_SEQUENCE, MAX_VOCABULARY, MAX_WIDTH, ModelSpec,
-    valid_model_name,
+    Pretrained, valid_model_name,
 };
 pub use schedule::{EarlyStopping, Metric, Schedule};
 pub use training::{GradientClip, MAX_ACCUMULATE, MAX_NO_DECAY, OptimizerSpec, path_matches};
@@ -184,6 +184,10 @@ pub struct JobSpec {
     /// that name it in `rows_from`, until it is cancelled (a search's dataset).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub holds_rows: bool,
+    /// The file the initial weights came from (`init_from`); the weights
+    /// themselves travel in `start_job`'s `initial_weights`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<Pretrained>,
 }
 
 fn default_top_k() -> u32 {
@@ -373,6 +377,9 @@ impl JobSpec {
             crate::descriptor::check_job_id(dataset)
                 .map_err(|e| SpecError::new("rows_from", e.to_string()))?;
         }
+        if let Some(pretrained) = &self.init_from {
+            pretrained.check()?;
+        }
         training::check(self)
     }
 
@@ -423,6 +430,7 @@ impl Default for JobSpecBuilder {
                 top_k: 5,
                 rows_from: None,
                 holds_rows: false,
+                init_from: None,
             },
             loss_set: false,
         }
@@ -449,6 +457,11 @@ impl JobSpecBuilder {
     /// Sets the optimizer.
     pub fn optimizer(mut self, optimizer: OptimizerSpec) -> Self {
         self.spec.optimizer = optimizer;
+        self
+    }
+    /// Records where the initial weights come from (see [`Pretrained`]).
+    pub fn init_from(mut self, pretrained: Pretrained) -> Self {
+        self.spec.init_from = Some(pretrained);
         self
     }
     /// Sets the number of epochs.

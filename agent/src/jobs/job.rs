@@ -126,6 +126,8 @@ pub struct Job {
     rows: Option<Arc<Job>>,
     /// The jobs training on this job's rows (it holds rows for others).
     borrowers: Mutex<Vec<std::sync::Weak<Job>>>,
+    /// The weights to start from (`init_from`), as a weights table.
+    initial: Option<arrow::array::RecordBatch>,
 }
 
 impl Job {
@@ -167,7 +169,21 @@ impl Job {
             env,
             rows: None,
             borrowers: Mutex::default(),
+            initial: None,
         })
+    }
+
+    /// The job, starting from the weights of `table` (`init_from`) instead
+    /// of seeded ones unless it resumes from a checkpoint.
+    pub fn starting_from(self: Arc<Self>, table: Option<arrow::array::RecordBatch>) -> Arc<Self> {
+        match (table, Arc::try_unwrap(self)) {
+            (Some(table), Ok(mut job)) => {
+                job.initial = Some(table);
+                Arc::new(job)
+            }
+            (_, Ok(job)) => Arc::new(job),
+            (_, Err(shared)) => shared,
+        }
     }
 
     /// The job, training on the rows of `dataset` (a job holding rows on
@@ -564,6 +580,7 @@ impl Job {
             cancel,
             shuffle: self.spec.shuffle,
             step_on_device: self.env.gpu_step_on_device,
+            initial: self.initial.clone(),
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.env.train_threads)

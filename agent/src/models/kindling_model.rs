@@ -37,6 +37,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Float32Array, Int64Array, ListArray, RecordBatch};
@@ -53,6 +54,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::{AgentError, ModelError};
+use crate::models::interchange::{self, WeightsFileError};
 use crate::models::params;
 pub use crate::models::tensorize::{Sequence, Targets};
 use crate::optim::DeviceOptimizer;
@@ -450,31 +452,6 @@ pub fn task_predictions(output: Tensor<2>, task: Task) -> Result<Vec<(FieldRef, 
     })
 }
 
-/// Why a training step's gradients could not be computed.
-#[derive(Debug)]
-pub enum StepError {
-    /// The batch could not become tensors (or the model refused it).
-    Agent(AgentError),
-    /// The loss became this non-finite value.
-    NonFinite(f64),
-}
-
-impl From<AgentError> for StepError {
-    fn from(e: AgentError) -> Self {
-        StepError::Agent(e)
-    }
-}
-
-impl StepError {
-    /// The agent error for this failure at `epoch`, `step`.
-    pub fn at(self, epoch: u32, step: u64) -> AgentError {
-        match self {
-            StepError::Agent(e) => e,
-            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
-        }
-    }
-}
-
 /// A registered model with its type erased: what the trainer, the
 /// checkpoints and prediction work with. Every method is the generic code
 /// of `params`/the trainer instantiated for the model's type.
@@ -520,39 +497,23 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     fn to_record_bytes(&self) -> Result<Vec<u8>, AgentError>;
     /// The model with the weights of record bytes.
     fn from_record_bytes(self: Box<Self>, bytes: Vec<u8>) -> Result<Box<dyn AnyModel>, AgentError>;
+    /// Writes the weights to `path` as safetensors with PyTorch's names and
+    /// layouts ([`interchange::save_safetensors`]).
+    fn save_safetensors(
+        &self,
+        path: &Path,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<(), WeightsFileError>;
+    /// Each tensor's PyTorch name and shape, as the safetensors file has them.
+    fn pytorch_tensors(&self) -> Vec<(String, Vec<usize>)>;
+    /// The model with the weights of a safetensors file, every tensor matched
+    /// by name, shape and dtype ([`interchange::load_safetensors`]).
+    fn load_safetensors(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError>;
     /// The model for inference (no gradient tracking).
     fn valid(&self) -> Box<dyn AnyModel>;
     /// The model with its float weights in `dtype` (mixed precision); every
     /// later load of weights keeps it.
     fn with_dtype(self: Box<Self>, dtype: DType) -> Box<dyn AnyModel>;
-}
-
-/// `t` in `f32` (a mixed-precision model's outputs).
-fn in_f32<const D: usize>(t: Tensor<D>) -> Tensor<D> {
-    if t.dtype() == DType::F32 {
-        t
-    } else {
-        t.cast(DType::F32)
-    }
-}
-
-/// The batch's share of a step: its rows, or its rows' weight.
-fn batch_weight(batch: &Batch<'_>) -> Result<f64, AgentError> {
-    Ok(match batch.row_weights()? {
-        Some(w) => w.iter().map(|&v| v as f64).sum::<f64>(),
-        None => batch.rows() as f64,
-    })
-}
-
-/// A micro-batch's share of a step kept on the device.
-#[derive(Debug)]
-pub struct DeviceShare {
-    /// Its rows.
-    pub rows: u64,
-    /// Its rows' weight (the rows when the job weights none).
-    pub weight: f64,
-    /// Its weighted loss sum, on the device (none when it weighs nothing).
-    pub loss_sum: Option<Tensor<1>>,
 }
 
 #[derive(Debug, Clone)]
@@ -687,13 +648,34 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
         Box::new(Erased(params::cast(self.0, dtype)))
     }
 
+    fn save_safetensors(
+        &self,
+        path: &Path,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<(), WeightsFileError> {
+        interchange::save_safetensors(&self.0, path, metadata)
+    }
+
+    fn pytorch_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        interchange::pytorch_tensors(&self.0)
+    }
+
+    fn load_safetensors(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError> {
+        let dtype = params::float_dtype(&self.0);
+        let loaded = interchange::load_safetensors(self.0, path)?;
+        Ok(Box::new(Erased(params::cast(loaded, dtype))))
+    }
+
     fn valid(&self) -> Box<dyn AnyModel> {
         Box::new(Erased(self.0.valid()))
     }
 }
 
 mod registry;
+mod step;
 pub use registry::{DEFAULT_MAX_PARAMS, ModelRegistry};
+pub use step::{DeviceShare, StepError};
+use step::{batch_weight, in_f32};
 pub mod staged;
 
 #[cfg(test)]

@@ -126,6 +126,8 @@ pub struct TrainContext {
     pub shuffle: bool,
     /// On a GPU with one rank, keep the step on the device.
     pub step_on_device: bool,
+    /// The weights to start from (`init_from`) instead of seeded ones.
+    pub initial: Option<arrow::array::RecordBatch>,
 }
 
 /// How long a rank with no full batch waits for rows before it tells its
@@ -209,6 +211,12 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         // Initial weights always come from the CPU's seeded RNG, so a seed gives
         // the same weights on every device (the GPU's RNG draws differently).
         let init = ctx.models.build_seeded(&spec, &ctx.layout, spec.seed)?;
+        // Pretrained weights (checked by name and shape) replace the seeded
+        // ones; a checkpoint, when there is one, still wins (`start::agree`).
+        let init = match &ctx.initial {
+            Some(table) => init.from_arrow(table)?,
+            None => init,
+        };
         if spec.use_gpu {
             let on_device = ctx.models.build(&spec, &ctx.layout, &device)?;
             on_device.from_record_bytes(init.to_record_bytes()?)?

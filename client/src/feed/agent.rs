@@ -180,10 +180,24 @@ impl AgentClient {
         spec: &JobSpec,
         rendezvous: &str,
     ) -> Result<StartJobResponse, FeedError> {
+        self.start_job_from(job_id, spec, rendezvous, None).await
+    }
+
+    /// [`start_job`](Self::start_job) starting from `initial` weights (a
+    /// weights table encoded by `model_serving::encode_weights`) when the
+    /// spec has `init_from`.
+    pub async fn start_job_from(
+        &self,
+        job_id: &str,
+        spec: &JobSpec,
+        rendezvous: &str,
+        initial: Option<&str>,
+    ) -> Result<StartJobResponse, FeedError> {
         self.action(&Action::StartJob(StartJob {
             job_id: job_id.into(),
             spec: spec.clone(),
             rendezvous: rendezvous.into(),
+            initial_weights: initial.map(str::to_owned),
         }))
         .await
     }

@@ -166,6 +166,32 @@ pub enum JobError {
     #[cfg(feature = "local")]
     #[error(transparent)]
     Model(#[from] kindling_agent::AgentError),
+    /// A weights file (`init_from`, `export`) that does not fit the model
+    /// or could not be read or written; names the file and the tensor.
+    #[cfg(feature = "local")]
+    #[error(transparent)]
+    WeightsFile(#[from] kindling_agent::models::interchange::WeightsFileError),
+    /// The `init_from` file changed between building the job and starting it.
+    #[error("init_from: {file} changed since the job was built (SHA-256 {now}, the spec records {recorded})")]
+    InitFromChanged {
+        /// The file.
+        file: String,
+        /// Its hash now.
+        now: String,
+        /// The hash the spec records.
+        recorded: String,
+    },
+    /// Weights that cannot be carried to the agents.
+    #[error(transparent)]
+    Weights(#[from] kindling_schemas::model_serving::WeightsError),
+    /// The format cannot carry this model.
+    #[error("export as {format}: {reason}")]
+    ExportUnsupported {
+        /// The format asked for.
+        format: &'static str,
+        /// Why not.
+        reason: String,
+    },
 }
 
 impl From<crate::spark::Error> for JobError {

@@ -325,6 +325,9 @@ impl TrainingJob {
     ) -> Result<TrainedModel, JobError> {
         let spec = &self.spec;
         let n = spec.num_slots as usize;
+        // Pretrained weights are checked against the model before anything
+        // starts, so a file that does not fit trains nothing.
+        let initial = self.initial_weights(&layout)?;
         let token = target.token();
         let rv = RendezvousClient::connect_with(target.rendezvous(), token.as_ref(), &self.placement.channel)
             .await?;
@@ -353,10 +356,12 @@ impl TrainingJob {
         let mut clients = Vec::with_capacity(n);
         for a in &chosen {
             let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
-            c.start_job(&job_id, spec, &target.rendezvous()).await?;
+            c.start_job_from(&job_id, spec, &target.rendezvous(), initial.as_deref())
+                .await?;
             clients.push(c);
         }
-        let mut holders = Holders::new(clients, chosen.into_iter().map(|a| a.agent_id).collect());
+        let mut holders =
+            Holders::new(clients, chosen.into_iter().map(|a| a.agent_id).collect()).starting_from(initial);
         let mut placed = Placements::new();
         let feed = PushCtx {
             job_id: &job_id,

@@ -10,7 +10,10 @@
 mod error;
 #[cfg(feature = "local")]
 mod evaluate;
+#[cfg(feature = "local")]
+mod export;
 mod fit;
+mod pretrained;
 mod progress;
 mod recover;
 mod search;
@@ -32,6 +35,8 @@ use kindling_schemas::spec::{
 use tokio::sync::mpsc;
 
 pub use error::JobError;
+#[cfg(feature = "local")]
+pub use export::{ExportFormat, INFO_FILE, SAFETENSORS_FILE};
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
 pub use search::{
     Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,
@@ -207,6 +212,7 @@ pub struct TrainingJobBuilder {
     feeding: Feeding,
     recovery: Recovery,
     reporting: Reporting,
+    init_from: Option<PathBuf>,
 }
 
 impl Default for TrainingJobBuilder {
@@ -225,6 +231,7 @@ impl Default for TrainingJobBuilder {
             feeding: Feeding::default(),
             recovery: Recovery::default(),
             reporting: Reporting::default(),
+            init_from: None,
         }
     }
 }
@@ -275,6 +282,18 @@ impl TrainingJobBuilder {
         early_stopping: EarlyStopping,
         /// `k` of the eval split's top-k accuracy (default 5).
         top_k: u32,
+    }
+
+    /// Starts from the weights of a safetensors file with PyTorch's names and
+    /// layouts (what [`TrainedModel::export`] writes, or
+    /// `safetensors.torch.save_file(module.state_dict(), path)`) instead of
+    /// seeded ones: every tensor of the model must be in it by name, shape
+    /// and dtype, and nothing else, or `fit` refuses naming the first that
+    /// does not fit, before anything trains. The spec records the file and
+    /// its SHA-256 (`init_from`); a checkpoint, when the job resumes, wins.
+    pub fn init_from(mut self, path: impl Into<PathBuf>) -> Self {
+        self.init_from = Some(path.into());
+        self
     }
 
     /// Weights each class's rows in the loss, one positive weight per
@@ -526,6 +545,10 @@ impl TrainingJobBuilder {
     /// Validates and returns the job.
     pub fn build(self) -> Result<TrainingJob, JobError> {
         let spec = self.spec.build()?;
+        let spec = match &self.init_from {
+            Some(path) => pretrained::recorded(spec, path)?,
+            None => spec,
+        };
         let (feeding, recovery) = (&self.feeding, &self.recovery);
         if !(0.0..0.9).contains(&feeding.eval_fraction) {
             return Err(JobError::Setting {

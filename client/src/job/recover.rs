@@ -2,6 +2,7 @@
 //! holds each shard, replacements, elastic shrink.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -30,6 +31,9 @@ pub(super) struct Holders {
     pub agent_ids: Vec<String>,
     /// Rows each shard holds, as last fed: train, eval.
     rows: [Vec<u64>; 2],
+    /// The initial weights (`init_from`) every agent starting the job gets,
+    /// a replacement too.
+    pub initial: Option<Arc<str>>,
 }
 
 fn split_index(split: Split) -> usize {
@@ -46,7 +50,13 @@ impl Holders {
             clients,
             agent_ids,
             rows: [vec![0; n], vec![0; n]],
+            initial: None,
         }
+    }
+
+    /// With the initial weights every agent of the job starts from.
+    pub fn starting_from(self, initial: Option<Arc<str>>) -> Self {
+        Holders { initial, ..self }
     }
 
     /// The shards to feed (`only`: just these).
@@ -195,7 +205,14 @@ impl TrainingJob {
             .map(|&s| holders.clients[s].url().to_owned())
             .collect();
         let found = self
-            .replacements(rv, target, job_id, lost, survivor_urls, survivors.len())
+            .replacements(
+                rv,
+                target,
+                job_id,
+                lost,
+                (survivor_urls, survivors.len()),
+                holders.initial.as_deref(),
+            )
             .await?;
         let mut found = found.into_iter();
         let mut orphans = Vec::new();
@@ -287,8 +304,8 @@ impl TrainingJob {
         target: &Target<'_>,
         job_id: &str,
         lost: &[String],
-        survivors: Vec<String>,
-        remaining: usize,
+        (survivors, remaining): (Vec<String>, usize),
+        initial: Option<&str>,
     ) -> Result<Vec<(AgentInfo, AgentClient)>, JobError> {
         let count = lost.len();
         let deadline = Instant::now() + self.recovery.replacement_wait;
@@ -331,7 +348,10 @@ impl TrainingJob {
             for a in candidates {
                 let c =
                     AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
-                match c.start_job(job_id, &self.spec, &target.rendezvous()).await {
+                match c
+                    .start_job_from(job_id, &self.spec, &target.rendezvous(), initial)
+                    .await
+                {
                     Ok(_) => found.push((a, c)),
                     Err(e) if e.is_retryable() => {
                         tracing::debug!(agent = %a.agent_id, error = %e, "listed agent cannot take the job yet");

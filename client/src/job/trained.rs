@@ -61,7 +61,7 @@ pub struct TrainedModel {
     pub(super) meta: ModelMeta,
     pub(super) weights: RecordBatch,
     #[cfg(feature = "local")]
-    net: Option<Arc<dyn AnyModel>>,
+    pub(super) net: Option<Arc<dyn AnyModel>>,
     /// The cluster that serves it for `transform`.
     pub(super) serving: Option<super::transform::ServingCluster>,
 }
@@ -229,7 +229,7 @@ impl TrainedModel {
 
 /// The model with fresh weights, on the CPU, to load weights into.
 #[cfg(feature = "local")]
-fn empty_net(
+pub(super) fn empty_net(
     models: &ModelRegistry,
     spec: &JobSpec,
     layout: &FeatureLayout,

@@ -298,6 +298,47 @@ pub(crate) fn validate_inputs(
     Ok(())
 }
 
+/// Where a job's initial weights came from (`init_from`): recorded in the
+/// spec (and so in a saved model's `spec.json`); the weights themselves
+/// travel in `start_job`'s `initial_weights`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pretrained {
+    /// The file as it was given, on the machine that started the job.
+    pub file: String,
+    /// Its format: `safetensors`.
+    pub format: String,
+    /// SHA-256 of the file's bytes, lower-case hex.
+    pub sha256: String,
+}
+
+impl Pretrained {
+    /// Longest `file` a spec carries.
+    pub const MAX_FILE: usize = 4096;
+
+    pub(super) fn check(&self) -> Result<(), SpecError> {
+        if self.file.is_empty() || self.file.len() > Self::MAX_FILE {
+            return Err(SpecError::new(
+                "init_from.file",
+                format!("must be 1 to {} bytes", Self::MAX_FILE),
+            ));
+        }
+        if self.format != "safetensors" {
+            return Err(SpecError::new(
+                "init_from.format",
+                format!("`{}`: the format read is `safetensors`", self.format),
+            ));
+        }
+        let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+        if self.sha256.len() != 64 || !self.sha256.chars().all(hex) {
+            return Err(SpecError::new(
+                "init_from.sha256",
+                "must be 64 lower-case hex digits",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

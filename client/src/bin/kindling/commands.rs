@@ -16,10 +16,12 @@ use kindling_schemas::spec::{ModelSpec, Precision, Task};
 use kindling_schemas::tls::{Tls, TlsFiles};
 
 mod evaluate;
+mod export;
 mod options;
 mod tune;
 
 pub use evaluate::{EvaluateArgs, evaluate};
+pub use export::{ExportArgs, export};
 pub use tune::{TuneArgs, tune};
 
 /// Where the input rows come from.

@@ -37,6 +37,8 @@ enum Command {
     Evaluate(commands::EvaluateArgs),
     /// Show the agents and jobs a rendezvous knows.
     Status(commands::StatusArgs),
+    /// Write a saved model as safetensors with PyTorch's names and layouts.
+    Export(commands::ExportArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -79,6 +81,7 @@ async fn main() -> Result<()> {
         Command::Predict(args) => commands::predict(args).await,
         Command::Evaluate(args) => commands::evaluate(args).await,
         Command::Status(args) => commands::status(args).await,
+        Command::Export(args) => commands::export(args),
     }
 }
 

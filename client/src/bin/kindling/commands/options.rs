@@ -1,7 +1,7 @@
 //! `kindling train`'s training options: the optimizer, weight decay and its
 //! exempt parameters, the schedule, clipping, accumulation and early
 //! stopping, each parsed into the job spec's types with an error that
-//! names the flag.
+//! names the flag; and the weights to start from.
 
 use anyhow::{Context, Result, bail};
 use kindling::job::TrainingJobBuilder;
@@ -10,6 +10,11 @@ use kindling::{EarlyStopping, GradientClip, Metric, OptimizerSpec, Schedule};
 /// The training options of `kindling train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainingOptions {
+    /// Start from the weights of this safetensors file (PyTorch's
+    /// `state_dict` names and layouts, as `kindling export` writes them):
+    /// every tensor must fit the model by name, shape and dtype.
+    #[arg(long)]
+    pub init_from: Option<std::path::PathBuf>,
     /// `adam:<lr>`, `adamw:<lr>[:<weight decay>]`,
     /// `sgd:<lr>[:<momentum>[:nesterov]]` or `rmsprop:<lr>[:<momentum>]`.
     #[arg(long, default_value = "adam:0.001")]
@@ -113,6 +118,9 @@ impl TrainingOptions {
         }
         if let Some(url) = &self.mlflow {
             builder = builder.mlflow(url.clone(), self.mlflow_experiment.clone());
+        }
+        if let Some(path) = &self.init_from {
+            builder = builder.init_from(path.clone());
         }
         Ok(builder)
     }

@@ -1,0 +1,41 @@
+//! `kindling export`: a saved model written in a format other tools read
+//! (`TrainedModel::export`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use kindling::job::{ExportFormat, TrainedModel};
+
+/// Arguments of `kindling export`.
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// Model directory written by `kindling train`.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// `safetensors`: the weights with PyTorch's `state_dict` names and
+    /// layouts, and `kindling.json` beside them.
+    #[arg(long, default_value = "safetensors")]
+    pub format: String,
+    /// The directory to write into (created if missing).
+    #[arg(long, short)]
+    pub output: PathBuf,
+}
+
+/// Runs `kindling export`.
+pub fn export(args: ExportArgs) -> Result<()> {
+    let Some(format) = ExportFormat::parse(&args.format) else {
+        bail!("--format must be `safetensors`, got `{}`", args.format);
+    };
+    let model = TrainedModel::load(&args.model)
+        .with_context(|| format!("loading the model in {}", args.model.display()))?;
+    model
+        .export(&args.output, format)
+        .with_context(|| format!("exporting to {}", args.output.display()))?;
+    println!(
+        "exported to {} ({}, {})",
+        args.output.display(),
+        kindling::job::SAFETENSORS_FILE,
+        kindling::job::INFO_FILE
+    );
+    Ok(())
+}
