@@ -25,6 +25,7 @@ mod job_replacement;
 mod metrics_prometheus;
 mod mlflow_tracking;
 mod model_examples;
+mod model_interchange;
 mod net_silent_peer;
 mod netns_nodes;
 mod python_flight;

@@ -341,7 +341,13 @@ impl ModuleMapper for Replace {
             });
             return param;
         }
-        param.map(|t| Tensor::from_data(TensorData::new(values, shape), &t.device()))
+        // Keeping the parameter's gradient tracking, as `LoadFlat` does: a
+        // model trained from these weights (`init_from`) needs it.
+        param.map(|t| {
+            let tracked = t.is_require_grad();
+            let fresh = Tensor::from_data(TensorData::new(values, shape), &t.device());
+            if tracked { fresh.require_grad() } else { fresh }
+        })
     }
 }
 

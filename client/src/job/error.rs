@@ -184,14 +184,6 @@ pub enum JobError {
     /// Weights that cannot be carried to the agents.
     #[error(transparent)]
     Weights(#[from] kindling_schemas::model_serving::WeightsError),
-    /// The format cannot carry this model.
-    #[error("export as {format}: {reason}")]
-    ExportUnsupported {
-        /// The format asked for.
-        format: &'static str,
-        /// Why not.
-        reason: String,
-    },
 }
 
 impl From<crate::spark::Error> for JobError {
