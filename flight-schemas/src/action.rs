@@ -520,6 +520,37 @@ mod tests {
     }
 
     #[test]
+    fn initial_weights_come_exactly_with_init_from() {
+        let pretrained = crate::spec::Pretrained {
+            file: "/models/a.safetensors".into(),
+            format: "safetensors".into(),
+            sha256: "ab".repeat(32),
+        };
+        let start = |init_from: Option<crate::spec::Pretrained>, weights: Option<&str>| {
+            let spec = JobSpec { init_from, ..spec() };
+            let body = serde_json::to_vec(&StartJob {
+                job_id: "j".into(),
+                spec,
+                rendezvous: "http://127.0.0.1:1".into(),
+                initial_weights: weights.map(str::to_owned),
+            })
+            .expect("json");
+            Action::parse("start_job", &body)
+        };
+        let err = start(Some(pretrained.clone()), None).expect_err("no weights");
+        assert!(err.to_string().contains("`initial_weights` is absent"), "{err}");
+        let err = start(None, Some("AAAA")).expect_err("no init_from");
+        assert!(err.to_string().contains("no `init_from`"), "{err}");
+        assert!(start(Some(pretrained.clone()), Some("AAAA")).is_ok());
+        let short = crate::spec::Pretrained {
+            sha256: "ab".into(),
+            ..pretrained
+        };
+        let err = start(Some(short), Some("AAAA")).expect_err("bad hash");
+        assert!(err.to_string().contains("init_from.sha256"), "{err}");
+    }
+
+    #[test]
     fn status_round_trips() {
         let s = AgentJobStatus {
             job_id: "j".into(),

@@ -7,7 +7,7 @@ use arrow::datatypes::SchemaRef;
 use futures::future::BoxFuture;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::descriptor::Split;
-use kindling_schemas::rendezvous::{JobConfig, JobState, RendezvousClient};
+use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobState, RendezvousClient};
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::trace::TraceContext;
 use tracing::Instrument as _;
@@ -353,15 +353,7 @@ impl TrainingJob {
             Source::Fed(..) => pick_agents(&rv, &target, n, &[], spec.model.name()).await?,
             Source::Held(held) => held.agents(&rv).await?,
         };
-        let mut clients = Vec::with_capacity(n);
-        for a in &chosen {
-            let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
-            c.start_job_from(&job_id, spec, &target.rendezvous(), initial.as_deref())
-                .await?;
-            clients.push(c);
-        }
-        let mut holders =
-            Holders::new(clients, chosen.into_iter().map(|a| a.agent_id).collect()).starting_from(initial);
+        let mut holders = self.start_on(chosen, &job_id, &target, initial).await?;
         let mut placed = Placements::new();
         let feed = PushCtx {
             job_id: &job_id,
@@ -439,6 +431,27 @@ impl TrainingJob {
             job_id: job_id.clone(),
         });
         Ok(model)
+    }
+
+    /// Starts the job on the `chosen` agents, each from the `initial`
+    /// weights when the job has them.
+    async fn start_on(
+        &self,
+        chosen: Vec<AgentInfo>,
+        job_id: &str,
+        target: &Target<'_>,
+        initial: Option<std::sync::Arc<str>>,
+    ) -> Result<Holders, JobError> {
+        let token = target.token();
+        let mut clients = Vec::with_capacity(chosen.len());
+        for a in &chosen {
+            let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
+            c.start_job_from(job_id, &self.spec, &target.rendezvous(), initial.as_deref())
+                .await?;
+            clients.push(c);
+        }
+        let ids = chosen.into_iter().map(|a| a.agent_id).collect();
+        Ok(Holders::new(clients, ids).starting_from(initial))
     }
 
     /// Follows training to its end from the rendezvous's watch of the job,
