@@ -36,7 +36,13 @@
 //! as it is, with Kindling's optimizer, with each batch converted from Arrow,
 //! and with Adam written out as burn's optimizer adaptor steps (with and
 //! without a second handle on the weights), which splits what Kindling's
-//! optimizer costs. With a `cubecl.toml` turning on cubecl's profiling
+//! optimizer costs; and a data-parallel job of two ranks sharing this GPU
+//! (two threads with their own rings, as two agent processes on one GPU):
+//! the host round trip against the step kept on the device, with the
+//! all-reduce's share of the step and the pair's samples/s against one
+//! agent's step on the device (`--bucket-values N`: the device path's
+//! all-reduce bucket, 65,536 by default, as the agent's
+//! `--gpu-bucket-values`). With a `cubecl.toml` turning on cubecl's profiling
 //! logger, `deploy/gpu/launches.py` reads each path's kernels from the log.
 
 use std::time::{Duration, Instant};
@@ -55,7 +61,9 @@ use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
 use serde_json::json;
 
+#[path = "../common/mod.rs"]
 mod common;
+mod data_parallel;
 use common::{arg, mlp_batches};
 
 /// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
@@ -436,7 +444,7 @@ fn list(name: &str, default: &str) -> Vec<String> {
 }
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 9] = [
+const AB_PATHS: [&str; 12] = [
     "host round trip (default)",
     "step on the device, loss read each step",
     "step on the device, losses read every 25 steps (the trainer's)",
@@ -446,16 +454,50 @@ const AB_PATHS: [&str; 9] = [
     "burn alone, Adam by hand as burn's adaptor steps",
     "burn alone, Adam by hand with master weights kept",
     "step on the device, losses every 25 steps, batches kept on the device (epochs after the first)",
+    "data-parallel, 2 ranks on this GPU, host round trip (both ranks' samples)",
+    "data-parallel, 2 ranks on this GPU, step on the device (both ranks' samples)",
+    "data-parallel, 2 ranks on this GPU, step on the device, batches kept (both ranks' samples)",
 ];
 
-/// One run of `--ab`'s path `which`: samples/s.
+/// The one-agent path the data-parallel ones are held against: the
+/// trainer's step on the device.
+const AB_ONE_AGENT: usize = 2;
+
+/// One run of `--ab`'s path `which`: samples/s, and the all-reduce's
+/// share of the step for a data-parallel path.
 fn ab_path(
     which: usize,
     (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
     device: &Device,
     steps: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, Option<f64>)> {
     let run = (steps, 5);
+    let dp = |path| -> anyhow::Result<(f64, Option<f64>)> {
+        let r = data_parallel::run(
+            (spec, layout, data),
+            device,
+            run,
+            path,
+            arg("--bucket-values", 1 << 16),
+        )?;
+        Ok((r.samples_per_sec, Some(r.all_reduce_share)))
+    };
+    let one = match which {
+        9 => return dp(data_parallel::Path::Host),
+        10 => return dp(data_parallel::Path::Device { kept: false }),
+        11 => return dp(data_parallel::Path::Device { kept: true }),
+        _ => one_rank(which, (spec, layout, data), device, run)?,
+    };
+    Ok((one, None))
+}
+
+/// `--ab`'s one-rank path `which`: samples/s.
+fn one_rank(
+    which: usize,
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    run: (usize, usize),
+) -> anyhow::Result<f64> {
     match which {
         0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
         1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
@@ -496,19 +538,23 @@ fn ab_path(
 /// all alike); prints each round's samples/s and the medians, each against
 /// the host round trip.
 fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
-    println!("| batch | path | median samples/s | against the host round trip | rounds |");
-    println!("|---:|---|---:|---:|---|");
+    println!(
+        "| batch | path | median samples/s | against the host round trip | against one agent's step on the device | all-reduce's share of the step | rounds |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---|");
     for &batch in batches {
         let data = mlp_batches(DISTINCT, batch);
         let spec = spec("mlp", batch, Precision::F32)?;
         let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
         let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
+        let mut shares: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
         for round in 0..=rounds {
             for (which, name) in AB_PATHS.iter().enumerate() {
-                let sps = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
-                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s");
+                let (sps, share) = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
+                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s, all-reduce {share:?}");
                 if round > 0 {
                     runs[which].push(sps);
+                    shares[which].extend(share);
                 }
             }
         }
@@ -518,12 +564,18 @@ fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) 
             v[v.len() / 2]
         };
         let host = median(&runs[0]);
-        for (name, v) in AB_PATHS.iter().zip(&runs) {
+        let one_agent = median(&runs[AB_ONE_AGENT]);
+        for ((name, v), share) in AB_PATHS.iter().zip(&runs).zip(&shares) {
             let m = median(v);
             let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+            let share = match share.is_empty() {
+                true => String::new(),
+                false => format!("{:.0} %", 100.0 * median(share)),
+            };
             println!(
-                "| {batch} | {name} | {m:.0} | {:.2}× | {} |",
+                "| {batch} | {name} | {m:.0} | {:.2}× | {:.2}× | {share} | {} |",
                 m / host,
+                m / one_agent,
                 each.join(", ")
             );
         }
