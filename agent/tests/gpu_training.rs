@@ -48,7 +48,7 @@ impl Local {
         let (mut agents, mut dirs) = (Vec::new(), Vec::new());
         for i in 0..n {
             let dir = tempfile::tempdir().expect("tempdir");
-            let mut config = AgentConfig::local(&format!("gpu-agent-{i}"), dir.path());
+            let mut config = AgentConfig::local(format!("gpu-agent-{i}"), dir.path());
             config.token = token.clone();
             config.rendezvous = Some(rendezvous.url());
             config.gpu_step_on_device = step_on_device;

@@ -32,7 +32,8 @@
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, in
 //! alternating rounds: the host round trip; on the device, its losses read
 //! each step or every 25 as the trainer reads them, and with the batches kept
-//! on the device (the trainer's epochs after the first); and burn's own loop
+//! on the device (the trainer's epochs after the first) or with room there
+//! for half of them (a data set twice what an agent may keep); and burn's own loop
 //! as it is, with Kindling's optimizer, with each batch converted from Arrow,
 //! and with Adam written out as burn's optimizer adaptor steps (with and
 //! without a second handle on the weights), which splits what Kindling's
@@ -61,15 +62,16 @@ use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
 use serde_json::json;
 
+mod ab;
 #[path = "../common/mod.rs"]
 mod common;
 mod data_parallel;
 use common::{arg, mlp_batches};
 
 /// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
-const DISTINCT: usize = 4;
+pub(crate) const DISTINCT: usize = 4;
 
-fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
+pub(crate) fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
     let model = match model {
         "mlp" => ModelSpec::Mlp {
             hidden: vec![256, 128],
@@ -101,7 +103,7 @@ fn median(mut v: Vec<Duration>) -> f64 {
 
 /// Where a timed step's optimizer runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum StepPath {
+pub(crate) enum StepPath {
     /// A data-parallel rank's: the gradients down to the host optimizer, the
     /// weights back up (the trainer's default).
     Host,
@@ -114,10 +116,13 @@ enum StepPath {
     /// As `DeviceEvery`, the batches' inputs kept on the device once staged
     /// (the trainer's epochs after the first).
     DeviceKept(usize),
+    /// As `DeviceKept`, with room on the device for half of the batches:
+    /// the epochs of a data set twice the size an agent may keep there.
+    DeviceKeptHalf(usize),
 }
 
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
-fn kindling_step(
+pub(crate) fn kindling_step(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -134,8 +139,16 @@ fn kindling_step(
         resident.then(|| DeviceOptimizer::upload(&optim, &weights, &layout_of_params, None, device));
     // The next batch staged meanwhile, as the trainer does on a GPU.
     let mut pipeline = Pipeline::new(true);
-    if let StepPath::DeviceKept(_) = path {
-        pipeline = pipeline.keeping(u64::MAX);
+    match path {
+        StepPath::DeviceKept(_) => pipeline = pipeline.keeping(u64::MAX),
+        StepPath::DeviceKeptHalf(_) => {
+            // Each batch's inputs on the device: its f32 features and its
+            // labels (8 bytes a row at most); room for half of them.
+            let bytes = |b: &RecordBatch| (b.num_rows() * (layout.input_dim * 4 + 8)) as u64;
+            let half: u64 = data.iter().take(data.len() / 2).map(bytes).sum();
+            pipeline = pipeline.keeping(half + 1024);
+        }
+        _ => {}
     }
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
@@ -167,7 +180,7 @@ fn kindling_step(
                 model = model.device_step(opt, (1.0 / share.weight) as f32);
                 pending.extend(share.loss_sum);
                 let every = match path {
-                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) => k,
+                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) | StepPath::DeviceKeptHalf(k) => k,
                     _ => 1,
                 };
                 if (i + 1) % every == 0 {
@@ -188,7 +201,7 @@ fn kindling_step(
 
 /// What [`burn_alone`] changes in burn's own loop.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum BurnLoop {
+pub(crate) enum BurnLoop {
     /// Device tensors ready, burn's Adam, only the last loss read.
     Plain,
     /// Kindling's optimizer kept on the device ([`DeviceOptimizer`]) in
@@ -257,7 +270,7 @@ impl burn::module::ModuleMapper for HandAdam<'_> {
 
 /// The MLP in burn's own loop (device tensors, forward, backward, burn's
 /// Adam on the device, no read back), changed as `variant` says: samples/s.
-fn burn_alone(
+pub(crate) fn burn_alone(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -395,7 +408,7 @@ fn phases(
 
 /// Median ms of each phase of a step kept on the device (the MLP, f32),
 /// the next batch staged meanwhile as the trainer does.
-fn device_phases(
+pub(crate) fn device_phases(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -443,149 +456,6 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
-/// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 12] = [
-    "host round trip (default)",
-    "step on the device, loss read each step",
-    "step on the device, losses read every 25 steps (the trainer's)",
-    "burn alone, Kindling's optimizer on the device",
-    "burn alone, each batch from Arrow",
-    "burn alone",
-    "burn alone, Adam by hand as burn's adaptor steps",
-    "burn alone, Adam by hand with master weights kept",
-    "step on the device, losses every 25 steps, batches kept on the device (epochs after the first)",
-    "data-parallel, 2 ranks on this GPU, host round trip (both ranks' samples)",
-    "data-parallel, 2 ranks on this GPU, step on the device (both ranks' samples)",
-    "data-parallel, 2 ranks on this GPU, step on the device, batches kept (both ranks' samples)",
-];
-
-/// The one-agent path the data-parallel ones are held against: the
-/// trainer's step on the device.
-const AB_ONE_AGENT: usize = 2;
-
-/// One run of `--ab`'s path `which`: samples/s, and the all-reduce's
-/// share of the step for a data-parallel path.
-fn ab_path(
-    which: usize,
-    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
-    device: &Device,
-    steps: usize,
-) -> anyhow::Result<(f64, Option<f64>)> {
-    let run = (steps, 5);
-    let dp = |path| -> anyhow::Result<(f64, Option<f64>)> {
-        let r = data_parallel::run(
-            (spec, layout, data),
-            device,
-            run,
-            path,
-            arg("--bucket-values", 1 << 16),
-        )?;
-        Ok((r.samples_per_sec, Some(r.all_reduce_share)))
-    };
-    let one = match which {
-        9 => return dp(data_parallel::Path::Host),
-        10 => return dp(data_parallel::Path::Device { kept: false }),
-        11 => return dp(data_parallel::Path::Device { kept: true }),
-        _ => one_rank(which, (spec, layout, data), device, run)?,
-    };
-    Ok((one, None))
-}
-
-/// `--ab`'s one-rank path `which`: samples/s.
-fn one_rank(
-    which: usize,
-    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
-    device: &Device,
-    run: (usize, usize),
-) -> anyhow::Result<f64> {
-    match which {
-        0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
-        1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
-        2 => kindling_step(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            StepPath::DeviceEvery(trainer::LOSS_READ_EVERY),
-        ),
-        3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
-        4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
-        5 => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
-        6 => burn_alone(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            BurnLoop::ByHand { master: false },
-        ),
-        7 => burn_alone(spec, layout, data, device, run, BurnLoop::ByHand { master: true }),
-        _ => kindling_step(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
-        ),
-    }
-}
-
-/// `--ab`: the MLP step (f32, one rank) on each of [`AB_PATHS`], in
-/// `rounds` alternating rounds of `steps` after one untimed round of each
-/// (so that none pays for kernel compilation and autotuning, and drift hits
-/// all alike); prints each round's samples/s and the medians, each against
-/// the host round trip.
-fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
-    println!(
-        "| batch | path | median samples/s | against the host round trip | against one agent's step on the device | all-reduce's share of the step | rounds |"
-    );
-    println!("|---:|---|---:|---:|---:|---:|---|");
-    for &batch in batches {
-        let data = mlp_batches(DISTINCT, batch);
-        let spec = spec("mlp", batch, Precision::F32)?;
-        let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
-        let mut shares: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
-        for round in 0..=rounds {
-            for (which, name) in AB_PATHS.iter().enumerate() {
-                let (sps, share) = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
-                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s, all-reduce {share:?}");
-                if round > 0 {
-                    runs[which].push(sps);
-                    shares[which].extend(share);
-                }
-            }
-        }
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let host = median(&runs[0]);
-        let one_agent = median(&runs[AB_ONE_AGENT]);
-        for ((name, v), share) in AB_PATHS.iter().zip(&runs).zip(&shares) {
-            let m = median(v);
-            let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
-            let share = match share.is_empty() {
-                true => String::new(),
-                false => format!("{:.0} %", 100.0 * median(share)),
-            };
-            println!(
-                "| {batch} | {name} | {m:.0} | {:.2}× | {:.2}× | {share} | {} |",
-                m / host,
-                m / one_agent,
-                each.join(", ")
-            );
-        }
-        for (phase, ms) in device_phases(&spec, &layout, &data, autodiff, steps)? {
-            println!("| {batch} | step on the device, phase: {phase} | {ms:.3} ms (median) | | |");
-        }
-    }
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
@@ -602,7 +472,7 @@ fn main() -> anyhow::Result<()> {
             .iter()
             .map(|b| b.parse())
             .collect::<Result<_, _>>()?;
-        return device_ab(&autodiff, &batches, steps, arg("--rounds", 5));
+        return ab::device_ab(&autodiff, &batches, steps, arg("--rounds", 5));
     }
     let mut rows = Vec::new();
     let mut all_phases = Vec::new();

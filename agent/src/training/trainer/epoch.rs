@@ -374,6 +374,39 @@ fn take_step(
     Ok(model)
 }
 
+/// The losses ready to record after step `step` (`sum` its all-reduced
+/// trailer, `losses` this rank's on the device when it kept its step there
+/// alone): `(step, weight, loss sum)` each.
+fn read_losses(
+    t: &mut Trainer,
+    unread: &mut UnreadLosses,
+    (epoch, step): (u32, u64),
+    world: usize,
+    sum: &Trailer,
+    losses: Vec<Tensor<1>>,
+) -> Result<Vec<(u64, f64, f32)>, AgentError> {
+    Ok(match t.resident.as_mut() {
+        Some(opt) if world == 1 => {
+            opt.clear(); // what a step not taken gathered
+            unread.push(step, sum.weight as f64, losses, &t.device);
+            match unread.due() {
+                true => unread.read(epoch)?,
+                false => Vec::new(),
+            }
+        }
+        // A data-parallel step on the device: its loss came back with the
+        // gradients (after the step, as a loss read back one rank does).
+        Some(opt) => {
+            opt.clear();
+            if !sum.loss_sum.is_finite() {
+                return Err(StepError::NonFinite(sum.loss_sum as f64).at(epoch, step));
+            }
+            vec![(step, sum.weight as f64, sum.loss_sum)]
+        }
+        None => vec![(step, sum.weight as f64, sum.loss_sum)],
+    })
+}
+
 /// Trains epoch `epoch` and evaluates it; returns its metrics.
 pub(super) fn train_epoch(
     ctx: &mut TrainContext,
@@ -446,26 +479,7 @@ pub(super) fn train_epoch(
         rows_mine += rows;
         weight_total += sum.weight as f64;
         rows_total += sum.rows as f64;
-        let read = match t.resident.as_mut() {
-            Some(opt) if world == 1 => {
-                opt.clear(); // what a step not taken gathered
-                unread.push(step, sum.weight as f64, losses, &t.device);
-                match unread.due() {
-                    true => unread.read(epoch)?,
-                    false => Vec::new(),
-                }
-            }
-            // A data-parallel step on the device: its loss came back with
-            // the gradients (after the step, as a loss read back one rank does).
-            Some(opt) => {
-                opt.clear();
-                if !sum.loss_sum.is_finite() {
-                    return Err(StepError::NonFinite(sum.loss_sum as f64).at(epoch, step));
-                }
-                vec![(step, sum.weight as f64, sum.loss_sum)]
-            }
-            None => vec![(step, sum.weight as f64, sum.loss_sum)],
-        };
+        let read = read_losses(t, &mut unread, (epoch, step), world, &sum, losses)?;
         step += 1;
         let mut p = lock(&ctx.progress);
         record_losses(&mut p, epoch, read, &mut loss_sum);
