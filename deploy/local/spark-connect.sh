@@ -69,9 +69,6 @@
 #                         (spark.authenticate, spark.network.crypto.enabled with
 #                         AES-GCM and no SASL fallback, spark.io.encryption.enabled);
 #                         a local master only, whose secret Spark generates
-#   KINDLING_SPARK_BLOCK_MANAGER_PORT
-#                         the driver's block manager port (default: random); a
-#                         local master only
 #   KINDLING_HOME         state dir (default $HOME/.cache/kindling): venv, logs, pid
 #   KINDLING_PYTHON       python used to create the venv (default python3)
 set -euo pipefail
@@ -386,21 +383,16 @@ start() {
     fi
   fi
   local -a wire=()
-  if [ "${KINDLING_SPARK_AUTHENTICATE:-0}" = 1 ] || [ -n "${KINDLING_SPARK_BLOCK_MANAGER_PORT:-}" ]; then
-    if [ "$STANDALONE" = 1 ]; then
-      log "KINDLING_SPARK_AUTHENTICATE and KINDLING_SPARK_BLOCK_MANAGER_PORT apply to a local master only"; exit 1
-    fi
-  fi
   if [ "${KINDLING_SPARK_AUTHENTICATE:-0}" = 1 ]; then
+    if [ "$STANDALONE" = 1 ]; then
+      log "KINDLING_SPARK_AUTHENTICATE applies to a local master only"; exit 1
+    fi
     wire+=(--conf spark.authenticate=true
            --conf spark.network.crypto.enabled=true
            --conf spark.network.crypto.cipher=AES/GCM/NoPadding
            --conf spark.network.crypto.authEngineVersion=2
            --conf spark.network.crypto.saslFallback=false
            --conf spark.io.encryption.enabled=true)
-  fi
-  if [ -n "${KINDLING_SPARK_BLOCK_MANAGER_PORT:-}" ]; then
-    wire+=(--conf "spark.driver.blockManager.port=$KINDLING_SPARK_BLOCK_MANAGER_PORT")
   fi
   local ui=(--conf spark.ui.enabled=false)
   if [ -n "${KINDLING_SPARK_UI_PORT:-}" ]; then
