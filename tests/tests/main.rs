@@ -36,6 +36,7 @@ mod rendezvous_gang;
 mod rendezvous_replicas;
 mod search;
 mod search_faults;
+mod spark_authenticate;
 mod spark_create_dataframe;
 mod spark_dataframe;
 mod spark_errors;
