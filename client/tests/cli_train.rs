@@ -102,7 +102,10 @@ fn split_by_reaches_the_saved_spec_and_a_float_column_is_refused() {
     let bad = dir.path().join("bad");
     let out = train(sql, &bad, &["--split-by", "x1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a float split column must be refused: {stderr}");
+    assert!(
+        !out.status.success(),
+        "a float split column must be refused: {stderr}"
+    );
     assert!(
         stderr.contains("`x1` (eval_split_by) has type Float64"),
         "{stderr}"

@@ -141,7 +141,10 @@ async fn the_eval_split_by_a_column_does_not_move_with_the_rows_order() {
     // distinct values uniformly over its buckets), so the count is
     // binomial(4000, 0.25): mean 1000, standard deviation 27.4. Five
     // deviations (137 rows) are passed by chance once in ~10^6 seeds.
-    let (mean, sd) = (ROWS as f64 * FRACTION, (ROWS as f64 * FRACTION * (1.0 - FRACTION)).sqrt());
+    let (mean, sd) = (
+        ROWS as f64 * FRACTION,
+        (ROWS as f64 * FRACTION * (1.0 - FRACTION)).sqrt(),
+    );
     assert!(
         (eval as f64 - mean).abs() <= 5.0 * sd,
         "{eval} eval rows of {ROWS}, expected {mean} ± {}",
@@ -201,7 +204,13 @@ async fn a_split_column_that_cannot_split_is_refused_naming_it_before_anything_s
         .build()
         .expect_err("no eval split to draw");
     assert!(
-        matches!(err, JobError::Setting { setting: "eval_split_by", .. }),
+        matches!(
+            err,
+            JobError::Setting {
+                setting: "eval_split_by",
+                ..
+            }
+        ),
         "{err:?}"
     );
 }

@@ -13,8 +13,8 @@ use kindling_schemas::trace::TraceContext;
 use tracing::Instrument as _;
 
 use super::progress::{Reporter, TrainingEvent};
-use super::split;
 use super::recover::{Follow, Holders};
+use super::split;
 use super::target::{Target, pick_agents};
 use super::tracking::{Tracker, TrackerHandle};
 use super::watched::{QUIET, Watched};

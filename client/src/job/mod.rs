@@ -34,11 +34,11 @@ use tokio::sync::mpsc;
 
 pub use error::JobError;
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
-pub use split::SplitProblem;
 pub use search::{
     Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,
     TrialOutcome, TrialResult,
 };
+pub use split::SplitProblem;
 pub use tracking::MlflowTracking;
 pub use trained::TrainedModel;
 pub use transform::{Served, ServingCluster, Transform};
@@ -410,15 +410,11 @@ impl TrainingJobBuilder {
     /// split whatever order or partitioning Spark returns it in, and rows
     /// sharing a value (a user's, a session's) fall on the same side.
     ///
-    /// `column` is an integer or string column of the DataFrame (an id;
-    /// it need not be a feature) with no nulls. The share of eval rows is
-    /// `eval_fraction` up to the luck of the hash (a binomial spread over
-    /// distinct values). `fit` refuses a missing column, another type, or a
-    /// null, naming the column ([`JobError::SplitColumn`]), before anything
-    /// starts on the agents; the null check is one pass over the rows
-    /// (which fills the persisted cache; a second run of the query when
-    /// [`persist`](Self::persist) is off). The job spec records the split
-    /// ([`EvalSplit`](kindling_schemas::spec::EvalSplit) gives the hash).
+    /// `column`: an integer or string column (an id; need not be a
+    /// feature). `fit` refuses a missing column, another type or a null,
+    /// naming it ([`JobError::SplitColumn`]), before anything starts on the
+    /// agents. The spec records the split ([`EvalSplit`] gives the hash);
+    /// the guide's "The eval split" has the rest.
     ///
     /// ```no_run
     /// # fn demo() -> Result<(), kindling::job::JobError> {

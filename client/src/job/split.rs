@@ -101,11 +101,7 @@ pub(super) async fn check_marks(marked: &DataFrame, split: &EvalSplit) -> Result
 /// The train and eval rows of `marked`, with the job's columns only, each
 /// in `marked`'s order.
 pub(super) fn by_mark(marked: &DataFrame, spec: &JobSpec) -> (DataFrame, DataFrame) {
-    let side = |eval: bool| {
-        marked
-            .filter(col(EVAL_MARK).eq(lit(eval)))
-            .select(spec.columns())
-    };
+    let side = |eval: bool| marked.filter(col(EVAL_MARK).eq(lit(eval))).select(spec.columns());
     (side(false), side(true))
 }
 

@@ -255,7 +255,8 @@ fn an_eval_split_by_a_column_is_recorded_and_checked() {
         .build()
         .expect("valid");
     assert!(
-        spec.to_json().contains(r#""eval_split":{"by":"user_id","fraction":0.25}"#),
+        spec.to_json()
+            .contains(r#""eval_split":{"by":"user_id","fraction":0.25}"#),
         "{}",
         spec.to_json()
     );
