@@ -22,6 +22,10 @@ use crate::spark::{Column, DataFrame};
 /// split column is null.
 const EVAL_MARK: &str = "__kindling_eval";
 
+/// The most columns a [`SplitProblem::Missing`] lists (a DataFrame may
+/// have thousands).
+const LISTED_COLUMNS: usize = 32;
+
 /// What is wrong with the column an eval split is drawn by.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SplitProblem {
@@ -63,9 +67,11 @@ pub(super) async fn marked(df: &DataFrame, spec: &JobSpec, split: &EvalSplit) ->
     };
     let Some(field) = schema.fields().iter().find(|f| f.name() == by) else {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-        return Err(problem(SplitProblem::Missing {
-            columns: names.join(", "),
-        }));
+        let mut columns = names[..names.len().min(LISTED_COLUMNS)].join(", ");
+        if names.len() > LISTED_COLUMNS {
+            columns.push_str(&format!(", … ({} in all)", names.len()));
+        }
+        return Err(problem(SplitProblem::Missing { columns }));
     };
     let value = match field.data_type() {
         // One width for every integer type, so an ETL that widens an INT id
