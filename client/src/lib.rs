@@ -32,8 +32,8 @@ pub use kindling_schemas::scoring::{Report, Tally, TallyKind};
 /// The job spec and its training options, so a program needs no other
 /// Kindling crate to describe a job.
 pub use kindling_schemas::spec::{
-    CheckpointPolicy, EarlyStopping, GradientClip, GradientCompression, InputType, JobSpec, Loss, Metric,
-    ModelSpec, OptimizerSpec, Precision, Schedule, Task,
+    CheckpointPolicy, EarlyStopping, EvalSplit, GradientClip, GradientCompression, InputType, JobSpec, Loss,
+    Metric, ModelSpec, OptimizerSpec, Precision, Schedule, Task,
 };
 
 /// Arrow at the version Kindling speaks: record batches in and out of

@@ -18,6 +18,7 @@ mod evaluation;
 mod executor_push;
 mod grpc_reflection;
 mod house_rules;
+mod job_eval_split;
 mod job_fit;
 mod job_fit_arrow;
 mod job_relay_slices;

@@ -14,6 +14,7 @@ mod fit;
 mod progress;
 mod recover;
 mod search;
+mod split;
 mod target;
 mod tracking;
 mod trained;
@@ -26,8 +27,8 @@ use std::time::Duration;
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::spec::{
-    CheckpointPolicy, EarlyStopping, GradientClip, JobSpec, ModelSpec, OptimizerSpec, Precision, Schedule,
-    Task,
+    CheckpointPolicy, EarlyStopping, EvalSplit, GradientClip, JobSpec, ModelSpec, OptimizerSpec, Precision,
+    Schedule, Task,
 };
 use tokio::sync::mpsc;
 
@@ -37,6 +38,7 @@ pub use search::{
     Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,
     TrialOutcome, TrialResult,
 };
+pub use split::SplitProblem;
 pub use tracking::MlflowTracking;
 pub use trained::TrainedModel;
 pub use transform::{Served, ServingCluster, Transform};
@@ -205,6 +207,8 @@ pub struct TrainingJobBuilder {
     #[cfg(feature = "local")]
     models: kindling_agent::ModelRegistry,
     feeding: Feeding,
+    /// The column of [`eval_split_by`](TrainingJobBuilder::eval_split_by).
+    split_by: Option<String>,
     recovery: Recovery,
     reporting: Reporting,
 }
@@ -223,6 +227,7 @@ impl Default for TrainingJobBuilder {
             #[cfg(feature = "local")]
             models: kindling_agent::ModelRegistry::builtin(),
             feeding: Feeding::default(),
+            split_by: None,
             recovery: Recovery::default(),
             reporting: Reporting::default(),
         }
@@ -257,8 +262,6 @@ impl TrainingJobBuilder {
         use_gpu: bool,
         /// Compute precision: `Bf16` is mixed precision on the GPU (bf16 compute, f32 master weights).
         precision: Precision,
-        /// Seed for weight init, shuffling and the eval split.
-        seed: u64,
         /// Checkpoint policy.
         checkpoint: CheckpointPolicy,
         /// Shuffle batch order every epoch.
@@ -275,6 +278,29 @@ impl TrainingJobBuilder {
         early_stopping: EarlyStopping,
         /// `k` of the eval split's top-k accuracy (default 5).
         top_k: u32,
+    }
+
+    /// The job's seed (default 0). It fixes:
+    ///
+    /// - the initial weights (rank 0 draws them and sends them to the
+    ///   others);
+    /// - the shuffle from the second epoch on: the order of each rank's
+    ///   cached batches and of the rows inside each (with `shuffle`, the
+    ///   default);
+    /// - the eval split ([`eval_fraction`](Self::eval_fraction)): with
+    ///   [`eval_split_by`](Self::eval_split_by), exactly which rows are
+    ///   eval rows, whatever the data's order; without it, Spark's random
+    ///   split, which also depends on the rows' order and partitioning.
+    ///
+    /// It does not fix which rows each rank holds, nor the first epoch's
+    /// order: the rows are dealt to the ranks, and trained first, in the
+    /// order Spark returns them (sort in the ETL to fix it); nor random
+    /// numbers a model draws while training (dropout: burn's generator is
+    /// shared by the agent's process); nor the rounding of sums split over
+    /// threads or a GPU.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.spec = self.spec.seed(seed);
+        self
     }
 
     /// Weights each class's rows in the loss, one positive weight per
@@ -369,10 +395,44 @@ impl TrainingJobBuilder {
         self
     }
 
-    /// Holds out this fraction of rows (seeded random split) and reports
-    /// eval loss and accuracy after every epoch.
+    /// Holds out this fraction of rows and reports eval loss and metrics
+    /// after every epoch. By default the rows are drawn by Spark's seeded
+    /// random split, which moves when the query's row order or partitioning
+    /// does; [`eval_split_by`](Self::eval_split_by) draws them by a column.
     pub fn eval_fraction(mut self, fraction: f64) -> Self {
         self.feeding.eval_fraction = fraction;
+        self
+    }
+
+    /// Draws the eval split ([`eval_fraction`](Self::eval_fraction)) by a
+    /// hash of `column`'s value and the [`seed`](Self::seed): each row is
+    /// an eval row or not by its own value, so the same data gives the same
+    /// split whatever order or partitioning Spark returns it in, and rows
+    /// sharing a value (a user's, a session's) fall on the same side.
+    ///
+    /// `column`: an integer or string column (an id; need not be a
+    /// feature). `fit` refuses a missing column, another type or a null,
+    /// naming it ([`JobError::SplitColumn`]), before anything starts on the
+    /// agents. The spec records the split ([`EvalSplit`] gives the hash);
+    /// the guide's "The eval split" has the rest.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), kindling::job::JobError> {
+    /// use kindling::job::TrainingJob;
+    /// use kindling::{ModelSpec, Task};
+    /// let job = TrainingJob::builder()
+    ///     .model(ModelSpec::Linear)
+    ///     .task(Task::Classification { num_classes: 2 })
+    ///     .features(["x1", "x2"])
+    ///     .label("y")
+    ///     .eval_fraction(0.2)
+    ///     .eval_split_by("user_id")
+    ///     .seed(7)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn eval_split_by(mut self, column: impl Into<String>) -> Self {
+        self.split_by = Some(column.into());
         self
     }
 
@@ -525,14 +585,25 @@ impl TrainingJobBuilder {
 
     /// Validates and returns the job.
     pub fn build(self) -> Result<TrainingJob, JobError> {
-        let spec = self.spec.build()?;
-        let (feeding, recovery) = (&self.feeding, &self.recovery);
-        if !(0.0..0.9).contains(&feeding.eval_fraction) {
+        let fraction = self.feeding.eval_fraction;
+        if !(0.0..0.9).contains(&fraction) {
             return Err(JobError::Setting {
                 setting: "eval_fraction",
-                reason: format!("must be in [0, 0.9), got {}", feeding.eval_fraction),
+                reason: format!("must be in [0, 0.9), got {fraction}"),
             });
         }
+        let spec = match &self.split_by {
+            Some(_) if fraction == 0.0 => {
+                return Err(setting(
+                    "eval_split_by",
+                    "draws the eval split, and there is none: set eval_fraction above 0",
+                ));
+            }
+            Some(by) => self.spec.eval_split(EvalSplit::new(by.clone(), fraction)),
+            None => self.spec,
+        }
+        .build()?;
+        let (feeding, recovery) = (&self.feeding, &self.recovery);
         if recovery.max_attempts == 0 {
             return Err(setting("max_attempts", "must be at least 1"));
         }

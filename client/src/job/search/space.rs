@@ -38,6 +38,7 @@ const FIXED: &[&str] = &[
     "task",
     "rows_from",
     "holds_rows",
+    "eval_split",
     "use_gpu",
 ];
 
@@ -489,6 +490,7 @@ mod tests {
         assert!(err(&["batch_size=0|-3"]).contains("batch_size"));
         assert!(err(&["batch_size=big|small"]).contains("makes no job spec"));
         assert!(err(&["num_slots=1|2"]).contains("cannot vary"));
+        assert!(err(&["eval_split.fraction=0.1|0.2"]).contains("cannot vary"));
         assert!(err(&["lr=0.1", "learning_rate=0.2"]).contains("searched twice"));
         assert!(err(&["lr"]).contains("expected `name=values`"));
         assert!(err(&[]).contains("no option to search"));
