@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use burn::tensor::{Device, Tensor};
-use kindling_agent::collective::{Inbox, Ring, RingConfig};
+use kindling_agent::collective::Ring;
 use kindling_agent::models::kindling_model::ModelRegistry;
 use kindling_agent::models::kindling_model::staged::Pipeline;
 use kindling_agent::optim::{DeviceOptimizer, FlatOptimizer};
@@ -21,7 +21,7 @@ use kindling_schemas::schema::FeatureLayout as Layout;
 use kindling_schemas::spec::JobSpec;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::collective_servers;
+use crate::common::{collective_servers, ring};
 
 /// How a data-parallel rank steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +91,7 @@ pub fn run(
         inboxes
             .iter()
             .enumerate()
-            .map(|(rank, inbox)| ring(rank, &urls, &token, inbox))
+            .map(|(rank, inbox)| ring("bench-gpu-dp", rank, &urls, &token, inbox))
             .collect::<anyhow::Result<Vec<Ring>>>()
     })?;
     let start = Arc::new(Barrier::new(WORLD));
@@ -129,24 +129,6 @@ pub fn run(
         samples_per_sec: (WORLD * steps * spec.batch_size) as f64 / wall,
         all_reduce_share: (times.all_reduce + times.idle).as_secs_f64() / walls[0].as_secs_f64().max(1e-9),
     })
-}
-
-fn ring(rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbox>) -> anyhow::Result<Ring> {
-    let job = "bench-gpu-dp";
-    inbox.enter_attempt(job, 1);
-    Ok(Ring::new(
-        RingConfig {
-            job_id: job.to_owned(),
-            attempt: 1,
-            rank: rank as u32,
-            peers: urls.to_vec(),
-            token: Some(token.clone()),
-            timeout: Duration::from_secs(120),
-            channel: Default::default(),
-        },
-        inbox.clone(),
-        CancellationToken::new(),
-    )?)
 }
 
 /// One rank's steps: the timed span's wall time and where it went.
