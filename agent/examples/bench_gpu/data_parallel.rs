@@ -22,6 +22,7 @@ use kindling_schemas::spec::JobSpec;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{collective_servers, ring};
+use crate::read_losses;
 
 /// How a data-parallel rank steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,15 +164,10 @@ fn rank(
     }
     let mut times = StepTimes::default();
     let mut pending: Vec<Tensor<1>> = Vec::new();
-    let read = |pending: &mut Vec<Tensor<1>>| {
-        if !pending.is_empty() {
-            std::hint::black_box(Tensor::cat(std::mem::take(pending), 0).sum().into_scalar::<f32>());
-        }
-    };
     let mut t = Instant::now();
     for i in 0..warmup + steps {
         if i == warmup {
-            read(&mut pending);
+            read_losses(&mut pending);
             start.wait();
             t = Instant::now();
             times = StepTimes::default();
@@ -197,7 +193,7 @@ fn rank(
                 model = model.device_step(opt, scale.unwrap_or(0.0));
                 pending.extend(share.loss_sum);
                 if (i + 1) % trainer::LOSS_READ_EVERY == 0 {
-                    read(&mut pending);
+                    read_losses(&mut pending);
                 }
             }
             None => {
@@ -228,6 +224,6 @@ fn rank(
             }
         }
     }
-    read(&mut pending);
+    read_losses(&mut pending);
     Ok((t.elapsed(), times))
 }

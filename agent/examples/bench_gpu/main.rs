@@ -121,6 +121,15 @@ pub(crate) enum StepPath {
     DeviceKeptHalf(usize),
 }
 
+/// Reads back the losses of steps kept on the device that are not read yet,
+/// summed on the device: the wait for every step queued so far.
+pub(crate) fn read_losses(pending: &mut Vec<burn::tensor::Tensor<1>>) {
+    if !pending.is_empty() {
+        let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
+        std::hint::black_box(sum.into_scalar::<f32>());
+    }
+}
+
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
 pub(crate) fn kindling_step(
     spec: &JobSpec,
@@ -154,15 +163,9 @@ pub(crate) fn kindling_step(
     let failed = |e| anyhow::anyhow!("{e:?}");
     // Losses not read yet (summed on the device when read).
     let mut pending: Vec<burn::tensor::Tensor<1>> = Vec::new();
-    let read = |pending: &mut Vec<burn::tensor::Tensor<1>>| {
-        if !pending.is_empty() {
-            let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
-            std::hint::black_box(sum.into_scalar::<f32>());
-        }
-    };
     for i in 0..warmup + steps {
         if i == warmup {
-            read(&mut pending);
+            read_losses(&mut pending);
             t = Instant::now();
         }
         // Reading the loss (or the gradients) back is the step's sync point:
@@ -184,7 +187,7 @@ pub(crate) fn kindling_step(
                     _ => 1,
                 };
                 if (i + 1) % every == 0 {
-                    read(&mut pending);
+                    read_losses(&mut pending);
                 }
             }
             None => {
@@ -195,7 +198,7 @@ pub(crate) fn kindling_step(
             }
         }
     }
-    read(&mut pending);
+    read_losses(&mut pending);
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
