@@ -27,13 +27,12 @@
 //! (`--only allreduce`, `--only ingest`, `--only latency` or `--only metrics`
 //! runs one of them).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_flight::FlightData;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::StreamExt;
-use kindling_agent::collective::{Inbox, Precision, Ring, RingConfig};
+use kindling_agent::collective::Precision;
 use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::action::{Action, StartJob};
 use kindling_schemas::auth::Token;
@@ -45,7 +44,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-use common::{arg, collective_servers, cpu_seconds, encode, ingest_batches};
+use common::{arg, collective_servers, cpu_seconds, encode, ingest_batches, ring};
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -76,23 +75,6 @@ async fn main() -> anyhow::Result<()> {
         latency_between_steps(floats, reps, arg("--compute-us", 300) as u64, tight).await?;
     }
     Ok(())
-}
-
-fn ring(job: &str, rank: usize, urls: &[String], token: &Token, inbox: &Arc<Inbox>) -> anyhow::Result<Ring> {
-    inbox.enter_attempt(job, 1);
-    Ok(Ring::new(
-        RingConfig {
-            job_id: job.to_owned(),
-            attempt: 1,
-            rank: rank as u32,
-            peers: urls.to_vec(),
-            token: Some(token.clone()),
-            timeout: Duration::from_secs(120),
-            channel: Default::default(),
-        },
-        inbox.clone(),
-        CancellationToken::new(),
-    )?)
 }
 
 /// Returns the all-reduce's time in µs.

@@ -154,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
             let exchange = GradientStep {
                 precision,
                 bucket_values: BUCKET_VALUES,
+                device_bucket_values: kindling_agent::training::gradients::DEVICE_BUCKET_VALUES,
                 overlap,
                 clip_norm: None,
             };

@@ -26,7 +26,7 @@ use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec, path_matches}
 use crate::error::AgentError;
 
 pub mod device;
-pub use device::DeviceOptimizer;
+pub use device::{BucketDown, BucketHost, DeviceOptimizer};
 
 /// Leads the optimizer state in a checkpoint.
 const MAGIC: &[u8; 8] = b"KOPTv1\0\0";

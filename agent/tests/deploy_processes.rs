@@ -1422,6 +1422,72 @@ async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_ser
     assert!(jobs["jobs"].as_array().is_some_and(Vec::is_empty), "{jobs}");
 }
 
+/// One address floods a real agent's probe port with silent connections,
+/// re-opened as soon as the agent drops them (at accept, past the address's
+/// share, or when a held one's time is up), for several turns of the held
+/// connections' lifetime: meanwhile every `/healthz` from another address
+/// is answered 200, so a pod cannot fail the kubelet's probes and have the
+/// agent restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_probe_connections_from_one_address_leaves_healthz_to_another() {
+    use std::net::Ipv4Addr;
+
+    use kindling_ops::web::probes::{MAX_PROBE_CONNECTIONS, PROBE_CONNECTION_TIMEOUT};
+    let cluster = Cluster::start().await;
+    let (agent, _url) = cluster.agent("probe-flood").await;
+    let to: std::net::SocketAddr = agent.health.parse().expect("the probe address");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood: Vec<_> = (0..MAX_PROBE_CONNECTIONS + 16)
+        .map(|_| {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            tokio::spawn(async move {
+                while !stop.is_cancelled() {
+                    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                    socket
+                        .bind((Ipv4Addr::new(127, 0, 0, 2), 0).into())
+                        .expect("bind 127.0.0.2");
+                    let Ok(mut conn) = socket.connect(to).await else {
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Silent until the agent closes it.
+                    let mut byte = [0u8; 1];
+                    tokio::select! {
+                        _ = conn.read(&mut byte) => {}
+                        _ = stop.cancelled() => {}
+                    }
+                }
+            })
+        })
+        .collect();
+    let until = Instant::now() + 3 * PROBE_CONNECTION_TIMEOUT + Duration::from_secs(1);
+    let mut answered = 0;
+    while Instant::now() < until {
+        let status = http_status(&agent.health, "/healthz").await;
+        assert_eq!(
+            status,
+            Some(200),
+            "/healthz from 127.0.0.1 during the flood from 127.0.0.2 (after {answered} answers)\n{}",
+            agent.logs()
+        );
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    for task in flood {
+        task.await.expect("flood task");
+    }
+    // The flood re-opened what the agent dropped: more connections than it
+    // holds at once, so the probes were answered while it was at its caps.
+    let opened = opened.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        opened > MAX_PROBE_CONNECTIONS + 16,
+        "the flood opened only {opened} connections"
+    );
+}
+
 /// `n` TLS connections from `from` to `addr` that ask for HTTP/1.1 (the
 /// status page and `/metrics`) and then send nothing.
 async fn idle_page_connections(

@@ -27,52 +27,73 @@ use tonic::transport::{Channel, Endpoint};
 
 const TOKEN: &str = "gpu-test-token";
 
-/// An embedded rendezvous and one agent registered with it.
+/// An embedded rendezvous and agents registered with it.
 struct Local {
     rendezvous: EmbeddedRendezvous,
-    agent: AgentHandle,
-    _dir: tempfile::TempDir,
+    agents: Vec<AgentHandle>,
+    _dirs: Vec<tempfile::TempDir>,
 }
 
 impl Local {
     async fn start() -> Local {
-        Local::start_with(false).await
+        Local::start_with(false, 1).await
     }
 
-    /// An agent that keeps a one-agent GPU job's step on the device with `step_on_device`.
-    async fn start_with(step_on_device: bool) -> Local {
-        let dir = tempfile::tempdir().expect("tempdir");
+    /// `n` agents that keep a GPU job's step on the device with `step_on_device`.
+    async fn start_with(step_on_device: bool, n: usize) -> Local {
         let token = Some(Token::new(TOKEN));
         let rendezvous = EmbeddedRendezvous::start(RendezvousConfig::default(), token.clone())
             .await
             .expect("rendezvous");
-        let mut config = AgentConfig::local("gpu-agent", dir.path());
-        config.token = token;
-        config.rendezvous = Some(rendezvous.url());
-        config.gpu_step_on_device = step_on_device;
-        let agent = kindling_agent::start(config).await.expect("agent");
+        let (mut agents, mut dirs) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut config = AgentConfig::local(format!("gpu-agent-{i}"), dir.path());
+            config.token = token.clone();
+            config.rendezvous = Some(rendezvous.url());
+            config.gpu_step_on_device = step_on_device;
+            // Buckets of 16 values: the test MLP's 42 weights go in 4, so a
+            // step reads back, rings and writes back as a pipeline.
+            config.gpu_bucket_values = 16;
+            agents.push(kindling_agent::start(config).await.expect("agent"));
+            dirs.push(dir);
+        }
         Local {
             rendezvous,
-            agent,
-            _dir: dir,
+            agents,
+            _dirs: dirs,
         }
     }
 
-    fn flight(&self) -> FlightServiceClient<InterceptedService<Channel, BearerAttach>> {
-        let channel = Endpoint::from_shared(self.agent.url().to_owned())
+    fn flight_at(&self, agent: usize) -> FlightServiceClient<InterceptedService<Channel, BearerAttach>> {
+        let channel = Endpoint::from_shared(self.agents[agent].url().to_owned())
             .expect("url")
             .connect_lazy();
         let attach = BearerAttach::new(Some(&Token::new(TOKEN))).expect("token");
         FlightServiceClient::with_interceptor(channel, attach)
     }
 
+    #[cfg(not(feature = "wgpu-runtime"))]
     async fn action<T: serde::de::DeserializeOwned>(&self, action: &Action) -> Result<T, tonic::Status> {
-        let mut results = self.flight().do_action(action.to_flight()).await?.into_inner();
+        self.action_at(0, action).await
+    }
+
+    async fn action_at<T: serde::de::DeserializeOwned>(
+        &self,
+        agent: usize,
+        action: &Action,
+    ) -> Result<T, tonic::Status> {
+        let mut results = self
+            .flight_at(agent)
+            .do_action(action.to_flight())
+            .await?
+            .into_inner();
         let first = results.next().await.expect("a result")?;
         Ok(serde_json::from_slice(&first.body).expect("json"))
     }
 
-    /// Creates the job at the rendezvous and sends `start_job` to the agent.
+    /// Creates the job at the rendezvous and sends `start_job` to each of
+    /// its `num_slots` agents.
     async fn start_job(&self, job_id: &str, spec: &JobSpec) -> Result<(), tonic::Status> {
         let rv = RendezvousClient::connect(self.rendezvous.url(), Some(&Token::new(TOKEN)))
             .await
@@ -86,19 +107,28 @@ impl Local {
             rendezvous: self.rendezvous.url(),
             initial_weights: None,
         });
-        self.action::<serde_json::Value>(&start).await.map(|_| ())
+        for agent in 0..spec.num_slots as usize {
+            self.action_at::<serde_json::Value>(agent, &start).await?;
+        }
+        Ok(())
     }
 
+    #[cfg(not(feature = "wgpu-runtime"))]
     async fn status(&self, job_id: &str) -> AgentJobStatus {
-        self.action(&Action::JobStatus(JobRef {
+        self.status_at(0, job_id).await
+    }
+
+    async fn status_at(&self, agent: usize, job_id: &str) -> AgentJobStatus {
+        let job = Action::JobStatus(JobRef {
             job_id: job_id.into(),
-        }))
-        .await
-        .expect("job_status")
+        });
+        self.action_at(agent, &job).await.expect("job_status")
     }
 
     async fn stop(self) {
-        self.agent.shutdown_and_wait().await;
+        for agent in self.agents {
+            agent.shutdown_and_wait().await;
+        }
         self.rendezvous
             .shutdown_and_wait()
             .await
@@ -172,6 +202,11 @@ mod on_gpu {
     impl Local {
         /// One producer's DoPut of `batch` in 250-row pieces; returns the rows committed.
         async fn put(&self, job_id: &str, split: Split, batch: &RecordBatch) -> u64 {
+            self.put_at(0, job_id, split, batch).await
+        }
+
+        /// [`put`](Self::put) to agent `agent`.
+        async fn put_at(&self, agent: usize, job_id: &str, split: Split, batch: &RecordBatch) -> u64 {
             let messages = put_messages(
                 job_id,
                 split,
@@ -179,23 +214,35 @@ mod on_gpu {
                 &batch.schema(),
                 pieces(batch, 250).into_iter(),
             );
-            let acks = self.flight().do_put(messages).await.expect("do_put").into_inner();
+            let acks = self
+                .flight_at(agent)
+                .do_put(messages)
+                .await
+                .expect("do_put")
+                .into_inner();
             let rows = committed_rows(acks).await;
             let _: serde_json::Value = self
-                .action(&Action::EndOfData(EndOfData {
-                    job_id: job_id.into(),
-                    split,
-                    expected_rows: Some(rows),
-                }))
+                .action_at(
+                    agent,
+                    &Action::EndOfData(EndOfData {
+                        job_id: job_id.into(),
+                        split,
+                        expected_rows: Some(rows),
+                    }),
+                )
                 .await
                 .expect("end_of_data");
             rows
         }
 
         async fn wait_done(&self, job_id: &str) -> AgentJobStatus {
+            self.wait_done_at(0, job_id).await
+        }
+
+        async fn wait_done_at(&self, agent: usize, job_id: &str) -> AgentJobStatus {
             let deadline = Instant::now() + Duration::from_secs(900);
             loop {
-                let s = self.status(job_id).await;
+                let s = self.status_at(agent, job_id).await;
                 if s.state.is_terminal() {
                     return s;
                 }
@@ -206,11 +253,20 @@ mod on_gpu {
 
         /// The trained model as (name, values) pairs.
         async fn weights(&self, job_id: &str) -> Vec<(String, Vec<f32>)> {
+            self.weights_at(0, job_id).await
+        }
+
+        async fn weights_at(&self, agent: usize, job_id: &str) -> Vec<(String, Vec<f32>)> {
             let ticket = DataPath::Model {
                 job_id: job_id.into(),
             }
             .ticket();
-            let stream = self.flight().do_get(ticket).await.expect("do_get").into_inner();
+            let stream = self
+                .flight_at(agent)
+                .do_get(ticket)
+                .await
+                .expect("do_get")
+                .into_inner();
             model_weights(stream).await
         }
     }
@@ -410,10 +466,69 @@ mod on_gpu {
             eprintln!("NOT TRAINED ON A GPU: no adapter (the other test says why)");
             return;
         }
-        let local = Local::start_with(true).await;
+        let local = Local::start_with(true, 1).await;
         let (gpu, gpu_weights) = train(&local, "resident", &mlp(true)).await;
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
         assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        local.stop().await;
+    }
+
+    /// Trains `spec` (2 slots) as job `job_id` on two agents, each with half
+    /// of the rows of [`train`]; returns rank 0's status and each agent's
+    /// model.
+    async fn train_pair(local: &Local, job_id: &str, spec: &JobSpec) -> (AgentJobStatus, [Weights; 2]) {
+        local.start_job(job_id, spec).await.expect("start_job");
+        let (eval, data) = (rule_batch(1000, 99), rule_batch(2000, 1));
+        for agent in 0..2 {
+            let half = |b: &RecordBatch| b.slice(agent * b.num_rows() / 2, b.num_rows() / 2);
+            assert_eq!(local.put_at(agent, job_id, Split::Eval, &half(&eval)).await, 500);
+            assert_eq!(
+                local.put_at(agent, job_id, Split::Train, &half(&data)).await,
+                1000
+            );
+        }
+        let mut statuses = Vec::new();
+        for agent in 0..2 {
+            let status = local.wait_done_at(agent, job_id).await;
+            assert_eq!(
+                status.state,
+                AgentJobState::Succeeded,
+                "agent {agent}: {status:#?}"
+            );
+            statuses.push(status);
+        }
+        let weights = [
+            local.weights_at(0, job_id).await,
+            local.weights_at(1, job_id).await,
+        ];
+        (statuses.swap_remove(0), weights)
+    }
+
+    /// A data-parallel job of two agents on the GPU keeps its step on the
+    /// device and all-reduces its gradient sums bucket by bucket: in 4
+    /// buckets a step (read back while the ring runs) it gives
+    /// the answer of the same two agents on the CPU, step by step, and both
+    /// ranks end with the same weights.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_parallel_job_steps_on_the_device_like_the_cpu() {
+        if kindling_agent::models::device::gpu().is_err() {
+            assert!(
+                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
+                "KINDLING_GPU_TESTS=1 but no GPU"
+            );
+            eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
+            return;
+        }
+        let local = Local::start_with(true, 2).await;
+        let pair = |use_gpu: bool| JobSpec {
+            num_slots: 2,
+            ..mlp(use_gpu)
+        };
+        let (gpu, [gpu_weights, gpu_rank1]) = train_pair(&local, "pair-gpu", &pair(true)).await;
+        let (cpu, [cpu_weights, _]) = train_pair(&local, "pair-cpu", &pair(false)).await;
+        assert_eq!(gpu.history[0].rows, 1000, "each rank trained its half");
+        assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        assert_eq!(gpu_weights, gpu_rank1, "the ranks' weights are identical");
         local.stop().await;
     }
 }

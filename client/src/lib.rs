@@ -32,8 +32,8 @@ pub use kindling_schemas::scoring::{Report, Tally, TallyKind};
 /// The job spec and its training options, so a program needs no other
 /// Kindling crate to describe a job.
 pub use kindling_schemas::spec::{
-    CheckpointPolicy, EarlyStopping, GradientClip, GradientCompression, InputType, JobSpec, Loss, Metric,
-    ModelSpec, OptimizerSpec, Precision, Schedule, Task,
+    CheckpointPolicy, EarlyStopping, EvalSplit, GradientClip, GradientCompression, InputType, JobSpec, Loss,
+    Metric, ModelSpec, OptimizerSpec, Precision, Schedule, Task,
 };
 
 /// Arrow at the version Kindling speaks: record batches in and out of
@@ -42,12 +42,12 @@ pub use arrow;
 /// The streams Kindling hands out are `futures` streams.
 pub use futures;
 
-/// Models of one's own (feature `local`): the trait a burn model
-/// implements, what it reads, and the registry that names it.
 #[cfg(feature = "local")]
-pub mod model {
-    pub use kindling_agent::AgentError;
-    /// burn at the version the agents train with.
-    pub use kindling_agent::burn;
-    pub use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry, Sequence, Targets};
-}
+pub mod model;
+
+/// `docs/models.md`, whose complete examples (the trait, the program's
+/// imports, the Brier-score metric) compile as doc tests: the guide cannot
+/// drift from the API it teaches. Fragments are marked `ignore`.
+#[cfg(all(doctest, feature = "local"))]
+#[doc = include_str!("../../docs/models.md")]
+mod models_md {}

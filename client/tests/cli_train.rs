@@ -6,7 +6,9 @@
 //!   job: the saved model's spec carries them and its epochs print their rate;
 //! - a query with no rows is an error that names the empty train split, the
 //!   process exits non-zero and writes no model;
-//! - a bad flag value is refused before anything runs, naming the flag.
+//! - a bad flag value is refused before anything runs, naming the flag;
+//! - `--split-by` reaches the job (the saved spec records the split), and a
+//!   column that cannot split is refused naming it, writing no model.
 
 use crate::common;
 
@@ -80,4 +82,33 @@ fn train_flags_reach_the_job_and_an_empty_query_saves_no_model() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("--schedule"), "{stderr}");
+}
+
+#[test]
+fn split_by_reaches_the_saved_spec_and_a_float_column_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sql = "SELECT id, x1, x2, CAST(x1 + 2 * x2 > 0.1 AS INT) AS y FROM \
+        (SELECT id, rand(1) * 2 - 1 AS x1, rand(2) * 2 - 1 AS x2 FROM range(3000))";
+    let model = dir.path().join("model");
+    let split = ["--split-by", "id", "--eval-fraction", "0.3", "--seed", "4"];
+    let out = train(sql, &model, &split);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let spec = std::fs::read_to_string(model.join("spec.json")).expect("spec.json");
+    let spec = kindling::JobSpec::from_json(&spec).expect("spec");
+    assert_eq!(spec.eval_split, Some(kindling::EvalSplit::new("id", 0.3)));
+    assert_eq!(spec.seed, 4);
+
+    let bad = dir.path().join("bad");
+    let out = train(sql, &bad, &["--split-by", "x1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a float split column must be refused: {stderr}"
+    );
+    assert!(
+        stderr.contains("`x1` (eval_split_by) has type Float64"),
+        "{stderr}"
+    );
+    assert!(!bad.exists(), "no model is written");
 }

@@ -13,7 +13,11 @@
 # (see bundle.sh); run on an NVIDIA H200 on 2026-11-26 (docs/benchmarks.md#gpu).
 #
 # PROVE_AB=1 runs instead `bench_gpu --ab` (the MLP step's paths in
-# alternating rounds; PROVE_AB_ARGS its options) and PyTorch eager's MLP rows.
+# alternating rounds, one agent and a data-parallel pair of ranks sharing the
+# GPU, batches uploaded each step, kept, or half kept; PROVE_AB_ARGS its
+# options) and PyTorch eager's MLP rows, and prints one table of both
+# (deploy/gpu/ab_table.py: × PyTorch eager, × its pinned-copy path, the
+# all-reduce's share): ab.md.
 # PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
 # PROVE_PYTHON names a Python with pyarrow, numpy, scikit-learn and torch
 # (PROVE_TORCH_PYTHON another for torch alone).
@@ -78,6 +82,8 @@ if [ "${PROVE_AB:-0}" = 1 ]; then
     | tee "$out/ab.txt" || status=$?
   echo "== PyTorch eager, the MLP (deploy/gpu/bench_gpu.py)"
   "$torch_python" deploy/gpu/bench_gpu.py --models mlp | tee "$out/torch.json" || status=$?
+  echo "== one table: each path against PyTorch eager and its pinned-copy path"
+  "$python" deploy/gpu/ab_table.py "$out/ab.txt" "$out/torch.json" | tee "$out/ab.md" || status=$?
 else
   # shellcheck disable=SC2086
   "$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?

@@ -22,6 +22,13 @@ holds no Secret but SPARK_SECRETS and only its accounts may create pods,
 there alone (check_spark_namespace); Spark Connect takes its token from a
 Secret, listens in plaintext on loopback only, and clients send the token
 over TLS only, to the name its certificate carries (check_spark_connect);
+Spark's driver and executors authenticate and encrypt their own wire with
+a secret mounted from a Secret into Spark's containers alone
+(check_spark_wire), and the driver's account may only create, read and
+delete pods, as Spark's scheduler does (check_spark_driver_role); under
+cert-manager, approver-policy's CertificateRequestPolicies limit the
+ClusterIssuer to Kindling's names in Kindling's namespaces
+(check_issuer_scope);
 each server reads its operator and viewer tokens from two different
 rendered Secrets (check_tokens); every PodDisruptionBudget selects a
 workload's pods and never blocks a drain (check_disruption_budgets); every
@@ -41,7 +48,8 @@ collector, pod helpers), validate_render (rendering), validate_schema (each
 object on its own), validate_security (check_namespaces, check_pod_security,
 check_spark_namespace), validate_network (check_network_policies),
 validate_egress (check_egress), validate_credentials (check_tls,
-check_tokens, check_spark_connect), validate_workloads
+check_tokens, check_spark_connect), validate_spark (check_spark_wire,
+check_spark_driver_role), validate_issuer (check_issuer_scope), validate_workloads
 (check_ephemeral_storage, check_disruption_budgets, check_spread), validate_monitoring
 (check_monitors) and validate_promql (metrics, PromQL, dashboards, alerts,
 promtool). This file runs them over every manifest file and overlay.
@@ -54,12 +62,14 @@ import tempfile
 
 from validate_common import ROOT, containers, docs, reporter
 from validate_credentials import check_spark_connect, check_tls, check_tokens
+from validate_issuer import check_issuer_scope
 from validate_monitoring import check_monitors
 from validate_network import check_network_policies
 from validate_promql import ALERTS_TESTS, check_promql_with_promtool, exported_metrics
 from validate_render import render_builtin, render_kubectl, with_dummy_token
 from validate_schema import check
 from validate_security import check_namespaces, check_pod_security, check_spark_namespace
+from validate_spark import check_spark_driver_role, check_spark_wire
 from validate_workloads import check_disruption_budgets, check_ephemeral_storage, check_spread
 
 # Each overlay and the image variant (tag suffix) its agents must run.
@@ -115,6 +125,9 @@ def main():
             check_pod_security(objs, overlay, errors)
             check_spark_namespace(objs, overlay, errors)
             check_spark_connect(objs, overlay, errors)
+            check_spark_wire(objs, overlay, errors)
+            check_spark_driver_role(objs, overlay, errors)
+            check_issuer_scope(objs, overlay, errors)
             check_tokens(objs, overlay, errors)
             check_disruption_budgets(objs, overlay, errors)
             check_ephemeral_storage(objs, overlay, errors)

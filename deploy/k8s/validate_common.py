@@ -20,7 +20,7 @@ SPARK_NAMESPACE = "kindling-spark"
 # cert-manager's cluster resource namespace, where a ClusterIssuer reads its
 # CA key (overlays/cert-manager/certificates.yaml).
 CERT_MANAGER_NAMESPACE = "cert-manager"
-CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding", "CertificateRequestPolicy"}
 
 
 def docs(path):

@@ -10,7 +10,7 @@ import json
 from validate_common import (
     NAMESPACE, ONLY_IN, POD_ROLES, SPARK_NAMESPACE, driver_conf, pod_templates, reporter, selects,
 )
-from validate_egress import EGRESS, check_egress, policy_types
+from validate_egress import EGRESS, check_egress, policy_types, served_ports
 
 
 # Each gRPC port of a Kindling server and exactly the pods that may connect
@@ -24,6 +24,10 @@ GRPC_PEERS = {
     # The driver's RPC and block manager.
     ("spark-connect", 7078): {"executor"},
     ("spark-connect", 7079): {"executor"},
+    # An executor's block manager (the port Spark gives it from
+    # spark.blockManager.port): shuffle, cached rows, broadcast task
+    # binaries. The driver and the other executors only.
+    ("executor", 7079): {"spark-connect", "executor"},
     # The replicated rendezvous' etcd (overlays/rendezvous-ha): clients are
     # the replicas, peers the members.
     ("etcd", 2379): {"rendezvous"},
@@ -37,10 +41,10 @@ GRPC_PEERS = {
 CLIENT_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kindling-client"}}}
 EXACT_PEERS = {("spark-connect", 15002): [CLIENT_PEER]}
-# The only pods an Ingress policy may isolate: Spark's executors need
-# traffic (from the driver and each other) no policy here allows. Egress:
-# every role's exactly as in EGRESS (validate_egress.py).
-ISOLATED = {"agent", "rendezvous", "spark-connect", "etcd"}
+# The pods an Ingress policy may isolate (every one: each port admits
+# exactly its GRPC_PEERS or, for a probe, every source). Egress: every
+# role's exactly as in EGRESS (validate_egress.py).
+ISOLATED = {"agent", "rendezvous", "spark-connect", "etcd", "executor"}
 ANYONE = "anyone"
 # Peers outside the namespace, by overlay, and the gRPC ports they may reach,
 # exactly: Prometheus scrapes /metrics there (overlays/monitoring,
@@ -168,11 +172,12 @@ def check_network_policies(objs, overlay, errors):
                 elif not matched(inside[1], inside[0]):
                     bad(f"{where}: peer {peer} matches no pod template in namespace {inside[0]}")
 
+    conf = driver_conf(objs)
     for (role, number), wanted in GRPC_PEERS.items():
         pod = by_role.get(role)
         if pod is None:
             continue
-        if number not in pod["ports"].values():
+        if number not in served_ports(pod, conf).values():
             bad(f"{pod['who']} has no container port {number}")
         peers = ingress_peers(policies, pod, number)
         if peers is None:
@@ -197,13 +202,13 @@ def check_network_policies(objs, overlay, errors):
         inside = internal_peer(peer, namespace, rendered)
         return None if inside is None else (*inside, matched(inside[1], inside[0]))
 
-    check_egress(overlay, pods, policies, resolve, selects, driver_conf(objs), bad)
+    check_egress(overlay, pods, policies, resolve, selects, conf, bad)
 
     for role in sorted(ISOLATED):
         pod = by_role.get(role)
         if pod is None:
             continue
-        for number in sorted(set(pod["ports"].values())):
+        for number in sorted(set(served_ports(pod, conf).values())):
             if (role, number) in GRPC_PEERS:
                 continue
             if number not in pod["probe_ports"]:

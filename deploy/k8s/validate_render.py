@@ -23,6 +23,7 @@ PLACEHOLDER_SECRETS = {
     "credential-key": "validate-only-not-a-secret-key-of-32-bytes\n",
     "viewer-token": "validate-only-not-a-secret-viewer\n",
     "spark-connect-token": "validate-only-not-a-secret-spark-connect\n",
+    "spark-authenticate": "validate-only-not-a-secret-spark-authenticate\n",
 }
 
 

@@ -1,6 +1,6 @@
 """Each manifest object on its own (check): the built-in kinds against the
 Kubernetes schemas (kubernetes-validate, strict: unknown fields are errors,
-offline); cert-manager's and prometheus-operator's kinds, which have no
+offline); cert-manager's, its approver-policy's and prometheus-operator's kinds, which have no
 schema there, against the fields these manifests may use.
 """
 
@@ -45,6 +45,48 @@ def check_cert_manager(obj, where, name, errors):
             bad(f"unknown usages {sorted(set(spec.get('usages', [])) - CERT_MANAGER_USAGES)}")
     else:
         bad("unexpected cert-manager kind")
+
+
+# cert-manager approver-policy's CertificateRequestPolicy
+# (policy.cert-manager.io/v1alpha1): the fields of its Go types these
+# manifests may use; validate_issuer.py checks what it allows.
+POLICY_FIELDS = {
+    "spec": {"selector", "allowed", "constraints", "plugins"},
+    "selector": {"issuerRef", "namespace"},
+    "issuerRef": {"name", "kind", "group"},
+    "namespace": {"matchNames", "matchLabels"},
+    "allowed": {"commonName", "dnsNames", "ipAddresses", "uris", "emailAddresses", "isCA", "usages", "subject",
+                "otherNames"},
+    "constraints": {"minDuration", "maxDuration", "privateKey"},
+    "privateKey": {"algorithm", "minSize", "maxSize"},
+}
+
+
+def check_certificate_request_policy(obj, where, name, errors):
+    spec = obj.get("spec") or {}
+    bad = reporter(errors, f"{where}: {name}")
+    if obj.get("apiVersion") != "policy.cert-manager.io/v1alpha1" or obj.get("kind") != "CertificateRequestPolicy":
+        bad(f"{obj.get('apiVersion')} {obj.get('kind')} is not policy.cert-manager.io/v1alpha1 "
+            "CertificateRequestPolicy")
+    parts = {"spec": spec, "selector": spec.get("selector") or {},
+             "issuerRef": (spec.get("selector") or {}).get("issuerRef") or {},
+             "namespace": (spec.get("selector") or {}).get("namespace") or {},
+             "allowed": spec.get("allowed") or {}, "constraints": spec.get("constraints") or {},
+             "privateKey": (spec.get("constraints") or {}).get("privateKey") or {}}
+    for part, fields in POLICY_FIELDS.items():
+        unknown = set(parts[part]) - fields
+        if unknown:
+            bad(f"{part}: unknown fields {sorted(unknown)}")
+    if "selector" not in spec:
+        bad("no selector")
+    for key in ("commonName",):
+        if set((parts["allowed"].get(key) or {})) - {"value", "required", "validations"}:
+            bad(f"allowed.{key}: unknown fields")
+    for key in ("dnsNames", "ipAddresses", "uris", "emailAddresses"):
+        if set((parts["allowed"].get(key) or {})) - {"values", "required", "validations"}:
+            bad(f"allowed.{key}: unknown fields")
+    if set(parts["allowed"].get("usages") or []) - CERT_MANAGER_USAGES:
+        bad(f"allowed.usages: unknown usages {sorted(set(parts['allowed']['usages']) - CERT_MANAGER_USAGES)}")
 
 
 # prometheus-operator's CRDs (monitoring.coreos.com/v1) have no schema here
@@ -171,6 +213,9 @@ def check(obj, where, version, errors):
     name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
     if str(obj.get("apiVersion", "")).startswith("cert-manager.io/"):
         check_cert_manager(obj, where, name, errors)
+        return name
+    if str(obj.get("apiVersion", "")).startswith("policy.cert-manager.io/"):
+        check_certificate_request_policy(obj, where, name, errors)
         return name
     if str(obj.get("apiVersion", "")).startswith("monitoring.coreos.com/"):
         check_prometheus_operator(obj, where, name, errors)

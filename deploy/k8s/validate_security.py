@@ -17,14 +17,14 @@ API_TOKEN_ROLES = {"spark-connect"}
 # The Secrets each pod may mount (volumes, projected volumes, env), by name
 # without kustomize's hash: an executor holds the client certificate and
 # nothing of the cluster's; Spark Connect's token only its server and the
-# clients.
+# clients; Spark's own secret only Spark's pods (validate_spark.py).
 SECRETS_OF = {
     "agent": {"kindling-token", "kindling-viewer-token", "kindling-credential-key", "kindling-agent-tls"},
     # Replicated on etcd (overlays/rendezvous-ha), also its client certificate for etcd.
     "rendezvous": {"kindling-token", "kindling-viewer-token", "kindling-rendezvous-tls", "kindling-etcd-client-tls"},
     "client": {"kindling-token", "kindling-client-tls", "spark-connect-token"},
-    "executor": {"kindling-client-tls"},
-    "spark-connect": {"spark-connect-token", "spark-connect-tls"},
+    "executor": {"kindling-client-tls", "spark-authenticate"},
+    "spark-connect": {"spark-connect-token", "spark-connect-tls", "spark-authenticate"},
     # The rendezvous' etcd: its members' certificate (clients and peers).
     "etcd": {"kindling-etcd-tls"},
 }
@@ -34,6 +34,7 @@ SPARK_SECRETS = {
     "kindling-client-tls": "the executors' client certificate",
     "spark-connect-token": "Spark Connect's own token",
     "spark-connect-tls": "Spark Connect's server certificate",
+    "spark-authenticate": "Spark's own secret, which its driver and executors authenticate each other with",
 }
 # Pods whose root filesystem must be read-only: every one (Spark's write to
 # emptyDirs mounted at /tmp and their working directory).

@@ -64,6 +64,11 @@
 #                         serve Spark's web UI and REST API (jobs, stages and
 #                         their CPU time) on 127.0.0.1 at this port (default: no
 #                         UI); a local master only
+#   KINDLING_SPARK_AUTHENTICATE
+#                         1: Spark's own security as the Kubernetes manifests set it
+#                         (spark.authenticate, spark.network.crypto.enabled with
+#                         AES-GCM and no SASL fallback, spark.io.encryption.enabled);
+#                         a local master only, whose secret Spark generates
 #   KINDLING_HOME         state dir (default $HOME/.cache/kindling): venv, logs, pid
 #   KINDLING_PYTHON       python used to create the venv (default python3)
 set -euo pipefail
@@ -377,6 +382,18 @@ start() {
       )
     fi
   fi
+  local -a wire=()
+  if [ "${KINDLING_SPARK_AUTHENTICATE:-0}" = 1 ]; then
+    if [ "$STANDALONE" = 1 ]; then
+      log "KINDLING_SPARK_AUTHENTICATE applies to a local master only"; exit 1
+    fi
+    wire+=(--conf spark.authenticate=true
+           --conf spark.network.crypto.enabled=true
+           --conf spark.network.crypto.cipher=AES/GCM/NoPadding
+           --conf spark.network.crypto.authEngineVersion=2
+           --conf spark.network.crypto.saslFallback=false
+           --conf spark.io.encryption.enabled=true)
+  fi
   local ui=(--conf spark.ui.enabled=false)
   if [ -n "${KINDLING_SPARK_UI_PORT:-}" ]; then
     if [ "$STANDALONE" = 1 ]; then
@@ -405,6 +422,7 @@ start() {
     --conf "spark.sql.warehouse.dir=$RUN/warehouse" \
     --conf "spark.driver.extraJavaOptions=-Dderby.system.home=$RUN/derby" \
     "${cluster[@]}" \
+    "${wire[@]}" \
     spark-internal >"$LOG" 2>&1 9>&- &
   echo $! >"$PIDFILE"
   if [ "$STANDALONE" = 1 ]; then

@@ -121,7 +121,8 @@ pub struct JobSpec {
     /// Compute precision (default `f32`; `bf16` needs `use_gpu`).
     #[serde(default, skip_serializing_if = "Precision::is_f32")]
     pub precision: Precision,
-    /// Seed for weight init and shuffling.
+    /// Seed of the initial weights, of the shuffle from the second epoch
+    /// on, and of the eval split the client draws.
     #[serde(default)]
     pub seed: u64,
     /// Feature columns, in the order they are concatenated into the input.
@@ -188,6 +189,65 @@ pub struct JobSpec {
     /// themselves travel in `start_job`'s `initial_weights`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<Pretrained>,
+    /// The eval rows were split off by a column's value and the seed
+    /// ([`EvalSplit`]): recorded with the job and its saved model, so the
+    /// held-out rows can be named again. Agents do not split; absent when
+    /// the client drew no eval split or Spark's random one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_split: Option<EvalSplit>,
+}
+
+/// An eval split by a column: row `r` is an eval row when
+///
+/// ```text
+/// pmod(hash(CAST(seed AS BIGINT), v(r)), 16777216) < round(fraction × 16777216)
+/// ```
+///
+/// in Spark SQL, where `hash` is Spark's Murmur3 (x86, 32 bits, seed 42: the
+/// hash Spark partitions and buckets tables by, so the same on every
+/// machine and version), `seed` the job's seed as a signed 64-bit integer,
+/// and `v(r)` the row's value of column `by`: `CAST(by AS BIGINT)` for an
+/// integer column (the same split whether the ETL makes it an `INT` or a
+/// `BIGINT`), the string itself for a string column (its UTF-8 bytes). The
+/// split depends on those values only, never on the rows' order or
+/// partitioning, and rows sharing a value fall on the same side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalSplit {
+    /// The integer or string column whose value places each row.
+    pub by: String,
+    /// The expected share of eval rows, in `(0, 0.9)`.
+    pub fraction: f64,
+}
+
+impl EvalSplit {
+    /// Hash buckets rows fall in ([`EvalSplit`]): `2^24`.
+    pub const BUCKETS: i64 = 1 << 24;
+
+    /// A split of `fraction` of the rows by column `by`.
+    pub fn new(by: impl Into<String>, fraction: f64) -> Self {
+        EvalSplit {
+            by: by.into(),
+            fraction,
+        }
+    }
+
+    /// The buckets `0..eval_buckets()` hold the eval rows.
+    pub fn eval_buckets(&self) -> i64 {
+        (self.fraction * Self::BUCKETS as f64).round() as i64
+    }
+
+    fn check(&self) -> Result<(), SpecError> {
+        if self.by.trim().is_empty() {
+            return Err(SpecError::new("eval_split.by", "empty column name"));
+        }
+        if !(self.fraction > 0.0 && self.fraction < 0.9) {
+            return Err(SpecError::new(
+                "eval_split.fraction",
+                format!("must be in (0, 0.9), got {}", self.fraction),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_top_k() -> u32 {
@@ -380,6 +440,9 @@ impl JobSpec {
         if let Some(pretrained) = &self.init_from {
             pretrained.check()?;
         }
+        if let Some(split) = &self.eval_split {
+            split.check()?;
+        }
         training::check(self)
     }
 
@@ -431,6 +494,7 @@ impl Default for JobSpecBuilder {
                 rows_from: None,
                 holds_rows: false,
                 init_from: None,
+                eval_split: None,
             },
             loss_set: false,
         }
@@ -489,7 +553,7 @@ impl JobSpecBuilder {
         self.spec.precision = precision;
         self
     }
-    /// Sets the seed.
+    /// Sets the seed (see [`JobSpec::seed`]).
     pub fn seed(mut self, seed: u64) -> Self {
         self.spec.seed = seed;
         self
@@ -588,6 +652,11 @@ impl JobSpecBuilder {
     /// `k` of the eval split's top-k accuracy.
     pub fn top_k(mut self, k: u32) -> Self {
         self.spec.top_k = k;
+        self
+    }
+    /// Records the eval split by a column the client draws.
+    pub fn eval_split(mut self, split: EvalSplit) -> Self {
+        self.spec.eval_split = Some(split);
         self
     }
     /// Validates and returns the spec.

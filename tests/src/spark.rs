@@ -41,6 +41,35 @@ pub fn spark_remote() -> String {
         .clone()
 }
 
+/// Where the block manager of the driver of the server started by
+/// `spark-connect.sh` on `spark_port` listens (host, port), from the line
+/// Spark logs when it binds it (`NettyBlockTransferService: Server created
+/// on HOST:PORT`): logged before the server answers, so present once `start`
+/// returned.
+pub fn block_manager(spark_port: u16) -> (String, u16) {
+    let home = std::env::var("KINDLING_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").expect("HOME is set")).join(".cache/kindling")
+        });
+    let log = home.join(format!("spark-{spark_port}/server.log"));
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let at = text
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("NettyBlockTransferService: Server created on "))
+        .map(|(_, at)| at.trim().to_owned())
+        .unwrap_or_else(|| panic!("{}: no block manager logged", log.display()));
+    let (host, port) = at
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("block manager at {at}"));
+    (
+        host.to_owned(),
+        port.parse()
+            .unwrap_or_else(|e| panic!("block manager port {port}: {e}")),
+    )
+}
+
 fn listening(port: &str) -> bool {
     port.parse::<u16>().is_ok_and(|port| {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -124,6 +153,11 @@ impl PrivateSpark {
     /// `sc://127.0.0.1:<port>`.
     pub fn remote(&self) -> String {
         format!("sc://127.0.0.1:{}", self.port)
+    }
+
+    /// Where its driver's block manager listens: see [`block_manager`].
+    pub fn block_manager(&self) -> (String, u16) {
+        block_manager(self.port)
     }
 
     fn script(&self, verb: &str) -> Command {

@@ -590,6 +590,7 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
         let exchange = GradientStep {
             precision: Precision::F32,
             bucket_values,
+            device_bucket_values: kindling_agent::training::gradients::DEVICE_BUCKET_VALUES,
             overlap,
             clip_norm,
         };

@@ -233,6 +233,10 @@ async fn a_search_is_a_parent_run_with_a_child_run_per_trial() {
         .job_id("srch-ml")
         .epochs(3)
         .mlflow(server.url(), "kindling-search")
+        // Every update is checked below: wait until MLflow took them all
+        // (a server slowed by a busy machine took longer than the default
+        // 10 s, and the search's own run was not there yet).
+        .mlflow_flush_timeout(Duration::from_secs(600))
         .build()
         .expect("job")
         .search(&df, &Search::new(space).asha(1, 2).parallel(1))

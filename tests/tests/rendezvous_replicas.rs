@@ -200,7 +200,17 @@ async fn a_killed_leader_is_replaced_within_its_lease_and_the_gang_goes_on_in_th
     eprintln!("barrier released again {took:?} after the leader's SIGKILL");
     // A follower answers naming the leader; each says on /metrics whether it leads.
     let mut r = Replica::start("r2", &store, TOKEN, dir.path()).await;
-    let err = one_try(&r.url).await.list_jobs().await.unwrap_err();
+    // A follower that has not read the election yet says that no leader is
+    // known; once it has, it names the leader.
+    let deadline = Instant::now() + GUARD;
+    let err = loop {
+        let err = one_try(&r.url).await.list_jobs().await.unwrap_err();
+        if err.leader_hint().is_some() || Instant::now() > deadline {
+            break err;
+        }
+        assert!(err.to_string().contains("no leader is known yet"), "{err}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(err.leader_hint(), Some(replicas[1 - first].url.as_str()), "{err}");
     assert!(err.to_string().contains("not the leader"), "{err}");
     for (url, leads) in [(&r.url, 0), (&replicas[1 - first].url, 1)] {

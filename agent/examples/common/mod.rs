@@ -4,12 +4,13 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::array::{FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_flight::{FlightData, SchemaAsIpc};
-use kindling_agent::collective::Inbox;
+use kindling_agent::collective::{Inbox, Ring, RingConfig};
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::BatchMetadata;
@@ -201,4 +202,29 @@ pub async fn act(client: &mut Client, action: kindling_schemas::action::Action) 
         r?;
     }
     Ok(())
+}
+
+/// Rank `rank` of a ring of in-process ranks over the collective servers
+/// at `urls` (attempt 1 of job `job`).
+pub fn ring(
+    job: &str,
+    rank: usize,
+    urls: &[String],
+    token: &Token,
+    inbox: &Arc<Inbox>,
+) -> anyhow::Result<Ring> {
+    inbox.enter_attempt(job, 1);
+    Ok(Ring::new(
+        RingConfig {
+            job_id: job.to_owned(),
+            attempt: 1,
+            rank: rank as u32,
+            peers: urls.to_vec(),
+            token: Some(token.clone()),
+            timeout: Duration::from_secs(120),
+            channel: Default::default(),
+        },
+        inbox.clone(),
+        CancellationToken::new(),
+    )?)
 }

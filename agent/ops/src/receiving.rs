@@ -317,16 +317,11 @@ mod tests {
         Chunks(bytes.chunks(cut).map(Bytes::copy_from_slice).collect())
     }
 
-    async fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> Result<usize, String>
-    where
-        B::Error: std::fmt::Display,
-    {
+    /// The bytes `body` yields until it ends, or the first error it yields.
+    async fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> Result<usize, B::Error> {
         let mut n = 0;
         while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-            match frame {
-                Ok(f) => n += f.data_ref().map_or(0, Bytes::len),
-                Err(e) => return Err(e.to_string()),
-            }
+            n += frame?.data_ref().map_or(0, Bytes::len);
         }
         Ok(n)
     }
@@ -339,7 +334,8 @@ mod tests {
         bytes.extend(message(200));
         for cut in [1, 3, 5, 7, 64, 4096] {
             let mut body = MeteredBody::new(chunks(&bytes, cut), budget.clone(), "job-a".into());
-            assert_eq!(drain(&mut body).await, Ok(bytes.len()), "cut {cut}");
+            let drained = drain(&mut body).await.expect("within the bounds");
+            assert_eq!(drained, bytes.len(), "cut {cut}");
             assert_eq!(budget.held_by("job-a"), 300, "cut {cut}");
             assert_eq!(budget.held(), 300);
             drop(body);
@@ -356,7 +352,7 @@ mod tests {
         // The caller's second stream would take it past its share: refused
         // at the prefix, the frame that carries it not passed on.
         let mut second = MeteredBody::new(chunks(&message(200), 5), budget.clone(), "job-a".into());
-        let err = drain(&mut second).await.expect_err("past the share");
+        let err = drain(&mut second).await.expect_err("past the share").to_string();
         assert!(
             err.contains("of 200 bytes") && err.contains("this caller's streams"),
             "{err}"
@@ -371,7 +367,7 @@ mod tests {
         let mut other = MeteredBody::new(chunks(&message(500), 64), budget.clone(), "job-b".into());
         drain(&mut other).await.expect("its own share");
         let mut third = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "job-c".into());
-        let err = drain(&mut third).await.expect_err("past the total");
+        let err = drain(&mut third).await.expect_err("past the total").to_string();
         assert!(
             err.contains("all callers' streams") && err.contains("bound of 1000"),
             "{err}"

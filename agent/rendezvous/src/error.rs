@@ -236,3 +236,26 @@ pub enum RecordError {
         max_attempts: u32,
     },
 }
+
+/// `--store etcd://…` settings a replica cannot run on
+/// ([`EtcdSettings`](crate::etcd::EtcdSettings)): refused at start-up,
+/// naming the flag's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EtcdSettingsError {
+    #[error("`{store}`: an etcd store is etcd://host:port[,host:port…][/prefix]")]
+    NotEtcd { store: String },
+    #[error("`{store}` names no etcd endpoint (etcd://host:port[,host:port…])")]
+    NoEndpoint { store: String },
+    #[error("`{store}`: the key prefix after the hosts is empty")]
+    EmptyPrefix { store: String },
+    #[error("the etcd lease must be a whole number of seconds, at least 1 (got {0:?})")]
+    Lease(Duration),
+    #[error("an etcd store needs this replica's URL for clients (--advertise)")]
+    NoAdvertise,
+    /// Plaintext to members off loopback (`hosts`, comma-separated), not allowed.
+    #[error(
+        "plaintext to etcd at {hosts} (off loopback): whoever reaches it could rewrite the rendezvous' state; \
+         give --etcd-ca (and --etcd-cert/--etcd-key), or --allow-plaintext-etcd on a network private by other means"
+    )]
+    Plaintext { hosts: String },
+}

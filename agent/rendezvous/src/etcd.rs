@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{RendezvousError, StorageError};
+use crate::error::{EtcdSettingsError, RendezvousError, StorageError};
 use crate::store::{SnapshotStore, decode};
 
 /// Where a replicated rendezvous keeps its state and elects its leader.
@@ -84,20 +84,23 @@ impl EtcdSettings {
     ///
     /// ```
     /// use std::time::Duration;
+    /// use kindling_rendezvous::error::EtcdSettingsError;
     /// use kindling_rendezvous::etcd::EtcdSettings;
     /// let s = EtcdSettings::parse("etcd://e0:2379,e1:2379/team-a", Duration::from_secs(2), "http://r0:7070").unwrap();
     /// assert_eq!(s.endpoints, ["http://e0:2379", "http://e1:2379"]);
     /// assert_eq!(s.prefix, "/team-a");
-    /// assert!(s.check_plaintext(false).unwrap_err().contains("e0:2379,e1:2379"));
+    /// assert_eq!(s.check_plaintext(false), Err(EtcdSettingsError::Plaintext { hosts: "e0:2379,e1:2379".into() }));
     /// let local = EtcdSettings::parse("etcd://127.0.0.1:2379", Duration::from_secs(2), "http://r0:7070").unwrap();
     /// assert_eq!(local.prefix, "/kindling/rendezvous");
     /// assert!(local.check_plaintext(false).is_ok());
-    /// assert!(EtcdSettings::parse("etcd://", Duration::from_secs(2), "http://r0:7070").is_err());
+    /// let none = EtcdSettings::parse("etcd://", Duration::from_secs(2), "http://r0:7070");
+    /// assert_eq!(none, Err(EtcdSettingsError::NoEndpoint { store: "etcd://".into() }));
     /// ```
-    pub fn parse(store: &str, lease: Duration, advertise: &str) -> Result<Self, String> {
+    pub fn parse(store: &str, lease: Duration, advertise: &str) -> Result<Self, EtcdSettingsError> {
+        let named = || store.to_owned();
         let rest = store
             .strip_prefix("etcd://")
-            .ok_or_else(|| format!("`{store}`: an etcd store is etcd://host:port[,host:port…][/prefix]"))?;
+            .ok_or_else(|| EtcdSettingsError::NotEtcd { store: named() })?;
         let (hosts, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_owned()),
             None => (rest, DEFAULT_PREFIX.to_owned()),
@@ -109,20 +112,16 @@ impl EtcdSettings {
             .map(|h| format!("http://{h}"))
             .collect();
         if endpoints.is_empty() {
-            return Err(format!(
-                "`{store}` names no etcd endpoint (etcd://host:port[,host:port…])"
-            ));
+            return Err(EtcdSettingsError::NoEndpoint { store: named() });
         }
         if prefix.is_empty() {
-            return Err(format!("`{store}`: the key prefix after the hosts is empty"));
+            return Err(EtcdSettingsError::EmptyPrefix { store: named() });
         }
         if lease.as_secs() == 0 || lease.subsec_nanos() != 0 {
-            return Err(format!(
-                "the etcd lease must be a whole number of seconds, at least 1 (got {lease:?})"
-            ));
+            return Err(EtcdSettingsError::Lease(lease));
         }
         if advertise.is_empty() {
-            return Err("an etcd store needs this replica's URL for clients (--advertise)".into());
+            return Err(EtcdSettingsError::NoAdvertise);
         }
         Ok(EtcdSettings {
             endpoints,
@@ -147,7 +146,7 @@ impl EtcdSettings {
     /// Refuses plaintext to an etcd off loopback: whoever can reach it could
     /// rewrite every job and agent address (allowed with `allow`, for a
     /// network that is private by other means).
-    pub fn check_plaintext(&self, allow: bool) -> Result<(), String> {
+    pub fn check_plaintext(&self, allow: bool) -> Result<(), EtcdSettingsError> {
         if self.tls.is_some() || allow {
             return Ok(());
         }
@@ -163,11 +162,9 @@ impl EtcdSettings {
             .collect();
         match off_loopback.as_slice() {
             [] => Ok(()),
-            hosts => Err(format!(
-                "plaintext to etcd at {} (off loopback): whoever reaches it could rewrite the rendezvous' state; \
-                 give --etcd-ca (and --etcd-cert/--etcd-key), or --allow-plaintext-etcd on a network private by other means",
-                hosts.join(",")
-            )),
+            hosts => Err(EtcdSettingsError::Plaintext {
+                hosts: hosts.join(","),
+            }),
         }
     }
 

@@ -124,8 +124,7 @@ impl TryFrom<&Cli> for ServerConfig {
                     ),
                 };
                 let lease = Duration::from_secs(cli.etcd_lease_secs);
-                let mut settings =
-                    EtcdSettings::parse(store, lease, &advertise).map_err(anyhow::Error::msg)?;
+                let mut settings = EtcdSettings::parse(store, lease, &advertise)?;
                 if let Some(ca) = &cli.etcd_ca {
                     let read = |p: &std::path::Path| {
                         std::fs::read(p).with_context(|| format!("reading {}", p.display()))
@@ -139,9 +138,7 @@ impl TryFrom<&Cli> for ServerConfig {
                         identity,
                     });
                 }
-                settings
-                    .check_plaintext(cli.allow_plaintext_etcd)
-                    .map_err(anyhow::Error::msg)?;
+                settings.check_plaintext(cli.allow_plaintext_etcd)?;
                 Some(settings)
             }
         };

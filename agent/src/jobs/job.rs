@@ -43,8 +43,10 @@ pub struct JobEnv {
     pub token: Option<Token>,
     /// How long a ring operation waits for a peer.
     pub collective_timeout: Duration,
-    /// A GPU job of one agent keeps its step on the device.
+    /// A GPU job keeps its step on the device.
     pub gpu_step_on_device: bool,
+    /// Gradient values per all-reduce bucket of a step kept on the device.
+    pub gpu_bucket_values: usize,
     /// How long rendezvous calls retry an unreachable rendezvous.
     pub rendezvous_outage: Duration,
     /// Threads each job's trainer computes on (0: one per core), in a pool
@@ -581,6 +583,7 @@ impl Job {
             shuffle: self.spec.shuffle,
             step_on_device: self.env.gpu_step_on_device,
             initial: self.initial.clone(),
+            device_bucket_values: self.env.gpu_bucket_values,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.env.train_threads)

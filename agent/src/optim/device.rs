@@ -13,7 +13,12 @@
 //! the host's [`FlatOptimizer`] and the device at an attempt's start and each
 //! epoch's end ([`upload`](DeviceOptimizer::upload),
 //! [`download_into`](DeviceOptimizer::download_into)), so checkpoints, the
-//! data-parallel path and a resumed job see one optimizer.
+//! host's data-parallel path and a resumed job see one optimizer. A
+//! data-parallel rank keeps its step here too: only its gradient sums leave
+//! the device, bucket by bucket, for the all-reduce ([`buckets`]).
+
+mod buckets;
+pub use buckets::{BucketDown, BucketHost};
 
 use std::any::Any;
 
@@ -29,6 +34,10 @@ trait Shaped: Send + Sync + std::fmt::Debug {
     fn values(&self) -> Vec<f32>;
     /// The sum of its squares, on the device.
     fn squares(&self) -> Tensor<1>;
+    /// Its shape.
+    fn dims(&self) -> Vec<usize>;
+    /// Its values as one row (a view where the backend allows).
+    fn flat(&self) -> Tensor<1>;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -40,6 +49,15 @@ impl<const D: usize> Shaped for Tensor<D> {
 
     fn squares(&self) -> Tensor<1> {
         self.clone().powi_scalar(2).sum()
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        self.shape().to_vec()
+    }
+
+    fn flat(&self) -> Tensor<1> {
+        let n = self.shape().num_elements();
+        self.clone().reshape([n])
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -84,6 +102,17 @@ impl Held {
             Held::Device(t) => t.values(),
         }
     }
+
+    /// The sum of its squares, on `device`.
+    fn squares(&self, device: &Device) -> Tensor<1> {
+        match self {
+            Held::Host(values) => {
+                let sq: f32 = values.iter().map(|v| v * v).sum();
+                Tensor::from_data(TensorData::new(vec![sq], [1]), device)
+            }
+            Held::Device(t) => t.squares(),
+        }
+    }
 }
 
 /// An optimizer whose weights, state and gradient sums live on a device.
@@ -104,8 +133,14 @@ pub struct DeviceOptimizer {
     master: Vec<Held>,
     /// Per slot ([`Rule::slots`]), per parameter.
     state: Vec<Vec<Held>>,
-    /// Per parameter, the gradient sums gathered for the next step.
-    sums: Vec<Option<Box<dyn Shaped>>>,
+    /// Per parameter, the gradient sums gathered for the next step (the
+    /// host's values only for a parameter whose all-reduced sums came back
+    /// before its shape was first seen).
+    sums: Vec<Option<Held>>,
+    /// A data-parallel step's loss sum on this rank, sent with the last
+    /// bucket of gradient sums, and the ranks' total it came back as.
+    loss: Option<Tensor<1>>,
+    summed_loss: Option<f32>,
 }
 
 impl DeviceOptimizer {
@@ -153,6 +188,8 @@ impl DeviceOptimizer {
             clip_norm,
             time: flat.time,
             sums: (0..sizes.len()).map(|_| None).collect(),
+            loss: None,
+            summed_loss: None,
             sizes,
             device: device.clone().without_autodiff(),
             master,
@@ -194,23 +231,19 @@ impl DeviceOptimizer {
     /// # Panics
     /// If the sums gathered for it have another rank (a layout bug).
     pub(crate) fn add_gradient<const D: usize>(&mut self, index: usize, grad: Tensor<D>) {
-        let slot = &mut self.sums[index];
-        let sum = match slot.take() {
-            Some(sum) => {
-                let sum = sum
-                    .as_any()
-                    .downcast_ref::<Tensor<D>>()
-                    .expect("gradients keep their rank");
-                sum.clone() + grad
-            }
+        let shape: [usize; D] = grad.shape().dims();
+        let sum = match self.sums[index].take() {
+            Some(mut sum) => sum.take(shape, &self.device) + grad,
             None => grad,
         };
-        *slot = Some(Box::new(sum));
+        self.sums[index] = Some(Held::of(sum));
     }
 
     /// Drops the gradients gathered (a step not taken).
     pub fn clear(&mut self) {
         self.sums.iter_mut().for_each(|s| *s = None);
+        self.loss = None;
+        self.summed_loss = None;
     }
 
     /// Starts a step on the gathered sums, `scale` turning them into means
@@ -225,7 +258,7 @@ impl DeviceOptimizer {
             .sums
             .iter()
             .flatten()
-            .map(|g| g.squares())
+            .map(|g| g.squares(&self.device))
             .reduce(|a, b| a + b);
         let Some(squares) = squares else {
             return StepScale::Host(scale);
@@ -271,11 +304,7 @@ impl DeviceOptimizer {
         let device = self.device.clone();
         let w = self.master[index].take(shape, &device);
         let g = match self.sums[index].take() {
-            Some(g) => g
-                .as_any()
-                .downcast_ref::<Tensor<D>>()
-                .expect("gradients keep their rank")
-                .clone(),
+            Some(mut g) => g.take(shape, &device),
             None => w.zeros_like(),
         };
         let (g, k) = self.clipped(g, scale);

@@ -106,13 +106,20 @@ struct Cli {
     /// How long a collective step waits for a peer (ms).
     #[arg(long, env = "KINDLING_COLLECTIVE_TIMEOUT_MS", default_value_t = 60_000)]
     collective_timeout_ms: u64,
-    /// A GPU job of one agent keeps its optimizer step on the device instead
-    /// of reading its gradients back each step (on an H200 1.1–1.3× the host
-    /// round trip at batch 4096: docs/benchmarks.md#gpu); `=false` keeps it
-    /// on the host.
+    /// A GPU job keeps its optimizer, its state and the master weights on
+    /// the device: one agent reads back only its losses (on an H200 1.1–1.3×
+    /// the host round trip at batch 4096: docs/benchmarks.md#gpu), a
+    /// data-parallel rank only its gradient sums, bucket by bucket, for the
+    /// all-reduce; `=false` keeps the step on the host.
     #[arg(long, env = "KINDLING_GPU_STEP_ON_DEVICE", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     gpu_step_on_device: bool,
+    /// Gradient values per all-reduce bucket of a data-parallel GPU step kept
+    /// on the device (whole parameters; a larger one is a bucket of its own):
+    /// bucket k + 1 is read back while bucket k is on the ring.
+    #[arg(long, env = "KINDLING_GPU_BUCKET_VALUES", default_value_t = crate::training::gradients::DEVICE_BUCKET_VALUES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    gpu_bucket_values: usize,
     /// How long calls to the rendezvous ride out its outage (a restart) —
     /// retrying with jittered backoff — before a job gives up on it (s).
     #[arg(long, env = "KINDLING_RENDEZVOUS_OUTAGE_SECS", default_value_t = 60)]
@@ -267,6 +274,7 @@ impl TryFrom<&Cli> for AgentConfig {
             memory_budget: cli.memory_budget,
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
             gpu_step_on_device: cli.gpu_step_on_device,
+            gpu_bucket_values: cli.gpu_bucket_values,
             rendezvous_outage: Duration::from_secs(cli.rendezvous_outage_secs),
             channel: ChannelConfig::default()
                 .with_keepalive(

@@ -56,9 +56,13 @@ pub struct AgentConfig {
     pub memory_budget: u64,
     /// How long a collective step waits for a peer.
     pub collective_timeout: Duration,
-    /// A GPU job of one agent keeps its optimizer step on the device
+    /// A GPU job keeps its optimizer step on the device
     /// ([`crate::optim::DeviceOptimizer`]); on by default.
     pub gpu_step_on_device: bool,
+    /// Gradient values per all-reduce bucket of a data-parallel step kept on
+    /// the device ([`DEVICE_BUCKET_VALUES`](crate::training::gradients::DEVICE_BUCKET_VALUES)
+    /// by default).
+    pub gpu_bucket_values: usize,
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
     pub rendezvous_outage: Duration,
@@ -108,6 +112,7 @@ impl AgentConfig {
             memory_budget: 1 << 30,
             collective_timeout: Duration::from_secs(60),
             gpu_step_on_device: true,
+            gpu_bucket_values: crate::training::gradients::DEVICE_BUCKET_VALUES,
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -504,6 +509,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
         gpu_step_on_device: config.gpu_step_on_device,
+        gpu_bucket_values: config.gpu_bucket_values.max(1),
         rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),

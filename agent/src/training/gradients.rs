@@ -13,6 +13,14 @@
 //! bucket `k` on a thread of its own. Each weight is stepped exactly as in
 //! one whole step ([`FlatOptimizer::step_part`]), so buckets and overlap
 //! change the timing, not the result.
+//!
+//! A data-parallel rank whose step stays on the device
+//! ([`exchange_on_device`](GradientStep::exchange_on_device)) sends the
+//! trailer first as well, then its gradient sums in smaller buckets of
+//! whole parameters: bucket `k + 1` is read back from the device on a thread
+//! of its own while bucket `k` is on the ring, and each bucket is written
+//! back to the device as soon as it is summed; the optimizer then steps on
+//! the device.
 
 use std::time::{Duration, Instant};
 
@@ -20,10 +28,15 @@ use kindling_schemas::spec::{GradientClip, GradientCompression, JobSpec};
 
 use crate::collective::{Precision, Ring};
 use crate::error::AgentError;
-use crate::optim::FlatOptimizer;
+use crate::optim::{BucketHost, DeviceOptimizer, FlatOptimizer};
 
 /// Gradient values per all-reduce bucket (8 MB of `f32`).
 pub const BUCKET_VALUES: usize = 1 << 21;
+
+/// Gradient values per bucket of a step kept on the device (256 KB of
+/// `f32`): small enough that a model of a few hundred thousand weights
+/// already reads back, rings and writes back in a pipeline.
+pub const DEVICE_BUCKET_VALUES: usize = 1 << 16;
 
 /// The values every step's all-reduce carries after the gradient sums:
 /// summed over the ranks, they say how many rows the step trained, its
@@ -56,6 +69,16 @@ impl Trailer {
             self.not_ready,
             self.exhausted,
         ]);
+    }
+
+    /// Sets the loss sum of the trailer that ends `buf` (a step kept on the
+    /// device learns it with its gradients' all-reduce, after the trailer's).
+    ///
+    /// # Panics
+    /// If `buf` is shorter than [`LEN`](Self::LEN) (a layout bug).
+    pub fn write_loss_sum(buf: &mut [f32], loss_sum: f32) {
+        let at = buf.len() - Self::LEN + 2;
+        buf[at] = loss_sum;
     }
 
     /// Reads the trailer from the `LEN` values after the gradients.
@@ -125,6 +148,9 @@ pub struct GradientStep {
     pub precision: Precision,
     /// Gradient values per bucket.
     pub bucket_values: usize,
+    /// Gradient values per bucket when the step stays on the device (whole
+    /// parameters: a larger parameter is a bucket of its own).
+    pub device_bucket_values: usize,
     /// Step the optimizer on bucket `k` while bucket `k + 1` is all-reduced.
     pub overlap: bool,
     /// Scale the mean gradient down to this global L2 norm when it is
@@ -141,6 +167,7 @@ impl GradientStep {
                 GradientCompression::Bf16 => Precision::Bf16,
             },
             bucket_values: BUCKET_VALUES,
+            device_bucket_values: DEVICE_BUCKET_VALUES,
             overlap: true,
             clip_norm: match spec.clip {
                 Some(GradientClip::Norm { max_norm }) => Some(max_norm),
@@ -247,6 +274,78 @@ impl GradientStep {
             times.optimizer_busy += busy;
             reduced.map(|()| true)
         })
+    }
+
+    /// A data-parallel step kept on the device: all-reduces `trailer` (this
+    /// rank's [`Trailer`] alone) and, when `take(trailer)` gives the scale
+    /// that turns the sums into means, the gradient sums gathered in `opt`,
+    /// bucket by bucket: each bucket read back on a thread of its own while
+    /// the one before it is on the ring, and written back to the device as
+    /// soon as it is summed. Returns the scale, or `None` for a step not
+    /// taken (the sums stay gathered in `opt`, as a live epoch needs). The
+    /// loss sum set in `opt` ([`DeviceOptimizer::set_loss`]) travels with the
+    /// last bucket: the trailer's `loss_sum` is the ranks' total after a step
+    /// taken. The caller then steps `opt` on the device with the scale;
+    /// clipping by norm is done there, on the summed gradients.
+    pub fn exchange_on_device(
+        &self,
+        rt: &tokio::runtime::Handle,
+        ring: &mut Ring,
+        opt: &mut DeviceOptimizer,
+        times: &mut StepTimes,
+        trailer: &mut [f32],
+        take: impl FnOnce(&Trailer) -> Option<f32>,
+    ) -> Result<Option<f32>, AgentError> {
+        times.steps += 1;
+        let started = Instant::now();
+        rt.block_on(ring.all_reduce_sum(trailer))?;
+        times.idle += started.elapsed();
+        let Some(scale) = take(&Trailer::of(trailer)) else {
+            return Ok(None);
+        };
+        let precision = self.precision;
+        let buckets = opt.buckets(self.device_bucket_values.max(1));
+        let values: usize = buckets.iter().map(|b| opt.bucket_len(b)).sum();
+        times.bytes += (values * precision.width()) as u64;
+        // Every bucket's concatenation queued before the first read.
+        let mut downs: Vec<_> = buckets.into_iter().map(|b| opt.take_bucket(b)).collect();
+        let started = Instant::now();
+        if downs.len() == 1 {
+            let mut host = downs.pop().expect("one bucket").read();
+            rt.block_on(ring.all_reduce(&mut host.values, precision))?;
+            opt.put_bucket(host);
+            times.all_reduce += started.elapsed();
+            Trailer::write_loss_sum(trailer, opt.take_summed_loss().unwrap_or(0.0));
+            return Ok(Some(scale));
+        }
+        let reduced = std::thread::scope(|scope| {
+            // Two buckets read ahead at most: the reads wait for the device,
+            // the ring for the peers.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<BucketHost>(2);
+            let reader = scope.spawn(move || {
+                for down in downs {
+                    // A closed channel: the ring failed, the step is lost.
+                    if tx.send(down.read()).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut reduced = Ok(());
+            for mut host in rx.iter() {
+                if let Err(e) = rt.block_on(ring.all_reduce(&mut host.values, precision)) {
+                    reduced = Err(e);
+                    break;
+                }
+                opt.put_bucket(host);
+            }
+            drop(rx);
+            reader.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            reduced
+        });
+        times.all_reduce += started.elapsed();
+        reduced?;
+        Trailer::write_loss_sum(trailer, opt.take_summed_loss().unwrap_or(0.0));
+        Ok(Some(scale))
     }
 
     /// `scale`, times the factor that brings the mean gradient

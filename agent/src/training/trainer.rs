@@ -124,10 +124,14 @@ pub struct TrainContext {
     pub cancel: CancellationToken,
     /// Shuffle the order of cached batches every epoch.
     pub shuffle: bool,
-    /// On a GPU with one rank, keep the step on the device.
+    /// On a GPU, keep the step on the device (only the gradients leave it,
+    /// for a data-parallel job's all-reduce).
     pub step_on_device: bool,
     /// The weights to start from (`init_from`) instead of seeded ones.
     pub initial: Option<arrow::array::RecordBatch>,
+    /// Gradient values per all-reduce bucket of a data-parallel step kept
+    /// on the device.
+    pub device_bucket_values: usize,
 }
 
 /// How long a rank with no full batch waits for rows before it tells its
@@ -183,8 +187,9 @@ struct Trainer {
     best: Option<(u32, Vec<u8>)>,
     /// Steps' gradients, the next batch staged meanwhile on a GPU.
     pipeline: Pipeline,
-    /// One rank on a GPU: the optimizer, its state and the master weights
-    /// kept on the device (nothing to all-reduce, so no host round trip).
+    /// On a GPU: the optimizer, its state and the master weights kept on the
+    /// device (only the gradient sums leave it, for the all-reduce of a
+    /// data-parallel job).
     resident: Option<DeviceOptimizer>,
 }
 
@@ -229,7 +234,10 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         pipeline: Pipeline::new(crate::models::device::is_gpu(&device)).keeping(kept_batches_budget(&device)),
         device,
         weights: Vec::new(),
-        gradient_step: GradientStep::for_spec(&spec),
+        gradient_step: GradientStep {
+            device_bucket_values: ctx.device_bucket_values,
+            ..GradientStep::for_spec(&spec)
+        },
         times: StepTimes::default(),
         schedule: LrSchedule::of(&spec),
         history: Vec::new(),
@@ -242,7 +250,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
-    if ctx.step_on_device && ctx.ring.world() == 1 && crate::models::device::is_gpu(&t.device) {
+    if ctx.step_on_device && crate::models::device::is_gpu(&t.device) {
         let layout = model.param_layout();
         let clip_norm = t.gradient_step.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(

@@ -7,20 +7,19 @@
 //! Shared by `main.rs` (the example) and `tests/tests/model_examples.rs`.
 
 use anyhow::{Context, anyhow};
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Int64Type};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, PaddingConfig1d, Relu};
 use burn::tensor::{Device, Tensor};
-use futures::StreamExt;
 use kindling::SparkSession;
+use kindling::arrow::array::{AsArray, RecordBatch};
+use kindling::arrow::datatypes::{DataType, Int64Type};
 use kindling::functions::{col, count, lit};
+use kindling::futures::StreamExt;
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
-use kindling_agent::error::AgentError;
-use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
-use kindling_schemas::spec::{InputType, JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling::model::{AgentError, Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use kindling::{InputType, JobSpec, ModelSpec, OptimizerSpec, Task};
 
 /// Ids in the sequences are `1..VOCABULARY`; 0 is left free, so the padding
 /// `Batch::sequence` adds (id 0) is no id of the data.
@@ -290,7 +289,7 @@ async fn accuracy(model: &TrainedModel, test: &kindling::DataFrame, test_rows: i
             let c = batch
                 .column_by_name(name)
                 .ok_or_else(|| anyhow!("no `{name}` column"))?;
-            let c = arrow::compute::cast(c, &DataType::Int64)?;
+            let c = kindling::arrow::compute::cast(c, &DataType::Int64)?;
             Ok(c.as_primitive::<Int64Type>().values().to_vec())
         };
         hits += column("prediction")?
@@ -308,7 +307,7 @@ async fn accuracy(model: &TrainedModel, test: &kindling::DataFrame, test_rows: i
 fn label_counts(batches: &[RecordBatch]) -> anyhow::Result<Vec<(i64, i64)>> {
     let mut out = Vec::new();
     for batch in batches {
-        let label = arrow::compute::cast(batch.column(0), &DataType::Int64)?;
+        let label = kindling::arrow::compute::cast(batch.column(0), &DataType::Int64)?;
         let label = label.as_primitive::<Int64Type>();
         let n = batch.column(1).as_primitive::<Int64Type>();
         out.extend(label.values().iter().copied().zip(n.values().iter().copied()));

@@ -9,21 +9,19 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, anyhow, bail};
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float64Type, Int64Type};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Int, Tensor};
-use futures::StreamExt;
 use kindling::SparkSession;
+use kindling::arrow::array::{AsArray, RecordBatch};
+use kindling::arrow::datatypes::{DataType, Float64Type, Int64Type};
 use kindling::functions::{col, count_distinct, expr, lit, log, mean, rand, stddev};
+use kindling::futures::StreamExt;
 use kindling::job::{ProgressMode, TrainingJob};
+use kindling::model::{AgentError, Batch, ConfigError, FeatureKind, Inputs, KindlingModel, ModelRegistry};
 use kindling::spark::JoinType;
-use kindling_agent::error::AgentError;
-use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
-use kindling_schemas::schema::FeatureKind;
-use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
+use kindling::{JobSpec, ModelSpec, OptimizerSpec, Task};
 
 /// The data set's numeric columns (standardised in Spark: the float input).
 pub const NUMERIC: [&str; 6] = ["carat", "depth", "table", "x", "y", "z"];
@@ -225,7 +223,7 @@ pub async fn run(remote: &str, epochs: u32) -> anyhow::Result<Outcome> {
 
     // The raw table, strings and all, straight into Spark as Arrow (no file).
     let ipc = script("data", &[])?;
-    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
+    let reader = kindling::arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)?;
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<RecordBatch>, _>>()?;
     let raw = spark.create_dataframe(schema, batches).await?;
@@ -321,7 +319,7 @@ pub async fn run(remote: &str, epochs: u32) -> anyhow::Result<Outcome> {
             let c = batch
                 .column_by_name(name)
                 .ok_or_else(|| anyhow!("no `{name}` column"))?;
-            let c = arrow::compute::cast(c, &DataType::Float64)?;
+            let c = kindling::arrow::compute::cast(c, &DataType::Float64)?;
             Ok(c.as_primitive::<Float64Type>().values().to_vec())
         };
         for (p, y) in column("prediction")?.into_iter().zip(column("log_price")?) {

@@ -324,7 +324,12 @@ async fn task_config(
     // and nothing else, and expires; it may travel in the plan. Agents
     // without a credential key issue none: then the operator token, in the
     // plan only where allowed (local mode by default), else from the
-    // executors' environment.
+    // executors' environment. The plan reaches the executors inside the
+    // task binary Spark broadcasts: over Spark's authenticated, encrypted
+    // wire in the manifests, but readable to code on any executor of this
+    // Spark Connect, which shares the JVMs anyway. A job-independent secret
+    // in a mounted file, or one that fetches credentials per task, would
+    // give such code every job's (docs/operations.md, "Threat model").
     match clients[0]
         .issue_credential(ctx.job_id, Role::Producer, PRODUCER_CREDENTIAL_TTL_SECS)
         .await?

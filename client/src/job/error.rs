@@ -24,6 +24,15 @@ pub enum JobError {
     /// The DataFrame's columns or values do not fit the spec (nothing was trained).
     #[error("the data does not fit the job: {0}")]
     Data(#[from] kindling_schemas::schema::SchemaError),
+    /// The column the eval split is drawn by (`eval_split_by`) cannot place
+    /// the rows: nothing was started or fed.
+    #[error("the eval split's column `{column}` (eval_split_by) {problem}")]
+    SplitColumn {
+        /// The column.
+        column: String,
+        /// What is wrong with it.
+        problem: super::split::SplitProblem,
+    },
     /// Spark failed.
     #[error(transparent)]
     Spark(crate::spark::Error),

@@ -14,6 +14,7 @@ use tracing::Instrument as _;
 
 use super::progress::{Reporter, TrainingEvent};
 use super::recover::{Follow, Holders};
+use super::split;
 use super::target::{Target, pick_agents};
 use super::tracking::{Tracker, TrackerHandle};
 use super::watched::{QUIET, Watched};
@@ -245,14 +246,25 @@ impl TrainingJob {
                 let data = rows.df().select(spec.columns());
                 let schema = data.schema().await?;
                 let layout = schema::validate(&schema, spec, StreamKind::Train)?;
+                // Split by a column, each row's eval mark is persisted with
+                // it (the column itself need not be a feature).
+                let data = match &spec.eval_split {
+                    Some(split) => split::marked(rows.df(), spec, split).await?,
+                    None => data,
+                };
                 let cached = match self.feeding.persist {
                     true => Some(data.persist(crate::spark::memory_and_disk()).await?),
                     false => None,
                 };
-                let splits = self
-                    .split_and_plan(cached.clone().unwrap_or(data), &schema, cached.is_some())
-                    .await
-                    .map(|(train, eval)| (Rows::Spark(train), eval.map(Rows::Spark)));
+                let data = cached.clone().unwrap_or(data);
+                let splits = async {
+                    if let Some(split) = &spec.eval_split {
+                        split::check_marks(&data, split).await?;
+                    }
+                    self.split_and_plan(data, &schema, cached.is_some()).await
+                }
+                .await
+                .map(|(train, eval)| (Rows::Spark(train), eval.map(Rows::Spark)));
                 (splits, layout, cached)
             }
             Rows::Arrow { schema, open } => {
@@ -273,30 +285,27 @@ impl TrainingJob {
         })
     }
 
-    /// The training rows and the eval split of `data` (with `schema`), each
-    /// relayed in slices the Spark Connect server can hold when `data` is
-    /// persisted and fed by the driver relay (executor push sends no rows
-    /// through the server).
+    /// The training rows and the eval split of `data` (with `schema`; the
+    /// eval marks too with a split column), each relayed in slices the Spark
+    /// Connect server can hold when `data` is persisted and fed by the
+    /// driver relay (executor push sends no rows through the server).
     async fn split_and_plan(
         &self,
         data: DataFrame,
         schema: &arrow::datatypes::Schema,
         persisted: bool,
     ) -> Result<(SparkRows, Option<SparkRows>), JobError> {
-        let (train_df, eval_df) = if self.feeding.eval_fraction > 0.0 {
-            let weights = [1.0 - self.feeding.eval_fraction, self.feeding.eval_fraction];
-            let seed = self.spec.seed as i64;
-            // Persisted, the rows' partitioning and order are fixed, so the
-            // split can keep their order (Spark's sorted split would hand each
-            // shard its rows ordered by the first column).
-            let mut parts = match persisted {
-                true => data.random_split_in_order(&weights, seed)?,
-                false => data.random_split(&weights, seed)?,
-            };
-            let eval = parts.pop();
-            (parts.pop().unwrap_or(data), eval)
-        } else {
-            (data, None)
+        let fraction = self.feeding.eval_fraction;
+        let (train_df, eval_df) = match &self.spec.eval_split {
+            Some(_) => {
+                let (train, eval) = split::by_mark(&data, &self.spec);
+                (train, Some(eval))
+            }
+            None if fraction > 0.0 => {
+                let (train, eval) = split::random(data, fraction, self.spec.seed, persisted)?;
+                (train, Some(eval))
+            }
+            None => (data, None),
         };
         let sliced = persisted && matches!(self.feeding.feed, Feed::DriverRelay);
         let relay = async |df: DataFrame| match sliced {

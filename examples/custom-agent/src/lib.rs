@@ -6,9 +6,8 @@
 //! columns the model embeds:
 //!
 //! ```no_run
-//! use kindling::job::TrainingJob;
+//! use kindling::{ModelSpec, Task, TrainingJob};
 //! use kindling_example_agent::{MODEL, WideAndDeepConfig};
-//! use kindling_schemas::spec::{ModelSpec, Task};
 //! # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = WideAndDeepConfig::new(vec!["city".into()]).with_embedding(4);
 //! let job = TrainingJob::builder()
@@ -27,9 +26,8 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{Device, Tensor};
-use kindling_agent::AgentError;
-use kindling_agent::{Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
-use kindling_schemas::spec::{InputType, JobSpec};
+use kindling::model::{AgentError, Batch, ConfigError, Inputs, KindlingModel, ModelRegistry};
+use kindling::{InputType, JobSpec};
 
 /// The name [`WideAndDeep`] is registered under.
 pub const MODEL: &str = "wide-and-deep";
@@ -141,11 +139,12 @@ impl KindlingModel for WideAndDeep {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Float64Array, Int32Array, RecordBatch};
-    use arrow::datatypes::{DataType, Field, Schema};
-    use kindling_agent::ModelError;
+    use kindling::arrow::array::{Float64Array, Int32Array, RecordBatch, StringArray};
+    use kindling::arrow::datatypes::{DataType, Field, Schema};
+    use kindling::model::ModelError;
+    use kindling::{ModelSpec, Task};
+    // The agent's own schema check, to build the layout a job's data gives.
     use kindling_schemas::schema::{StreamKind, validate};
-    use kindling_schemas::spec::{ModelSpec, Task};
 
     use super::*;
 
@@ -226,7 +225,7 @@ mod tests {
         let names = table
             .column(0)
             .as_any()
-            .downcast_ref::<arrow::array::StringArray>()
+            .downcast_ref::<StringArray>()
             .expect("names");
         let names: Vec<&str> = names.iter().map(|n| n.expect("name")).collect();
         assert_eq!(

@@ -9,9 +9,9 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use kindling::job::{JobError, TrainedModel, TrainingEvent};
+use kindling::{CheckpointPolicy, OptimizerSpec};
 use kindling_example_agent::registry;
 use kindling_schemas::action::AgentJobState;
-use kindling_schemas::spec::{CheckpointPolicy, OptimizerSpec};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

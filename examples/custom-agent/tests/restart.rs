@@ -7,9 +7,9 @@
 use crate::common;
 
 use kindling::job::TrainingEvent;
+use kindling::{CheckpointPolicy, OptimizerSpec};
 use kindling_example_agent::registry;
 use kindling_schemas::action::AgentJobState;
-use kindling_schemas::spec::{CheckpointPolicy, OptimizerSpec};
 use tokio::sync::mpsc;
 
 use common::{Cluster, SERIAL, city_df, config, custom, job, spark, started_until_epoch_2};

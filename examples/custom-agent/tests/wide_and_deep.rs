@@ -5,14 +5,14 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use kindling::functions::col;
+use kindling::futures::TryStreamExt;
 use kindling::job::{JobError, TrainedModel, TrainingEvent};
-use kindling_agent::{AgentError, ModelError};
+use kindling::model::{AgentError, ModelError};
+use kindling::{CheckpointPolicy, ModelSpec, OptimizerSpec};
 use kindling_example_agent::{MODEL, registry};
 use kindling_schemas::action::AgentJobState;
 use kindling_schemas::schema::SchemaError;
-use kindling_schemas::spec::{CheckpointPolicy, ModelSpec, OptimizerSpec};
 use tokio::sync::mpsc;
 
 use common::{

@@ -247,3 +247,33 @@ fn a_dataset_and_its_readers_say_so_and_cannot_be_both() {
         "{json}"
     );
 }
+
+#[test]
+fn an_eval_split_by_a_column_is_recorded_and_checked() {
+    let spec = base()
+        .eval_split(EvalSplit::new("user_id", 0.25))
+        .build()
+        .expect("valid");
+    assert!(
+        spec.to_json()
+            .contains(r#""eval_split":{"by":"user_id","fraction":0.25}"#),
+        "{}",
+        spec.to_json()
+    );
+    assert_eq!(JobSpec::from_json(&spec.to_json()).expect("parses"), spec);
+    // A quarter of 2^24 buckets; a fraction that is not a whole number of
+    // buckets rounds to the nearest.
+    assert_eq!(EvalSplit::new("k", 0.25).eval_buckets(), 1 << 22);
+    assert_eq!(EvalSplit::new("k", 0.1).eval_buckets(), 1_677_722);
+    for (split, field) in [
+        (EvalSplit::new(" ", 0.2), "eval_split.by"),
+        (EvalSplit::new("k", 0.0), "eval_split.fraction"),
+        (EvalSplit::new("k", 0.9), "eval_split.fraction"),
+        (EvalSplit::new("k", f64::NAN), "eval_split.fraction"),
+    ] {
+        let err = base().eval_split(split).build().expect_err(field);
+        assert_eq!(err.field, field, "{err}");
+    }
+    // Not written when unset: older agents read the spec as before.
+    assert!(!base().build().expect("valid").to_json().contains("eval_split"));
+}

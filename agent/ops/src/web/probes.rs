@@ -2,7 +2,8 @@
 //! `/livez` (the process answers) and `/readyz` (the process is ready for
 //! traffic). Open to anyone, on a port of their own, so that probes keep
 //! working when the main port wants a token and TLS. One request per
-//! connection (the kubelet opens one per probe).
+//! connection (the kubelet opens one per probe), each connection bounded in
+//! time, a few per address and a cap over all.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use kindling_schemas::tls::peers::PeerSlots;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -24,8 +26,20 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Probe connections served at once; one more is closed at once. The
 /// kubelet opens one per probe and closes it; anyone else gets no more of
 /// the process than this many tasks (each ends after one request, or after
-/// [`super::READ_TIMEOUT`] without one).
-pub const MAX_PROBE_CONNECTIONS: usize = 32;
+/// [`PROBE_CONNECTION_TIMEOUT`]).
+pub const MAX_PROBE_CONNECTIONS: usize = 64;
+
+/// Of [`MAX_PROBE_CONNECTIONS`], the most one address holds. The kubelet
+/// probes from its node's address, a few probes at a time; a pod flooding
+/// the port from its own address holds this many and no more, so the
+/// kubelet's probes are still served and the process is not restarted for
+/// failing them.
+pub const MAX_PROBE_CONNECTIONS_PER_PEER: usize = 4;
+
+/// How long one probe connection lives: its request, the answer (a few
+/// bytes) and the close. A connection that sends nothing gives its slot
+/// back after this (the kubelet's own probe timeout is 1 s by default).
+pub const PROBE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whether `/readyz` answers 200. Cheap to clone; all clones share the flag.
 #[derive(Clone, Debug, Default)]
@@ -97,6 +111,7 @@ impl HealthServer {
         let (accept_tracker, accept_cancel) = (tracker.clone(), cancel.clone());
         let app = router(ready);
         let open = Arc::new(tokio::sync::Semaphore::new(MAX_PROBE_CONNECTIONS));
+        let peers = PeerSlots::new(MAX_PROBE_CONNECTIONS_PER_PEER);
         tracker.spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -104,7 +119,15 @@ impl HealthServer {
                     r = listener.accept() => r,
                 };
                 match accepted {
-                    Ok((stream, _)) => {
+                    Ok((stream, peer)) => {
+                        let Some(slot) = peers.take(peer.ip()) else {
+                            tracing::debug!(
+                                %peer,
+                                cap = MAX_PROBE_CONNECTIONS_PER_PEER,
+                                "probe connection refused: its address holds its cap"
+                            );
+                            continue;
+                        };
                         let Ok(permit) = open.clone().try_acquire_owned() else {
                             tracing::debug!(
                                 cap = MAX_PROBE_CONNECTIONS,
@@ -115,8 +138,9 @@ impl HealthServer {
                         let served =
                             super::serve_connection(stream, app.clone(), false, accept_cancel.clone());
                         accept_tracker.spawn(async move {
-                            served.await;
-                            drop(permit);
+                            // Bounded whether or not the client sends anything.
+                            let _ = tokio::time::timeout(PROBE_CONNECTION_TIMEOUT, served).await;
+                            drop((permit, slot));
                         });
                     }
                     Err(e) => {

@@ -323,10 +323,11 @@ fn step_buffer(
     }
 }
 
-/// The step: all-reduced and taken on the host's weights, or, with one rank
-/// on a GPU, taken on the device. `take` decides from the summed trailer
-/// whether the step is taken and with what scale. Returns the model, stepped
-/// where the step was taken.
+/// The step: all-reduced and taken on the host's weights, or, on a GPU,
+/// taken on the device (the gradient sums all-reduced bucket by bucket
+/// around it when there are several ranks). `take` decides from the summed
+/// trailer whether the step is taken and with what scale. Returns the model,
+/// stepped where the step was taken.
 fn take_step(
     ctx: &mut TrainContext,
     t: &mut Trainer,
@@ -351,16 +352,59 @@ fn take_step(
         )?;
         return Ok(if taken { model.load_flat(&t.weights) } else { model });
     };
-    // One rank: nothing to all-reduce; the step stays on the device.
     opt.set_learning_rate(lr);
-    t.times.steps += 1;
-    let Some(scale) = take(&Trailer::of(buf)) else {
+    let scale = match ctx.ring.world() {
+        // One rank: nothing to all-reduce.
+        1 => {
+            t.times.steps += 1;
+            take(&Trailer::of(buf))
+        }
+        _ => {
+            let (rt, ring, times) = (&ctx.runtime, &mut ctx.ring, &mut t.times);
+            t.gradient_step
+                .exchange_on_device(rt, ring, opt, times, buf, take)?
+        }
+    };
+    let Some(scale) = scale else {
         return Ok(model);
     };
     let started = Instant::now();
     let model = model.device_step(opt, scale);
     t.times.optimizer += started.elapsed();
     Ok(model)
+}
+
+/// The losses ready to record after step `step` (`sum` its all-reduced
+/// trailer, `losses` this rank's on the device when it kept its step there
+/// alone): `(step, weight, loss sum)` each.
+fn read_losses(
+    t: &mut Trainer,
+    unread: &mut UnreadLosses,
+    (epoch, step): (u32, u64),
+    world: usize,
+    sum: &Trailer,
+    losses: Vec<Tensor<1>>,
+) -> Result<Vec<(u64, f64, f32)>, AgentError> {
+    Ok(match t.resident.as_mut() {
+        Some(opt) if world == 1 => {
+            opt.clear(); // what a step not taken gathered
+            unread.push(step, sum.weight as f64, losses, &t.device);
+            match unread.due() {
+                true => unread.read(epoch)?,
+                false => Vec::new(),
+            }
+        }
+        // A data-parallel step on the device: its loss came back with the
+        // gradients (after the step, as a loss read back one rank does).
+        Some(opt) => {
+            opt.clear();
+            if !sum.loss_sum.is_finite() {
+                return Err(StepError::NonFinite(sum.loss_sum as f64).at(epoch, step));
+            }
+            vec![(step, sum.weight as f64, sum.loss_sum)]
+        }
+        None => vec![(step, sum.weight as f64, sum.loss_sum)],
+    })
 }
 
 /// Trains epoch `epoch` and evaluates it; returns its metrics.
@@ -410,7 +454,11 @@ pub(super) fn train_epoch(
             (false, true) => g.local.clone(),
             (false, false) => g.local.take(),
         };
-        let (mut buf, rows, losses) = step_buffer(t, model.as_ref(), mine, not_ready, exhausted);
+        let (mut buf, rows, mut losses) = step_buffer(t, model.as_ref(), mine, not_ready, exhausted);
+        if let Some(opt) = t.resident.as_mut().filter(|_| world > 1) {
+            // A data-parallel rank's loss goes with its gradients' all-reduce.
+            opt.set_loss(std::mem::take(&mut losses));
+        }
         lr = t.schedule.rate(epoch, step, plan.steps, &t.history);
         let world_f = world as f32;
         let take = |sum: &Trailer| {
@@ -431,17 +479,7 @@ pub(super) fn train_epoch(
         rows_mine += rows;
         weight_total += sum.weight as f64;
         rows_total += sum.rows as f64;
-        let read = match t.resident.as_mut() {
-            Some(opt) => {
-                opt.clear(); // what a step not taken gathered
-                unread.push(step, sum.weight as f64, losses, &t.device);
-                match unread.due() {
-                    true => unread.read(epoch)?,
-                    false => Vec::new(),
-                }
-            }
-            None => vec![(step, sum.weight as f64, sum.loss_sum)],
-        };
+        let read = read_losses(t, &mut unread, (epoch, step), world, &sum, losses)?;
         step += 1;
         let mut p = lock(&ctx.progress);
         record_losses(&mut p, epoch, read, &mut loss_sum);

@@ -113,10 +113,16 @@ pub struct TrainArgs {
     pub token_file: Option<PathBuf>,
     #[command(flatten)]
     pub tls: TlsArgs,
-    /// Fraction of rows held out for evaluation.
+    /// Fraction of rows held out for evaluation (0: none).
     #[arg(long, default_value_t = 0.2)]
     pub eval_fraction: f64,
-    /// Seed.
+    /// Hold out the eval rows by a hash of this column's value and --seed
+    /// (an integer or string column without nulls, e.g. an id; it need not
+    /// be a feature): the same rows whatever order Spark returns them in.
+    /// Default: Spark's random split, which moves with the rows' order.
+    #[arg(long, value_name = "COLUMN")]
+    pub split_by: Option<String>,
+    /// Seed of the initial weights, the shuffle and the eval split.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Seconds the job outlives this process if it dies without cleaning up
@@ -370,6 +376,9 @@ pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
     }
     if let Some(m) = args.min_slots {
         builder = builder.min_slots(m);
+    }
+    if let Some(column) = &args.split_by {
+        builder = builder.eval_split_by(column.clone());
     }
     if let Some(t) = read_token(&args.token_file)? {
         builder = builder.token(t);

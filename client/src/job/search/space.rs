@@ -38,6 +38,7 @@ const FIXED: &[&str] = &[
     "task",
     "rows_from",
     "holds_rows",
+    "eval_split",
     "use_gpu",
 ];
 
@@ -336,21 +337,34 @@ fn draw(values: &Values, rng: &mut StdRng) -> Value {
     }
 }
 
+/// Why an option's dotted path leads nowhere in the spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum PathError {
+    #[error("`{path}`: the spec holds no object above `{key}`")]
+    NotAnObject { path: String, key: String },
+    #[error("the job spec has no `{key}` (in `{path}`): set it on the job first")]
+    Missing { path: String, key: String },
+}
+
 /// Sets `path` (dotted) in `json`; every part but the last must exist.
-fn set(json: &mut Value, path: &str, value: Value) -> Result<(), String> {
+fn set(json: &mut Value, path: &str, value: Value) -> Result<(), PathError> {
     let mut at = json;
     let mut parts = path.split('.').peekable();
     while let Some(key) = parts.next() {
         let Value::Object(map) = at else {
-            return Err(format!("`{path}`: the spec holds no object above `{key}`"));
+            return Err(PathError::NotAnObject {
+                path: path.to_owned(),
+                key: key.to_owned(),
+            });
         };
         if parts.peek().is_none() {
             map.insert(key.to_owned(), value);
             return Ok(());
         }
-        at = map
-            .get_mut(key)
-            .ok_or_else(|| format!("the job spec has no `{key}` (in `{path}`): set it on the job first"))?;
+        at = map.get_mut(key).ok_or_else(|| PathError::Missing {
+            path: path.to_owned(),
+            key: key.to_owned(),
+        })?;
     }
     Ok(())
 }
@@ -460,9 +474,23 @@ mod tests {
         assert!(err(&["batch_size="]).contains("no value listed"));
         assert!(err(&["learnin_rate=0.1|0.2"]).contains("unknown option `learnin_rate`"));
         assert!(err(&["optimizer.betta1=0.8|0.9"]).contains("unknown option `optimizer.betta1`"));
+        // A path through a field the spec lacks, or through a value that is no object.
+        assert!(
+            err(&["model.nope.width=1"])
+                .contains("`model.nope.width`: the job spec has no `nope` (in `model.nope.width`)"),
+            "{}",
+            err(&["model.nope.width=1"])
+        );
+        assert!(
+            err(&["batch_size.x=1"])
+                .contains("`batch_size.x`: `batch_size.x`: the spec holds no object above `x`"),
+            "{}",
+            err(&["batch_size.x=1"])
+        );
         assert!(err(&["batch_size=0|-3"]).contains("batch_size"));
         assert!(err(&["batch_size=big|small"]).contains("makes no job spec"));
         assert!(err(&["num_slots=1|2"]).contains("cannot vary"));
+        assert!(err(&["eval_split.fraction=0.1|0.2"]).contains("cannot vary"));
         assert!(err(&["lr=0.1", "learning_rate=0.2"]).contains("searched twice"));
         assert!(err(&["lr"]).contains("expected `name=values`"));
         assert!(err(&[]).contains("no option to search"));

@@ -11,17 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Float32Type, UInt64Type};
+use kindling::arrow::array::{AsArray, RecordBatch};
+use kindling::arrow::datatypes::{Float32Type, UInt64Type};
 use kindling::feed::AgentClient;
 use kindling::job::{TrainingEvent, TrainingJob, TrainingJobBuilder};
 use kindling::{DataFrame, SparkSession};
+use kindling::{ModelSpec, Task};
 use kindling_example_agent::{MODEL, WideAndDeepConfig};
 use kindling_rendezvous::{EmbeddedRendezvous, RendezvousConfig};
 use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, JobList};
 use kindling_schemas::auth::Token;
 use kindling_schemas::rendezvous::RendezvousClient;
-use kindling_schemas::spec::{ModelSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const AGENT_BIN: &str = env!("CARGO_BIN_EXE_kindling-example-agent");

@@ -32,11 +32,18 @@
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, in
 //! alternating rounds: the host round trip; on the device, its losses read
 //! each step or every 25 as the trainer reads them, and with the batches kept
-//! on the device (the trainer's epochs after the first); and burn's own loop
+//! on the device (the trainer's epochs after the first) or with room there
+//! for half of them (a data set twice what an agent may keep); and burn's own loop
 //! as it is, with Kindling's optimizer, with each batch converted from Arrow,
 //! and with Adam written out as burn's optimizer adaptor steps (with and
 //! without a second handle on the weights), which splits what Kindling's
-//! optimizer costs. With a `cubecl.toml` turning on cubecl's profiling
+//! optimizer costs; and a data-parallel job of two ranks sharing this GPU
+//! (two threads with their own rings, as two agent processes on one GPU):
+//! the host round trip against the step kept on the device, with the
+//! all-reduce's share of the step and the pair's samples/s against one
+//! agent's step on the device (`--bucket-values N`: the device path's
+//! all-reduce bucket, 65,536 by default, as the agent's
+//! `--gpu-bucket-values`). With a `cubecl.toml` turning on cubecl's profiling
 //! logger, `deploy/gpu/launches.py` reads each path's kernels from the log.
 
 use std::time::{Duration, Instant};
@@ -55,13 +62,16 @@ use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
 use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Precision, Task};
 use serde_json::json;
 
+mod ab;
+#[path = "../common/mod.rs"]
 mod common;
+mod data_parallel;
 use common::{arg, mlp_batches};
 
 /// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
-const DISTINCT: usize = 4;
+pub(crate) const DISTINCT: usize = 4;
 
-fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
+pub(crate) fn spec(model: &str, batch: usize, precision: Precision) -> anyhow::Result<JobSpec> {
     let model = match model {
         "mlp" => ModelSpec::Mlp {
             hidden: vec![256, 128],
@@ -93,7 +103,7 @@ fn median(mut v: Vec<Duration>) -> f64 {
 
 /// Where a timed step's optimizer runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum StepPath {
+pub(crate) enum StepPath {
     /// A data-parallel rank's: the gradients down to the host optimizer, the
     /// weights back up (the trainer's default).
     Host,
@@ -106,10 +116,22 @@ enum StepPath {
     /// As `DeviceEvery`, the batches' inputs kept on the device once staged
     /// (the trainer's epochs after the first).
     DeviceKept(usize),
+    /// As `DeviceKept`, with room on the device for half of the batches:
+    /// the epochs of a data set twice the size an agent may keep there.
+    DeviceKeptHalf(usize),
+}
+
+/// Reads back the losses of steps kept on the device that are not read yet,
+/// summed on the device: the wait for every step queued so far.
+pub(crate) fn read_losses(pending: &mut Vec<burn::tensor::Tensor<1>>) {
+    if !pending.is_empty() {
+        let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
+        std::hint::black_box(sum.into_scalar::<f32>());
+    }
 }
 
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
-fn kindling_step(
+pub(crate) fn kindling_step(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -126,22 +148,24 @@ fn kindling_step(
         resident.then(|| DeviceOptimizer::upload(&optim, &weights, &layout_of_params, None, device));
     // The next batch staged meanwhile, as the trainer does on a GPU.
     let mut pipeline = Pipeline::new(true);
-    if let StepPath::DeviceKept(_) = path {
-        pipeline = pipeline.keeping(u64::MAX);
+    match path {
+        StepPath::DeviceKept(_) => pipeline = pipeline.keeping(u64::MAX),
+        StepPath::DeviceKeptHalf(_) => {
+            // Each batch's inputs on the device: its f32 features and its
+            // labels (8 bytes a row at most); room for half of them.
+            let bytes = |b: &RecordBatch| (b.num_rows() * (layout.input_dim * 4 + 8)) as u64;
+            let half: u64 = data.iter().take(data.len() / 2).map(bytes).sum();
+            pipeline = pipeline.keeping(half + 1024);
+        }
+        _ => {}
     }
     let mut t = Instant::now();
     let failed = |e| anyhow::anyhow!("{e:?}");
     // Losses not read yet (summed on the device when read).
     let mut pending: Vec<burn::tensor::Tensor<1>> = Vec::new();
-    let read = |pending: &mut Vec<burn::tensor::Tensor<1>>| {
-        if !pending.is_empty() {
-            let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
-            std::hint::black_box(sum.into_scalar::<f32>());
-        }
-    };
     for i in 0..warmup + steps {
         if i == warmup {
-            read(&mut pending);
+            read_losses(&mut pending);
             t = Instant::now();
         }
         // Reading the loss (or the gradients) back is the step's sync point:
@@ -159,11 +183,11 @@ fn kindling_step(
                 model = model.device_step(opt, (1.0 / share.weight) as f32);
                 pending.extend(share.loss_sum);
                 let every = match path {
-                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) => k,
+                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) | StepPath::DeviceKeptHalf(k) => k,
                     _ => 1,
                 };
                 if (i + 1) % every == 0 {
-                    read(&mut pending);
+                    read_losses(&mut pending);
                 }
             }
             None => {
@@ -174,13 +198,13 @@ fn kindling_step(
             }
         }
     }
-    read(&mut pending);
+    read_losses(&mut pending);
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// What [`burn_alone`] changes in burn's own loop.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum BurnLoop {
+pub(crate) enum BurnLoop {
     /// Device tensors ready, burn's Adam, only the last loss read.
     Plain,
     /// Kindling's optimizer kept on the device ([`DeviceOptimizer`]) in
@@ -249,7 +273,7 @@ impl burn::module::ModuleMapper for HandAdam<'_> {
 
 /// The MLP in burn's own loop (device tensors, forward, backward, burn's
 /// Adam on the device, no read back), changed as `variant` says: samples/s.
-fn burn_alone(
+pub(crate) fn burn_alone(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -387,7 +411,7 @@ fn phases(
 
 /// Median ms of each phase of a step kept on the device (the MLP, f32),
 /// the next batch staged meanwhile as the trainer does.
-fn device_phases(
+pub(crate) fn device_phases(
     spec: &JobSpec,
     layout: &Layout,
     data: &[RecordBatch],
@@ -435,105 +459,6 @@ fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
-/// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 9] = [
-    "host round trip (default)",
-    "step on the device, loss read each step",
-    "step on the device, losses read every 25 steps (the trainer's)",
-    "burn alone, Kindling's optimizer on the device",
-    "burn alone, each batch from Arrow",
-    "burn alone",
-    "burn alone, Adam by hand as burn's adaptor steps",
-    "burn alone, Adam by hand with master weights kept",
-    "step on the device, losses every 25 steps, batches kept on the device (epochs after the first)",
-];
-
-/// One run of `--ab`'s path `which`: samples/s.
-fn ab_path(
-    which: usize,
-    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
-    device: &Device,
-    steps: usize,
-) -> anyhow::Result<f64> {
-    let run = (steps, 5);
-    match which {
-        0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
-        1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
-        2 => kindling_step(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            StepPath::DeviceEvery(trainer::LOSS_READ_EVERY),
-        ),
-        3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
-        4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
-        5 => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
-        6 => burn_alone(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            BurnLoop::ByHand { master: false },
-        ),
-        7 => burn_alone(spec, layout, data, device, run, BurnLoop::ByHand { master: true }),
-        _ => kindling_step(
-            spec,
-            layout,
-            data,
-            device,
-            run,
-            StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
-        ),
-    }
-}
-
-/// `--ab`: the MLP step (f32, one rank) on each of [`AB_PATHS`], in
-/// `rounds` alternating rounds of `steps` after one untimed round of each
-/// (so that none pays for kernel compilation and autotuning, and drift hits
-/// all alike); prints each round's samples/s and the medians, each against
-/// the host round trip.
-fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
-    println!("| batch | path | median samples/s | against the host round trip | rounds |");
-    println!("|---:|---|---:|---:|---|");
-    for &batch in batches {
-        let data = mlp_batches(DISTINCT, batch);
-        let spec = spec("mlp", batch, Precision::F32)?;
-        let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
-        for round in 0..=rounds {
-            for (which, name) in AB_PATHS.iter().enumerate() {
-                let sps = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
-                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s");
-                if round > 0 {
-                    runs[which].push(sps);
-                }
-            }
-        }
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let host = median(&runs[0]);
-        for (name, v) in AB_PATHS.iter().zip(&runs) {
-            let m = median(v);
-            let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
-            println!(
-                "| {batch} | {name} | {m:.0} | {:.2}× | {} |",
-                m / host,
-                each.join(", ")
-            );
-        }
-        for (phase, ms) in device_phases(&spec, &layout, &data, autodiff, steps)? {
-            println!("| {batch} | step on the device, phase: {phase} | {ms:.3} ms (median) | | |");
-        }
-    }
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
@@ -550,7 +475,7 @@ fn main() -> anyhow::Result<()> {
             .iter()
             .map(|b| b.parse())
             .collect::<Result<_, _>>()?;
-        return device_ab(&autodiff, &batches, steps, arg("--rounds", 5));
+        return ab::device_ab(&autodiff, &batches, steps, arg("--rounds", 5));
     }
     let mut rows = Vec::new();
     let mut all_phases = Vec::new();

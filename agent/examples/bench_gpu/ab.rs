@@ -1,0 +1,164 @@
+//! `--ab`: the MLP step's paths (f32) in alternating rounds, each against
+//! the host round trip and against one agent's step on the device, the
+//! data-parallel ones with the all-reduce's share of the step.
+
+use arrow::array::RecordBatch;
+use burn::tensor::Device;
+use kindling_agent::training::trainer;
+use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
+use kindling_schemas::spec::{JobSpec, Precision};
+
+use crate::common::{arg, mlp_batches};
+use crate::{BurnLoop, DISTINCT, StepPath, burn_alone, data_parallel, device_phases, kindling_step, spec};
+
+/// The paths `--ab` alternates, in each round's order.
+const AB_PATHS: [&str; 13] = [
+    "host round trip (default)",
+    "step on the device, loss read each step",
+    "step on the device, losses read every 25 steps (the trainer's)",
+    "burn alone, Kindling's optimizer on the device",
+    "burn alone, each batch from Arrow",
+    "burn alone",
+    "burn alone, Adam by hand as burn's adaptor steps",
+    "burn alone, Adam by hand with master weights kept",
+    "step on the device, losses every 25 steps, batches kept on the device (epochs after the first)",
+    "data-parallel, 2 ranks on this GPU, host round trip (both ranks' samples)",
+    "data-parallel, 2 ranks on this GPU, step on the device (both ranks' samples)",
+    "data-parallel, 2 ranks on this GPU, step on the device, batches kept (both ranks' samples)",
+    "step on the device, losses every 25 steps, room on the device for half the batches (data twice what is kept)",
+];
+
+/// The one-agent path the data-parallel ones are held against: the
+/// trainer's step on the device.
+const AB_ONE_AGENT: usize = 2;
+
+/// One run of `--ab`'s path `which`: samples/s, and the all-reduce's
+/// share of the step for a data-parallel path.
+fn ab_path(
+    which: usize,
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    steps: usize,
+) -> anyhow::Result<(f64, Option<f64>)> {
+    let run = (steps, 5);
+    let dp = |path| -> anyhow::Result<(f64, Option<f64>)> {
+        let r = data_parallel::run(
+            (spec, layout, data),
+            device,
+            run,
+            path,
+            arg("--bucket-values", 1 << 16),
+        )?;
+        Ok((r.samples_per_sec, Some(r.all_reduce_share)))
+    };
+    let one = match which {
+        12 => kindling_step(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            StepPath::DeviceKeptHalf(trainer::LOSS_READ_EVERY),
+        )?,
+        9 => return dp(data_parallel::Path::Host),
+        10 => return dp(data_parallel::Path::Device { kept: false }),
+        11 => return dp(data_parallel::Path::Device { kept: true }),
+        _ => one_rank(which, (spec, layout, data), device, run)?,
+    };
+    Ok((one, None))
+}
+
+/// `--ab`'s one-rank path `which`: samples/s.
+fn one_rank(
+    which: usize,
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    run: (usize, usize),
+) -> anyhow::Result<f64> {
+    match which {
+        0 => kindling_step(spec, layout, data, device, run, StepPath::Host),
+        1 => kindling_step(spec, layout, data, device, run, StepPath::Device),
+        2 => kindling_step(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            StepPath::DeviceEvery(trainer::LOSS_READ_EVERY),
+        ),
+        3 => burn_alone(spec, layout, data, device, run, BurnLoop::KindlingOptimizer),
+        4 => burn_alone(spec, layout, data, device, run, BurnLoop::ArrowEachStep),
+        5 => burn_alone(spec, layout, data, device, run, BurnLoop::Plain),
+        6 => burn_alone(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            BurnLoop::ByHand { master: false },
+        ),
+        7 => burn_alone(spec, layout, data, device, run, BurnLoop::ByHand { master: true }),
+        _ => kindling_step(
+            spec,
+            layout,
+            data,
+            device,
+            run,
+            StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
+        ),
+    }
+}
+
+/// `--ab`: the MLP step (f32, one rank) on each of [`AB_PATHS`], in
+/// `rounds` alternating rounds of `steps` after one untimed round of each
+/// (so that none pays for kernel compilation and autotuning, and drift hits
+/// all alike); prints each round's samples/s and the medians, each against
+/// the host round trip.
+pub fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usize) -> anyhow::Result<()> {
+    println!(
+        "| batch | path | median samples/s | against the host round trip | against one agent's step on the device | all-reduce's share of the step | rounds |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---|");
+    for &batch in batches {
+        let data = mlp_batches(DISTINCT, batch);
+        let spec = spec("mlp", batch, Precision::F32)?;
+        let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
+        let mut shares: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
+        for round in 0..=rounds {
+            for (which, name) in AB_PATHS.iter().enumerate() {
+                let (sps, share) = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
+                eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s, all-reduce {share:?}");
+                if round > 0 {
+                    runs[which].push(sps);
+                    shares[which].extend(share);
+                }
+            }
+        }
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let host = median(&runs[0]);
+        let one_agent = median(&runs[AB_ONE_AGENT]);
+        for ((name, v), share) in AB_PATHS.iter().zip(&runs).zip(&shares) {
+            let m = median(v);
+            let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
+            let share = match share.is_empty() {
+                true => String::new(),
+                false => format!("{:.0} %", 100.0 * median(share)),
+            };
+            println!(
+                "| {batch} | {name} | {m:.0} | {:.2}× | {:.2}× | {share} | {} |",
+                m / host,
+                m / one_agent,
+                each.join(", ")
+            );
+        }
+        for (phase, ms) in device_phases(&spec, &layout, &data, autodiff, steps)? {
+            println!("| {batch} | step on the device, phase: {phase} | {ms:.3} ms (median) | | |");
+        }
+    }
+    Ok(())
+}

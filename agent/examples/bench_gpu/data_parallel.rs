@@ -1,0 +1,229 @@
+//! `--ab`'s data-parallel paths: two ranks sharing this GPU in one process,
+//! each a thread with its own model, optimizer and ring (the agents' own
+//! collective servers on loopback), stepping together as two agent
+//! processes on one GPU do. The step kept on the device (only the gradient
+//! sums read back, bucket by bucket, for the all-reduce) against the host
+//! round trip (gradients down, the flat optimizer on the host, weights up).
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use arrow::array::RecordBatch;
+use burn::tensor::{Device, Tensor};
+use kindling_agent::collective::Ring;
+use kindling_agent::models::kindling_model::ModelRegistry;
+use kindling_agent::models::kindling_model::staged::Pipeline;
+use kindling_agent::optim::{DeviceOptimizer, FlatOptimizer};
+use kindling_agent::training::gradients::{GradientStep, StepTimes, Trailer};
+use kindling_agent::training::trainer;
+use kindling_schemas::auth::Token;
+use kindling_schemas::schema::FeatureLayout as Layout;
+use kindling_schemas::spec::JobSpec;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{collective_servers, ring};
+use crate::read_losses;
+
+/// How a data-parallel rank steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Gradients down, the all-reduce, the flat optimizer on the host,
+    /// weights up (`--gpu-step-on-device=false`).
+    Host,
+    /// The step on the device, the gradient sums read back bucket by
+    /// bucket for the ring (the default); `kept`: the batches' inputs kept
+    /// on the device once staged (epochs after the first).
+    Device { kept: bool },
+}
+
+/// One timed run of two ranks: their samples/s together and where rank 0's
+/// step time went.
+pub struct Run {
+    pub samples_per_sec: f64,
+    /// Share of the wall time rank 0 spent in the all-reduce (the trailer's
+    /// wait for the other rank and the gradients' read back, ring and write
+    /// back).
+    pub all_reduce_share: f64,
+}
+
+/// What every rank of a run trains, and how.
+#[derive(Clone, Copy)]
+struct Setting<'a> {
+    spec: &'a JobSpec,
+    layout: &'a Layout,
+    data: &'a [RecordBatch],
+    device: &'a Device,
+    steps: usize,
+    warmup: usize,
+    path: Path,
+    step: GradientStep,
+}
+
+/// Two ranks on `device`, `steps` timed steps each after `warmup`.
+pub fn run(
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    (steps, warmup): (usize, usize),
+    path: Path,
+    bucket_values: usize,
+) -> anyhow::Result<Run> {
+    let setting = Setting {
+        spec,
+        layout,
+        data,
+        device,
+        steps,
+        warmup,
+        path,
+        step: GradientStep {
+            device_bucket_values: bucket_values,
+            ..GradientStep::for_spec(spec)
+        },
+    };
+    const WORLD: usize = 2;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let token = Token::new("bench");
+    let stop = CancellationToken::new();
+    let rings = rt.block_on(async {
+        let (urls, inboxes) = collective_servers(WORLD, &token, None, &stop).await?;
+        inboxes
+            .iter()
+            .enumerate()
+            .map(|(rank, inbox)| ring("bench-gpu-dp", rank, &urls, &token, inbox))
+            .collect::<anyhow::Result<Vec<Ring>>>()
+    })?;
+    let start = Arc::new(Barrier::new(WORLD));
+    let handle = rt.handle().clone();
+    let results: Vec<anyhow::Result<(Duration, StepTimes)>> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = rings
+            .into_iter()
+            .map(|ring| {
+                let (start, handle) = (start.clone(), handle.clone());
+                scope.spawn(move || rank(setting, ring, &handle, &start))
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    stop.cancel();
+    let mut walls = Vec::new();
+    let mut first = None;
+    for r in results {
+        let (wall, times) = r?;
+        walls.push(wall);
+        first.get_or_insert(times);
+    }
+    let wall = walls
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or_default()
+        .as_secs_f64()
+        .max(1e-9);
+    let times = first.unwrap_or_default();
+    Ok(Run {
+        samples_per_sec: (WORLD * steps * spec.batch_size) as f64 / wall,
+        all_reduce_share: (times.all_reduce + times.idle).as_secs_f64() / walls[0].as_secs_f64().max(1e-9),
+    })
+}
+
+/// One rank's steps: the timed span's wall time and where it went.
+fn rank(
+    setting: Setting<'_>,
+    mut ring: Ring,
+    rt: &tokio::runtime::Handle,
+    start: &Barrier,
+) -> anyhow::Result<(Duration, StepTimes)> {
+    let Setting {
+        spec,
+        layout,
+        data,
+        device,
+        steps,
+        warmup,
+        path,
+        step,
+    } = setting;
+    let failed = |e| anyhow::anyhow!("{e:?}");
+    let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
+    let mut weights = model.flat_weights();
+    let mut optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let params = model.param_layout();
+    let mut on_device = match path {
+        Path::Host => None,
+        Path::Device { .. } => Some(DeviceOptimizer::upload(&optim, &weights, &params, None, device)),
+    };
+    let mut pipeline = Pipeline::new(true);
+    if path == (Path::Device { kept: true }) {
+        pipeline = pipeline.keeping(u64::MAX);
+    }
+    let mut times = StepTimes::default();
+    let mut pending: Vec<Tensor<1>> = Vec::new();
+    let mut t = Instant::now();
+    for i in 0..warmup + steps {
+        if i == warmup {
+            read_losses(&mut pending);
+            start.wait();
+            t = Instant::now();
+            times = StepTimes::default();
+        }
+        let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
+        let batch = &data[i % data.len()];
+        let mean = |sum: &Trailer| Some(1.0 / sum.weight);
+        match on_device.as_mut() {
+            Some(opt) => {
+                let share = pipeline
+                    .run(batch, next, layout, spec, device, |b| {
+                        model.device_gradients(b, opt)
+                    })
+                    .map_err(failed)?;
+                let mut trailer = Vec::new();
+                Trailer {
+                    rows: share.rows as f32,
+                    weight: share.weight as f32,
+                    ..Trailer::default()
+                }
+                .append_to(&mut trailer);
+                let scale = step.exchange_on_device(rt, &mut ring, opt, &mut times, &mut trailer, mean)?;
+                model = model.device_step(opt, scale.unwrap_or(0.0));
+                pending.extend(share.loss_sum);
+                if (i + 1) % trainer::LOSS_READ_EVERY == 0 {
+                    read_losses(&mut pending);
+                }
+            }
+            None => {
+                let mut buf = pipeline
+                    .gradients(model.as_ref(), batch, next, layout, spec, device)
+                    .map_err(failed)?;
+                // `[sums…, rows, weight, loss sum]` to `[sums…, trailer]`.
+                let tail = buf.split_off(buf.len() - 3);
+                Trailer {
+                    rows: tail[0],
+                    weight: tail[1],
+                    loss_sum: tail[2],
+                    ..Trailer::default()
+                }
+                .append_to(&mut buf);
+                let grads = weights.len();
+                step.run(
+                    rt,
+                    &mut ring,
+                    &mut buf,
+                    grads,
+                    &mut optim,
+                    &mut weights,
+                    &mut times,
+                    mean,
+                )?;
+                model = model.load_flat(&weights);
+            }
+        }
+    }
+    read_losses(&mut pending);
+    Ok((t.elapsed(), times))
+}
