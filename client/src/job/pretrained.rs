@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kindling_schemas::schema::FeatureLayout;
-use kindling_schemas::spec::{JobSpec, Pretrained};
+use kindling_schemas::spec::JobSpec;
 use sha2::{Digest, Sha256};
 
 use super::{JobError, TrainingJob};
@@ -52,7 +52,7 @@ pub(super) fn recorded(spec: JobSpec, path: &Path) -> Result<JobSpec, JobError> 
             source: e,
         })?;
         let spec = JobSpec {
-            init_from: Some(Pretrained {
+            init_from: Some(kindling_schemas::spec::Pretrained {
                 file: path.display().to_string(),
                 format: "safetensors".into(),
                 sha256: sha256(path)?,
