@@ -1,5 +1,6 @@
 //! Models out and in through the readers users have: an exported model's
-//! safetensors file run in numpy (the `safetensors` package) gives Kindling's
+//! safetensors file run in numpy (the `safetensors` package) and its ONNX
+//! graph run in onnxruntime (checked by `onnx.checker`) give Kindling's
 //! predictions; a state dict written by numpy starts a job through
 //! `init_from`; export then re-import predicts bit for bit the same; bad
 //! files are refused naming the file or the tensor, with nothing trained.
@@ -10,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array, Int32Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float32Type, Schema};
 use futures::FutureExt;
-use kindling::job::{ExportFormat, JobError, ProgressMode, TrainedModel, TrainingJob, TrainingJobBuilder};
+use kindling::job::{
+    ExportFormat, JobError, ONNX_FILE, ONNX_OPSET, ProgressMode, TrainedModel, TrainingJob, TrainingJobBuilder,
+};
 use kindling::spark::RecordBatchStream;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
 use serde_json::json;
@@ -141,7 +144,7 @@ fn outputs(model: &TrainedModel, batch: &RecordBatch) -> Vec<Vec<f32>> {
 }
 
 #[tokio::test]
-async fn exported_safetensors_predict_in_numpy_as_in_kindling() -> Result<(), JobError> {
+async fn exported_safetensors_and_onnx_predict_in_numpy_and_onnxruntime_as_in_kindling() -> Result<(), JobError> {
     let cnn = ModelSpec::Cnn {
         channels: 1,
         height: 4,
@@ -186,6 +189,23 @@ async fn exported_safetensors_predict_in_numpy_as_in_kindling() -> Result<(), Jo
         assert_eq!(checked["dtypes"], json!(["float32"]), "{name}");
         assert_eq!(checked["features"], json!(features), "{name}");
         assert_eq!(checked["header_has_description"], json!(true), "{name}");
+        // The ONNX graph in onnxruntime, one input per column.
+        trained.export(&out, ExportFormat::Onnx)?;
+        let columns: serde_json::Map<String, serde_json::Value> = features
+            .iter()
+            .map(|f| (f.to_string(), json!(feature_rows(&sample, &[f]))))
+            .collect();
+        let ran = run_script(
+            "onnx_check.py",
+            &json!({"path": out.join(ONNX_FILE), "inputs": columns, "expected": expected}),
+        )
+        .await;
+        let diff = ran["max_diff"].as_f64().unwrap_or(f64::MAX);
+        assert!(diff <= 1e-5, "{name}: onnxruntime differs from Kindling by {diff}: {ran}");
+        assert_eq!(ran["inputs"], json!(features), "{name}");
+        let output = if regression { "values" } else { "probabilities" };
+        assert_eq!(ran["outputs"], json!([output]), "{name}");
+        assert_eq!(ran["opset"], json!([ONNX_OPSET]), "{name}");
         if name == "mlp" {
             // PyTorch's Linear layout: weight [out, in].
             assert_eq!(checked["tensors"]["dense.0.weight"], json!([8, 2 + width]));

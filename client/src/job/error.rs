@@ -146,6 +146,14 @@ pub enum JobError {
         /// The model.
         model: String,
     },
+    /// The model cannot be written in the format asked for.
+    #[error("cannot export as {format}: {reason}")]
+    Export {
+        /// The format (`onnx`, `safetensors`).
+        format: &'static str,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// `transform` has no cluster to serve the model on.
     #[error(
         "the model has no cluster to serve it: a model trained in local mode by `fit` lost its \

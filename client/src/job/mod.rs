@@ -31,7 +31,7 @@ use std::time::Duration;
 pub use builder::TrainingJobBuilder;
 pub use error::JobError;
 #[cfg(feature = "local")]
-pub use export::{ExportFormat, INFO_FILE, SAFETENSORS_FILE};
+pub use export::{ExportFormat, INFO_FILE, ONNX_FILE, ONNX_OPSET, SAFETENSORS_FILE};
 pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
 pub use search::{
     Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,

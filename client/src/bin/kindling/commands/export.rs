@@ -13,7 +13,8 @@ pub struct ExportArgs {
     #[arg(long)]
     pub model: PathBuf,
     /// `safetensors`: the weights with PyTorch's `state_dict` names and
-    /// layouts, and `kindling.json` beside them.
+    /// layouts; `onnx`: a built-in model (linear, mlp, cnn) as an ONNX graph
+    /// (opset 17). `kindling.json` is written beside either.
     #[arg(long, default_value = "safetensors")]
     pub format: String,
     /// The directory to write into (created if missing).
@@ -24,7 +25,7 @@ pub struct ExportArgs {
 /// Runs `kindling export`.
 pub fn export(args: ExportArgs) -> Result<()> {
     let Some(format) = ExportFormat::parse(&args.format) else {
-        bail!("--format must be `safetensors`, got `{}`", args.format);
+        bail!("--format must be `safetensors` or `onnx`, got `{}`", args.format);
     };
     let model = TrainedModel::load(&args.model)
         .with_context(|| format!("loading the model in {}", args.model.display()))?;
@@ -34,7 +35,10 @@ pub fn export(args: ExportArgs) -> Result<()> {
     println!(
         "exported to {} ({}, {})",
         args.output.display(),
-        kindling::job::SAFETENSORS_FILE,
+        match format {
+            ExportFormat::Safetensors => kindling::job::SAFETENSORS_FILE,
+            ExportFormat::Onnx => kindling::job::ONNX_FILE,
+        },
         kindling::job::INFO_FILE
     );
     Ok(())
