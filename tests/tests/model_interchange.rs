@@ -12,7 +12,8 @@ use arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array, Int32Array,
 use arrow::datatypes::{DataType, Field, Float32Type, Schema};
 use futures::FutureExt;
 use kindling::job::{
-    ExportFormat, JobError, ONNX_FILE, ONNX_OPSET, ProgressMode, TrainedModel, TrainingJob, TrainingJobBuilder,
+    ExportFormat, JobError, ONNX_FILE, ONNX_OPSET, ProgressMode, TrainedModel, TrainingJob,
+    TrainingJobBuilder,
 };
 use kindling::spark::RecordBatchStream;
 use kindling_schemas::spec::{ModelSpec, OptimizerSpec, Task};
@@ -144,7 +145,8 @@ fn outputs(model: &TrainedModel, batch: &RecordBatch) -> Vec<Vec<f32>> {
 }
 
 #[tokio::test]
-async fn exported_safetensors_and_onnx_predict_in_numpy_and_onnxruntime_as_in_kindling() -> Result<(), JobError> {
+async fn exported_safetensors_and_onnx_predict_in_numpy_and_onnxruntime_as_in_kindling()
+-> Result<(), JobError> {
     let cnn = ModelSpec::Cnn {
         channels: 1,
         height: 4,
@@ -201,7 +203,10 @@ async fn exported_safetensors_and_onnx_predict_in_numpy_and_onnxruntime_as_in_ki
         )
         .await;
         let diff = ran["max_diff"].as_f64().unwrap_or(f64::MAX);
-        assert!(diff <= 1e-5, "{name}: onnxruntime differs from Kindling by {diff}: {ran}");
+        assert!(
+            diff <= 1e-5,
+            "{name}: onnxruntime differs from Kindling by {diff}: {ran}"
+        );
         assert_eq!(ran["inputs"], json!(features), "{name}");
         let output = if regression { "values" } else { "probabilities" };
         assert_eq!(ran["outputs"], json!([output]), "{name}");

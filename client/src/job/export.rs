@@ -159,7 +159,11 @@ impl TrainedModel {
         write_replacing(&dir.join(INFO_FILE), json.as_bytes())
     }
 
-    fn export_json(&self, format: ExportFormat, tensors: Vec<(String, Vec<usize>)>) -> Result<String, JobError> {
+    fn export_json(
+        &self,
+        format: ExportFormat,
+        tensors: Vec<(String, Vec<usize>)>,
+    ) -> Result<String, JobError> {
         let tensors = tensors
             .into_iter()
             .map(|(name, shape)| TensorInfo { name, shape })

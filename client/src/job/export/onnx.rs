@@ -232,9 +232,13 @@ fn tensors(weights: &RecordBatch) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>,
     (0..weights.num_rows())
         .map(|i| {
             let shape = shapes.value(i);
-            let shape = shape.as_primitive_opt::<UInt64Type>().ok_or_else(|| bad("u64 shapes"))?;
+            let shape = shape
+                .as_primitive_opt::<UInt64Type>()
+                .ok_or_else(|| bad("u64 shapes"))?;
             let v = values.value(i);
-            let v = v.as_primitive_opt::<Float32Type>().ok_or_else(|| bad("f32 values"))?;
+            let v = v
+                .as_primitive_opt::<Float32Type>()
+                .ok_or_else(|| bad("f32 values"))?;
             Ok((
                 names.value(i).to_owned(),
                 shape.values().iter().map(|d| *d as usize).collect(),
@@ -336,7 +340,13 @@ impl Graph<'_> {
                 let pads = [kh / 2, kw / 2, kh / 2, kw / 2];
                 let conv = vec![ints("kernel_shape", &[kh, kw]), ints("pads", &pads)];
                 nodes.push(node("Conv", &out, &[&x, &w_name, &b_name], &out, conv));
-                nodes.push(node("Relu", &format!("{out}.relu"), &[&out], &format!("{out}.relu"), vec![]));
+                nodes.push(node(
+                    "Relu",
+                    &format!("{out}.relu"),
+                    &[&out],
+                    &format!("{out}.relu"),
+                    vec![],
+                ));
                 let pool = vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])];
                 let pooled = format!("{out}.pool");
                 nodes.push(node("MaxPool", &pooled, &[&format!("{out}.relu")], &pooled, pool));
@@ -364,7 +374,13 @@ impl Graph<'_> {
         }
         let output = match self.task {
             Task::Classification { .. } => {
-                nodes.push(node("Softmax", "softmax", &[&x], "probabilities", vec![int("axis", 1)]));
+                nodes.push(node(
+                    "Softmax",
+                    "softmax",
+                    &[&x],
+                    "probabilities",
+                    vec![int("axis", 1)],
+                ));
                 "probabilities"
             }
             Task::Regression => "values",
@@ -414,7 +430,10 @@ mod tests {
             job_id: "j",
         };
         let err = graph.encode().err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("`tabular-embeddings` is a model of one's own"), "{err}");
+        assert!(
+            err.contains("`tabular-embeddings` is a model of one's own"),
+            "{err}"
+        );
         assert!(err.contains("burn 0.23's graph capture"), "{err}");
         assert!(err.contains("safetensors"), "{err}");
     }
