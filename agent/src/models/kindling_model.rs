@@ -52,7 +52,7 @@ use kindling_schemas::spec::{JobSpec, Precision, Task, valid_model_name};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{AgentError, ModelError};
+use crate::error::{AgentError, ModelError, TrainingError};
 use crate::models::params;
 pub use crate::models::tensorize::{Sequence, Targets};
 use crate::optim::DeviceOptimizer;
@@ -470,7 +470,7 @@ impl StepError {
     pub fn at(self, epoch: u32, step: u64) -> AgentError {
         match self {
             StepError::Agent(e) => e,
-            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
+            StepError::NonFinite(loss) => TrainingError::Diverged { loss, epoch, step }.into(),
         }
     }
 }
