@@ -333,7 +333,7 @@ fn the_rendezvous_ring_and_the_agent_itself_keep_their_codes() {
             Code::Internal,
         ),
         (
-            InternalError::ResponseJson(serde_json::from_str::<u8>("x").unwrap_err()).into(),
+            InternalError::ResponseJson(serde_json::from_str::<u8>("x").expect_err("not JSON")).into(),
             Code::Internal,
         ),
         (
@@ -383,7 +383,7 @@ async fn a_panicked_task_is_the_agents_own_failure() {
     let e = task
         .await
         .map_err(AgentError::panicked("the test task"))
-        .unwrap_err();
+        .expect_err("aborted");
     assert!(e.to_string().starts_with("the test task panicked: "), "{e}");
     assert_eq!(Status::from(e).code(), Code::Internal);
 }
