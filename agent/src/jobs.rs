@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
-use crate::error::AgentError;
+use crate::error::{AgentError, JobStateError, LimitError, RendezvousError};
 use crate::jobs::job::{Job, JobEnv};
 
 /// Streams one job credential may have open on an agent at once (a Spark
@@ -113,7 +113,7 @@ impl JobRegistry {
         let url = create
             .rendezvous
             .or_else(|| self.env.rendezvous.clone())
-            .ok_or(AgentError::NoRendezvous)?;
+            .ok_or(RendezvousError::NoRendezvous)?;
         let rendezvous = self.rendezvous_at(&url)?;
         let mut config =
             JobConfig::new(create.job_id.clone(), create.num_slots).with_max_attempts(create.max_attempts);
@@ -154,10 +154,11 @@ impl JobRegistry {
         let at_rendezvous = match rendezvous.status(&start.job_id).await {
             Ok(status) => status,
             Err(e) if e.code() == Some(tonic::Code::NotFound) => {
-                return Err(AgentError::NotAtRendezvous {
+                return Err(RendezvousError::NotAtRendezvous {
                     job_id: start.job_id,
                     rendezvous: start.rendezvous,
-                });
+                }
+                .into());
             }
             Err(e) => return Err(AgentError::rendezvous(&start.rendezvous, e)),
         };
@@ -169,11 +170,12 @@ impl JobRegistry {
         }
         let active = jobs.values().filter(|j| !j.lock().state.is_terminal()).count();
         if active >= self.env.max_jobs {
-            return Err(AgentError::TooManyJobs {
+            return Err(LimitError::TooManyJobs {
                 agent_id: self.env.agent_id.clone(),
                 active,
                 cap: self.env.max_jobs,
-            });
+            }
+            .into());
         }
         let rows = match &start.spec.rows_from {
             Some(dataset) => Some(self.dataset_for(&jobs, &start, dataset)?),
@@ -220,17 +222,20 @@ impl JobRegistry {
         start: &StartJob,
         dataset: &str,
     ) -> Result<Arc<Job>, AgentError> {
-        let refuse = |reason: String| AgentError::Dataset {
-            job_id: start.job_id.clone(),
-            dataset: dataset.to_owned(),
-            reason,
+        let refuse = |reason: String| {
+            AgentError::from(JobStateError::Dataset {
+                job_id: start.job_id.clone(),
+                dataset: dataset.to_owned(),
+                reason,
+            })
         };
         let Some(held) = jobs.get(dataset) else {
-            return Err(AgentError::NoDataset {
+            return Err(JobStateError::NoDataset {
                 job_id: start.job_id.clone(),
                 dataset: dataset.to_owned(),
                 agent_id: self.env.agent_id.clone(),
-            });
+            }
+            .into());
         };
         if !held.spec.holds_rows {
             return Err(refuse(
@@ -278,11 +283,12 @@ impl JobRegistry {
         if existing.spec == start.spec && existing.rendezvous == start.rendezvous {
             return Ok(Some(existing.clone()));
         }
-        Err(AgentError::WrongState {
+        Err(JobStateError::WrongState {
             job_id: start.job_id.clone(),
             state: format!("{state:?}").to_lowercase(),
             reason: "it is running with a different spec or rendezvous; cancel it first".into(),
-        })
+        }
+        .into())
     }
 
     /// A job by id.
@@ -290,7 +296,7 @@ impl JobRegistry {
         self.lock()
             .get(job_id)
             .cloned()
-            .ok_or_else(|| AgentError::UnknownJob(job_id.to_owned()))
+            .ok_or_else(|| JobStateError::UnknownJob(job_id.to_owned()).into())
     }
 
     /// Removes the jobs that have been finished or cancelled for longer than
@@ -366,7 +372,7 @@ impl JobRegistry {
             .env
             .credentials
             .as_ref()
-            .ok_or_else(|| AgentError::NoCredentialKey {
+            .ok_or_else(|| JobStateError::NoCredentialKey {
                 agent_id: self.env.agent_id.clone(),
             })?;
         let mut claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
@@ -393,7 +399,7 @@ impl JobRegistry {
             .env
             .rendezvous
             .clone()
-            .ok_or_else(|| AgentError::UnknownJob(job_id.to_owned()))?;
+            .ok_or_else(|| JobStateError::UnknownJob(job_id.to_owned()))?;
         let status = self
             .rendezvous_at(&url)?
             .status(job_id)
@@ -414,11 +420,12 @@ impl JobRegistry {
         let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         let count = open.entry(key.clone()).or_default();
         if *count >= MAX_STREAMS_PER_CREDENTIAL {
-            return Err(AgentError::TooManyStreams {
+            return Err(LimitError::TooManyStreams {
                 job_id: claims.job_id.clone(),
                 role: claims.role,
                 cap: MAX_STREAMS_PER_CREDENTIAL,
-            });
+            }
+            .into());
         }
         *count += 1;
         Ok(StreamSlot(Some((self.streams.clone(), key))))
@@ -446,7 +453,7 @@ fn check_world(start: &StartJob, job: &kindling_schemas::rendezvous::JobStatus) 
     if spec == at || shrunk {
         return Ok(());
     }
-    Err(AgentError::WorldMismatch {
+    Err(RendezvousError::WorldMismatch {
         job_id: start.job_id.clone(),
         spec,
         job: at,
@@ -455,5 +462,6 @@ fn check_world(start: &StartJob, job: &kindling_schemas::rendezvous::JobStatus) 
         } else {
             " and has not shrunk (no attempt failed)"
         },
-    })
+    }
+    .into())
 }

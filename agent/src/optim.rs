@@ -23,7 +23,7 @@
 
 use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec, path_matches};
 
-use crate::error::AgentError;
+use crate::error::{AgentError, TrainingError};
 
 pub mod device;
 pub use device::{BucketDown, BucketHost, DeviceOptimizer};
@@ -185,11 +185,12 @@ impl FlatOptimizer {
         for (index, pattern) in spec.no_weight_decay.iter().enumerate() {
             if !layout.iter().any(|(path, _)| path_matches(pattern, path)) {
                 let params: Vec<&str> = layout.iter().map(|(p, _)| p.as_str()).collect();
-                return Err(AgentError::NoDecayMatchesNothing {
+                return Err(TrainingError::NoDecayMatchesNothing {
                     index,
                     pattern: pattern.clone(),
                     params: params.join(", "),
-                });
+                }
+                .into());
             }
         }
         let mut groups: Vec<Group> = Vec::new();
@@ -433,7 +434,7 @@ impl FlatOptimizer {
     /// Restores the state [`to_bytes`](Self::to_bytes) wrote, checking it
     /// belongs to this optimizer and model size.
     pub fn load_bytes(&mut self, bytes: &[u8]) -> Result<(), AgentError> {
-        let bad = AgentError::OptimizerState;
+        let bad = |reason: String| AgentError::from(TrainingError::OptimizerState(reason));
         let head = MAGIC.len() + 17;
         if bytes.len() < head || &bytes[..MAGIC.len()] != MAGIC {
             return Err(bad("not written by this version of the agent".into()));

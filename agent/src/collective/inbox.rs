@@ -17,6 +17,8 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
+use crate::error::RingRefusal;
+
 /// Most ring connections held for jobs this agent is not in (yet): a peer's
 /// gang may form, and connect, before this agent enters the attempt. One
 /// more is refused with RESOURCE_EXHAUSTED naming the cap.
@@ -213,33 +215,33 @@ impl Inbox {
 
     /// Takes a checked connection in (or refuses it, saying why). An
     /// admitted one gets its attempt's fence (made on the first).
-    fn admit(&self, hello: &Hello, read: ReadHalf<Conn>) -> Result<Admitted, Status> {
+    fn admit(&self, hello: &Hello, read: ReadHalf<Conn>) -> Result<Admitted, RingRefusal> {
         let mut s = self.lock();
         // Checked under the lock `close` clears the links under, after it
         // cancels: a connection admitted before that is cleared with them.
         if self.closed.is_cancelled() {
-            return Err(Status::unavailable(format!(
-                "ring connection for job `{}` refused: the receiving agent is shutting down",
-                hello.job_id
-            )));
+            return Err(RingRefusal::ShuttingDown {
+                job_id: hello.job_id.clone(),
+            });
         }
         match s.attempts.get(&hello.job_id) {
             Some(&current) if hello.attempt < current => {
-                return Err(Status::failed_precondition(format!(
-                    "ring connection for attempt {} of job `{}` refused: the job is on attempt {current}",
-                    hello.attempt, hello.job_id
-                )));
+                return Err(RingRefusal::Fenced {
+                    job_id: hello.job_id.clone(),
+                    attempt: hello.attempt,
+                    current,
+                });
             }
             Some(_) => {}
             None => {
                 let held = s.expire_unjoined(Instant::now());
                 if held >= UNJOINED_LINKS {
-                    return Err(Status::resource_exhausted(format!(
-                        "ring connection for job `{}` refused: this agent is not in that job and already holds \
-                         {held} connections for jobs it is not in (the cap is {UNJOINED_LINKS}, each kept for \
-                         {UNJOINED_LINK_TTL:?})",
-                        hello.job_id
-                    )));
+                    return Err(RingRefusal::TooManyUnjoined {
+                        job_id: hello.job_id.clone(),
+                        held,
+                        cap: UNJOINED_LINKS,
+                        ttl: UNJOINED_LINK_TTL,
+                    });
                 }
             }
         }
@@ -249,10 +251,11 @@ impl Inbox {
             from_rank: hello.from_rank,
         };
         if matches!(s.links.get(&key), Some(Slot::Arrived(..) | Slot::Taken)) {
-            return Err(Status::already_exists(format!(
-                "a ring connection from rank {} of job `{}` attempt {} is already open",
-                hello.from_rank, hello.job_id, hello.attempt
-            )));
+            return Err(RingRefusal::AlreadyOpen {
+                from_rank: hello.from_rank,
+                job_id: hello.job_id.clone(),
+                attempt: hello.attempt,
+            });
         }
         let closed = &self.closed;
         let fence = s
@@ -376,10 +379,10 @@ async fn accept(
     let checked = check.caller_of(hello.token.as_deref()).and_then(|caller| {
         caller.allow(&hello.job_id, &[Role::Peer], "send collective traffic")?;
         match (&caller, inbox.incarnation(&hello.job_id)) {
-            (kindling_schemas::auth::Caller::Job(_), None) => Err(Status::permission_denied(format!(
-                "job `{}` is not on this agent: its peer credentials are taken only once it started here",
-                hello.job_id
-            ))),
+            (kindling_schemas::auth::Caller::Job(_), None) => Err(RingRefusal::JobNotHere {
+                job_id: hello.job_id.clone(),
+            }
+            .into()),
             (_, incarnation) => caller.allow_incarnation(incarnation),
         }
     });
@@ -390,7 +393,10 @@ async fn accept(
     }
     let (read, mut write) = tokio::io::split(conn);
     let admitted = inbox.admit(&hello, read);
-    let answer = admitted.as_ref().map(|_| ()).map_err(Status::clone);
+    let answer = admitted
+        .as_ref()
+        .map(|_| ())
+        .map_err(|refusal| Status::from(refusal.clone()));
     if let Err(e) = ring::write_reply(&mut write, &answer).await {
         return tracing::debug!(%peer, error = %e, "answering a ring connection");
     }

@@ -63,6 +63,16 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// Its gRPC code: the job's model or input, a model over the cap, or
+    /// the agent's own failure with tensors and records.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            ModelError::TooLarge { .. } => tonic::Code::ResourceExhausted,
+            ModelError::TensorData(_) | ModelError::Record(_) => tonic::Code::Internal,
+            _ => tonic::Code::InvalidArgument,
+        }
+    }
+
     /// The job's input or config is at fault (the job cannot succeed as asked).
     pub fn is_final(&self) -> bool {
         matches!(

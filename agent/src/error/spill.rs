@@ -38,3 +38,14 @@ pub enum SpillError {
     #[error("spill file {} is empty", .0.display())]
     Empty(PathBuf),
 }
+
+impl SpillError {
+    /// Its gRPC code: a full spill directory is an exhausted resource, any
+    /// other failure the agent's own.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            SpillError::Full { .. } => tonic::Code::ResourceExhausted,
+            _ => tonic::Code::Internal,
+        }
+    }
+}

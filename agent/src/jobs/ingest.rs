@@ -11,16 +11,17 @@ use kindling_schemas::descriptor::Split;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 
-use crate::error::{AgentError, SpillError};
+use crate::error::{AgentError, IngestError, JobStateError, LimitError, SpillError};
 use crate::jobs::job::{Job, JobData};
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
     if let Some(dataset) = &job.spec.rows_from {
-        return Err(AgentError::Dataset {
+        return Err(JobStateError::Dataset {
             job_id: job.job_id.clone(),
             dataset: dataset.clone(),
             reason: "the job takes no rows: it trains on the dataset's".into(),
-        });
+        }
+        .into());
     }
     if d.state.is_terminal() {
         return Err(AgentError::wrong_state(
@@ -47,12 +48,13 @@ pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Resul
         if let Some(expected) = expected_rows
             && expected != rows
         {
-            return Err(AgentError::RowCountMismatch {
+            return Err(IngestError::RowCountMismatch {
                 job_id: job.job_id.clone(),
                 split,
                 committed: rows,
                 expected,
-            });
+            }
+            .into());
         }
         s.end();
         rows
@@ -115,10 +117,11 @@ impl PutStream {
         refuse_if_terminal(&self.job, &d)?;
         match &d.layout {
             Some(existing) if !same_layout(existing, &layout) => {
-                return Err(AgentError::LayoutMismatch {
+                return Err(IngestError::LayoutMismatch {
                     stream: layout.features,
                     job: existing.features.clone(),
-                });
+                }
+                .into());
             }
             Some(_) => {}
             None => d.layout = Some(layout),
@@ -136,7 +139,7 @@ impl PutStream {
         batch: RecordBatch,
     ) -> Result<PutAck, AgentError> {
         if !self.schema_seen {
-            return Err(AgentError::BatchBeforeSchema);
+            return Err(IngestError::BatchBeforeSchema.into());
         }
         schema::validate_batch(&batch, &self.job.spec)?;
         let rows = batch.num_rows() as u64;
@@ -164,11 +167,12 @@ impl PutStream {
                 bytes: 0,
             });
             if meta.seq != staged.next {
-                return Err(AgentError::SequenceGap {
+                return Err(IngestError::SequenceGap {
                     producer: meta.producer,
                     got: meta.seq,
                     expected: staged.next,
-                });
+                }
+                .into());
             }
             // What uncommitted streams hold is bounded per job: past the cap
             // the batch is refused; past half the memory budget it spills.
@@ -176,11 +180,12 @@ impl PutStream {
             let budget = self.job.budget_limit();
             let cap = self.job.staging().cap();
             if held >= cap {
-                return Err(AgentError::StagingFull {
+                return Err(LimitError::StagingFull {
                     job_id: self.job.job_id.clone(),
                     staged: held,
                     cap,
-                });
+                }
+                .into());
             }
             d.ingest
                 .split_mut(self.split)
@@ -191,10 +196,7 @@ impl PutStream {
         let stored = if placed.spills() {
             tokio::task::spawn_blocking(move || placed.store())
                 .await
-                .map_err(|source| AgentError::Panicked {
-                    task: "the spill writer",
-                    source,
-                })?
+                .map_err(AgentError::panicked("the spill writer"))?
         } else {
             placed.store()
         };

@@ -20,7 +20,7 @@ use tracing::Instrument as _;
 
 use crate::cache::MemoryBudget;
 use crate::collective::{Inbox, Ring, RingConfig};
-use crate::error::AgentError;
+use crate::error::{AgentError, JobStateError, TrainingError};
 use crate::jobs::splits::IngestState;
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::training::checkpoint::CheckpointStore;
@@ -379,19 +379,20 @@ impl Job {
             {
                 let d = source.lock();
                 if self.rows.is_some() && d.state.is_terminal() {
-                    return Err(AgentError::Dataset {
+                    return Err(JobStateError::Dataset {
                         job_id: self.job_id.clone(),
                         dataset: source.job_id.clone(),
                         reason: "the dataset's job ended on this agent: its rows are gone".into(),
-                    });
+                    }
+                    .into());
                 }
                 if d.layout.is_some() || d.ingest.split(Split::Train).ended() {
                     return Ok(());
                 }
             }
             tokio::select! {
-                r = rx.changed() => if r.is_err() { return Err(AgentError::Cancelled("agent shutting down".into())) },
-                _ = cancel.cancelled() => return Err(AgentError::Cancelled("while waiting for data".into())),
+                r = rx.changed() => if r.is_err() { return Err(JobStateError::Cancelled("agent shutting down".into()).into()) },
+                _ = cancel.cancelled() => return Err(JobStateError::Cancelled("while waiting for data".into()).into()),
             }
         }
     }
@@ -407,7 +408,7 @@ impl Job {
             self.set_state(AgentJobState::Ganging);
             let joined = tokio::select! {
                 joined = rendezvous.join_current(&self.job_id, &self.env.agent_id) => joined.map_err(rv_error),
-                _ = self.cancel.cancelled() => Err(AgentError::Cancelled("while joining".into())),
+                _ = self.cancel.cancelled() => Err(JobStateError::Cancelled("while joining".into()).into()),
             };
             let gang = match joined {
                 Ok(Some(gang)) => gang,
@@ -527,10 +528,10 @@ impl Job {
         if self.spec.holds_rows {
             // A dataset trains nothing: it lends its rows until it ends.
             cancel.cancelled().await;
-            return Err(AgentError::Cancelled("the dataset's attempt ended".into()));
+            return Err(JobStateError::Cancelled("the dataset's attempt ended".into()).into());
         }
         let source = self.source_arc();
-        let layout = source.lock().layout.clone().ok_or(AgentError::NoData)?;
+        let layout = source.lock().layout.clone().ok_or(TrainingError::NoData)?;
         let data = Arc::new(JobShards {
             changes: std::sync::Mutex::new(source.data_changed.subscribe()),
             job: source,
@@ -603,10 +604,7 @@ impl Job {
         let outcome =
             tokio::task::spawn_blocking(move || pool.install(|| span.in_scope(|| trainer::train(ctx))))
                 .await
-                .map_err(|source| AgentError::Panicked {
-                    task: "the trainer thread",
-                    source,
-                })??;
+                .map_err(AgentError::panicked("the trainer thread"))??;
         Ok(outcome.model)
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::error::AgentError;
+use crate::error::{AgentError, IngestError, InternalError, JobStateError, LimitError, RequestError};
 use crate::jobs::JobRegistry;
 use crate::jobs::ingest::{self, PutStream};
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
@@ -64,7 +64,7 @@ impl AgentFlightService {
 }
 
 fn ok_json<T: serde::Serialize>(value: &T) -> Result<Response<BoxStream<arrow_flight::Result>>, Status> {
-    let body = serde_json::to_vec(value).map_err(AgentError::ResponseJson)?;
+    let body = serde_json::to_vec(value).map_err(InternalError::ResponseJson)?;
     let stream = futures::stream::once(async move { Ok(arrow_flight::Result { body: body.into() }) });
     Ok(Response::new(Box::pin(stream)))
 }
@@ -77,10 +77,10 @@ fn flight_status(e: FlightError) -> Status {
 /// size limit is said to be over this agent's cap, with its name.
 fn inbound(status: Status) -> Status {
     if status.code() == tonic::Code::OutOfRange && status.message().contains("message length too large") {
-        return Status::resource_exhausted(format!(
-            "a Flight message over this agent's cap (--max-message-bytes, KINDLING_MAX_MESSAGE_BYTES): {}; send smaller record batches",
-            status.message()
-        ));
+        return LimitError::MessageTooLarge {
+            message: status.message().to_owned(),
+        }
+        .into();
     }
     status
 }
@@ -97,11 +97,11 @@ async fn open_stream(
     let first = in_time(call, input.message(), limits, too_old)
         .await?
         .map_err(|s| AgentError::caller_stream(&inbound(s)))?
-        .ok_or(AgentError::EmptyStream { call })?;
+        .ok_or(RequestError::EmptyStream { call })?;
     let descriptor = first
         .flight_descriptor
         .as_ref()
-        .ok_or(AgentError::NoDescriptor { call })?;
+        .ok_or(RequestError::NoDescriptor { call })?;
     let path = DataPath::from_descriptor(descriptor)?;
     Ok((first, path))
 }
@@ -127,7 +127,7 @@ impl FlightService for AgentFlightService {
         _request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
         Err(
-            AgentError::Unsupported("no handshake: send `authorization: Bearer <token>` on every call")
+            RequestError::Unsupported("no handshake: send `authorization: Bearer <token>` on every call")
                 .into(),
         )
     }
@@ -167,7 +167,7 @@ impl FlightService for AgentFlightService {
         &self,
         _request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
-        Err(AgentError::Unsupported("poll_flight_info: use get_flight_info").into())
+        Err(RequestError::Unsupported("poll_flight_info: use get_flight_info").into())
     }
 
     async fn get_schema(&self, request: Request<FlightDescriptor>) -> Result<Response<SchemaResult>, Status> {
@@ -180,7 +180,7 @@ impl FlightService for AgentFlightService {
                     .map_err(AgentError::arrow)?;
                 Ok(Response::new(result))
             }
-            other => Err(AgentError::NoSchema(other.segments()).into()),
+            other => Err(RequestError::NoSchema(other.segments()).into()),
         }
     }
 
@@ -214,7 +214,7 @@ impl FlightService for AgentFlightService {
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoPut", &mut input, &self.jobs.staging()).await?;
         let DataPath::Data { job_id, split } = path else {
-            return Err(AgentError::WrongPath {
+            return Err(RequestError::WrongPath {
                 call: "DoPut",
                 expected: "[job_id, train|eval]",
                 got: path.segments(),
@@ -267,7 +267,7 @@ impl FlightService for AgentFlightService {
         if let Caller::Job(claims) = &caller {
             caller.allow(&claims.job_id, &[Role::Reader], "predict")?;
             if self.jobs.get(&claims.job_id).is_err() && self.jobs.served().get(&claims.job_id).is_none() {
-                return Err(AgentError::UnknownModel {
+                return Err(JobStateError::UnknownModel {
                     agent_id: self.jobs.agent_id().to_owned(),
                     model_id: claims.job_id.clone(),
                 }
@@ -279,7 +279,7 @@ impl FlightService for AgentFlightService {
         let mut input = request.into_inner();
         let (first, path) = open_stream("DoExchange", &mut input, &self.jobs.staging()).await?;
         let DataPath::Predict { job_id } = &path else {
-            return Err(AgentError::WrongPath {
+            return Err(RequestError::WrongPath {
                 call: "DoExchange",
                 expected: "[job_id, predict]",
                 got: path.segments(),
@@ -303,7 +303,7 @@ impl FlightService for AgentFlightService {
                     .jobs
                     .served()
                     .get(job_id)
-                    .ok_or_else(|| AgentError::UnknownModel {
+                    .ok_or_else(|| JobStateError::UnknownModel {
                         agent_id: self.jobs.agent_id().to_owned(),
                         model_id: job_id.clone(),
                     })?;
@@ -383,10 +383,7 @@ impl FlightService for AgentFlightService {
                     jobs.served().serve(jobs.agent_id(), jobs.models(), &serve)
                 })
                 .await
-                .map_err(|source| AgentError::Panicked {
-                    task: "loading a served model",
-                    source,
-                })??;
+                .map_err(AgentError::panicked("loading a served model"))??;
                 ok_json(&answer)
             }
             Action::DropModel(d) => {
@@ -439,12 +436,9 @@ impl AgentFlightService {
                 let models = self.jobs.models().clone();
                 tokio::task::spawn_blocking(move || checkpoint_model(&dir, &models, &job))
                     .await
-                    .map_err(|source| AgentError::Panicked {
-                        task: "loading a checkpoint",
-                        source,
-                    })?
+                    .map_err(AgentError::panicked("loading a checkpoint"))?
             }
-            other => Err(AgentError::NotAModel(other.segments())),
+            other => Err(RequestError::NotAModel(other.segments()).into()),
         }
     }
 }
@@ -459,8 +453,8 @@ fn checkpoint_model(
         crate::training::checkpoint::CheckpointStore::new(dir, &job.job_id, job.spec.checkpoint.keep_last);
     let ckpt = store
         .load_latest()?
-        .ok_or_else(|| AgentError::NoCheckpoint(job.job_id.clone()))?;
-    let layout = job.lock().layout.clone().ok_or(AgentError::UnknownLayout)?;
+        .ok_or_else(|| JobStateError::NoCheckpoint(job.job_id.clone()))?;
+    let layout = job.lock().layout.clone().ok_or(JobStateError::UnknownLayout)?;
     let device = trainer::device_for(&job.spec)?;
     let model = models.build(&job.spec, &layout, &device)?;
     Ok(Arc::from(model.from_record_bytes(ckpt.weights)?))
@@ -493,8 +487,8 @@ async fn receive_put(
             return Ok(());
         };
         let msg = msg.map_err(|e| match e {
-            FlightError::Tonic(s) => AgentError::PutStreamBroke(s),
-            other => AgentError::MalformedFlight(other),
+            FlightError::Tonic(s) => IngestError::PutStreamBroke(s),
+            other => IngestError::MalformedFlight(other),
         })?;
         match msg.payload {
             DecodedPayload::None => {}
@@ -506,7 +500,7 @@ async fn receive_put(
                 // that stops sending.
                 in_time("DoPut", tx.send(Ok(put_result(&ack))), &limits, too_old)
                     .await?
-                    .map_err(|_| AgentError::ProducerGone)?;
+                    .map_err(|_| IngestError::ProducerGone)?;
             }
         }
     }
@@ -530,18 +524,19 @@ async fn in_time<T>(
         .await
         .map_err(|_| {
             if quiet < too_old {
-                AgentError::StreamIdle {
+                LimitError::StreamIdle {
                     call,
                     idle: limits.stream_idle,
                     dropped,
                 }
             } else {
-                AgentError::StreamTooOld {
+                LimitError::StreamTooOld {
                     call,
                     max_age: limits.stream_max_age,
                     dropped,
                 }
             }
+            .into()
         })
 }
 

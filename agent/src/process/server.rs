@@ -18,7 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::cache::MemoryBudget;
 use crate::collective::{self, Inbox};
-use crate::error::AgentError;
+use crate::error::{AgentError, RendezvousError};
 use crate::jobs::JobRegistry;
 use crate::jobs::job::JobEnv;
 use crate::models::kindling_model::ModelRegistry;
@@ -234,11 +234,11 @@ impl AgentHandle {
                         client.report_failure(&job_id, attempt, &self.agent_id, &cause),
                     )
                     .await
-                    .map_err(|_| AgentError::RendezvousTimeout {
+                    .map_err(|_| RendezvousError::Timeout {
                         url: rendezvous.clone(),
                     })
-                    .and_then(|r| r.map_err(|e| AgentError::rendezvous(&rendezvous, e))),
-                    Err(e) => Err(AgentError::rendezvous(&rendezvous, e)),
+                    .and_then(|r| r.map_err(|e| RendezvousError::call(&rendezvous, e))),
+                    Err(e) => Err(RendezvousError::call(&rendezvous, e)),
                 };
             match reported {
                 Ok(_) => departure.reported.push((job_id, attempt)),

@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 use kindling_schemas::spec::JobSpec;
 
-use crate::error::AgentError;
+use crate::error::{AgentError, IngestError};
 use crate::models::kindling_model::{AnyModel, Batch};
 use crate::training::trainer;
 
@@ -33,15 +33,12 @@ impl Predictor {
 
     /// Runs the model on the blocking pool: a forward pass is CPU-heavy.
     async fn predict(&self, batch: RecordBatch) -> Result<RecordBatch, AgentError> {
-        let layout = self.layout.clone().ok_or(AgentError::BatchBeforeSchema)?;
+        let layout = self.layout.clone().ok_or(IngestError::BatchBeforeSchema)?;
         let model = self.model.clone();
         let spec = self.spec.clone();
         tokio::task::spawn_blocking(move || predict_batch(model.as_ref(), &spec, &layout, &batch))
             .await
-            .map_err(|source| AgentError::Panicked {
-                task: "prediction",
-                source,
-            })?
+            .map_err(AgentError::panicked("prediction"))?
     }
 }
 

@@ -13,7 +13,7 @@ use kindling_schemas::model_serving::{
 };
 use kindling_schemas::spec::JobSpec;
 
-use crate::error::AgentError;
+use crate::error::{AgentError, JobStateError, LimitError, RequestError};
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::training::trainer;
 
@@ -88,10 +88,11 @@ impl ServedModels {
         let weights = serve.weights_table()?;
         let id = model_id_of(serve, &weights)?;
         if !serve.model_id.is_empty() && serve.model_id != id {
-            return Err(AgentError::ServedModelId {
+            return Err(RequestError::ServedModelId {
                 given: serve.model_id.clone(),
                 content: id,
-            });
+            }
+            .into());
         }
         let answer = |loaded| ServeModelResponse {
             model_id: id.clone(),
@@ -101,14 +102,14 @@ impl ServedModels {
         if self.get(&id).is_some() {
             return Ok(answer(false));
         }
-        let full = || AgentError::TooManyModels {
+        let full = || LimitError::TooManyModels {
             agent_id: agent_id.to_owned(),
             cap: MAX_SERVED_MODELS,
         };
         // Checked before building (not to build for nothing) and again when
         // inserting (another call may have filled the room meanwhile).
         if self.lock().len() >= MAX_SERVED_MODELS {
-            return Err(full());
+            return Err(full().into());
         }
         let device = trainer::device_for(&serve.spec)?;
         let model = models
@@ -119,7 +120,7 @@ impl ServedModels {
             return Ok(answer(false)); // a concurrent call loaded it first
         }
         if served.len() >= MAX_SERVED_MODELS {
-            return Err(full());
+            return Err(full().into());
         }
         let loads = {
             let mut loads = self.loads.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,13 +148,13 @@ impl ServedModels {
 
     /// Stops serving `model_id` (streams already open finish with it).
     pub fn drop_model(&self, agent_id: &str, model_id: &str) -> Result<(), AgentError> {
-        self.lock()
-            .remove(model_id)
-            .map(|_| ())
-            .ok_or_else(|| AgentError::UnknownModel {
+        self.lock().remove(model_id).map(|_| ()).ok_or_else(|| {
+            JobStateError::UnknownModel {
                 agent_id: agent_id.to_owned(),
                 model_id: model_id.to_owned(),
-            })
+            }
+            .into()
+        })
     }
 
     /// Every served model, by id.

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::CachedBatch;
 use crate::collective::Ring;
-use crate::error::AgentError;
+use crate::error::{AgentError, TrainingError};
 use crate::models::kindling_model::staged::Pipeline;
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::optim::{DeviceOptimizer, FlatOptimizer};
@@ -296,11 +296,12 @@ fn require_metric(
     metrics: &EpochMetrics,
 ) -> Result<(), AgentError> {
     match metric.needs_eval() && metrics.eval_loss.is_none() {
-        true => Err(AgentError::NoEvalSplit {
+        true => Err(TrainingError::NoEvalSplit {
             job_id: job_id.to_owned(),
             field,
             metric: metric.name(),
-        }),
+        }
+        .into()),
         false => Ok(()),
     }
 }

@@ -5,7 +5,7 @@
 use burn::tensor::{DType, Tensor};
 
 use super::Batch;
-use crate::error::AgentError;
+use crate::error::{AgentError, TrainingError};
 
 /// Why a training step's gradients could not be computed.
 #[derive(Debug)]
@@ -27,7 +27,7 @@ impl StepError {
     pub fn at(self, epoch: u32, step: u64) -> AgentError {
         match self {
             StepError::Agent(e) => e,
-            StepError::NonFinite(loss) => AgentError::Diverged { loss, epoch, step },
+            StepError::NonFinite(loss) => TrainingError::Diverged { loss, epoch, step }.into(),
         }
     }
 }

@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 
 use super::cursor::{BatchCursor, Pull};
 use super::{LIVE_WAIT, Progress, TrainContext, Trainer, eval, lock};
-use crate::error::AgentError;
+use crate::error::{AgentError, JobStateError, TrainingError};
 use crate::models::kindling_model::{AnyModel, DeviceShare, StepError};
 use crate::training::gradients::Trailer;
 
@@ -81,18 +81,20 @@ impl EpochPlan {
 }
 
 fn empty(job_id: &str, ranks: usize) -> AgentError {
-    AgentError::EmptyTrainSplit {
+    TrainingError::EmptyTrainSplit {
         job_id: job_id.to_owned(),
         counted: format!("0 rows committed on each of its {ranks} agent(s) when the split ended"),
     }
+    .into()
 }
 
 fn cancelled(ctx: &TrainContext) -> AgentError {
-    AgentError::AttemptFailed {
+    JobStateError::AttemptFailed {
         job_id: ctx.job_id.clone(),
         attempt: ctx.attempt,
         cause: "cancelled".into(),
     }
+    .into()
 }
 
 /// This rank's share of the step being gathered: the sums of up to
