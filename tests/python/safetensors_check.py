@@ -6,17 +6,22 @@ One JSON argument with `mode`:
   `dir/model.safetensors` and `dir/kindling.json`, runs the model's forward
   pass in numpy (linear, mlp, cnn) on `rows` and prints the largest absolute
   difference from `expected` (Kindling's probabilities or values).
-- `write`: {path, tensors: {name: shape}, seed, bad?}: writes a float32
-  state dict of those names and shapes, values drawn away from zero; `bad`
+- `write`: {path, tensors: {name: shape}, seed, bad?, format?}: writes a
+  float32 state dict of those names and shapes, values drawn away from
+  zero, as safetensors or (`format: "pt"`) as `torch.save` writes it; `bad`
   spoils it: `truncated`, or tensor `spoil` as `f64`, `renamed` or of
   twice its `shape`'s first dimension.
 - `compare`: {a, b}: whether two safetensors files hold the same tensors,
   bit for bit.
 """
 
+import collections
 import json
 import os
+import pickle
 import sys
+import types
+import zipfile
 
 import numpy as np
 from safetensors import safe_open
@@ -92,6 +97,74 @@ def check_forward(args):
     }
 
 
+def save_pt(tensors, path):
+    """Writes `tensors` (float32 numpy arrays) as `torch.save(state_dict,
+    path)` does, without PyTorch: a zip of `archive/data.pkl` (an
+    OrderedDict of `torch._utils._rebuild_tensor_v2` calls on persistent
+    storages), one `archive/data/K` file of little-endian values per
+    tensor, and `archive/version`. The pickle names torch's globals, so
+    they are stood in for while pickling."""
+    torch = types.ModuleType("torch")
+    utils = types.ModuleType("torch._utils")
+
+    class FloatStorage:
+        pass
+
+    def _rebuild_tensor_v2(*args):
+        raise RuntimeError("only pickled, never called")
+
+    FloatStorage.__module__ = "torch"
+    FloatStorage.__qualname__ = "FloatStorage"
+    _rebuild_tensor_v2.__module__ = "torch._utils"
+    _rebuild_tensor_v2.__qualname__ = "_rebuild_tensor_v2"
+    torch.FloatStorage = FloatStorage
+    utils._rebuild_tensor_v2 = _rebuild_tensor_v2
+    torch._utils = utils
+    saved = {name: sys.modules.get(name) for name in ("torch", "torch._utils")}
+    sys.modules["torch"], sys.modules["torch._utils"] = torch, utils
+
+    class Storage:
+        def __init__(self, key, numel):
+            self.key, self.numel = key, numel
+
+    class Tensor:
+        def __init__(self, key, array):
+            self.key, self.array = key, array
+
+        def __reduce__(self):
+            shape = tuple(self.array.shape)
+            stride = tuple(s // self.array.itemsize for s in self.array.strides)
+            storage = Storage(self.key, self.array.size)
+            return (_rebuild_tensor_v2, (storage, 0, shape, stride, False, collections.OrderedDict()))
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            if isinstance(obj, Storage):
+                return ("storage", FloatStorage, obj.key, "cpu", obj.numel)
+            return None
+
+    import io
+
+    data = collections.OrderedDict()
+    for k, (name, array) in enumerate(tensors.items()):
+        data[name] = Tensor(str(k), np.ascontiguousarray(array, dtype=np.float32))
+    buf = io.BytesIO()
+    try:
+        Pickler(buf, protocol=2).dump(data)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buf.getvalue())
+        z.writestr("archive/byteorder", "little")
+        for tensor in data.values():
+            z.writestr(f"archive/data/{tensor.key}", tensor.array.astype("<f4").tobytes())
+        z.writestr("archive/version", "3\n")
+
+
 def write(args):
     rng = np.random.default_rng(args["seed"])
     tensors = {}
@@ -108,7 +181,10 @@ def write(args):
         tensors[first + "_renamed"] = tensors.pop(first)
     elif bad == "shape":
         tensors[first] = np.concatenate([tensors[first], tensors[first]], axis=0)
-    save_file(tensors, args["path"])
+    if args.get("format") == "pt":
+        save_pt(tensors, args["path"])
+    else:
+        save_file(tensors, args["path"])
     if bad == "truncated":
         size = os.path.getsize(args["path"])
         with open(args["path"], "r+b") as f:

@@ -625,19 +625,22 @@ async fn silent_ring_connections_past_the_hello_cap_are_closed_and_a_real_one_is
     let mut silent = Vec::new();
     for _ in 0..MAX_RING_HELLOS + extra {
         // The ring's magic (so the port routes it to the ring), then nothing.
+        let opened = Instant::now();
         let mut conn = channel.connect_ring(url, false).await.expect("connect");
         conn.write_all(&kindling_schemas::ring::MAGIC)
             .await
             .expect("magic");
-        silent.push(conn);
+        silent.push((opened, conn));
     }
-    // Those past the cap are closed unanswered (EOF long before the hello
-    // timeout); the others are still waiting for their hello.
-    // (Read all at once: one after the other, the waits would add up past
-    // the hello timeout.)
-    let reads = silent.iter_mut().map(|conn| async move {
+    // Those past the cap are closed unanswered; the others wait for their
+    // hello, each at least HELLO_TIMEOUT from its accept, so from before its
+    // connect: a connection closed before that was closed at the cap,
+    // whatever the time the flood took to open (on a busy machine, longer
+    // than the timeout) or its reads to start.
+    let reads = silent.iter_mut().map(|(opened, conn)| async move {
         let mut byte = [0u8; 1];
-        match tokio::time::timeout(HELLO_TIMEOUT / 2, conn.read(&mut byte)).await {
+        let before_timeout = tokio::time::Instant::from_std(*opened + HELLO_TIMEOUT * 9 / 10);
+        match tokio::time::timeout_at(before_timeout, conn.read(&mut byte)).await {
             Ok(Ok(0)) | Ok(Err(_)) => true,
             Ok(Ok(_)) => panic!("a silent connection got bytes"),
             Err(_) => false,

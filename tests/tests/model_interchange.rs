@@ -344,3 +344,60 @@ async fn a_weights_file_that_does_not_fit_is_refused_and_nothing_trains() -> Res
     assert!(err.contains("dense.0.weight_renamed"), "{err}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_pytorch_state_dict_starts_the_job_with_the_weights_of_its_safetensors_twin() -> Result<(), JobError>
+{
+    let dir = tempfile::tempdir().map_err(|e| JobError::Io {
+        context: "tempdir".into(),
+        source: e,
+    })?;
+    let (pt, twin) = (
+        dir.path().join("pretrained.pt"),
+        dir.path().join("twin.safetensors"),
+    );
+    for (path, format) in [(&pt, "pt"), (&twin, "safetensors")] {
+        run_script(
+            "safetensors_check.py",
+            &json!({"mode": "write", "path": path, "tensors": mlp_state_dict(), "seed": 11, "format": format}),
+        )
+        .await;
+    }
+    let job = unmoved(&pt)?;
+    assert_eq!(
+        job.spec().init_from.as_ref().map(|p| p.format.as_str()),
+        Some("pytorch")
+    );
+    let tuned = fit(job, &data(300, 3, false), &AtomicUsize::new(0)).await?;
+    let out = dir.path().join("out");
+    tuned.export(&out, ExportFormat::Safetensors)?;
+    let compared = run_script(
+        "safetensors_check.py",
+        &json!({"mode": "compare", "a": twin, "b": out.join("model.safetensors")}),
+    )
+    .await;
+    assert_eq!(compared["same"], json!(true), "{compared}");
+
+    // A state dict whose tensor was renamed is refused, naming it.
+    let renamed = dir.path().join("renamed.pt");
+    run_script(
+        "safetensors_check.py",
+        &json!({
+            "mode": "write", "path": renamed, "tensors": mlp_state_dict(), "seed": 1,
+            "format": "pt", "bad": "renamed", "spoil": "dense.0.weight"
+        }),
+    )
+    .await;
+    let opened = AtomicUsize::new(0);
+    let err = fit(unmoved(&renamed)?, &data(100, 3, false), &opened)
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("tensor `dense.0.weight` of the model is missing from the file"),
+        "{err}"
+    );
+    assert_eq!(opened.load(Ordering::SeqCst), 0, "no row was read");
+    Ok(())
+}

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use burn::module::Module;
 use burn::tensor::DType;
 use burn_store::burn_pack::Tensor as PackTensor;
-use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter, SafetensorsStore};
+use burn_store::{
+    BurnToPyTorchAdapter, ModuleSnapshot, ModuleStore, PyTorchToBurnAdapter, PytorchStore, SafetensorsStore,
+};
 
 /// Why weights could not be written to or taken from a file; every variant
 /// names the file, and the tensor where one is at fault.
@@ -20,19 +22,20 @@ use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, ModuleStore, PyTorchToBur
 pub enum WeightsFileError {
     /// The file's format is not one Kindling reads.
     #[error(
-        "{path}: Kindling reads pretrained weights from safetensors files (`.safetensors`); a PyTorch \
-         `.pt`/`.pth` state dict converts with `safetensors.torch.save_file(model.state_dict(), \
-         \"model.safetensors\")`"
+        "{path}: Kindling reads pretrained weights from safetensors files (`.safetensors`) and \
+         PyTorch state dicts saved by `torch.save` (`.pt`, `.pth`), told apart by the extension"
     )]
     Format {
         /// The file.
         path: PathBuf,
     },
-    /// The file could not be read as safetensors (missing, truncated, a bad header).
-    #[error("{path}: not a readable safetensors file: {reason}")]
+    /// The file could not be read in its format (missing, truncated, a bad header).
+    #[error("{path}: not a readable {format} file: {reason}")]
     Read {
         /// The file.
         path: PathBuf,
+        /// `safetensors` or `PyTorch`.
+        format: &'static str,
         /// What the reader said.
         reason: String,
     },
@@ -104,10 +107,31 @@ pub enum WeightsFileError {
     },
 }
 
-/// The weights file formats Kindling reads, by the file's extension.
-pub fn check_format(path: &Path) -> Result<(), WeightsFileError> {
+/// A weights file format Kindling reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsFormat {
+    /// `.safetensors`.
+    Safetensors,
+    /// A PyTorch state dict saved by `torch.save` (`.pt`, `.pth`): read by
+    /// burn-store's reader, which parses the pickle without running it.
+    Pytorch,
+}
+
+impl WeightsFormat {
+    /// The name a spec records (`init_from.format`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsFormat::Safetensors => "safetensors",
+            WeightsFormat::Pytorch => "pytorch",
+        }
+    }
+}
+
+/// The weights file format of `path`, by its extension.
+pub fn check_format(path: &Path) -> Result<WeightsFormat, WeightsFileError> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some("safetensors") => Ok(()),
+        Some("safetensors") => Ok(WeightsFormat::Safetensors),
+        Some("pt" | "pth") => Ok(WeightsFormat::Pytorch),
         _ => Err(WeightsFileError::Format {
             path: path.to_owned(),
         }),
@@ -145,16 +169,37 @@ pub fn pytorch_tensors<M: Module>(model: &M) -> Vec<(String, Vec<usize>)> {
         .collect()
 }
 
-/// `model` with the weights of the safetensors file at `path`: every tensor
-/// of the model must be in the file under PyTorch's name, shape and dtype,
-/// and the file must hold no other; the first that does not fit is named
-/// and `model` is dropped untouched by it.
-pub fn load_safetensors<M: Module>(mut model: M, path: &Path) -> Result<M, WeightsFileError> {
-    check_format(path)?;
+/// `model` with the weights of the file at `path` (safetensors, or a
+/// PyTorch state dict, by its extension): every tensor of the model must be
+/// in the file under PyTorch's name, shape and dtype, and the file must
+/// hold no other; the first that does not fit is named and `model` is
+/// dropped untouched by it.
+pub fn load_weights<M: Module>(model: M, path: &Path) -> Result<M, WeightsFileError> {
+    match check_format(path)? {
+        WeightsFormat::Safetensors => load_checked(
+            model,
+            path,
+            "safetensors",
+            SafetensorsStore::from_file(path).with_from_adapter(PyTorchToBurnAdapter),
+        ),
+        // The PyTorch store applies PyTorch's adapter itself.
+        WeightsFormat::Pytorch => load_checked(model, path, "PyTorch", PytorchStore::from_file(path)),
+    }
+}
+
+fn load_checked<M: Module, S: ModuleStore>(
+    mut model: M,
+    path: &Path,
+    format: &'static str,
+    mut store: S,
+) -> Result<M, WeightsFileError>
+where
+    S::Error: std::fmt::Display,
+{
     let expected = model.collect(None, Some(Box::new(BurnToPyTorchAdapter)), false);
-    let mut store = SafetensorsStore::from_file(path).with_from_adapter(PyTorchToBurnAdapter);
     let found = store.get_all_tensors().map_err(|e| WeightsFileError::Read {
         path: path.to_owned(),
+        format,
         reason: e.to_string(),
     })?;
     check_fits(path, &expected, found)?;

@@ -506,9 +506,9 @@ pub trait AnyModel: Send + Sync + fmt::Debug {
     ) -> Result<(), WeightsFileError>;
     /// Each tensor's PyTorch name and shape, as the safetensors file has them.
     fn pytorch_tensors(&self) -> Vec<(String, Vec<usize>)>;
-    /// The model with the weights of a safetensors file, every tensor matched
-    /// by name, shape and dtype ([`interchange::load_safetensors`]).
-    fn load_safetensors(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError>;
+    /// The model with the weights of a safetensors or PyTorch file, every tensor matched
+    /// by name, shape and dtype ([`interchange::load_weights`]).
+    fn load_weights(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError>;
     /// The model for inference (no gradient tracking).
     fn valid(&self) -> Box<dyn AnyModel>;
     /// The model with its float weights in `dtype` (mixed precision); every
@@ -660,9 +660,9 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
         interchange::pytorch_tensors(&self.0)
     }
 
-    fn load_safetensors(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError> {
+    fn load_weights(self: Box<Self>, path: &Path) -> Result<Box<dyn AnyModel>, WeightsFileError> {
         let dtype = params::float_dtype(&self.0);
-        let loaded = interchange::load_safetensors(self.0, path)?;
+        let loaded = interchange::load_weights(self.0, path)?;
         Ok(Box::new(Erased(params::cast(loaded, dtype))))
     }
 

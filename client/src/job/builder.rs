@@ -108,7 +108,9 @@ impl TrainingJobBuilder {
 
     /// Starts from the weights of a safetensors file with PyTorch's names and
     /// layouts (what [`TrainedModel::export`] writes, or
-    /// `safetensors.torch.save_file(module.state_dict(), path)`) instead of
+    /// `safetensors.torch.save_file(module.state_dict(), path)`), or of a
+    /// PyTorch state dict (`torch.save(module.state_dict(), "x.pt")`; `.pt`
+    /// or `.pth`, read by burn-store without running its pickle), instead of
     /// seeded ones: every tensor of the model must be in it by name, shape
     /// and dtype, and nothing else, or `fit` refuses naming the first that
     /// does not fit, before anything trains. The spec records the file and

@@ -45,7 +45,7 @@ pub(super) fn recorded(spec: JobSpec, path: &Path) -> Result<JobSpec, JobError> 
     }
     #[cfg(feature = "local")]
     {
-        kindling_agent::models::interchange::check_format(path)?;
+        let format = kindling_agent::models::interchange::check_format(path)?;
         // Recorded whole, so the record names the file wherever it is read.
         let path = &std::fs::canonicalize(path).map_err(|e| JobError::Io {
             context: format!("init_from: {}", path.display()),
@@ -54,7 +54,7 @@ pub(super) fn recorded(spec: JobSpec, path: &Path) -> Result<JobSpec, JobError> 
         let spec = JobSpec {
             init_from: Some(kindling_schemas::spec::Pretrained {
                 file: path.display().to_string(),
-                format: "safetensors".into(),
+                format: format.name().into(),
                 sha256: sha256(path)?,
             }),
             ..spec
@@ -84,8 +84,8 @@ impl TrainingJob {
         }
         #[cfg(feature = "local")]
         {
-            let net = super::trained::empty_net(&self.placement.models, &self.spec, layout)?
-                .load_safetensors(path)?;
+            let net =
+                super::trained::empty_net(&self.placement.models, &self.spec, layout)?.load_weights(path)?;
             let table = net.to_arrow()?;
             Ok(Some(Arc::from(kindling_schemas::model_serving::encode_weights(
                 &table,

@@ -305,7 +305,7 @@ pub(crate) fn validate_inputs(
 pub struct Pretrained {
     /// The file as it was given, on the machine that started the job.
     pub file: String,
-    /// Its format: `safetensors`.
+    /// Its format: `safetensors`, or `pytorch` (a `torch.save` state dict).
     pub format: String,
     /// SHA-256 of the file's bytes, lower-case hex.
     pub sha256: String,
@@ -314,6 +314,8 @@ pub struct Pretrained {
 impl Pretrained {
     /// Longest `file` a spec carries.
     pub const MAX_FILE: usize = 4096;
+    /// The formats read: safetensors, and PyTorch state dicts (`torch.save`).
+    pub const FORMATS: [&'static str; 2] = ["safetensors", "pytorch"];
 
     pub(super) fn check(&self) -> Result<(), SpecError> {
         if self.file.is_empty() || self.file.len() > Self::MAX_FILE {
@@ -322,10 +324,13 @@ impl Pretrained {
                 format!("must be 1 to {} bytes", Self::MAX_FILE),
             ));
         }
-        if self.format != "safetensors" {
+        if !Self::FORMATS.contains(&self.format.as_str()) {
             return Err(SpecError::new(
                 "init_from.format",
-                format!("`{}`: the format read is `safetensors`", self.format),
+                format!(
+                    "`{}`: the formats read are `safetensors` and `pytorch`",
+                    self.format
+                ),
             ));
         }
         let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);

@@ -86,7 +86,7 @@ fn saved_weights_load_back_bit_for_bit() {
             trained.flat_weights(),
             "another seed, other weights"
         );
-        let loaded = other.load_safetensors(&path).expect("load");
+        let loaded = other.load_weights(&path).expect("load");
         let (want, got) = (trained.flat_weights(), loaded.flat_weights());
         assert!(
             want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()) && want.len() == got.len(),
@@ -101,7 +101,7 @@ fn a_file_that_does_not_fit_is_refused_naming_the_tensor() {
     let path = saved(built(ModelSpec::Mlp { hidden: vec![7] }, 5, 1).as_ref(), &dir);
     // Another hidden width: the first layer's weight is the first misfit.
     let err = built(ModelSpec::Mlp { hidden: vec![8] }, 5, 1)
-        .load_safetensors(&path)
+        .load_weights(&path)
         .expect_err("wrong shape");
     assert!(
         matches!(&err, WeightsFileError::Shape { tensor, expected, found, .. }
@@ -110,7 +110,7 @@ fn a_file_that_does_not_fit_is_refused_naming_the_tensor() {
     );
     // Two hidden layers, the first two as the file's: the third is missing.
     let deeper = built(ModelSpec::Mlp { hidden: vec![7, 3] }, 5, 1);
-    let err = deeper.load_safetensors(&path).expect_err("missing");
+    let err = deeper.load_weights(&path).expect_err("missing");
     assert!(
         matches!(&err, WeightsFileError::Missing { tensor, .. } if tensor == "dense.2.weight"),
         "{err}"
@@ -121,7 +121,7 @@ fn a_file_that_does_not_fit_is_refused_naming_the_tensor() {
         .save_safetensors(&two, &BTreeMap::new())
         .expect("save");
     let err = built(ModelSpec::Linear, 5, 1)
-        .load_safetensors(&two)
+        .load_weights(&two)
         .expect_err("extra");
     assert!(
         matches!(&err, WeightsFileError::Extra { tensor, .. } if tensor == "dense.1.bias"),
@@ -136,15 +136,23 @@ fn a_truncated_file_or_another_format_is_refused_naming_the_file() {
     let bytes = std::fs::read(&path).expect("read");
     std::fs::write(&path, &bytes[..bytes.len() - 4]).expect("truncate");
     let err = built(ModelSpec::Linear, 5, 1)
-        .load_safetensors(&path)
+        .load_weights(&path)
         .expect_err("truncated");
     assert!(
         matches!(&err, WeightsFileError::Read { path: p, .. } if *p == path),
         "{err}"
     );
-    let pt = dir.path().join("model.pt");
+    let bin = dir.path().join("model.bin");
     let err = built(ModelSpec::Linear, 5, 1)
-        .load_safetensors(&pt)
-        .expect_err("pt");
+        .load_weights(&bin)
+        .expect_err("bin");
     assert!(matches!(err, WeightsFileError::Format { .. }), "{err}");
+    // A `.pt` is read as PyTorch's: a safetensors file under that name is not one.
+    let pt = dir.path().join("model.pt");
+    std::fs::copy(saved(built(ModelSpec::Linear, 5, 1).as_ref(), &dir), &pt).expect("copy");
+    let err = built(ModelSpec::Linear, 5, 1).load_weights(&pt).expect_err("pt");
+    assert!(
+        matches!(&err, WeightsFileError::Read { format: "PyTorch", path: p, .. } if *p == pt),
+        "{err}"
+    );
 }

@@ -10,9 +10,10 @@ use kindling::{EarlyStopping, GradientClip, Metric, OptimizerSpec, Schedule};
 /// The training options of `kindling train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainingOptions {
-    /// Start from the weights of this safetensors file (PyTorch's
-    /// `state_dict` names and layouts, as `kindling export` writes them):
-    /// every tensor must fit the model by name, shape and dtype.
+    /// Start from the weights of this safetensors file or PyTorch state dict
+    /// (`.pt`/`.pth` from `torch.save`), with PyTorch's `state_dict` names
+    /// and layouts (as `kindling export` writes them): every tensor must fit
+    /// the model by name, shape and dtype.
     #[arg(long)]
     pub init_from: Option<std::path::PathBuf>,
     /// `adam:<lr>`, `adamw:<lr>[:<weight decay>]`,
