@@ -5,6 +5,7 @@ mod common;
 
 mod cli_client_lease;
 mod cli_evaluate;
+mod cli_export;
 mod cli_predict;
 mod cli_status;
 mod cli_train;

@@ -314,6 +314,40 @@ async fn the_custom_model_predicts_into_spark_and_saves_a_table_pyarrow_reads() 
     assert_eq!(before.iter().map(|b| b.num_rows()).sum::<usize>(), 500);
     assert!(before[0].column_by_name("probabilities").is_some());
     assert_eq!(before, after, "predictions before and after save + load_with");
+    // A model of one's own exports as safetensors with no code of its own
+    // (the names of its burn module tree), which the `safetensors` package
+    // reads; ONNX is refused, naming what it would need.
+    let out = dir.path().join("exported");
+    loaded
+        .export(&out, kindling::job::ExportFormat::Safetensors)
+        .expect("export safetensors");
+    let read = std::process::Command::new(python())
+        .arg("-c")
+        .arg(
+            "import sys, json; from safetensors.numpy import load_file; \
+             t = load_file(sys.argv[1]); print(json.dumps(sorted((k, list(v.shape)) for k, v in t.items())))",
+        )
+        .arg(out.join(kindling::job::SAFETENSORS_FILE))
+        .output()
+        .expect("python");
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let read: Vec<(String, Vec<usize>)> = serde_json::from_slice(&read.stdout).expect("json");
+    let mut want: Vec<&String> = weights.iter().map(|(n, _, _)| n).collect();
+    want.sort();
+    assert_eq!(
+        read.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        want,
+        "every parameter under its module-tree name"
+    );
+    // PyTorch's Linear layout: the head's weight [out, in].
+    assert!(
+        read.contains(&("head.weight".to_owned(), vec![2, 12])),
+        "{read:?}"
+    );
+    let onnx = loaded
+        .export(dir.path().join("onnx"), kindling::job::ExportFormat::Onnx)
+        .expect_err("onnx of a model of one's own");
+    assert!(onnx.to_string().contains("burn 0.23's graph capture"), "{onnx}");
     // Without the model linked, the weights load but cannot predict.
     let bare = TrainedModel::load(dir.path()).expect("load without the model");
     assert_eq!(table(&bare.weights().expect("weights")), weights);

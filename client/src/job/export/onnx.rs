@@ -286,13 +286,9 @@ impl Graph<'_> {
         Ok((convs, pairs))
     }
 
-    /// The ONNX model's bytes.
-    pub fn encode(&self) -> Result<Vec<u8>, JobError> {
-        let (convs, layers) = self.layers()?;
-        let mut nodes = Vec::new();
-        let mut initializer = Vec::new();
-        let input: Vec<ValueInfoProto> = self
-            .inputs
+    /// One `[N, width]` float input per feature column, in spec order.
+    fn graph_inputs(&self) -> Result<Vec<ValueInfoProto>, JobError> {
+        self.inputs
             .iter()
             .map(|i| match i {
                 ModelInput::Float { name, width } => Ok(rows_of(name, *width)),
@@ -301,7 +297,15 @@ impl Graph<'_> {
                     reason: format!("the built-in models read float columns only, not {other:?}"),
                 }),
             })
-            .collect::<Result<_, _>>()?;
+            .collect()
+    }
+
+    /// The ONNX model's bytes.
+    pub fn encode(&self) -> Result<Vec<u8>, JobError> {
+        let (convs, layers) = self.layers()?;
+        let mut nodes = Vec::new();
+        let mut initializer = Vec::new();
+        let input = self.graph_inputs()?;
         let names: Vec<&str> = input.iter().map(|i| i.name.as_str()).collect();
         nodes.push(node("Concat", "features", &names, "x", vec![int("axis", 1)]));
         let mut x = "x".to_owned();
