@@ -211,8 +211,11 @@ fn ints(name: &str, ints: &[i64]) -> AttributeProto {
     }
 }
 
-/// The weights table's tensors in the model's order: name, shape, values.
-fn tensors(weights: &RecordBatch) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>, JobError> {
+/// A tensor of the weights table: name, shape, values.
+type Named = (String, Vec<usize>, Vec<f32>);
+
+/// The weights table's tensors in the model's order.
+fn tensors(weights: &RecordBatch) -> Result<Vec<Named>, JobError> {
     let bad = |what: &str| JobError::Export {
         format: "onnx",
         reason: format!("the model's weights table has no {what}"),
@@ -257,7 +260,7 @@ pub(super) fn shapes(weights: &RecordBatch) -> Result<Vec<(String, Vec<usize>)>,
 impl Graph<'_> {
     /// The graph's layers: `(weight, bias)` pairs of the convolutions, then
     /// of the dense layers, as burn's module tree orders them.
-    fn layers(&self) -> Result<(usize, Vec<[(String, Vec<usize>, Vec<f32>); 2]>), JobError> {
+    fn layers(&self) -> Result<(usize, Vec<[Named; 2]>), JobError> {
         let convs = match self.model {
             ModelSpec::Linear | ModelSpec::Mlp { .. } => 0,
             ModelSpec::Cnn { conv, .. } => conv.len(),
