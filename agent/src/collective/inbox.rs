@@ -380,7 +380,8 @@ async fn accept(
                 "job `{}` is not on this agent: its peer credentials are taken only once it started here",
                 hello.job_id
             ))),
-            (_, incarnation) => caller.allow_incarnation(incarnation),
+            (_, Some(incarnation)) => caller.allow_incarnation(incarnation),
+            (_, None) => Ok(()),
         }
     });
     if let Err(status) = checked {
