@@ -181,7 +181,7 @@ impl JobRegistry {
             Some(dataset) => Some(self.dataset_for(&jobs, &start, dataset)?),
             None => None,
         };
-        let incarnation = incarnation_of(&at_rendezvous);
+        let incarnation = at_rendezvous.incarnation();
         self.env.inbox.set_incarnation(&start.job_id, incarnation);
         let job = Job::new(
             start.job_id.clone(),
@@ -366,7 +366,7 @@ impl JobRegistry {
 
     /// `issue_credential`: a credential signed with this agent's key, for
     /// the job's current incarnation (the job on this agent, else at this
-    /// agent's rendezvous; a served model's reader names none).
+    /// agent's rendezvous; a served model's reader names its version).
     pub async fn issue_credential(&self, i: &IssueCredential) -> Result<CredentialResponse, AgentError> {
         let keys = self
             .env
@@ -376,7 +376,7 @@ impl JobRegistry {
                 agent_id: self.env.agent_id.clone(),
             })?;
         let mut claims = Claims::expiring(&i.job_id, i.role, Duration::from_secs(i.ttl_secs));
-        claims.incarnation = self.incarnation(&i.job_id).await?;
+        claims.incarnation = Some(self.incarnation(&i.job_id).await?);
         Ok(CredentialResponse {
             credential: keys.sign(&claims),
             job_id: claims.job_id,
@@ -386,14 +386,14 @@ impl JobRegistry {
     }
 
     /// The incarnation a credential for `job_id` must name: the job's on
-    /// this agent, else the rendezvous' (a job not started here yet); `None`
-    /// for a model this agent serves and no job has.
-    async fn incarnation(&self, job_id: &str) -> Result<Option<u64>, AgentError> {
+    /// this agent, else the version of the model this agent serves under
+    /// that id, else the rendezvous' (a job not started here yet).
+    async fn incarnation(&self, job_id: &str) -> Result<u64, AgentError> {
         if let Ok(job) = self.get(job_id) {
-            return Ok(Some(job.incarnation));
+            return Ok(job.incarnation);
         }
-        if self.served.get(job_id).is_some() {
-            return Ok(None);
+        if let Some(served) = self.served.get(job_id) {
+            return Ok(served.incarnation);
         }
         let url = self
             .env
@@ -405,7 +405,7 @@ impl JobRegistry {
             .status(job_id)
             .await
             .map_err(|e| AgentError::rendezvous(&url, e))?;
-        Ok(Some(incarnation_of(&status)))
+        Ok(status.incarnation())
     }
 
     /// A slot for one more `DoPut` or `DoExchange` stream of `caller`, held
@@ -438,12 +438,6 @@ impl JobRegistry {
 }
 
 /// A job's incarnation: when the rendezvous created it, in Unix milliseconds.
-fn incarnation_of(job: &kindling_schemas::rendezvous::JobStatus) -> u64 {
-    job.created
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The spec's world must be the job's: the same `num_slots`, or more for a
 /// job the client shrank after losing agents (its spec keeps the size it
 /// was created with; a job is only shrunk after a failed attempt).

@@ -45,7 +45,9 @@ pub struct LocalClusterConfig {
     /// What a job's `DoPut` streams may stage before they commit, and for how long.
     pub staging: kindling_agent::cache::StagingLimits,
     /// A token that reads the rendezvous' status page and every `/metrics`
-    /// and nothing else; `None` (the default): only the operator token does.
+    /// and nothing else (a random one by default: the status page's link
+    /// carries it, and a page's address takes no operator token); `None`:
+    /// only the operator token reads them, in the `authorization` header.
     pub viewer_token: Option<Token>,
     /// Where the rendezvous listens — its gRPC, status page and `/metrics`
     /// (`None`: a free port on 127.0.0.1). Without TLS it must be a loopback
@@ -79,7 +81,7 @@ impl LocalClusterConfig {
             finished_retention: kindling_agent::process::server::DEFAULT_FINISHED_RETENTION,
             staging: kindling_agent::cache::StagingLimits::default(),
             credentials: Some(kindling_schemas::credential::CredentialKey::generate().into()),
-            viewer_token: None,
+            viewer_token: Some(Token::new(uuid::Uuid::new_v4().simple().to_string())),
             rendezvous_addr: None,
             external_rendezvous: None,
         }
@@ -180,12 +182,13 @@ impl LocalCluster {
         self.config.token.as_ref()
     }
 
-    /// Writes the status page's link with its token (the viewer token where
-    /// the cluster has one) to `status-page.url` in the work directory,
-    /// readable by its owner only, and returns that file: the token never
-    /// goes to the terminal or a log. `None` for a cluster without a token.
+    /// Writes the status page's link with the viewer token to
+    /// `status-page.url` in the work directory, readable by its owner only,
+    /// and returns that file: the token never goes to the terminal or a log.
+    /// `None` for a cluster without a viewer token (a page's address takes
+    /// no operator token: the browser's history would keep it).
     pub fn status_page_link(&self) -> std::io::Result<Option<PathBuf>> {
-        let Some(token) = self.config.viewer_token.as_ref().or(self.config.token.as_ref()) else {
+        let Some(token) = self.config.viewer_token.as_ref() else {
             return Ok(None);
         };
         let path = self.config.work_dir.join("status-page.url");
@@ -289,12 +292,21 @@ mod tests {
         let cluster = LocalCluster::start(0, LocalClusterConfig::new(dir.path()))
             .await
             .expect("start");
-        let token = cluster.token().expect("a token").expose().to_owned();
+        let operator = cluster.token().expect("a token").expose().to_owned();
+        let viewer = cluster
+            .config
+            .viewer_token
+            .as_ref()
+            .expect("a viewer token")
+            .expose()
+            .to_owned();
+        assert_ne!(viewer, operator);
         let path = cluster.status_page_link().expect("written").expect("a link");
         let link = std::fs::read_to_string(&path).expect("read");
+        // The viewer token: a page's address takes no operator token.
         assert_eq!(
             link.trim(),
-            format!("{}/?token={token}", cluster.rendezvous_url())
+            format!("{}/?token={viewer}", cluster.rendezvous_url())
         );
         #[cfg(unix)]
         {

@@ -145,18 +145,17 @@ impl Caller {
     }
 
     /// Allows the operator, or a credential issued for `incarnation` of the
-    /// job it names (a job created again under an old id refuses the old
-    /// job's credentials). A served model's reader (no incarnation) passes
-    /// when `incarnation` is `None`.
-    pub fn allow_incarnation(&self, incarnation: Option<u64>) -> Result<(), Status> {
+    /// job (or served model version) it names: a job created again under an
+    /// old id refuses the old job's credentials, and a credential that names
+    /// no incarnation is refused everywhere.
+    pub fn allow_incarnation(&self, incarnation: u64) -> Result<(), Status> {
         match self {
-            Caller::Job(c) if c.incarnation != incarnation => Err(Status::permission_denied(format!(
-                "this {} credential was issued for {} of job `{}`, not the job under that id now ({}): ask for a new one",
+            Caller::Job(c) if c.incarnation != Some(incarnation) => Err(Status::permission_denied(format!(
+                "this {} credential was issued for {} of job `{}`, not the job under that id now (incarnation {incarnation}): ask for a new one",
                 c.role,
                 c.incarnation
                     .map_or_else(|| "no incarnation".to_owned(), |i| format!("incarnation {i}")),
                 c.job_id,
-                incarnation.map_or_else(|| "none".to_owned(), |i| format!("incarnation {i}")),
             ))),
             _ => Ok(()),
         }
@@ -298,15 +297,16 @@ pub struct InvalidToken;
 /// Whether `given` equals `expected`, in time that depends on neither
 /// where they differ nor how long `expected` is relative to `given`: every
 /// byte of `expected` is compared (against a byte that cannot match past the
-/// end of `given`), with no early return, and a length difference is one
-/// more bit of the difference.
+/// end of `given`) with `subtle`'s constant-time operations, with no early
+/// return, and a length difference is one more bit of the difference.
 fn constant_time_eq(expected: &[u8], given: &[u8]) -> bool {
-    let mut diff = u8::from(expected.len() != given.len());
-    for (i, &e) in expected.iter().enumerate() {
+    use subtle::ConstantTimeEq;
+    let mut equal = expected.len().ct_eq(&given.len());
+    for (i, e) in expected.iter().enumerate() {
         let g = given.get(i).copied().unwrap_or(!e);
-        diff |= e ^ g;
+        equal &= e.ct_eq(&g);
     }
-    std::hint::black_box(diff) == 0
+    equal.into()
 }
 
 #[cfg(test)]

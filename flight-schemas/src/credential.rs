@@ -55,9 +55,11 @@ pub struct Claims {
     pub role: Role,
     /// Unix seconds after which it is refused.
     pub expires: u64,
-    /// Which incarnation of `job_id` (when the rendezvous created it, Unix
-    /// milliseconds): a job created again under the same id after this one
-    /// ended refuses it. `None` only for a served model's reader.
+    /// Which incarnation of `job_id`: the random one the rendezvous drew
+    /// when it created the job (`JobStatus::incarnation`), or a served
+    /// model's version (`model_serving::model_incarnation`). A job created
+    /// again under the same id after this one ended refuses it; a
+    /// credential with `None` is refused by every check of an incarnation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<u64>,
     /// The id of the key that signed it ([`CredentialKey::id`]), so that
@@ -99,14 +101,13 @@ pub enum CredentialError {
     #[error("job credential claims do not decode")]
     Malformed,
     /// Signed with a key this process does not hold (rotated out, or
-    /// another cluster's).
+    /// another cluster's). The key id the credential names is not repeated:
+    /// nothing of a credential is echoed before its signature verifies, and
+    /// this one's cannot.
     #[error(
-        "job credential signed with key `{kid}`, which this process does not hold (rotated out, or another cluster's)"
+        "job credential signed with a key which this process does not hold (rotated out, or another cluster's)"
     )]
-    UnknownKey {
-        /// The id the credential names.
-        kid: String,
-    },
+    UnknownKey,
     /// Past its expiry.
     #[error("job credential for `{job_id}` expired at {expires} (Unix seconds)")]
     Expired {

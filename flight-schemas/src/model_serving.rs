@@ -185,6 +185,15 @@ pub fn model_id_of(serve: &ServeModel, weights: &RecordBatch) -> Result<String, 
     Ok(version_id(serve, &ipc_stream(weights)?))
 }
 
+/// What a reader credential of the served model `model_id` names as its
+/// incarnation: the version's 64 bits of SHA-256 (the id's 16 hex digits),
+/// so every agent serving that version takes it, and no other version
+/// (nor a job of that id) does.
+pub fn model_incarnation(model_id: &str) -> u64 {
+    let digits = model_id.rsplit('-').next().unwrap_or_default();
+    u64::from_str_radix(digits, 16).unwrap_or(0).max(1)
+}
+
 fn version_id(serve: &ServeModel, weights_ipc: &[u8]) -> String {
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     digest.update(serve.spec.to_json().as_bytes());

@@ -2,15 +2,18 @@
 //! reflection (`tonic-reflection`, v1 and the older v1alpha that some tools
 //! still ask first), so `grpcurl list` / `describe` and other standard tools
 //! discover the health service, reflection itself and the server's own
-//! service from the server alone — like the health service it answers
-//! without a token: it describes public protocols and holds no job's data —
-//! and [`TraceLayer`], which gives each call a span with the caller's trace
-//! id (`kindling_schemas::trace`).
+//! service from the server alone (with the token, as every call but one);
+//! [`TokenLayer`], which checks the bearer token of every call before any
+//! service — or the router's UNIMPLEMENTED for a path no service serves —
+//! sees it, the health service's `Check` alone excepted (the kubelet's gRPC
+//! probes send no token); and [`TraceLayer`], which gives each call a span
+//! with the caller's trace id (`kindling_schemas::trace`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use kindling_schemas::auth::{AUTHORIZATION, BearerCheck};
 use kindling_schemas::trace::{METADATA_KEY, TraceContext};
 use tonic::codegen::http;
 use tonic_reflection::server::{Builder, Error, v1, v1alpha};
@@ -65,6 +68,79 @@ where
             Some(trace) => Box::pin(trace.scope(call)),
             None => Box::pin(call),
         }
+    }
+}
+
+/// The one call a server answers without a token: the standard health
+/// check, as `grpc_health_probe` and Kubernetes' gRPC probes ask it. Its
+/// streaming sibling `Watch`, which holds a stream open as long as the
+/// caller likes, needs the token like everything else.
+pub const OPEN_WITHOUT_TOKEN: &[&str] = &["/grpc.health.v1.Health/Check"];
+
+/// A tower layer for a tonic server: every call but [`OPEN_WITHOUT_TOKEN`]
+/// must pass `check` (the operator token, or a job credential where the
+/// check takes them) before anything else answers it — health `Watch`,
+/// reflection, and a path no service serves (UNAUTHENTICATED, not
+/// UNIMPLEMENTED, to a caller without a token). A service's own
+/// interceptor still checks its calls (and says who the caller is).
+#[derive(Clone, Debug)]
+pub struct TokenLayer {
+    check: BearerCheck,
+}
+
+impl TokenLayer {
+    /// Requires what `check` accepts.
+    pub fn new(check: BearerCheck) -> Self {
+        TokenLayer { check }
+    }
+}
+
+impl<S> tower::Layer<S> for TokenLayer {
+    type Service = TokenChecked<S>;
+
+    fn layer(&self, inner: S) -> TokenChecked<S> {
+        TokenChecked {
+            inner,
+            check: self.check.clone(),
+        }
+    }
+}
+
+/// A service wrapped by [`TokenLayer`].
+#[derive(Clone, Debug)]
+pub struct TokenChecked<S> {
+    inner: S,
+    check: BearerCheck,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for TokenChecked<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    R: Default + Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if !OPEN_WITHOUT_TOKEN.contains(&request.uri().path()) {
+            // Only the authorization header is looked at: copy it alone.
+            let mut headers = http::HeaderMap::new();
+            if let Some(value) = request.headers().get(AUTHORIZATION) {
+                headers.insert(AUTHORIZATION, value.clone());
+            }
+            let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+            if let Err(status) = self.check.check(&metadata) {
+                return Box::pin(std::future::ready(Ok(status.into_http())));
+            }
+        }
+        Box::pin(self.inner.call(request))
     }
 }
 

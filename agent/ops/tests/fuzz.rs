@@ -189,9 +189,9 @@ fn ask(
     Some(answer)
 }
 
-/// The cookie a `?token=` visit with the operator token sets (`name=value`).
+/// The cookie a `?token=` visit with the viewer token sets (`name=value`).
 fn open_session(auth: &HttpAuth) -> String {
-    let answer = ask(auth, Method::GET, &format!("/?token={OPERATOR}"), None, None).expect("a request");
+    let answer = ask(auth, Method::GET, &format!("/?token={VIEWER_QUERY}"), None, None).expect("a request");
     assert_eq!(answer.status, StatusCode::SEE_OTHER);
     let cookie = answer.headers[header::SET_COOKIE].to_str().expect("cookie");
     cookie.split(';').next().expect("name=value").to_owned()
@@ -303,7 +303,7 @@ proptest! {
         }
     }
 
-    /// Found by this property: `GET /\evil.example/x?token=<operator token>`
+    /// Found by this property: `GET /\evil.example/x?token=<token>`
     /// answered 303 with `Location: /\evil.example/x`; a browser parses a
     /// `\` in an http(s) URL as `/` (WHATWG URL), so it goes to
     /// `//evil.example/x`, another site. (The redirect needs a valid token,
@@ -314,7 +314,7 @@ proptest! {
         lead in prop::sample::select(vec!["", "\\", "/\\", "\\/", "\\\\"]),
     ) {
         let auth = http_auth(false, true);
-        let uri = format!("/{lead}{}?token={OPERATOR}", path.trim_start_matches('/'));
+        let uri = format!("/{lead}{}?token={VIEWER_QUERY}", path.trim_start_matches('/'));
         let Some(answer) = ask(&auth, Method::GET, &uri, None, None) else { return Ok(()) };
         prop_assert_eq!(answer.status, StatusCode::SEE_OTHER);
         let location = String::from_utf8_lossy(answer.headers[header::LOCATION].as_bytes()).into_owned();

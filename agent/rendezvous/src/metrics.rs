@@ -119,6 +119,7 @@ mod tests {
             created: std::time::SystemTime::UNIX_EPOCH,
             updated: std::time::SystemTime::UNIX_EPOCH,
             cancel_reason: None,
+            incarnation: 1,
         };
         #[derive(Debug)]
         struct Fixed(Vec<JobStatus>);

@@ -371,6 +371,7 @@ mod tests {
             created: UNIX_EPOCH,
             updated: UNIX_EPOCH,
             cancel_reason: None,
+            incarnation: 1,
         };
         let page = status(&[job], &[], &reports.lock(), 7);
         let j = &page["jobs"][0];

@@ -216,14 +216,16 @@ impl Front {
         ));
         // No ring here: its connections are dropped.
         drop(routed.ring);
-        // The standard gRPC health service, open like the probes: `grpc_health_probe`
-        // and Kubernetes' gRPC probes ask it, with no token. The rendezvous
-        // service is SERVING while this replica leads.
+        // The standard gRPC health service: its `Check` open like the probes
+        // (`grpc_health_probe` and Kubernetes' gRPC probes ask it, with no
+        // token); `Watch`, reflection and any other path need the token
+        // (`TokenLayer`). The rendezvous service is SERVING while this
+        // replica leads.
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(RENDEZVOUS_SERVICE, tonic_health::ServingStatus::NotServing)
             .await;
-        // Server reflection, open like health: `grpcurl list` finds every service.
+        // Server reflection: `grpcurl -H 'authorization: Bearer …' list` finds every service.
         let (reflection, reflection_alpha) =
             kindling_ops::grpc::reflection(kindling_schemas::pb::rendezvous::FILE_DESCRIPTOR_SET)
                 .map_err(|e| RendezvousError::transport("building gRPC reflection", e))?;
@@ -231,6 +233,7 @@ impl Front {
             .server()
             .max_concurrent_streams(config.max_concurrent_streams)
             .layer(kindling_ops::grpc::TraceLayer)
+            .layer(kindling_ops::grpc::TokenLayer::new(check.clone()))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_alpha)

@@ -85,6 +85,8 @@ struct JobEntry {
     cancel_reason: Option<String>,
     created: SystemTime,
     updated: SystemTime,
+    /// Which job of this id this is ([`JobStatus::incarnation`]).
+    incarnation: u64,
     finished_at: Option<Instant>,
     /// Wall-clock time of `finished_at`, for the state file.
     ended: Option<SystemTime>,
@@ -115,6 +117,7 @@ impl JobEntry {
             created: self.created,
             updated: self.updated,
             cancel_reason: self.cancel_reason.clone(),
+            incarnation: self.incarnation,
         }
     }
 
@@ -405,6 +408,7 @@ impl RendezvousState {
             cancel_reason: None,
             created: now,
             updated: now,
+            incarnation: new_incarnation(),
             finished_at: None,
             ended: None,
             gang: Gang::default(),
@@ -655,6 +659,12 @@ impl RendezvousState {
     }
 }
 
+/// A job's incarnation: 64 random bits, never 0 (which stands for "drawn
+/// by no rendezvous": a state file or a peer that predates incarnations).
+fn new_incarnation() -> u64 {
+    rand::random::<u64>().max(1)
+}
+
 fn placeholder_status() -> JobStatus {
     JobStatus {
         job_id: String::new(),
@@ -668,6 +678,7 @@ fn placeholder_status() -> JobStatus {
         created: SystemTime::UNIX_EPOCH,
         updated: SystemTime::UNIX_EPOCH,
         cancel_reason: None,
+        incarnation: 0,
     }
 }
 

@@ -124,6 +124,8 @@ fn arbitrary_snapshot() -> impl Strategy<Value = pb::StateSnapshot> {
                     created_unix_ms: created,
                     updated_unix_ms: updated,
                     cancel_reason: reason,
+                    // 0 half the time: a state file from before incarnations.
+                    incarnation: if created % 2 == 0 { 0 } else { updated },
                 }
             },
         );

@@ -383,7 +383,8 @@ async fn accept(
                 job_id: hello.job_id.clone(),
             }
             .into()),
-            (_, incarnation) => caller.allow_incarnation(incarnation),
+            (_, Some(incarnation)) => caller.allow_incarnation(incarnation),
+            (_, None) => Ok(()),
         }
     });
     if let Err(status) = checked {

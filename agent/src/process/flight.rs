@@ -44,16 +44,19 @@ pub struct AgentFlightService {
 impl AgentFlightService {
     /// A job credential must name the incarnation of the job `job_id` is
     /// on this agent (a job created again under an old id refuses the old
-    /// job's credentials), or none for a model this agent serves. An id this
-    /// agent does not know passes here and is refused by the lookup after.
+    /// job's credentials), or the version of the model this agent serves
+    /// under it. An id this agent does not know passes here and is refused
+    /// by the lookup after.
     fn check_incarnation(&self, caller: &Caller, job_id: &str) -> Result<(), Status> {
         if !matches!(caller, Caller::Job(_)) {
             return Ok(());
         }
         match self.jobs.get(job_id) {
-            Ok(job) => caller.allow_incarnation(Some(job.incarnation)),
-            Err(_) if self.jobs.served().get(job_id).is_some() => caller.allow_incarnation(None),
-            Err(_) => Ok(()),
+            Ok(job) => caller.allow_incarnation(job.incarnation),
+            Err(_) => match self.jobs.served().get(job_id) {
+                Some(served) => caller.allow_incarnation(served.incarnation),
+                None => Ok(()),
+            },
         }
     }
 

@@ -394,6 +394,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let routed = kindling_schemas::tls::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
+    let token_layer = kindling_ops::grpc::TokenLayer::new(check.clone());
     let auth = kindling_ops::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
     tokio::spawn(kindling_ops::web::serve(
         routed.http,
@@ -412,13 +413,16 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
             shutdown.cancelled().await;
             inbox.close();
         };
-        // The standard gRPC health service, open like the probes.
+        // The standard gRPC health service: its `Check` open like the
+        // probes, everything else (`Watch`, reflection, Flight, a path no
+        // service serves) behind the token.
         let (health, health_service) = tonic_health::server::health_reporter();
         health
             .set_service_status(FLIGHT_SERVICE, tonic_health::ServingStatus::Serving)
             .await;
         let result = server_builder
             .layer(kindling_ops::grpc::TraceLayer)
+            .layer(token_layer)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_alpha)

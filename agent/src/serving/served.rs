@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kindling_schemas::model_serving::{
-    MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedModel, model_id_of,
+    MAX_SERVED_MODELS, ServeModel, ServeModelResponse, ServedModel, model_id_of, model_incarnation,
 };
 use kindling_schemas::spec::JobSpec;
 
@@ -26,6 +26,9 @@ pub struct Served {
     pub spec: JobSpec,
     /// The model, on this agent's device for the spec.
     pub model: Arc<dyn AnyModel>,
+    /// What reader credentials of it name: its version, the same on every
+    /// agent that serves it ([`model_incarnation`]).
+    pub incarnation: u64,
     loaded_at_ms: u64,
     loads: u64,
     streams: AtomicU64,
@@ -134,6 +137,7 @@ impl ServedModels {
                 model_id: id.clone(),
                 spec: serve.spec.clone(),
                 model: Arc::from(model),
+                incarnation: model_incarnation(&id),
                 loaded_at_ms: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),

@@ -283,21 +283,16 @@ impl Execution {
         }
     }
 
-    /// Each `arrow_batch.data` is a complete IPC stream (schema + batches); decode
-    /// it without copying the message bytes.
+    /// Each `arrow_batch.data` is a complete IPC stream (schema + batches):
+    /// its batches with rows are queued, and the schema kept.
     fn decode(&mut self, data: bytes::Bytes) -> Result<()> {
-        let mut decoder = StreamDecoder::new();
-        let mut buffer = Buffer::from(data);
-        while !buffer.is_empty() {
-            match decoder.decode(&mut buffer)? {
-                Some(batch) if batch.num_rows() > 0 => self.pending.push_back(batch),
-                Some(batch) => self.announced_schema = Some(batch.schema()),
-                None => {}
-            }
+        let decoded = decode_ipc_stream(data)?;
+        self.pending.extend(decoded.batches);
+        if let Some(schema) = decoded.empty_batch_schema {
+            self.announced_schema = Some(schema);
         }
-        decoder.finish()?;
         if self.announced_schema.is_none() {
-            self.announced_schema = decoder.schema();
+            self.announced_schema = decoded.stream_schema;
         }
         Ok(())
     }
@@ -331,6 +326,58 @@ impl Drop for ReleaseGuard {
     }
 }
 
+/// What one `arrow_batch.data` held.
+#[derive(Debug)]
+struct DecodedIpc {
+    /// Its batches with at least one row.
+    batches: Vec<RecordBatch>,
+    /// The schema of its last batch without rows, if any.
+    empty_batch_schema: Option<SchemaRef>,
+    /// The schema its stream announced.
+    stream_schema: Option<SchemaRef>,
+}
+
+/// Decodes one complete IPC stream without copying the message bytes.
+/// arrow's IPC reader panics on some malformed messages (a buffer that
+/// claims more bytes than the message body has: `kindling_schemas::ipc`);
+/// such a panic becomes [`Error::Protocol`], failing this stream, not the
+/// application's task that reads it.
+fn decode_ipc_stream(data: bytes::Bytes) -> Result<DecodedIpc> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_ipc_unchecked(data))).unwrap_or_else(
+        |panic| {
+            let said = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("the decoder panicked");
+            Err(crate::error::Error::Protocol(format!(
+                "malformed Arrow IPC message: {said}"
+            )))
+        },
+    )
+}
+
+/// [`decode_ipc_stream`], where arrow may panic.
+fn decode_ipc_unchecked(data: bytes::Bytes) -> Result<DecodedIpc> {
+    let mut decoder = StreamDecoder::new();
+    let mut buffer = Buffer::from(data);
+    let mut decoded = DecodedIpc {
+        batches: Vec::new(),
+        empty_batch_schema: None,
+        stream_schema: None,
+    };
+    while !buffer.is_empty() {
+        match decoder.decode(&mut buffer)? {
+            Some(batch) if batch.num_rows() > 0 => decoded.batches.push(batch),
+            Some(batch) => decoded.empty_batch_schema = Some(batch.schema()),
+            None => {}
+        }
+    }
+    decoder.finish()?;
+    decoded.stream_schema = decoder.schema();
+    Ok(decoded)
+}
+
 /// ReleaseExecute is best effort: the server also expires abandoned operations.
 fn spawn_release(transport: Transport, request: ReleaseExecuteRequest) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -341,4 +388,57 @@ fn spawn_release(transport: Transport, request: ReleaseExecuteRequest) {
             tracing::debug!(%status, "ReleaseExecute failed");
         }
     });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::ipc::writer::StreamWriter;
+
+    use super::*;
+    use crate::error::Error;
+
+    fn ipc_stream() -> Vec<u8> {
+        let batch = RecordBatch::try_from_iter([
+            ("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
+            ("s", Arc::new(StringArray::from(vec!["a", "bc", "def"])) as _),
+        ])
+        .unwrap();
+        let mut writer = StreamWriter::try_new(Vec::new(), &batch.schema()).unwrap();
+        writer.write(&batch).unwrap();
+        writer.into_inner().unwrap()
+    }
+
+    /// Every one-byte change of a valid stream decodes or is an error of
+    /// the call, and some of them make arrow's own decoder panic (so the
+    /// test does reach the case it is for).
+    #[test]
+    fn a_malformed_arrow_message_from_spark_is_an_error_not_a_panic() {
+        let good = ipc_stream();
+        let decoded = decode_ipc_stream(bytes::Bytes::from(good.clone())).unwrap();
+        assert_eq!(decoded.batches[0].num_rows(), 3);
+        let mut panics = 0;
+        for i in 0..good.len() {
+            for value in [0x7f, 0xff, 0x40] {
+                let mut bad = good.clone();
+                bad[i] = value;
+                let arrow_panics =
+                    std::panic::catch_unwind(|| decode_ipc_unchecked(bytes::Bytes::from(bad.clone())))
+                        .is_err();
+                let ours = std::panic::catch_unwind(|| decode_ipc_stream(bytes::Bytes::from(bad)))
+                    .unwrap_or_else(|_| panic!("decoding panicked at byte {i} = {value:#x}"));
+                if arrow_panics {
+                    panics += 1;
+                    let err = ours.unwrap_err();
+                    assert!(matches!(err, Error::Protocol(_)), "{err}");
+                    assert!(err.to_string().contains("malformed Arrow IPC message"), "{err}");
+                }
+            }
+        }
+        assert!(
+            panics > 0,
+            "no change made arrow's decoder panic: the test reaches nothing"
+        );
+    }
 }

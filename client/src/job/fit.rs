@@ -195,13 +195,16 @@ impl TrainingJob {
         let mut reporter =
             Reporter::new(self.reporting.progress, self.reporting.events.clone()).tracked(tracking);
         // In local mode the in-process rendezvous serves the status page on
-        // loopback, under this run's own token.
+        // loopback; its link carries this run's own viewer token.
         #[cfg(feature = "local")]
         if let Target::Local(cluster) = &target {
             // The link with its token goes to a file of the user's, never to
             // the terminal or a log.
             let link = match cluster.status_page_link() {
-                Ok(Some(path)) => format!(" (open the link in {}: it holds the token)", path.display()),
+                Ok(Some(path)) => format!(
+                    " (open the link in {}: it holds the viewer token)",
+                    path.display()
+                ),
                 Ok(None) => String::new(),
                 Err(e) => format!(" (the link with its token could not be written: {e})"),
             };

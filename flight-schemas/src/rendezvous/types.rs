@@ -144,9 +144,25 @@ pub struct JobStatus {
     pub created: SystemTime,
     pub updated: SystemTime,
     pub cancel_reason: Option<String>,
+    /// Which job of this id this is: random, drawn when the rendezvous
+    /// created it (job credentials name it). 0 from a rendezvous that
+    /// predates it: see [`JobStatus::incarnation`].
+    pub incarnation: u64,
 }
 
 impl JobStatus {
+    /// The incarnation job credentials for this job name: the one the
+    /// rendezvous drew, or (from a rendezvous that predates it) the creation
+    /// time in Unix milliseconds.
+    pub fn incarnation(&self) -> u64 {
+        if self.incarnation != 0 {
+            return self.incarnation;
+        }
+        self.created
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
     /// The first failure's cause, which a failed job reports.
     pub fn first_cause(&self) -> Option<&str> {
         self.failures.first().map(|f| f.cause.as_str())

@@ -106,6 +106,7 @@ impl From<&JobStatus> for pb::JobStatusResponse {
             created_unix_ms: unix_ms(s.created),
             updated_unix_ms: unix_ms(s.updated),
             cancel_reason: s.cancel_reason.clone().unwrap_or_default(),
+            incarnation: s.incarnation,
         }
     }
 }
@@ -126,6 +127,7 @@ impl TryFrom<pb::JobStatusResponse> for JobStatus {
             created: from_unix_ms(s.created_unix_ms),
             updated: from_unix_ms(s.updated_unix_ms),
             cancel_reason: (!s.cancel_reason.is_empty()).then_some(s.cancel_reason),
+            incarnation: s.incarnation,
         })
     }
 }
@@ -198,6 +200,7 @@ mod tests {
             created: at,
             updated: at,
             cancel_reason: None,
+            incarnation: 0x1234_5678_9abc_def0,
         };
         let back = JobStatus::try_from(pb::JobStatusResponse::from(&status)).unwrap();
         assert_eq!(back, status);

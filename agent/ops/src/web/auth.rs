@@ -4,7 +4,7 @@
 //! refused: the pages span every job. Probes stay open on the health port.
 //!
 //! A browser cannot send a bearer header when it opens a page: opening any
-//! path once as `?token=<token>` answers with a redirect to the same path
+//! path once as `?token=<viewer token>` answers with a redirect to the same path
 //! and an `HttpOnly`, `SameSite=Strict` cookie (`Secure` over TLS) holding
 //! a *session*: 32 random bytes this process remembers for
 //! [`COOKIE_MAX_AGE_SECS`], never the token itself, so a cookie that leaks
@@ -13,6 +13,11 @@
 //! [`MAX_SESSIONS`] live at once (the oldest is forgotten first); a restart
 //! forgets them all. The query and the cookie header are parsed by
 //! `form_urlencoded` and `cookie`.
+//!
+//! Only the viewer token is taken in the query: an address ends up in the
+//! browser's history (and in proxies' logs), and the operator token, which
+//! opens every RPC, must not. It is refused there (403) and taken in the
+//! `authorization` header only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -110,10 +115,29 @@ impl HttpAuth {
                 StatusCode::UNAUTHORIZED,
                 format!(
                     "{}: send `authorization: Bearer <token>` (the operator or the viewer token), or open \
-                     the page once as `?token=<token>` in a browser\n",
+                     the page once as `?token=<viewer token>` in a browser\n",
                     status.message()
                 ),
             )),
+        }
+    }
+
+    /// Admits `token` presented in a page's address: the viewer token only.
+    fn admit_in_query(&self, token: &str) -> Result<(), (StatusCode, String)> {
+        if let Some(viewer) = &self.viewer
+            && viewer.matches(token)
+        {
+            return Ok(());
+        }
+        match self.check.caller_of(Some(token)) {
+            Ok(Caller::Operator) => Err((
+                StatusCode::FORBIDDEN,
+                "the operator token is not taken in a page's address (the browser's history keeps \
+                 it): open the page as `?token=<viewer token>`, or send the operator token as \
+                 `authorization: Bearer <token>`\n"
+                    .into(),
+            )),
+            _ => self.admit(Some(token)),
         }
     }
 }
@@ -134,7 +158,7 @@ pub async fn require_reader(State(auth): State<HttpAuth>, request: Request, next
     // A browser's first visit: the token in the query becomes a cookie, and
     // the address bar (and history) loses it.
     if let Some(token) = request.uri().query().and_then(|q| query_param(q, "token")) {
-        return match auth.admit(Some(&token)) {
+        return match auth.admit_in_query(&token) {
             Ok(()) => {
                 let session = auth
                     .sessions()
@@ -359,11 +383,28 @@ mod tests {
             assert_eq!(status, StatusCode::UNAUTHORIZED, "{cookie}");
         }
         // The redirect stays on this site, whatever the path.
-        let (_, headers, _) = ask(&a, "GET", "//evil.example/x?token=op", None, None).await;
+        let (_, headers, _) = ask(&a, "GET", "//evil.example/x?token=view%20er", None, None).await;
         assert_eq!(headers[header::LOCATION], "/evil.example/x");
         // A browser reads `\` as `/`: `/\host` is another site too.
-        let (_, headers, _) = ask(&a, "GET", "/\\evil.example/x?token=op", None, None).await;
+        let (_, headers, _) = ask(&a, "GET", "/\\evil.example/x?token=view%20er", None, None).await;
         assert_eq!(headers[header::LOCATION], "/evil.example/x");
+    }
+
+    #[tokio::test]
+    async fn the_operator_token_is_not_taken_in_the_address() {
+        // It would stay in the browser's history: refused, no session, and
+        // the refusal says what to do instead; in the header it still reads.
+        for a in [
+            auth(),
+            HttpAuth::new(BearerCheck::new(Some(Token::new("op"))), None, false),
+        ] {
+            let (status, headers, body) = ask(&a, "GET", "/metrics?token=op", None, None).await;
+            assert_eq!(status, StatusCode::FORBIDDEN);
+            assert!(headers.get(header::SET_COOKIE).is_none() && headers.get(header::LOCATION).is_none());
+            assert!(String::from_utf8_lossy(&body).contains("viewer token"));
+            let status = ask(&a, "GET", "/metrics", Some("Bearer op"), None).await.0;
+            assert_eq!(status, StatusCode::OK);
+        }
     }
 
     #[test]

@@ -39,15 +39,26 @@ impl RendezvousState {
     }
 
     /// Renews an agent's lease; replies with the attempts it joined that failed.
+    ///
+    /// Write before announce: a notice is handed out only once the failure
+    /// it tells is durable. While the last write failed (memory holds a
+    /// change no write took), the lease is renewed (leases are not part of
+    /// the durable state) but the reply is UNAVAILABLE (`Storage`), with no
+    /// notice: an agent must not abandon an attempt that a crash before the
+    /// next successful write would bring back. Its next heartbeat after a
+    /// write succeeds (the reaper retries it) gets the notice.
     pub fn heartbeat(&self, agent_id: &str) -> Result<HeartbeatReply> {
         require("agent_id", agent_id)?;
         let lease = self.config.lease;
-        let mut st = self.lock()?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
         let agent = agent_mut(&mut st.agents, agent_id)?;
         agent.lease_until = Instant::now() + lease;
+        let notices = agent.notices.values().cloned().collect();
+        Self::written(st)?;
         Ok(HeartbeatReply {
             lease,
-            failed_attempts: agent.notices.values().cloned().collect(),
+            failed_attempts: notices,
         })
     }
 

@@ -86,6 +86,9 @@ impl JobEntry {
             gang.members = Some(record.members.into());
             gang.resumed = status.state == JobState::Running;
         }
+        // A record written before incarnations keeps the one its
+        // credentials name: the creation time.
+        let incarnation = status.incarnation();
         let mut job = JobEntry {
             config,
             gang_timeout,
@@ -94,6 +97,7 @@ impl JobEntry {
             attempt: status.attempt,
             failures: status.failures,
             cancel_reason: status.cancel_reason,
+            incarnation,
             created: status.created,
             updated: status.updated,
             finished_at,
@@ -226,12 +230,19 @@ impl RendezvousState {
     /// is not shown as if a crash could not take it back.
     pub fn durable<T>(&self, outcome: Result<T>) -> Result<T> {
         let st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::written(&st)?;
+        outcome
+    }
+
+    /// `Ok` unless the last write failed: memory then holds a change no
+    /// write took, and nothing read from it may be handed out.
+    pub(super) fn written(st: &State) -> Result<()> {
         match (&st.store, st.unsaved) {
             (Some(store), true) => Err(RendezvousError::Storage {
                 place: store.place(),
                 source: StorageError::Unsaved,
             }),
-            _ => outcome,
+            _ => Ok(()),
         }
     }
 

@@ -454,6 +454,61 @@ async fn a_failed_attempt_is_announced_only_once_it_is_written() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_heartbeat_hands_out_no_notice_before_its_failure_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    for id in ["a", "b"] {
+        s.register_agent(agent(id)).unwrap();
+    }
+    s.create_job(JobConfig::new("j", 2).with_max_attempts(3)).unwrap();
+    form(&s, "j", 1, &["a", "b"]).await;
+    let blocker = dir.path().join(".state.pb.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    assert!(s.report_failure("j", 1, "b", "boom").is_err());
+    // The failure is in memory only: a's heartbeat is UNAVAILABLE and
+    // carries no notice a crash could take back.
+    let err = s.heartbeat("a").unwrap_err();
+    assert!(matches!(err, RendezvousError::Storage { .. }), "{err}");
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
+    // The reaper's write succeeds once the disk does; then it is told.
+    std::fs::remove_dir(&blocker).unwrap();
+    s.reap();
+    let told = s.heartbeat("a").unwrap().failed_attempts;
+    assert_eq!(
+        told.iter()
+            .map(|n| (n.job_id.as_str(), n.attempt))
+            .collect::<Vec<_>>(),
+        [("j", 1)]
+    );
+    drop(s);
+    assert_eq!(durable(dir.path()).job_status("j").unwrap().attempt, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_created_again_under_its_id_draws_a_new_random_incarnation() {
+    let s = state();
+    s.create_job(JobConfig::new("j", 1)).unwrap();
+    let first = s.job_status("j").unwrap();
+    s.cancel_job("j", "done with it").unwrap();
+    advance(Duration::from_secs(101)).await;
+    assert_eq!(s.reap().collected_jobs, ["j"]);
+    s.create_job(JobConfig::new("j", 1)).unwrap();
+    let second = s.job_status("j").unwrap();
+    // Drawn, not the creation time: within one millisecond (as here, most
+    // likely) the two would have shared it, and the first job's
+    // credentials would open the second.
+    assert_ne!(first.incarnation, 0);
+    assert_ne!(first.incarnation(), second.incarnation());
+    let created_ms = |j: &JobStatus| {
+        j.created
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    };
+    assert_ne!(u128::from(second.incarnation()), created_ms(&second));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_lapsed_client_lease_cancels_the_job_and_wakes_its_members() {
     let s = with_agents(&["a", "b"]);
     let lease = Duration::from_secs(3);
