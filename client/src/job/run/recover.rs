@@ -1,199 +1,70 @@
-//! Following a job at the rendezvous and recovering from lost agents: who
-//! holds each shard, replacements, elastic shrink.
+//! Recovery's one home: a run's lost agents replaced (their shards fed
+//! again) or, past the wait, the gang shrunk onto the survivors.
 
-use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use kindling_schemas::descriptor::Split;
-use kindling_schemas::rendezvous::{
-    AgentInfo, JobState, JobStatus, MemberReport, RendezvousClient, ReportWatch,
-};
+use kindling_schemas::rendezvous::{AgentInfo, JobState};
 
-use super::target::{Target, pick_agents};
-use super::{JobError, TrainingJob};
+use super::Run;
 use crate::feed::AgentClient;
-use crate::feed::relay::Shards;
+use crate::job::JobError;
+use crate::job::event::TrainingEvent;
+use crate::job::source::Source;
+use crate::job::target::pick_agents;
 
 /// How often the rendezvous is asked for agents while waiting for a replacement.
 const POLL: Duration = Duration::from_millis(200);
-/// Pause before re-opening a watch stream the rendezvous ended without a final state.
-const REOPEN: Duration = Duration::from_millis(100);
 /// The id under which `fit` reports a failure to the rendezvous.
 const CLIENT_REPORTER: &str = "kindling-client";
 
-/// Who holds each shard: shard `s` lives on `clients[s]` (`agent_ids[s]`).
-/// One shard per agent, until an elastic shrink hands a lost agent's shards
-/// to survivors, which then hold several.
-pub(super) struct Holders {
-    pub clients: Vec<AgentClient>,
-    pub agent_ids: Vec<String>,
-    /// Rows each shard holds, as last fed: train, eval.
-    rows: [Vec<u64>; 2],
-    /// The initial weights (`init_from`) every agent starting the job gets,
-    /// a replacement too.
-    pub initial: Option<Arc<str>>,
-}
-
-fn split_index(split: Split) -> usize {
-    match split {
-        Split::Train => 0,
-        Split::Eval => 1,
-    }
-}
-
-impl Holders {
-    pub fn new(clients: Vec<AgentClient>, agent_ids: Vec<String>) -> Self {
-        let n = clients.len();
-        Holders {
-            clients,
-            agent_ids,
-            rows: [vec![0; n], vec![0; n]],
-            initial: None,
-        }
-    }
-
-    /// With the initial weights every agent of the job starts from.
-    pub fn starting_from(self, initial: Option<Arc<str>>) -> Self {
-        Holders { initial, ..self }
-    }
-
-    /// The shards to feed (`only`: just these).
-    pub fn shards<'a>(&'a self, only: Option<&'a [usize]>) -> Shards<'a> {
-        Shards {
-            clients: &self.clients,
-            agent_ids: &self.agent_ids,
-            only,
-        }
-    }
-
-    /// The first shard of each agent, in shard order: one per gang member.
-    pub fn members(&self) -> Vec<usize> {
-        let mut seen = HashSet::new();
-        (0..self.agent_ids.len())
-            .filter(|&s| seen.insert(self.agent_ids[s].as_str()))
-            .collect()
-    }
-
-    /// Every agent's client, once.
-    pub fn member_clients(&self) -> Vec<AgentClient> {
-        self.members()
-            .into_iter()
-            .map(|s| self.clients[s].clone())
-            .collect()
-    }
-
-    /// The shards `agent_id` holds.
-    pub fn shards_of(&self, agent_id: &str) -> Vec<usize> {
-        (0..self.agent_ids.len())
-            .filter(|&s| self.agent_ids[s] == agent_id)
-            .collect()
-    }
-
-    /// Records the rows a feed of `split` put into the shards it fed.
-    pub fn record(&mut self, split: Split, rows: &[u64], fed: impl Fn(usize) -> bool) {
-        let held = &mut self.rows[split_index(split)];
-        for (s, &r) in rows.iter().enumerate() {
-            if fed(s) {
-                held[s] = r;
-            }
-        }
-    }
-
-    /// The rows of `split` the holder of shard `shard` must have committed:
-    /// those of every shard it holds.
-    pub fn agent_rows(&self, split: Split, shard: usize) -> u64 {
-        let held = &self.rows[split_index(split)];
-        self.shards_of(&self.agent_ids[shard])
-            .into_iter()
-            .map(|s| held[s])
-            .sum()
-    }
-
-    fn assign(&mut self, shard: usize, client: AgentClient, agent_id: String) {
-        self.clients[shard] = client;
-        self.agent_ids[shard] = agent_id;
-    }
-}
-
-/// The job's state at the rendezvous and what its agents report of it, from
-/// its `Watch` stream with reports: each change as it happens, instead of
-/// asking the rendezvous and every agent again and again. A stream that breaks
-/// (a rendezvous restart) is opened again; opening retries within the
-/// client's outage bound, past which the error is returned.
-pub(super) struct Follow {
-    rv: RendezvousClient,
-    job_id: String,
-    stream: Option<ReportWatch>,
-    ended: bool,
-}
-
-impl Follow {
-    pub fn new(rv: RendezvousClient, job_id: &str) -> Self {
-        Follow {
-            rv,
-            job_id: job_id.to_owned(),
-            stream: None,
-            ended: false,
-        }
-    }
-
-    /// The job's next state with its agents' latest reports; never resolves
-    /// after a final state. Cancel-safe: an event not yet returned stays in
-    /// the stream.
-    pub async fn next(&mut self) -> Result<(JobStatus, Vec<MemberReport>), JobError> {
-        loop {
-            if self.ended {
-                return std::future::pending().await;
-            }
-            let stream = match &mut self.stream {
-                Some(stream) => stream,
-                None => self.stream.insert(self.rv.watch_reports(&self.job_id).await?),
-            };
-            match stream.next().await {
-                Some(Ok((status, reports))) => {
-                    self.ended = status.state.is_terminal();
-                    return Ok((status, reports));
-                }
-                Some(Err(e)) if e.is_transient() => {
-                    tracing::debug!(job = %self.job_id, error = %e, "the job's watch broke: opening it again");
-                    self.stream = None;
-                }
-                Some(Err(e)) => return Err(e.into()),
-                None => {
-                    self.stream = None;
-                    tokio::time::sleep(REOPEN).await;
-                }
-            }
-        }
-    }
-}
-
-/// What a recovery did.
-pub(super) struct Recovery {
+/// What a reassignment did.
+struct Recovery {
     /// The shards to feed again, each to its new holder.
-    pub resent: Vec<usize>,
+    resent: Vec<usize>,
     /// After an elastic shrink: the gang's new size (the shards must be fed
-    /// before [`TrainingJob::shrink`] lets the survivors form the gang).
-    pub shrunk_to: Option<u32>,
+    /// before [`Run::shrink`] lets the survivors form the gang).
+    shrunk_to: Option<u32>,
 }
 
-impl TrainingJob {
+impl Run<'_, '_> {
+    /// Recovers from losing the `lost` agents: their shards find new
+    /// holders ([`Run::reassign`]), are fed again (a held dataset's own
+    /// follower re-feeds its lost shards: waited for), and after an
+    /// elastic shrink the survivors form the gang.
+    pub(super) async fn recover(&mut self, lost: &[String]) -> Result<(), JobError> {
+        let recovery = self.reassign(lost).await?;
+        self.guard.clients = self.holders.member_clients();
+        self.feed(Some(recovery.resent.as_slice())).await?;
+        if let Source::Held(held) = self.source {
+            held.recovered(lost, self.job.recovery.replacement_wait).await?;
+        }
+        let attempt = match recovery.shrunk_to {
+            Some(world) => {
+                let attempt = self.shrink(world).await?;
+                self.reporter.emit(TrainingEvent::Shrunk {
+                    lost: lost.to_vec(),
+                    world_size: world,
+                });
+                attempt
+            }
+            None => self.rv.status(&self.job_id).await?.attempt,
+        };
+        self.reporter.emit(TrainingEvent::Recovering {
+            attempt,
+            resent_shards: recovery.resent,
+            lost: lost.to_vec(),
+        });
+        Ok(())
+    }
+
     /// The `lost` agents' shards find new holders: a replacement agent each
     /// (a spare, or one that registers within `replacement_wait`), or — past
     /// the wait, when at least `min_slots` agents remain — the surviving
     /// members (elastic shrink), round-robin. Before a shrink the attempt the
     /// lost agents were in is failed at the rendezvous (if it is not yet), so
     /// no survivor is still training when its new rows arrive.
-    pub(super) async fn reassign(
-        &self,
-        rv: &RendezvousClient,
-        target: &Target<'_>,
-        job_id: &str,
-        holders: &mut Holders,
-        lost: &[String],
-    ) -> Result<Recovery, JobError> {
+    async fn reassign(&mut self, lost: &[String]) -> Result<Recovery, JobError> {
+        let holders = &self.holders;
         let lost_shards: Vec<Vec<usize>> = lost.iter().map(|id| holders.shards_of(id)).collect();
         let survivors: Vec<usize> = holders
             .members()
@@ -204,16 +75,9 @@ impl TrainingJob {
             .iter()
             .map(|&s| holders.clients[s].url().to_owned())
             .collect();
-        let found = self
-            .replacements(
-                rv,
-                target,
-                job_id,
-                lost,
-                (survivor_urls, survivors.len()),
-                holders.initial.as_deref(),
-            )
-            .await?;
+        let remaining = survivors.len();
+        let found = self.replacements(lost, (survivor_urls, remaining)).await?;
+        let holders = &mut self.holders;
         let mut found = found.into_iter();
         let mut orphans = Vec::new();
         for shards in &lost_shards {
@@ -248,6 +112,7 @@ impl TrainingJob {
             holders.assign(s, client, id);
         }
         let world = takers.len() as u32;
+        let (rv, job_id) = (&self.rv, self.job_id.as_str());
         let status = rv.status(job_id).await?;
         if status.state == JobState::Running {
             let cause = format!(
@@ -265,12 +130,8 @@ impl TrainingJob {
 
     /// Lets the current attempt form with `world` members (once the
     /// survivors hold every shard), and every later attempt.
-    pub(super) async fn shrink(
-        &self,
-        rv: &RendezvousClient,
-        job_id: &str,
-        world: u32,
-    ) -> Result<u32, JobError> {
+    async fn shrink(&self, world: u32) -> Result<u32, JobError> {
+        let (rv, job_id) = (&self.rv, self.job_id.as_str());
         let mut tries = 0;
         loop {
             let status = rv.status(job_id).await?;
@@ -300,15 +161,13 @@ impl TrainingJob {
     /// [`JobError::NoReplacement`].
     async fn replacements(
         &self,
-        rv: &RendezvousClient,
-        target: &Target<'_>,
-        job_id: &str,
         lost: &[String],
         (survivors, remaining): (Vec<String>, usize),
-        initial: Option<&str>,
     ) -> Result<Vec<(AgentInfo, AgentClient)>, JobError> {
+        let (job, rv, target, job_id) = (self.job, &self.rv, &self.target, self.job_id.as_str());
+        let initial = self.holders.initial.as_deref();
         let count = lost.len();
-        let deadline = Instant::now() + self.recovery.replacement_wait;
+        let deadline = Instant::now() + job.recovery.replacement_wait;
         let token = target.token();
         let mut found: Vec<(AgentInfo, AgentClient)> = Vec::with_capacity(count);
         let mut unreachable: Vec<String> = Vec::new();
@@ -317,26 +176,26 @@ impl TrainingJob {
             let mut exclude = survivors.clone();
             exclude.extend(found.iter().map(|(a, _)| a.flight_address.clone()));
             exclude.extend(unreachable.iter().cloned());
-            let picked = pick_agents(rv, target, count - found.len(), &exclude, self.spec.model.name()).await;
+            let picked = pick_agents(rv, target, count - found.len(), &exclude, job.spec.model.name()).await;
             let candidates = match picked {
                 Ok(candidates) => candidates,
                 Err(JobError::NotEnoughAgents { live, .. }) => {
                     if Instant::now() >= deadline {
-                        if remaining > 0 && remaining + found.len() >= self.min_slots() as usize {
+                        if remaining > 0 && remaining + found.len() >= job.min_slots() as usize {
                             tracing::warn!(lost = ?lost, remaining, "no replacement: the remaining agents take over");
                             return Ok(found);
                         }
                         return Err(JobError::NoReplacement {
                             lost: lost.join(", "),
-                            waited: self.recovery.replacement_wait,
+                            waited: job.recovery.replacement_wait,
                             live,
                             survivors: remaining,
-                            min_slots: self.min_slots(),
+                            min_slots: job.min_slots(),
                             rendezvous: target.rendezvous(),
                         });
                     }
                     if !announced {
-                        tracing::warn!(lost = ?lost, wait = ?self.recovery.replacement_wait, "no spare agent: waiting for a replacement");
+                        tracing::warn!(lost = ?lost, wait = ?job.recovery.replacement_wait, "no spare agent: waiting for a replacement");
                         announced = true;
                     }
                     unreachable.clear();
@@ -346,10 +205,9 @@ impl TrainingJob {
                 Err(e) => return Err(e),
             };
             for a in candidates {
-                let c =
-                    AgentClient::connect_with(&a.flight_address, token.as_ref(), &self.placement.channel)?;
+                let c = AgentClient::connect_with(&a.flight_address, token.as_ref(), &job.placement.channel)?;
                 match c
-                    .start_job_from(job_id, &self.spec, &target.rendezvous(), initial)
+                    .start_job_from(job_id, &job.spec, &target.rendezvous(), initial)
                     .await
                 {
                     Ok(_) => found.push((a, c)),
