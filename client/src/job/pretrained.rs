@@ -9,7 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kindling_schemas::schema::FeatureLayout;
-use kindling_schemas::spec::{JobSpec, Pretrained};
+use kindling_schemas::spec::JobSpec;
+#[cfg(feature = "local")]
+use kindling_schemas::spec::Pretrained;
 use sha2::{Digest, Sha256};
 
 use super::{JobError, TrainingJob};
