@@ -22,16 +22,14 @@ use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::spec::JobSpec;
 use serde::de::DeserializeOwned;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use super::FeedError;
-use super::writer::{CommittingWriter, ShardWriter};
+use super::writer::{CommittingWriter, FlightClient, PutTarget, ShardWriter};
 
 /// Largest message exchanged with an agent.
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
-type Inner = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
+type Inner = FlightClient;
 
 /// A Flight client for one agent, with the bearer token attached to every call.
 #[derive(Debug, Clone)]
@@ -86,6 +84,11 @@ impl AgentClient {
         self.inner.clone()
     }
 
+    /// What a writer of this agent's `DoPut`s needs.
+    fn put_target(&self) -> PutTarget {
+        PutTarget::new(&self.url, self.inner.clone())
+    }
+
     pub(crate) fn status_error(&self, s: tonic::Status) -> FeedError {
         FeedError::Agent {
             agent: self.url.clone(),
@@ -137,7 +140,7 @@ impl AgentClient {
         schema: &Schema,
         window_bytes: usize,
     ) -> Result<ShardWriter, FeedError> {
-        ShardWriter::open(self.clone(), path, producer.into(), schema, window_bytes, 0).await
+        ShardWriter::open(self.put_target(), path, producer.into(), schema, window_bytes, 0).await
     }
 
     /// A producer's rows to `path` as consecutive `DoPut` streams of about
@@ -151,7 +154,7 @@ impl AgentClient {
         commit_bytes: usize,
     ) -> CommittingWriter {
         CommittingWriter::new(
-            self.clone(),
+            self.put_target(),
             path,
             producer.into(),
             schema,

@@ -8,16 +8,50 @@ use std::sync::{Arc, Mutex};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
+use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightData, SchemaAsIpc};
 use futures::StreamExt;
+use kindling_schemas::auth::BearerAttach;
 use kindling_schemas::descriptor::DataPath;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
 
 use super::FeedError;
-use super::agent::AgentClient;
+
+/// An agent's Flight service, the bearer token attached to every call.
+pub(super) type FlightClient = FlightServiceClient<InterceptedService<Channel, BearerAttach>>;
+
+/// What a writer needs of an agent: its address (named in errors) and its
+/// Flight service (for `DoPut`) — no more of the agent's client.
+#[derive(Debug, Clone)]
+pub(super) struct PutTarget {
+    agent: String,
+    flight: FlightClient,
+}
+
+impl PutTarget {
+    pub(super) fn new(agent: &str, flight: FlightClient) -> Self {
+        PutTarget {
+            agent: agent.to_owned(),
+            flight,
+        }
+    }
+
+    fn url(&self) -> &str {
+        &self.agent
+    }
+
+    fn status_error(&self, s: tonic::Status) -> FeedError {
+        FeedError::Agent {
+            agent: self.agent.clone(),
+            status: Box::new(s),
+        }
+    }
+}
 
 /// What an agent committed for one producer's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,7 +91,7 @@ pub struct ShardWriter {
 
 impl ShardWriter {
     pub(super) async fn open(
-        client: AgentClient,
+        client: PutTarget,
         path: &DataPath,
         producer: String,
         schema: &Schema,
@@ -204,7 +238,7 @@ impl ShardWriter {
 /// (waited for only when this producer writes again).
 #[derive(Debug)]
 pub struct CommittingWriter {
-    client: AgentClient,
+    client: PutTarget,
     path: DataPath,
     producer: String,
     schema: SchemaRef,
@@ -220,7 +254,7 @@ pub struct CommittingWriter {
 
 impl CommittingWriter {
     pub(super) fn new(
-        client: AgentClient,
+        client: PutTarget,
         path: &DataPath,
         producer: String,
         schema: SchemaRef,
@@ -337,14 +371,15 @@ impl CommittingWriter {
 }
 
 async fn read_acks(
-    client: &AgentClient,
+    client: &PutTarget,
     rx: mpsc::Receiver<FlightData>,
     producer: &str,
     window: &Semaphore,
     charged: &Mutex<VecDeque<u32>>,
 ) -> Result<Option<Commit>, FeedError> {
     let mut results = client
-        .flight()
+        .flight
+        .clone()
         .do_put(ReceiverStream::new(rx))
         .await
         .map_err(|s| client.status_error(s))?

@@ -15,6 +15,13 @@ use tokio::sync::mpsc;
 use super::training_job::{Feeding, Placement, Recovery, Reporting, TrainingJob};
 use super::{Feed, JobError, MlflowTracking, ProgressMode, TrainingEvent, pretrained};
 
+impl TrainingJob {
+    /// Starts a builder.
+    pub fn builder() -> TrainingJobBuilder {
+        TrainingJobBuilder::default()
+    }
+}
+
 /// Builds a [`TrainingJob`]; [`build`](Self::build) validates everything.
 #[derive(Debug)]
 pub struct TrainingJobBuilder {

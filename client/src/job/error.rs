@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use arrow::datatypes::DataType;
 use kindling_schemas::spec::SpecError;
 
 /// Everything that can make a training job fail.
@@ -31,7 +32,7 @@ pub enum JobError {
         /// The column.
         column: String,
         /// What is wrong with it.
-        problem: super::split::SplitProblem,
+        problem: SplitProblem,
     },
     /// Spark failed.
     #[error(transparent)]
@@ -237,4 +238,33 @@ impl JobError {
             _ => false,
         }
     }
+}
+
+/// What is wrong with the column an eval split is drawn by.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SplitProblem {
+    /// The DataFrame has no such column.
+    #[error("is not a column of the DataFrame (its columns: {columns})")]
+    Missing {
+        /// The DataFrame's columns, comma-separated.
+        columns: String,
+    },
+    /// The column is neither integer nor string.
+    #[error(
+        "has type {found}; the split hashes integer or string values: split by an id, or cast the \
+         column in the ETL"
+    )]
+    Type {
+        /// Its type.
+        found: DataType,
+    },
+    /// Some rows have no value to hash.
+    #[error(
+        "has {count} null value(s): every row needs a value to go to train or eval; drop or fill \
+         them in the ETL"
+    )]
+    Nulls {
+        /// Rows with a null.
+        count: u64,
+    },
 }

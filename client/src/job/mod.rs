@@ -3,7 +3,10 @@
 //! and `TorchDistributor`, without their intermediate files.
 //!
 //! - [`TrainingJob`] / [`TrainingJobBuilder`]: the validated job.
-//! - `fit`: create the gang, stream the DataFrame into the agents, follow training.
+//! - `fit`: check and split the DataFrame, then run the job; `search`: many
+//!   trials on rows fed once. Below both: `source` (where a run's rows come
+//!   from, a search's held dataset) and `run` (one run on the agents: gang,
+//!   feed, follow, recover, finish).
 //! - [`TrainedModel`]: metrics, weights, save/load, predict (also back into Spark).
 //! - [`TrainingEvent`]: progress, as a stream for the application and as bars/log lines.
 
@@ -11,37 +14,39 @@ mod builder;
 mod error;
 #[cfg(feature = "local")]
 mod evaluate;
+mod event;
 #[cfg(feature = "local")]
 mod export;
 mod fit;
 mod pretrained;
 mod progress;
-mod recover;
+mod run;
 mod search;
+mod source;
 mod split;
 mod target;
 mod tracking;
 mod trained;
 mod training_job;
 mod transform;
-mod watched;
 
 use std::time::Duration;
 
 pub use builder::TrainingJobBuilder;
-pub use error::JobError;
+pub use error::{JobError, SplitProblem};
+pub use event::TrainingEvent;
 #[cfg(feature = "local")]
 pub use export::{ExportFormat, INFO_FILE, ONNX_FILE, ONNX_OPSET, SAFETENSORS_FILE};
-pub use progress::{ProgressMode, TrainingEvent, agent_log_line};
+pub use progress::{ProgressMode, agent_log_line};
 pub use search::{
     Decision, Dimension, SPACE_ALIASES, Scheduler, Search, SearchResult, SearchSpace, SpaceValues,
     TrialOutcome, TrialResult,
 };
-pub use split::SplitProblem;
+pub use target::ServingCluster;
 pub use tracking::MlflowTracking;
 pub use trained::TrainedModel;
 pub use training_job::TrainingJob;
-pub use transform::{Served, ServingCluster, Transform};
+pub use transform::{Served, Transform};
 
 pub use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
 pub use crate::feed::{ExecutorPush, Feed, PushedPartition};

@@ -2,12 +2,11 @@
 //! agents, then many trials — ordinary jobs, each with its own options,
 //! attempts and checkpoints — that train on those rows, several at once,
 //! the weak ones stopped at rungs by ASHA. Rooms: `space` (the options and
-//! their values) · `asha` (the scheduler) · `held` (the dataset as the
-//! client follows it) · `results` (what a search returns) · this file
-//! (running a search).
+//! their values) · `asha` (the scheduler) · `results` (what a search
+//! returns) · this file (running a search); the dataset as the client
+//! follows it is `super::source`'s.
 
 mod asha;
-mod held;
 mod results;
 mod space;
 
@@ -23,14 +22,16 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 pub use asha::Decision;
-pub(crate) use held::Held;
-use held::{HeldState, follow_dataset};
+use results::TrialRun;
 pub use results::{SearchResult, TrialOutcome, TrialResult};
 pub use space::{ALIASES as SPACE_ALIASES, Dimension, SearchSpace, Values as SpaceValues};
 
-use super::fit::Source;
-use super::progress::{ProgressMode, Reporter, TrainingEvent};
+use super::event::TrainingEvent;
+use super::progress::{ProgressMode, Reporter};
+use super::source::{Held, HeldState, Source, follow_dataset};
 use super::target::Target;
+#[cfg(feature = "local")]
+use super::target::stop_local;
 use super::tracking::{RunId, Tracker};
 use super::{JobError, TrainingJob};
 use crate::feed::AgentClient;
@@ -229,7 +230,7 @@ impl TrainingJob {
                     models.for_each(|m| m.serving = None);
                     r
                 });
-            super::fit::stop_local(cluster, &dir).await;
+            stop_local(cluster, &dir).await;
             return result;
         }
         self.run_search(self.remote(), rows, plan).await
@@ -548,18 +549,18 @@ impl TrainingJob {
         if let Some(at) = stopped {
             history.truncate(at as usize);
         }
-        let result = TrialResult::new(
+        let run = TrialRun {
             trial,
             job_id,
-            options.clone(),
+            options: options.clone(),
             outcome,
             error,
             history,
-            metric,
-            started.elapsed(),
+            elapsed: started.elapsed(),
             // A stopped trial's model is not the search's to offer.
-            model.filter(|_| stopped.is_none()),
-        );
+            model: model.filter(|_| stopped.is_none()),
+        };
+        let result = TrialResult::new(run, metric);
         self.say(&format!("trial {trial} {shown}: {}", result.summary(metric)));
         if let Some(t) = tracker {
             if let TrialOutcome::Stopped { at_epoch } = result.outcome {

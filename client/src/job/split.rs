@@ -13,7 +13,7 @@
 use arrow::datatypes::DataType;
 use kindling_schemas::spec::{EvalSplit, JobSpec};
 
-use super::JobError;
+use super::error::{JobError, SplitProblem};
 use crate::spark::functions::{col, lit, null, when};
 use crate::spark::{Column, DataFrame};
 
@@ -25,35 +25,6 @@ const EVAL_MARK: &str = "__kindling_eval";
 /// The most columns a [`SplitProblem::Missing`] lists (a DataFrame may
 /// have thousands).
 const LISTED_COLUMNS: usize = 32;
-
-/// What is wrong with the column an eval split is drawn by.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SplitProblem {
-    /// The DataFrame has no such column.
-    #[error("is not a column of the DataFrame (its columns: {columns})")]
-    Missing {
-        /// The DataFrame's columns, comma-separated.
-        columns: String,
-    },
-    /// The column is neither integer nor string.
-    #[error(
-        "has type {found}; the split hashes integer or string values: split by an id, or cast the \
-         column in the ETL"
-    )]
-    Type {
-        /// Its type.
-        found: DataType,
-    },
-    /// Some rows have no value to hash.
-    #[error(
-        "has {count} null value(s): every row needs a value to go to train or eval; drop or fill \
-         them in the ETL"
-    )]
-    Nulls {
-        /// Rows with a null.
-        count: u64,
-    },
-}
 
 /// `df`'s job columns, and last the eval mark of each row by `split` and
 /// `spec.seed` ([`EvalSplit`] says how). Fails naming the column when `df`

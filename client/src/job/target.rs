@@ -1,15 +1,32 @@
 //! Where a job runs — agents started in this process (local mode) or a
-//! cluster's, behind its rendezvous — and choosing its agents there.
+//! cluster's, behind its rendezvous — and choosing its agents there; the
+//! cluster that serves a trained model ([`ServingCluster`]).
 
 #[cfg(feature = "local")]
 use std::time::{Duration, Instant};
 
 use kindling_schemas::auth::Token;
+use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::{AgentInfo, RendezvousClient};
 
 use super::JobError;
 #[cfg(feature = "local")]
 use crate::local::LocalCluster;
+
+/// The cluster whose agents serve a model for [`TrainedModel::transform`](super::TrainedModel::transform):
+/// `fit` sets it to the cluster that trained the model; a loaded model gets
+/// one with [`TrainedModel::serve_on`](super::TrainedModel::serve_on).
+#[derive(Debug, Clone)]
+pub struct ServingCluster {
+    /// The rendezvous, whose live agents serve the model.
+    pub rendezvous: String,
+    /// The operator token (serving a model is an operator's call).
+    pub token: Option<Token>,
+    /// TLS and timeouts of the calls.
+    pub channel: ChannelConfig,
+    /// Agents in this process (local mode): the token may travel in the plan.
+    pub local: bool,
+}
 
 /// Where the job runs.
 #[derive(Clone)]
@@ -39,11 +56,8 @@ impl Target<'_> {
     }
 
     /// The cluster serving the model trained here (`transform`).
-    pub(super) fn serving(
-        &self,
-        channel: &kindling_schemas::channel::ChannelConfig,
-    ) -> super::ServingCluster {
-        super::ServingCluster {
+    pub(super) fn serving(&self, channel: &ChannelConfig) -> ServingCluster {
+        ServingCluster {
             rendezvous: self.rendezvous(),
             token: self.token(),
             channel: channel.clone(),
@@ -112,5 +126,14 @@ pub(super) async fn pick_agents(
             live: live.len(),
             rendezvous: target.rendezvous(),
         });
+    }
+}
+
+/// Stops a local-mode cluster and removes its work dir.
+#[cfg(feature = "local")]
+pub(super) async fn stop_local(cluster: LocalCluster, dir: &std::path::Path) {
+    cluster.shutdown().await;
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::debug!(dir = %dir.display(), error = %e, "could not remove the local work dir");
     }
 }

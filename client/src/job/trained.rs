@@ -63,7 +63,7 @@ pub struct TrainedModel {
     #[cfg(feature = "local")]
     pub(super) net: Option<Arc<dyn AnyModel>>,
     /// The cluster that serves it for `transform`.
-    pub(super) serving: Option<super::transform::ServingCluster>,
+    pub(super) serving: Option<super::target::ServingCluster>,
 }
 
 impl TrainedModel {

@@ -11,7 +11,6 @@ use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::spec::JobSpec;
 use tokio::sync::mpsc;
 
-use super::builder::TrainingJobBuilder;
 use super::{
     DEFAULT_CLIENT_LEASE, DEFAULT_REPLACEMENT_WAIT, Feed, MlflowTracking, ProgressMode, TrainingEvent,
 };
@@ -128,11 +127,6 @@ impl Default for Reporting {
 }
 
 impl TrainingJob {
-    /// Starts a builder.
-    pub fn builder() -> TrainingJobBuilder {
-        TrainingJobBuilder::default()
-    }
-
     /// The job spec sent to the agents.
     pub fn spec(&self) -> &JobSpec {
         &self.spec

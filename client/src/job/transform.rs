@@ -6,13 +6,12 @@
 use std::time::Duration;
 
 use kindling_schemas::action::Action;
-use kindling_schemas::auth::Token;
-use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::credential::Role;
 use kindling_schemas::model_serving::{ServeModel, ServeModelResponse, ServedList};
 use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::Task;
 
+use super::target::ServingCluster;
 use super::{JobError, TrainedModel};
 use crate::feed::AgentClient;
 use crate::feed::push::DEFAULT_EXECUTOR_PYTHON;
@@ -20,21 +19,6 @@ use crate::spark::{DataFrame, MapInArrowUdf};
 
 /// How long the executors' credential for a served model lives.
 const READER_CREDENTIAL_TTL_SECS: u64 = 24 * 3600;
-
-/// The cluster whose agents serve a model for [`TrainedModel::transform`]:
-/// `fit` sets it to the cluster that trained the model; a loaded model gets
-/// one with [`TrainedModel::serve_on`].
-#[derive(Debug, Clone)]
-pub struct ServingCluster {
-    /// The rendezvous, whose live agents serve the model.
-    pub rendezvous: String,
-    /// The operator token (serving a model is an operator's call).
-    pub token: Option<Token>,
-    /// TLS and timeouts of the calls.
-    pub channel: ChannelConfig,
-    /// Agents in this process (local mode): the token may travel in the plan.
-    pub local: bool,
-}
 
 /// Settings of [`TrainedModel::transform_with`].
 ///

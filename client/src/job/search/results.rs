@@ -48,19 +48,31 @@ pub struct TrialResult {
     pub model: Option<TrainedModel>,
 }
 
+/// How one trial ran, as [`TrialResult::new`] takes it.
+pub(super) struct TrialRun {
+    pub trial: usize,
+    pub job_id: String,
+    pub options: BTreeMap<String, Value>,
+    pub outcome: TrialOutcome,
+    pub error: Option<String>,
+    pub history: Vec<EpochMetrics>,
+    pub elapsed: Duration,
+    pub model: Option<TrainedModel>,
+}
+
 impl TrialResult {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        trial: usize,
-        job_id: String,
-        options: BTreeMap<String, Value>,
-        outcome: TrialOutcome,
-        error: Option<String>,
-        history: Vec<EpochMetrics>,
-        metric: Metric,
-        elapsed: Duration,
-        model: Option<TrainedModel>,
-    ) -> Self {
+    /// The result of `run`, its best value of `metric` found in its history.
+    pub(super) fn new(run: TrialRun, metric: Metric) -> Self {
+        let TrialRun {
+            trial,
+            job_id,
+            options,
+            outcome,
+            error,
+            history,
+            elapsed,
+            model,
+        } = run;
         let best = history
             .iter()
             .filter_map(|m| m.get(metric).filter(|v| !v.is_nan()).map(|v| (v, m.epoch)))

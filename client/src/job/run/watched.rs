@@ -1,17 +1,23 @@
 //! What `fit` has seen of its job's agents through the rendezvous's watch
 //! (their heartbeat reports) and their direct answers: each log entry once,
 //! the epochs and steps, failures, and when each agent was last heard from —
-//! so that an agent is asked directly only when something calls for it.
+//! so that an agent is asked directly only when something calls for it —
+//! and [`Follow`], the watch stream it is read from.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
-use kindling_schemas::rendezvous::{JobState, JobStatus, MemberReport};
+use kindling_schemas::rendezvous::{JobState, JobStatus, MemberReport, RendezvousClient, ReportWatch};
 
-use super::progress::Reporter;
-use super::recover::Holders;
-use super::{JobError, TrainingEvent};
+use super::holders::Holders;
+use crate::job::JobError;
+use crate::job::event::TrainingEvent;
+use crate::job::progress::Reporter;
+
+/// Pause before re-opening a watch stream the rendezvous ended without a final state.
+const REOPEN: Duration = Duration::from_millis(100);
 
 /// An agent not heard from for this long (in its reports through the
 /// rendezvous's watch, or asked directly) is asked for its status: a lost
@@ -168,5 +174,58 @@ impl Watched {
             });
         }
         *last = status.events.last().map_or(*last, |e| e.seq.max(*last));
+    }
+}
+
+/// The job's state at the rendezvous and what its agents report of it, from
+/// its `Watch` stream with reports: each change as it happens, instead of
+/// asking the rendezvous and every agent again and again. A stream that breaks
+/// (a rendezvous restart) is opened again; opening retries within the
+/// client's outage bound, past which the error is returned.
+pub(super) struct Follow {
+    rv: RendezvousClient,
+    job_id: String,
+    stream: Option<ReportWatch>,
+    ended: bool,
+}
+
+impl Follow {
+    pub fn new(rv: RendezvousClient, job_id: &str) -> Self {
+        Follow {
+            rv,
+            job_id: job_id.to_owned(),
+            stream: None,
+            ended: false,
+        }
+    }
+
+    /// The job's next state with its agents' latest reports; never resolves
+    /// after a final state. Cancel-safe: an event not yet returned stays in
+    /// the stream.
+    pub async fn next(&mut self) -> Result<(JobStatus, Vec<MemberReport>), JobError> {
+        loop {
+            if self.ended {
+                return std::future::pending().await;
+            }
+            let stream = match &mut self.stream {
+                Some(stream) => stream,
+                None => self.stream.insert(self.rv.watch_reports(&self.job_id).await?),
+            };
+            match stream.next().await {
+                Some(Ok((status, reports))) => {
+                    self.ended = status.state.is_terminal();
+                    return Ok((status, reports));
+                }
+                Some(Err(e)) if e.is_transient() => {
+                    tracing::debug!(job = %self.job_id, error = %e, "the job's watch broke: opening it again");
+                    self.stream = None;
+                }
+                Some(Err(e)) => return Err(e.into()),
+                None => {
+                    self.stream = None;
+                    tokio::time::sleep(REOPEN).await;
+                }
+            }
+        }
     }
 }
