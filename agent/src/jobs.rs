@@ -142,7 +142,7 @@ impl JobRegistry {
             return Ok(running);
         }
         // A job asking for a GPU this agent lacks is refused here, before it gangs.
-        let device = crate::models::device::label(&start.spec)?;
+        let device = crate::models::backend::label(&start.spec)?;
         // So is a model this agent does not have, or a config it refuses.
         self.env.models.check(&start.spec)?;
         // So are initial weights that are not a weights table (whether they

@@ -25,8 +25,8 @@ use kindling_schemas::spec::{GradientClip, JobSpec, OptimizerSpec, path_matches}
 
 use crate::error::{AgentError, TrainingError};
 
-pub mod device;
-pub use device::{BucketDown, BucketHost, DeviceOptimizer};
+pub mod on_device;
+pub use on_device::{BucketDown, BucketHost, DeviceOptimizer};
 
 /// Leads the optimizer state in a checkpoint.
 const MAGIC: &[u8; 8] = b"KOPTv1\0\0";

@@ -363,7 +363,7 @@ mod on_gpu {
     async fn the_gpu_learns_the_rule_and_matches_the_cpu() {
         let required = std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1");
         let local = Local::start().await;
-        let info = match kindling_agent::models::device::gpu() {
+        let info = match kindling_agent::models::backend::gpu() {
             Ok((_, info)) => info,
             Err(e) if required => panic!(
                 "KINDLING_GPU_TESTS=1 but the agent has no GPU to train on: {e}\n\
@@ -458,7 +458,7 @@ mod on_gpu {
     /// master weights kept on the device gives the CPU's answer too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_step_kept_on_the_device_matches_the_cpu() {
-        if kindling_agent::models::device::gpu().is_err() {
+        if kindling_agent::models::backend::gpu().is_err() {
             assert!(
                 !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
                 "KINDLING_GPU_TESTS=1 but no GPU"
@@ -511,7 +511,7 @@ mod on_gpu {
     /// ranks end with the same weights.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_data_parallel_job_steps_on_the_device_like_the_cpu() {
-        if kindling_agent::models::device::gpu().is_err() {
+        if kindling_agent::models::backend::gpu().is_err() {
             assert!(
                 !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
                 "KINDLING_GPU_TESTS=1 but no GPU"

@@ -55,7 +55,7 @@ use burn::tensor::Device;
 use kindling_agent::models::builtin::{MlpModel, MlpModelConfig};
 use kindling_agent::models::kindling_model::staged::Pipeline;
 use kindling_agent::models::kindling_model::{Inputs, KindlingModel, ModelRegistry, task_loss};
-use kindling_agent::models::{device, params, tensorize};
+use kindling_agent::models::{backend, params, tensorize};
 use kindling_agent::optim::{self, DeviceOptimizer, FlatOptimizer};
 use kindling_agent::training::trainer;
 use kindling_schemas::schema::{self, FeatureLayout as Layout, StreamKind};
@@ -315,10 +315,10 @@ pub(crate) fn burn_alone(
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         model = match (ours.as_mut(), variant) {
             (Some(opt), _) => {
-                optim::device::gather(&model, &grads, opt);
+                optim::on_device::gather(&model, &grads, opt);
                 // As the trainer does: the gradients held only by the optimizer.
                 drop(grads);
-                optim::device::step(model, opt, 1.0)
+                optim::on_device::step(model, opt, 1.0)
             }
             (None, BurnLoop::ByHand { master }) => {
                 let n = params::layout(&model).len();
@@ -463,7 +463,7 @@ fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
     let as_json = std::env::args().any(|a| a == "--json");
-    let (gpu, info) = device::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (gpu, info) = backend::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
     let autodiff = gpu.clone().autodiff();
     gpu.seed(0);
     if std::env::args().any(|a| a == "--ab") {

@@ -116,7 +116,7 @@ pub struct Job {
     pub cancel: CancellationToken,
     /// The trained model, once the job succeeded.
     pub model: Mutex<Option<Arc<dyn AnyModel>>>,
-    /// Where the job trains, from [`crate::models::device::label`].
+    /// Where the job trains, from [`crate::models::backend::label`].
     pub device: String,
     /// Its rings' all-reduces, across attempts.
     pub ring_stats: Arc<crate::collective::RingStats>,

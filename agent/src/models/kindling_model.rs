@@ -308,10 +308,10 @@ impl<'a> Batch<'a> {
     /// its own makes them in this dtype.
     pub fn float_dtype(&self) -> Result<DType, AgentError> {
         // Every batch of every job asks: an f32 job answers before looking at the device.
-        if self.spec.precision == Precision::F32 || !crate::models::device::is_gpu(self.device) {
+        if self.spec.precision == Precision::F32 || !crate::models::backend::is_gpu(self.device) {
             return Ok(DType::F32);
         }
-        Ok(crate::models::device::compute_dtype(self.spec)?.unwrap_or(DType::F32))
+        Ok(crate::models::backend::compute_dtype(self.spec)?.unwrap_or(DType::F32))
     }
 
     fn in_compute_dtype(&self, x: Tensor<2>) -> Result<Tensor<2>, AgentError> {
@@ -587,7 +587,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
         }
         let output = AnyModel::forward(self, batch)?;
         let loss = self.0.loss(output, batch)?.mul_scalar(weight as f32);
-        crate::optim::device::gather(
+        crate::optim::on_device::gather(
             &self.0,
             &GradientsParams::from_grads(loss.backward(), &self.0),
             opt,
@@ -601,7 +601,7 @@ impl<M: KindlingModel> AnyModel for Erased<M> {
     }
 
     fn device_step(self: Box<Self>, opt: &mut DeviceOptimizer, scale: f32) -> Box<dyn AnyModel> {
-        Box::new(Erased(crate::optim::device::step(self.0, opt, scale)))
+        Box::new(Erased(crate::optim::on_device::step(self.0, opt, scale)))
     }
 
     fn zero_grads(&self) -> Vec<f32> {

@@ -93,7 +93,7 @@ pub fn flatten_grads<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f32> 
 /// for the loss. On the CPU the values are copied out one by one, as there
 /// joining them first would only add a copy.
 pub fn flatten_grads_and<M: Module>(model: &M, grads: &GradientsParams, tail: Tensor<1>) -> Vec<f32> {
-    if !crate::models::device::is_gpu(&tail.device()) {
+    if !crate::models::backend::is_gpu(&tail.device()) {
         let mut out = flatten_grads(model, grads);
         append_values(&mut out, Some(tail.inner()), 1, f32::NAN);
         return out;

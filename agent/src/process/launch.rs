@@ -145,7 +145,7 @@ struct Cli {
     log: kindling_ops::cli::LogArgs,
 }
 
-const LONG_VERSION: &str = if crate::models::device::GPU_COMPILED {
+const LONG_VERSION: &str = if crate::models::backend::GPU_COMPILED {
     concat!(
         env!("CARGO_PKG_VERSION"),
         " (GPU backend: burn's wgpu runtime, SPIR-V on Vulkan; `gpu` feature)"
@@ -159,7 +159,7 @@ const LONG_VERSION: &str = if crate::models::device::GPU_COMPILED {
 
 /// `--check-gpu`: the adapter and what it can do, or why there is none.
 fn check_gpu() -> anyhow::Result<()> {
-    match crate::models::device::gpu() {
+    match crate::models::backend::gpu() {
         Ok((_, info)) => {
             println!("{}", info.report());
             Ok(())

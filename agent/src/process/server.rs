@@ -322,11 +322,11 @@ async fn reload_keys(keys: kindling_schemas::credential::CredentialKeys, stop: C
 /// Whether `use_gpu` jobs can run here: built with the `gpu` feature and a
 /// wgpu adapter found (probed once, off the async threads). Logged either way.
 async fn gpu_backend() -> bool {
-    if !crate::models::device::GPU_COMPILED {
+    if !crate::models::backend::GPU_COMPILED {
         tracing::info!("GPU backend: none (built without the `gpu` feature); `use_gpu` jobs are refused");
         return false;
     }
-    match tokio::task::spawn_blocking(crate::models::device::gpu).await {
+    match tokio::task::spawn_blocking(crate::models::backend::gpu).await {
         Ok(Ok((_, info))) => {
             tracing::info!(adapter = %info, "GPU backend: wgpu");
             true

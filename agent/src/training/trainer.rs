@@ -161,9 +161,9 @@ pub struct TrainOutcome {
     pub history: Vec<EpochMetrics>,
 }
 
-/// The burn device for a spec (see [`crate::models::device::for_spec`]).
+/// The burn device for a spec (see [`crate::models::backend::for_spec`]).
 pub fn device_for(spec: &JobSpec) -> Result<Device, AgentError> {
-    crate::models::device::for_spec(spec)
+    crate::models::backend::for_spec(spec)
 }
 
 fn lock(p: &Mutex<Progress>) -> std::sync::MutexGuard<'_, Progress> {
@@ -197,10 +197,10 @@ struct Trainer {
 /// the first ([`Pipeline::keeping`]): a quarter of the adapter's memory; none
 /// off the GPU or where the adapter states no size.
 fn kept_batches_budget(device: &Device) -> u64 {
-    if !crate::models::device::is_gpu(device) {
+    if !crate::models::backend::is_gpu(device) {
         return 0;
     }
-    crate::models::device::gpu()
+    crate::models::backend::gpu()
         .ok()
         .and_then(|(_, info)| info.memory_bytes)
         .map_or(0, |bytes| bytes / 4)
@@ -231,7 +231,8 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let optim = FlatOptimizer::for_job(&spec, &model.param_layout())?;
     let mut t = Trainer {
-        pipeline: Pipeline::new(crate::models::device::is_gpu(&device)).keeping(kept_batches_budget(&device)),
+        pipeline: Pipeline::new(crate::models::backend::is_gpu(&device))
+            .keeping(kept_batches_budget(&device)),
         device,
         weights: Vec::new(),
         gradient_step: GradientStep {
@@ -250,7 +251,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     };
     let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
     t.weights = model.flat_weights();
-    if ctx.step_on_device && crate::models::device::is_gpu(&t.device) {
+    if ctx.step_on_device && crate::models::backend::is_gpu(&t.device) {
         let layout = model.param_layout();
         let clip_norm = t.gradient_step.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(

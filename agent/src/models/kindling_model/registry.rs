@@ -217,8 +217,8 @@ impl ModelRegistry {
             self.max_params,
         )?;
         // A mixed-precision job's weights live on the GPU in its compute dtype.
-        match crate::models::device::compute_dtype(spec)? {
-            Some(dtype) if crate::models::device::is_gpu(device) => Ok(model.with_dtype(dtype)),
+        match crate::models::backend::compute_dtype(spec)? {
+            Some(dtype) if crate::models::backend::is_gpu(device) => Ok(model.with_dtype(dtype)),
             _ => Ok(model),
         }
     }

@@ -1,4 +1,4 @@
-//! Where a job trains: burn's `flex` CPU backend, or burn's wgpu runtime when
+//! The backend a job trains on: burn's `flex` CPU backend, or burn's wgpu runtime when
 //! the job sets `use_gpu` and the agent is built with a GPU cargo feature.
 //!
 //! `gpu` builds burn's `vulkan` backend: cubecl's SPIR-V kernels on Vulkan
