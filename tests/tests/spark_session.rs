@@ -34,7 +34,18 @@ async fn config_set_get_unset_is_per_session() -> Result<(), Error> {
 
 #[tokio::test]
 async fn session_id_from_url_is_used() -> Result<(), Error> {
-    let id = "6f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b";
+    // Drawn per run: a server the suite reuses (deploy/local/spark-connect.sh)
+    // keeps the ids of closed sessions and refuses them
+    // (INVALID_HANDLE.SESSION_CLOSED) when a later run names one again.
+    let bits: u128 = rand::random();
+    let id = format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        bits >> 96,
+        (bits >> 80) & 0xffff,
+        (bits >> 68) & 0xfff,
+        (bits >> 56) & 0xfff,
+        bits & 0xffff_ffff_ffff
+    );
     let spark = SparkSession::connect(&format!("{}/;session_id={id}", spark_remote())).await?;
     assert_eq!(spark.session_id(), id);
     Ok(())
