@@ -149,8 +149,8 @@ impl TrainedModel {
                     outputs: self.spec.output_dim(),
                     job_id: self.job_id(),
                 };
-                let bytes = graph.encode()?;
-                let json = self.export_json(format, onnx::shapes(&self.weights)?)?;
+                let (bytes, shapes) = graph.encode()?;
+                let json = self.export_json(format, shapes)?;
                 mkdir()?;
                 write_replacing(&dir.join(ONNX_FILE), &bytes)?;
                 json

@@ -251,12 +251,6 @@ fn tensors(weights: &RecordBatch) -> Result<Vec<Named>, JobError> {
         .collect()
 }
 
-/// Each tensor's name and shape in the weights table (burn's layouts, as
-/// the ONNX file's initializers have them).
-pub(super) fn shapes(weights: &RecordBatch) -> Result<Vec<(String, Vec<usize>)>, JobError> {
-    Ok(tensors(weights)?.into_iter().map(|(n, s, _)| (n, s)).collect())
-}
-
 impl Graph<'_> {
     /// The graph's layers: `(weight, bias)` pairs of the convolutions, then
     /// of the dense layers, as burn's module tree orders them.
@@ -303,9 +297,15 @@ impl Graph<'_> {
             .collect()
     }
 
-    /// The ONNX model's bytes.
-    pub fn encode(&self) -> Result<Vec<u8>, JobError> {
+    /// The ONNX model's bytes, and each weight's name and shape (burn's
+    /// layouts, as the file's initializers have them).
+    pub fn encode(&self) -> Result<(Vec<u8>, Vec<(String, Vec<usize>)>), JobError> {
         let (convs, layers) = self.layers()?;
+        let shapes = layers
+            .iter()
+            .flatten()
+            .map(|(name, shape, _)| (name.clone(), shape.clone()))
+            .collect();
         let mut nodes = Vec::new();
         let mut initializer = Vec::new();
         let input = self.graph_inputs()?;
@@ -413,7 +413,7 @@ impl Graph<'_> {
                 value: self.job_id.to_owned(),
             }],
         };
-        Ok(model.encode_to_vec())
+        Ok((model.encode_to_vec(), shapes))
     }
 }
 
