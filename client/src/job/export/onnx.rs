@@ -213,6 +213,8 @@ fn ints(name: &str, ints: &[i64]) -> AttributeProto {
 
 /// A tensor of the weights table: name, shape, values.
 type Named = (String, Vec<usize>, Vec<f32>);
+/// A tensor's name and shape.
+type Shape = (String, Vec<usize>);
 
 /// The weights table's tensors in the model's order.
 fn tensors(weights: &RecordBatch) -> Result<Vec<Named>, JobError> {
@@ -299,7 +301,7 @@ impl Graph<'_> {
 
     /// The ONNX model's bytes, and each weight's name and shape (burn's
     /// layouts, as the file's initializers have them).
-    pub fn encode(&self) -> Result<(Vec<u8>, Vec<(String, Vec<usize>)>), JobError> {
+    pub fn encode(&self) -> Result<(Vec<u8>, Vec<Shape>), JobError> {
         let (convs, layers) = self.layers()?;
         let shapes = layers
             .iter()
