@@ -104,12 +104,9 @@ async fn run(
                 buf.extend([0.0, 0.0]);
                 t.compute += started.elapsed();
                 let taken = exchange.run(
-                    &rt,
-                    &mut ring,
-                    &mut buf,
-                    params,
-                    &mut optim,
-                    &mut weights,
+                    (&rt, &mut ring),
+                    (&mut buf, params),
+                    (&mut optim, &mut weights),
                     &mut t,
                     |tr| (tr.weight > 0.0).then(|| 1.0 / tr.weight),
                 )?;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use kindling_schemas::action::{CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, StartJob};
 use kindling_schemas::credential::Claims;
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
+use kindling_schemas::spec::JobKind;
 use kindling_schemas::trace::TraceContext;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -177,9 +178,9 @@ impl JobRegistry {
             }
             .into());
         }
-        let rows = match &start.spec.rows_from {
-            Some(dataset) => Some(self.dataset_for(&jobs, &start, dataset)?),
-            None => None,
+        let rows = match start.spec.kind() {
+            JobKind::Trial { dataset } => Some(self.dataset_for(&jobs, &start, dataset)?),
+            JobKind::Train | JobKind::Dataset => None,
         };
         let incarnation = at_rendezvous.incarnation();
         self.env.inbox.set_incarnation(&start.job_id, incarnation);
@@ -237,7 +238,7 @@ impl JobRegistry {
             }
             .into());
         };
-        if !held.spec.holds_rows {
+        if held.spec.kind() != JobKind::Dataset {
             return Err(refuse(
                 "that job trains; only a job started with `holds_rows` lends its rows".into(),
             ));

@@ -1296,7 +1296,7 @@ async fn idle_http2_connections(
 /// is answered meanwhile, and once they go the address connects again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_from_one_address_hold_its_cap_and_others_are_served() {
-    use kindling_schemas::tls::MAX_GRPC_PER_PEER;
+    use kindling_ops::listen::MAX_GRPC_PER_PEER;
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent("idle").await;
     let pid = agent.child.id();
@@ -1366,8 +1366,8 @@ async fn idle_http2_connections_from_one_address_hold_its_cap_and_others_are_ser
 async fn floods_of_silent_connections_hold_each_listener_s_cap_and_the_agent_serves_after() {
     use std::net::Ipv4Addr;
 
+    use kindling_ops::listen::{MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_PEER};
     use kindling_ops::web::probes::MAX_PROBE_CONNECTIONS;
-    use kindling_schemas::tls::{MAX_PENDING_CONNECTIONS, MAX_PENDING_PER_PEER};
     let cluster = Cluster::start().await;
     let (agent, url) = cluster.agent("flood").await;
     let pid = agent.child.id();

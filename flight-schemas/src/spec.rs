@@ -8,10 +8,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod kind;
 mod model_spec;
 mod schedule;
 mod training;
 
+pub use kind::JobKind;
 pub use model_spec::{
     InputType, MAX_CONFIG_BYTES, MAX_MODEL_NAME, MAX_SEQUENCE, MAX_VOCABULARY, MAX_WIDTH, ModelSpec,
     Pretrained, valid_model_name,

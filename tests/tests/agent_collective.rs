@@ -559,12 +559,9 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                             .collect();
                         let stepped = exchange
                             .run(
-                                &rt,
-                                &mut ring,
-                                &mut buf,
-                                grads,
-                                &mut optim,
-                                &mut weights,
+                                (&rt, &mut ring),
+                                (&mut buf, grads),
+                                (&mut optim, &mut weights),
                                 &mut times,
                                 |t| Some(1.0 / t.weight),
                             )

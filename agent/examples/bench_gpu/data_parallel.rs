@@ -211,12 +211,9 @@ fn rank(
                 .append_to(&mut buf);
                 let grads = weights.len();
                 step.run(
-                    rt,
-                    &mut ring,
-                    &mut buf,
-                    grads,
-                    &mut optim,
-                    &mut weights,
+                    (rt, &mut ring),
+                    (&mut buf, grads),
+                    (&mut optim, &mut weights),
                     &mut times,
                     mean,
                 )?;

@@ -3,6 +3,9 @@
 //! how it writes its Prometheus page, and how it serves pages, `/metrics`
 //! and the Kubernetes probes over HTTP.
 //!
+//! - [`listen`]: the server side of a port: connections accepted under caps
+//!   (in all and per address), handshaken, and routed to gRPC, the ring or
+//!   HTTP.
 //! - [`cli`]: the token, TLS and logging flags and the logger.
 //! - [`exposition`]: the Prometheus page (OpenMetrics through
 //!   `prometheus-client`), build info and the process' own metrics; each
@@ -19,5 +22,6 @@
 pub mod cli;
 pub mod exposition;
 pub mod grpc;
+pub mod listen;
 pub mod receiving;
 pub mod web;

@@ -202,7 +202,7 @@ impl Front {
         let pages = PageGate::new(hint);
         let tasks = TaskTracker::new();
         let check = BearerCheck::new(config.token.clone());
-        let routed = kindling_schemas::tls::incoming_routed(listener, config.tls.clone());
+        let routed = kindling_ops::listen::incoming_routed(listener, config.tls.clone());
         let auth = kindling_ops::web::HttpAuth::new(
             check.clone(),
             config.viewer_token.clone(),

@@ -320,7 +320,7 @@ pub const MAX_RING_CONNECTIONS: usize = 1024;
 pub const MAX_RING_HELLOS: usize = 64;
 
 /// Serves the ring connections an agent's listener routes here
-/// ([`kindling_schemas::tls::incoming_routed`]), each on a task of its own,
+/// ([`kindling_ops::listen::incoming_routed`]), each on a task of its own,
 /// at most [`MAX_RING_CONNECTIONS`] (and [`MAX_RING_HELLOS`] before their
 /// hello) at once.
 pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Receiver<Conn>) {

@@ -512,7 +512,7 @@ pub fn listen(
     check: BearerCheck,
     stop: CancellationToken,
 ) {
-    let routed = kindling_schemas::tls::incoming_routed(listener, tls);
+    let routed = kindling_ops::listen::incoming_routed(listener, tls);
     let closing = inbox.clone();
     tokio::spawn(async move {
         // Keep the other receivers alive (and unused) while serving.

@@ -10,15 +10,16 @@ use arrow::datatypes::Schema;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
+use kindling_schemas::spec::JobKind;
 
 use crate::error::{AgentError, IngestError, JobStateError, LimitError, SpillError};
 use crate::jobs::job::{Job, JobData};
 
 fn refuse_if_terminal(job: &Job, d: &JobData) -> Result<(), AgentError> {
-    if let Some(dataset) = &job.spec.rows_from {
+    if let JobKind::Trial { dataset } = job.spec.kind() {
         return Err(JobStateError::Dataset {
             job_id: job.job_id.clone(),
-            dataset: dataset.clone(),
+            dataset: dataset.to_owned(),
             reason: "the job takes no rows: it trains on the dataset's".into(),
         }
         .into());

@@ -13,7 +13,7 @@ use kindling_schemas::credential::Role;
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::rendezvous::{GangMember, JobState, RendezvousClient};
 use kindling_schemas::schema::FeatureLayout;
-use kindling_schemas::spec::JobSpec;
+use kindling_schemas::spec::{JobKind, JobSpec};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -525,7 +525,7 @@ impl Job {
         self.set_state(AgentJobState::Ingesting);
         self.wait_for_data(&cancel).await?;
         self.set_state(AgentJobState::Training);
-        if self.spec.holds_rows {
+        if self.spec.kind() == JobKind::Dataset {
             // A dataset trains nothing: it lends its rows until it ends.
             cancel.cancelled().await;
             return Err(JobStateError::Cancelled("the dataset's attempt ended".into()).into());

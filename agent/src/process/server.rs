@@ -391,7 +391,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let server_builder = collective::server_builder(&config.channel);
     // One port: gRPC (Flight) and the ring data plane, told apart by their
     // first bytes (or TLS ALPN).
-    let routed = kindling_schemas::tls::incoming_routed(listener, tls);
+    let routed = kindling_ops::listen::incoming_routed(listener, tls);
     let incoming = routed.grpc;
     tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
     let token_layer = kindling_ops::grpc::TokenLayer::new(check.clone());

@@ -176,20 +176,16 @@ impl GradientStep {
         }
     }
 
-    /// All-reduces `buf` — `grads` gradient sums, then the step's
-    /// [`Trailer`] — and, when `take(trailer)` gives the scale that turns
-    /// the sums into means, steps `weights` (clipped to `clip_norm` first).
-    /// Returns whether it stepped; the trailer in `buf` is the all-ranks
-    /// sum either way.
-    #[allow(clippy::too_many_arguments)]
+    /// All-reduces `buf` over `ring` (driven on `rt`) — `grads` gradient
+    /// sums, then the step's [`Trailer`] — and, when `take(trailer)` gives
+    /// the scale that turns the sums into means, steps `weights` with
+    /// `optim` (clipped to `clip_norm` first). Returns whether it stepped;
+    /// the trailer in `buf` is the all-ranks sum either way.
     pub fn run(
         &self,
-        rt: &tokio::runtime::Handle,
-        ring: &mut Ring,
-        buf: &mut [f32],
-        grads: usize,
-        optim: &mut FlatOptimizer,
-        weights: &mut [f32],
+        (rt, ring): (&tokio::runtime::Handle, &mut Ring),
+        (buf, grads): (&mut [f32], usize),
+        (optim, weights): (&mut FlatOptimizer, &mut [f32]),
         times: &mut StepTimes,
         take: impl FnOnce(&Trailer) -> Option<f32>,
     ) -> Result<bool, AgentError> {

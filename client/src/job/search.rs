@@ -17,7 +17,7 @@ use std::time::Instant;
 use futures::StreamExt as _;
 use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::schema::FeatureLayout;
-use kindling_schemas::spec::{JobSpec, Metric};
+use kindling_schemas::spec::{JobKind, JobSpec, Metric};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
@@ -259,7 +259,7 @@ impl TrainingJob {
     /// Every trial's spec, checked; the metric; nothing fed yet.
     fn plan(&self, search: &Search) -> Result<Plan, JobError> {
         let setting = |setting, reason: String| JobError::Setting { setting, reason };
-        if self.spec.rows_from.is_some() || self.spec.holds_rows {
+        if self.spec.kind() != JobKind::Train {
             return Err(setting(
                 "search",
                 "the job to search must train on its own rows".into(),
@@ -367,7 +367,7 @@ impl TrainingJob {
             RendezvousClient::connect_with(&target.rendezvous(), token.as_ref(), &self.placement.channel)
                 .await?;
         let mut holder = self.clone();
-        holder.spec.holds_rows = true;
+        holder.spec.set_kind(JobKind::Dataset);
         holder.job_id = Some(data_id.clone());
         holder.reporting.events = None;
         let (events, received) = mpsc::channel(1024);
@@ -477,7 +477,9 @@ impl TrainingJob {
         let started = Instant::now();
         let mut job = self.clone();
         job.spec = spec.clone();
-        job.spec.rows_from = Some(held.job_id.clone());
+        job.spec.set_kind(JobKind::Trial {
+            dataset: &held.job_id,
+        });
         job.job_id = Some(job_id.clone());
         job.reporting.events = None;
         // A dataset that shrank (no replacement for a lost agent) holds its

@@ -224,7 +224,10 @@ fn from_json_rejects_unknown_model_and_invalid_values() {
 #[test]
 fn a_dataset_and_its_readers_say_so_and_cannot_be_both() {
     let mut dataset = base().build().expect("valid");
-    dataset.holds_rows = true;
+    assert_eq!(dataset.kind(), JobKind::Train);
+    dataset.set_kind(JobKind::Dataset);
+    assert!(dataset.holds_rows && dataset.rows_from.is_none());
+    assert_eq!(dataset.kind(), JobKind::Dataset);
     dataset.validate().expect("a dataset is a valid spec");
     assert!(
         dataset.summary().starts_with("a dataset: holds its rows"),
@@ -232,7 +235,16 @@ fn a_dataset_and_its_readers_say_so_and_cannot_be_both() {
         dataset.summary()
     );
     let mut reader = base().build().expect("valid");
-    reader.rows_from = Some("search-data".into());
+    reader.set_kind(JobKind::Trial {
+        dataset: "search-data",
+    });
+    assert_eq!(reader.rows_from.as_deref(), Some("search-data"));
+    assert_eq!(
+        reader.kind(),
+        JobKind::Trial {
+            dataset: "search-data"
+        }
+    );
     assert_eq!(JobSpec::from_json(&reader.to_json()).expect("parses"), reader);
     assert!(reader.summary().ends_with("on the rows of dataset `search-data`"));
     reader.holds_rows = true;

@@ -430,7 +430,7 @@ fn check_weights(spec: &super::JobSpec) -> Result<(), SpecError> {
 pub(crate) fn summary(spec: &super::JobSpec) -> String {
     use super::{ModelSpec, Task};
 
-    if spec.holds_rows {
+    if spec.kind() == super::JobKind::Dataset {
         return format!(
             "a dataset: holds its rows ({} and `{}`) on {} slot(s) for the jobs that read them",
             spec.features.join(", "),
@@ -494,7 +494,7 @@ pub(crate) fn summary(spec: &super::JobSpec) -> String {
             stop.patience
         ));
     }
-    if let Some(dataset) = &spec.rows_from {
+    if let super::JobKind::Trial { dataset } = spec.kind() {
         parts.push(format!("on the rows of dataset `{dataset}`"));
     }
     parts.join(" · ")

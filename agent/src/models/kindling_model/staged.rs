@@ -197,7 +197,6 @@ impl Pipeline {
     /// `model`'s gradients for `records` ([`AnyModel::gradients`]); while they
     /// are computed, `next` (the batch the caller will pass next) has the
     /// inputs the model read this step converted and queued to the device.
-    #[allow(clippy::too_many_arguments)]
     pub fn gradients(
         &mut self,
         model: &dyn AnyModel,

@@ -343,12 +343,9 @@ fn take_step(
         let grads = t.weights.len();
         let gradient_step = &t.gradient_step;
         let taken = gradient_step.run(
-            &ctx.runtime,
-            &mut ctx.ring,
-            buf,
-            grads,
-            &mut t.optim,
-            &mut t.weights,
+            (&ctx.runtime, &mut ctx.ring),
+            (buf, grads),
+            (&mut t.optim, &mut t.weights),
             &mut t.times,
             take,
         )?;

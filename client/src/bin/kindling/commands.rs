@@ -11,7 +11,7 @@ mod status;
 mod train;
 mod tune;
 
-pub use cluster::{Input, TlsArgs};
+pub use cluster::{ClusterArgs, Input};
 pub use evaluate::{EvaluateArgs, evaluate};
 pub use export::{ExportArgs, export};
 pub use predict::{PredictArgs, predict};

@@ -1,5 +1,6 @@
 //! The flags the commands that reach a cluster or Spark share: where the
-//! input rows come from, TLS to the rendezvous and agents, the token file.
+//! input rows come from ([`Input`]), and how to reach a cluster's
+//! rendezvous and agents ([`ClusterArgs`]: its URL, the token file, TLS).
 
 use std::path::PathBuf;
 
@@ -47,6 +48,33 @@ impl Input {
     }
 }
 
+/// How a command reaches a cluster: its rendezvous, the bearer token, TLS.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// The cluster's rendezvous URL (`http(s)://host:port`). `train` without
+    /// it runs a local cluster in this process; `predict` without it runs the
+    /// model here; `status` defaults to http://127.0.0.1:7070.
+    #[arg(long, env = "KINDLING_RENDEZVOUS")]
+    pub rendezvous: Option<String>,
+    /// File holding the cluster's bearer token.
+    #[arg(long, env = "KINDLING_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+impl ClusterArgs {
+    /// The token in `--token-file` (trailing whitespace ignored), if given.
+    pub fn token(&self) -> Result<Option<Token>> {
+        Ok(Token::read(self.token_file.as_deref(), None)?)
+    }
+
+    /// Channel settings with the TLS material of the flags.
+    pub fn channel(&self) -> Result<ChannelConfig> {
+        self.tls.channel()
+    }
+}
+
 /// How the CLI dials a cluster's rendezvous and agents over TLS.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TlsArgs {
@@ -84,9 +112,4 @@ impl TlsArgs {
             .with_tls(tls)
             .with_plaintext_token(self.allow_plaintext_token))
     }
-}
-
-/// The token in `--token-file` (trailing whitespace ignored), if given.
-pub(super) fn read_token(path: &Option<PathBuf>) -> Result<Option<Token>> {
-    Ok(Token::read(path.as_deref(), None)?)
 }

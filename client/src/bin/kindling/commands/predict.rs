@@ -3,8 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::cluster::read_token;
-use super::{Input, TlsArgs};
+use super::{ClusterArgs, Input};
 use anyhow::{Context, Result, bail};
 use arrow::array::RecordBatch;
 use futures::StreamExt;
@@ -27,18 +26,13 @@ pub struct PredictArgs {
     /// fails if the path exists).
     #[arg(long, default_value = "print")]
     pub output: String,
-    /// Predict on the Spark executors with this cluster's agents
-    /// (`TrainedModel::transform`): the model is served on its live agents and
-    /// each task sends its partition to one, so with `table:` or `parquet:` no
-    /// row passes through this process. Without it the model runs here and
-    /// every row does.
-    #[arg(long, env = "KINDLING_RENDEZVOUS")]
-    pub rendezvous: Option<String>,
-    /// File holding the cluster's bearer token (with --rendezvous).
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
+    /// With --rendezvous: predict on the Spark executors with this
+    /// cluster's agents (`TrainedModel::transform`): the model is served on
+    /// its live agents and each task sends its partition to one, so with
+    /// `table:` or `parquet:` no row passes through this process. Without it
+    /// the model runs here and every row does.
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub cluster: ClusterArgs,
     /// With --rendezvous: the executors' Python `major.minor` (default 3.11).
     #[arg(long)]
     pub executor_python: Option<String>,
@@ -86,12 +80,12 @@ pub async fn predict(args: PredictArgs) -> Result<()> {
         .context("connecting to Spark Connect")?;
     let df = args.input.dataframe(&spark).await?;
     // On the executors: a lazy DataFrame whose tasks call the agents.
-    let (model, on_agents) = match &args.rendezvous {
+    let (model, on_agents) = match &args.cluster.rendezvous {
         Some(url) => {
             let serving = ServingCluster {
                 rendezvous: url.clone(),
-                token: read_token(&args.token_file)?,
-                channel: args.tls.channel()?,
+                token: args.cluster.token()?,
+                channel: args.cluster.channel()?,
                 local: false,
             };
             let mut how = Transform::new();

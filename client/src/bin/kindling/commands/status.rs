@@ -1,12 +1,12 @@
 //! `kindling status [JOB]`: the rendezvous' jobs and agents, or one job's
 //! attempts, failures and per-epoch history.
 
-use std::path::PathBuf;
-
-use super::TlsArgs;
-use super::cluster::read_token;
+use super::ClusterArgs;
 use anyhow::{Context, Result};
 use kindling_schemas::rendezvous::RendezvousClient;
+
+/// The rendezvous `kindling status` asks without `--rendezvous`.
+const DEFAULT_RENDEZVOUS: &str = "http://127.0.0.1:7070";
 
 /// `kindling status [JOB]`.
 #[derive(Debug, clap::Args)]
@@ -14,23 +14,18 @@ pub struct StatusArgs {
     /// A job to show in detail: its attempts and their causes, and per
     /// epoch its losses, accuracy and throughput, with a sparkline of the loss.
     pub job: Option<String>,
-    /// Rendezvous URL.
-    #[arg(long, env = "KINDLING_RENDEZVOUS", default_value = "http://127.0.0.1:7070")]
-    pub rendezvous: String,
-    /// File holding the bearer token.
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub cluster: ClusterArgs,
 }
 
 /// Runs `kindling status`.
 pub async fn status(args: StatusArgs) -> Result<()> {
-    let token = read_token(&args.token_file)?;
-    let channel = args.tls.channel()?;
-    let rv = RendezvousClient::connect_with(args.rendezvous.clone(), token.as_ref(), &channel)
+    let token = args.cluster.token()?;
+    let channel = args.cluster.channel()?;
+    let url = args.cluster.rendezvous.as_deref().unwrap_or(DEFAULT_RENDEZVOUS);
+    let rv = RendezvousClient::connect_with(url.to_owned(), token.as_ref(), &channel)
         .await
-        .with_context(|| format!("connecting to the rendezvous at {}", args.rendezvous))?;
+        .with_context(|| format!("connecting to the rendezvous at {url}"))?;
     if let Some(job) = &args.job {
         return job_status(&rv, job, token.as_ref(), &channel).await;
     }

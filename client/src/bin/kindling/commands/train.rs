@@ -3,8 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::cluster::read_token;
-use super::{Input, TlsArgs, options};
+use super::{ClusterArgs, Input, options};
 use anyhow::{Context, Result, bail};
 use kindling::job::{ProgressMode, TrainedModel, TrainingJob};
 use kindling::spark::SparkSession;
@@ -53,14 +52,8 @@ pub struct TrainArgs {
     /// bf16), f32 master weights and all-reduce.
     #[arg(long, requires = "gpu")]
     pub bf16: bool,
-    /// Rendezvous of a cluster (implies not --local).
-    #[arg(long, env = "KINDLING_RENDEZVOUS")]
-    pub rendezvous: Option<String>,
-    /// File holding the cluster's bearer token.
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
     #[command(flatten)]
-    pub tls: TlsArgs,
+    pub cluster: ClusterArgs,
     /// Fraction of rows held out for evaluation (0: none).
     #[arg(long, default_value_t = 0.2)]
     pub eval_fraction: f64,
@@ -187,10 +180,10 @@ pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
             std::time::Duration::try_from_secs_f64(args.replacement_wait_secs)
                 .context("--replacement-wait-secs must be a non-negative number of seconds")?,
         )
-        .channel(args.tls.channel()?)
+        .channel(args.cluster.channel()?)
         .progress(ProgressMode::Auto)
-        .local_mode(args.local || args.rendezvous.is_none());
-    if let Some(r) = &args.rendezvous {
+        .local_mode(args.local || args.cluster.rendezvous.is_none());
+    if let Some(r) = &args.cluster.rendezvous {
         builder = builder.rendezvous(r.clone());
     }
     if let Some(addr) = args.status_addr {
@@ -202,7 +195,7 @@ pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
     if let Some(column) = &args.split_by {
         builder = builder.eval_split_by(column.clone());
     }
-    if let Some(t) = read_token(&args.token_file)? {
+    if let Some(t) = args.cluster.token()? {
         builder = builder.token(t);
     }
     Ok(builder.build()?)

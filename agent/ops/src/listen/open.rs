@@ -9,8 +9,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::Conn;
 use super::peers::PeerSlot;
+use kindling_schemas::tls::Conn;
 
 /// gRPC connections a listener keeps open at once (handshake done: an idle
 /// HTTP/2 connection that answers keepalive pings stays open for good); one
