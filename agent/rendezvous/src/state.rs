@@ -94,6 +94,8 @@ struct JobEntry {
     events: watch::Sender<JobStatus>,
     /// When the client's lease lapses (jobs created with a client lease).
     client_lease_until: Option<Instant>,
+    /// The client let the job go ([`RendezvousState::detach_job`]).
+    detached: bool,
     /// A change the watchers have not been told yet: they are told once it
     /// is durable ([`RendezvousState::commit`]), never before.
     unpublished: bool,
@@ -118,6 +120,7 @@ impl JobEntry {
             updated: self.updated,
             cancel_reason: self.cancel_reason.clone(),
             incarnation: self.incarnation,
+            detached: self.detached,
         }
     }
 
@@ -414,6 +417,7 @@ impl RendezvousState {
             gang: Gang::default(),
             events: watch::Sender::new(placeholder_status()),
             client_lease_until: None,
+            detached: false,
             unpublished: false,
         };
         job.renew_client_lease();
@@ -556,6 +560,26 @@ impl RendezvousState {
         Ok(job.config.client_lease)
     }
 
+    /// Lets the job go: its client lease is dropped (for good: the state
+    /// file keeps the job without one), so it runs to its end without its
+    /// client. Detaching a detached job changes nothing; a job that ended is
+    /// refused as every call on it is.
+    pub fn detach_job(&self, job_id: &str) -> Result<()> {
+        require("job_id", job_id)?;
+        let mut guard = self.lock()?;
+        let st = &mut *guard;
+        let job = job_mut(&mut st.jobs, job_id)?;
+        job.check_active()?;
+        if !job.detached {
+            job.detached = true;
+            job.config.client_lease = None;
+            job.client_lease_until = None;
+            job.publish();
+            tracing::info!(job = %job_id, "job detached from its client");
+        }
+        Self::commit(st)
+    }
+
     /// A job's status.
     pub fn job_status(&self, job_id: &str) -> Result<JobStatus> {
         require("job_id", job_id)?;
@@ -679,6 +703,7 @@ fn placeholder_status() -> JobStatus {
         updated: SystemTime::UNIX_EPOCH,
         cancel_reason: None,
         incarnation: 0,
+        detached: false,
     }
 }
 
