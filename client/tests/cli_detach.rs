@@ -125,7 +125,7 @@ async fn cluster(dir: &Path) -> (LocalCluster, RendezvousClient, Vec<AgentClient
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_detached_job_outlives_its_client_and_is_waited_for_and_fetched_from_other_processes() {
     const ROWS: u64 = 20_000;
-    const EPOCHS: u32 = 30;
+    const EPOCHS: u32 = 100;
     let dir = tempfile::tempdir().expect("tempdir");
     let (cluster, rv, agents) = cluster(dir.path()).await;
     let job = "detached-1";

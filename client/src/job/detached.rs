@@ -5,6 +5,7 @@
 //! credentials, follows it to its end ([`JobHandle::wait`]) and fetches its
 //! model from the agents ([`JobHandle::fetch`]).
 
+use arrow::array::RecordBatch;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
@@ -297,11 +298,11 @@ impl JobHandle {
         let table = c.fetch_model(&self.job_id).await?;
         let card = match ModelCard::from_schema(&table.schema()) {
             Some(Ok(card)) => card,
-            Some(Err(e)) => return Err(self.no_card(format!("its model card is not valid JSON: {e}"))),
-            None => return Err(self.no_card("its weights came without a model card".into())),
+            Some(Err(e)) => return Err(self.no_card(agent, format!("its model card is not valid JSON: {e}"))),
+            None => return Err(self.no_card(agent, "its weights came without a model card".into())),
         };
         if card.job_id != self.job_id {
-            return Err(self.no_card(format!("its model card names job `{}`", card.job_id)));
+            return Err(self.no_card(agent, format!("its model card names job `{}`", card.job_id)));
         }
         // The weights as `fit` gets them: the card is not part of the table.
         let schema = table
@@ -309,9 +310,8 @@ impl JobHandle {
             .as_ref()
             .clone()
             .with_metadata(arrow::datatypes::Metadata::default());
-        let weights = table
-            .with_schema(std::sync::Arc::new(schema))
-            .map_err(|e| self.no_card(e.to_string()))?;
+        let weights = RecordBatch::try_new(std::sync::Arc::new(schema), table.columns().to_vec())
+            .map_err(|e| self.no_card(agent, e.to_string()))?;
         let layout = model_layout(&card.spec, &card.inputs, card.input_dim);
         let restore_best = card.spec.early_stopping.is_some_and(|s| s.restore_best);
         let mut model = TrainedModel::from_weights(
@@ -360,9 +360,10 @@ impl JobHandle {
         }
     }
 
-    fn no_card(&self, reason: String) -> JobError {
-        JobError::ModelGone {
+    fn no_card(&self, agent: &AgentInfo, reason: String) -> JobError {
+        JobError::ModelCard {
             job_id: self.job_id.clone(),
+            agent: agent.agent_id.clone(),
             reason,
         }
     }

@@ -138,6 +138,16 @@ pub enum JobError {
         /// What each member agent answered.
         reason: String,
     },
+    /// An agent's weights of a job came without a usable model card.
+    #[error("agent {agent}'s weights of job `{job_id}` cannot be a model: {reason}")]
+    ModelCard {
+        /// The job.
+        job_id: String,
+        /// The agent asked.
+        agent: String,
+        /// What is wrong with the card.
+        reason: String,
+    },
     /// The input to predict has no rows.
     #[error("{what} is empty: there is nothing to predict")]
     EmptyInput {
