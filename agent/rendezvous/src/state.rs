@@ -9,7 +9,8 @@
 //!
 //! Time is `tokio::time`, so timeouts can be tested with paused time.
 //!
-//! Agent leases are in `state/agents.rs`, joins and gang formation in
+//! Agent leases are in `state/agents.rs`, the job's client (its lease,
+//! detaching) in `state/client.rs`, joins and gang formation in
 //! `state/gang.rs`, all-gathers and barriers in `state/gather.rs`; the value
 //! types come from `kindling_schemas::rendezvous` and [`crate::types`].
 
@@ -26,6 +27,7 @@ use crate::error::RendezvousError;
 use crate::types::{ReapReport, RendezvousConfig};
 
 mod agents;
+mod client;
 mod durable;
 mod gang;
 mod gather;
@@ -545,38 +547,6 @@ impl RendezvousState {
             reason
         };
         cancel_active(&mut st.agents, job, reason);
-        Self::commit(st)
-    }
-
-    /// Renews the job's client lease (see [`JobConfig::client_lease`]);
-    /// returns the lease, `None` for a job created without one. A job that
-    /// ended is refused as every call on it is.
-    pub fn renew_job_lease(&self, job_id: &str) -> Result<Option<Duration>> {
-        require("job_id", job_id)?;
-        let mut st = self.lock()?;
-        let job = job_mut(&mut st.jobs, job_id)?;
-        job.check_active()?;
-        job.renew_client_lease();
-        Ok(job.config.client_lease)
-    }
-
-    /// Lets the job go: its client lease is dropped (for good: the state
-    /// file keeps the job without one), so it runs to its end without its
-    /// client. Detaching a detached job changes nothing; a job that ended is
-    /// refused as every call on it is.
-    pub fn detach_job(&self, job_id: &str) -> Result<()> {
-        require("job_id", job_id)?;
-        let mut guard = self.lock()?;
-        let st = &mut *guard;
-        let job = job_mut(&mut st.jobs, job_id)?;
-        job.check_active()?;
-        if !job.detached {
-            job.detached = true;
-            job.config.client_lease = None;
-            job.client_lease_until = None;
-            job.publish();
-            tracing::info!(job = %job_id, "job detached from its client");
-        }
         Self::commit(st)
     }
 
