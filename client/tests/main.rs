@@ -4,6 +4,7 @@
 mod common;
 
 mod cli_client_lease;
+mod cli_detach;
 mod cli_evaluate;
 mod cli_export;
 mod cli_predict;

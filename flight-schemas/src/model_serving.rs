@@ -54,6 +54,36 @@ pub enum ModelInput {
     },
 }
 
+/// The schema metadata key of a job's weights table from `DoGet [job_id,
+/// model]` (and `[job_id, checkpoint]`): its [`ModelCard`] as JSON, so a
+/// client that did not start the job (a detached one, fetched later) can
+/// build the model.
+pub const MODEL_CARD_METADATA: &str = "kindling.model_card";
+
+/// What a job's weights table needs to become a model elsewhere: the job,
+/// its spec and the inputs the model was built for (as in [`ServeModel`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    /// The job that trained it.
+    pub job_id: String,
+    /// The spec it was trained with.
+    pub spec: JobSpec,
+    /// Width of its float input.
+    pub input_dim: usize,
+    /// The feature columns it was built for.
+    pub inputs: Vec<ModelInput>,
+}
+
+impl ModelCard {
+    /// The card in the metadata of a weights table's `schema`, if it has one.
+    pub fn from_schema(schema: &arrow::datatypes::Schema) -> Option<Result<Self, serde_json::Error>> {
+        schema
+            .metadata()
+            .get(MODEL_CARD_METADATA)
+            .map(|json| serde_json::from_str(json))
+    }
+}
+
 /// The inputs of a layout.
 pub fn model_inputs(layout: &FeatureLayout) -> Vec<ModelInput> {
     layout

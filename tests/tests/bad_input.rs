@@ -931,6 +931,7 @@ async fn every_rpc_and_action_refuses_a_caller_without_the_token() {
             "RenewJobLease",
             r.renew_job_lease(rv::RenewJobLeaseRequest::default())
         );
+        rpc!("DetachJob", r.detach_job(rv::DetachJobRequest::default()));
         rpc!("Join", r.join(rv::JoinRequest::default()));
         rpc!("AllGather", r.all_gather(rv::AllGatherRequest::default()));
         rpc!(
@@ -947,7 +948,7 @@ async fn every_rpc_and_action_refuses_a_caller_without_the_token() {
         rpc!("JobStatus", r.job_status(rv::JobStatusRequest::default()));
         rpc!("ListJobs", r.list_jobs(rv::ListJobsRequest::default()));
         rpc!("Watch", r.watch(rv::WatchRequest::default()));
-        assert_eq!(refusals.len(), 9 + ActionKind::ALL.len() + 1 + 16);
+        assert_eq!(refusals.len(), 9 + ActionKind::ALL.len() + 1 + 17);
         for (what, status) in refusals {
             assert_eq!(
                 status.code(),
@@ -957,6 +958,6 @@ async fn every_rpc_and_action_refuses_a_caller_without_the_token() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 2 * (9 + ActionKind::ALL.len() + 1 + 16));
+    assert_eq!(checked, 2 * (9 + ActionKind::ALL.len() + 1 + 17));
     cluster.shutdown().await;
 }

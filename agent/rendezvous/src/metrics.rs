@@ -120,6 +120,7 @@ mod tests {
             updated: std::time::SystemTime::UNIX_EPOCH,
             cancel_reason: None,
             incarnation: 1,
+            detached: false,
         };
         #[derive(Debug)]
         struct Fixed(Vec<JobStatus>);

@@ -270,6 +270,7 @@ fn job(j: &JobStatus, reports: &HashMap<String, (Instant, AgentReport)>) -> Valu
         "created_ms": unix_ms(j.created),
         "updated_ms": unix_ms(j.updated),
         "cancel_reason": j.cancel_reason,
+        "detached": j.detached,
         "spec_summary": j.spec_summary,
         "failures": j.failures.iter().map(|f| json!({
             "attempt": f.attempt,
@@ -372,6 +373,7 @@ mod tests {
             updated: UNIX_EPOCH,
             cancel_reason: None,
             incarnation: 1,
+            detached: false,
         };
         let page = status(&[job], &[], &reports.lock(), 7);
         let j = &page["jobs"][0];

@@ -416,6 +416,14 @@ impl Rendezvous for RendezvousService {
         }))
     }
 
+    async fn detach_job(
+        &self,
+        request: Request<pb::DetachJobRequest>,
+    ) -> Result<Response<pb::DetachJobResponse>, Status> {
+        self.state.detach_job(&request.into_inner().job_id)?;
+        Ok(Response::new(pb::DetachJobResponse {}))
+    }
+
     async fn join(&self, request: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
         let r = request.into_inner();
         let m = self.state.join(&r.job_id, r.attempt, &r.agent_id).await?;

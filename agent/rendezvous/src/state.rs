@@ -9,7 +9,8 @@
 //!
 //! Time is `tokio::time`, so timeouts can be tested with paused time.
 //!
-//! Agent leases are in `state/agents.rs`, joins and gang formation in
+//! Agent leases are in `state/agents.rs`, the job's client (its lease,
+//! detaching) in `state/client.rs`, joins and gang formation in
 //! `state/gang.rs`, all-gathers and barriers in `state/gather.rs`; the value
 //! types come from `kindling_schemas::rendezvous` and [`crate::types`].
 
@@ -26,6 +27,7 @@ use crate::error::RendezvousError;
 use crate::types::{ReapReport, RendezvousConfig};
 
 mod agents;
+mod client;
 mod durable;
 mod gang;
 mod gather;
@@ -94,6 +96,8 @@ struct JobEntry {
     events: watch::Sender<JobStatus>,
     /// When the client's lease lapses (jobs created with a client lease).
     client_lease_until: Option<Instant>,
+    /// The client let the job go ([`RendezvousState::detach_job`]).
+    detached: bool,
     /// A change the watchers have not been told yet: they are told once it
     /// is durable ([`RendezvousState::commit`]), never before.
     unpublished: bool,
@@ -118,6 +122,7 @@ impl JobEntry {
             updated: self.updated,
             cancel_reason: self.cancel_reason.clone(),
             incarnation: self.incarnation,
+            detached: self.detached,
         }
     }
 
@@ -414,6 +419,7 @@ impl RendezvousState {
             gang: Gang::default(),
             events: watch::Sender::new(placeholder_status()),
             client_lease_until: None,
+            detached: false,
             unpublished: false,
         };
         job.renew_client_lease();
@@ -544,18 +550,6 @@ impl RendezvousState {
         Self::commit(st)
     }
 
-    /// Renews the job's client lease (see [`JobConfig::client_lease`]);
-    /// returns the lease, `None` for a job created without one. A job that
-    /// ended is refused as every call on it is.
-    pub fn renew_job_lease(&self, job_id: &str) -> Result<Option<Duration>> {
-        require("job_id", job_id)?;
-        let mut st = self.lock()?;
-        let job = job_mut(&mut st.jobs, job_id)?;
-        job.check_active()?;
-        job.renew_client_lease();
-        Ok(job.config.client_lease)
-    }
-
     /// A job's status.
     pub fn job_status(&self, job_id: &str) -> Result<JobStatus> {
         require("job_id", job_id)?;
@@ -679,6 +673,7 @@ fn placeholder_status() -> JobStatus {
         updated: SystemTime::UNIX_EPOCH,
         cancel_reason: None,
         incarnation: 0,
+        detached: false,
     }
 }
 

@@ -126,6 +126,7 @@ fn arbitrary_snapshot() -> impl Strategy<Value = pb::StateSnapshot> {
                     cancel_reason: reason,
                     // 0 half the time: a state file from before incarnations.
                     incarnation: if created % 2 == 0 { 0 } else { updated },
+                    detached: updated % 2 == 0,
                 }
             },
         );

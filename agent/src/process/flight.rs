@@ -193,7 +193,7 @@ impl FlightService for AgentFlightService {
         caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
         self.check_incarnation(&caller, path.job_id())?;
         let model = self.model_for(&path).await?;
-        let table = model.to_arrow()?;
+        let table = self.with_card(path.job_id(), model.to_arrow()?)?;
         let stream = FlightDataEncoderBuilder::new()
             .build(futures::stream::once(async move { Ok(table) }))
             .map_err(flight_status);
@@ -420,6 +420,35 @@ impl AgentFlightService {
             agent_id: self.jobs.agent_id().to_owned(),
             models: self.jobs.served().list(),
         }
+    }
+
+    /// A job's weights `table` with the job's [`ModelCard`] in its schema's
+    /// metadata (a served model's table goes out as it is).
+    fn with_card(
+        &self,
+        job_id: &str,
+        table: arrow::array::RecordBatch,
+    ) -> Result<arrow::array::RecordBatch, AgentError> {
+        use kindling_schemas::model_serving::{MODEL_CARD_METADATA, ModelCard, model_inputs};
+        let Ok(job) = self.jobs.get(job_id) else {
+            return Ok(table);
+        };
+        let Some(layout) = job.lock().layout.clone() else {
+            return Ok(table);
+        };
+        let card = ModelCard {
+            job_id: job.job_id.clone(),
+            spec: job.spec.clone(),
+            input_dim: layout.input_dim,
+            inputs: model_inputs(&layout),
+        };
+        let json = serde_json::to_string(&card).map_err(InternalError::ResponseJson)?;
+        let schema = table
+            .schema()
+            .as_ref()
+            .clone()
+            .with_metadata(arrow::datatypes::Metadata::default().with(MODEL_CARD_METADATA, json));
+        table.with_schema(Arc::new(schema)).map_err(AgentError::arrow)
     }
 
     /// The model `path` names: the trained one (in memory), or the latest

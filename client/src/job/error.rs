@@ -116,6 +116,38 @@ pub enum JobError {
         /// The first cause.
         cause: String,
     },
+    /// A detached job's model was asked for before the job succeeded.
+    #[error(
+        "job `{job_id}` has not finished (it is {state}): wait for it first (JobHandle::wait, \
+         `kindling wait`)"
+    )]
+    NotFinished {
+        /// The job.
+        job_id: String,
+        /// Its state at the rendezvous.
+        state: &'static str,
+    },
+    /// No agent of a finished job could hand out its model.
+    #[error(
+        "no agent of job `{job_id}` gave its model: {reason} (agents keep a finished job's model for \
+         their --finished-retention-secs)"
+    )]
+    ModelGone {
+        /// The job.
+        job_id: String,
+        /// What each member agent answered.
+        reason: String,
+    },
+    /// An agent's weights of a job came without a usable model card.
+    #[error("agent {agent}'s weights of job `{job_id}` cannot be a model: {reason}")]
+    ModelCard {
+        /// The job.
+        job_id: String,
+        /// The agent asked.
+        agent: String,
+        /// What is wrong with the card.
+        reason: String,
+    },
     /// The input to predict has no rows.
     #[error("{what} is empty: there is nothing to predict")]
     EmptyInput {

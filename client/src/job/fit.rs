@@ -85,6 +85,13 @@ impl TrainingJob {
         self.run(self.remote(), rows).await
     }
 
+    /// The job's id: the one it was built with, else a fresh `kindling-…`.
+    pub(super) fn new_job_id(&self) -> String {
+        self.job_id
+            .clone()
+            .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+    }
+
     /// The cluster behind the job's rendezvous.
     pub(super) fn remote(&self) -> Target<'_> {
         Target::Remote {
@@ -167,10 +174,7 @@ impl TrainingJob {
             };
             reporter.note(&format!("status page: {}/{link}", cluster.rendezvous_url()));
         }
-        let job_id = self
-            .job_id
-            .clone()
-            .unwrap_or_else(|| format!("kindling-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+        let job_id = self.new_job_id();
         if let Some(trace) = TraceContext::current() {
             reporter.note(&format!(
                 "trace id {} (on the agents' and the rendezvous' log lines of this job)",

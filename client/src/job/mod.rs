@@ -7,10 +7,13 @@
 //!   trials on rows fed once. Below both: `source` (where a run's rows come
 //!   from, a search's held dataset) and `run` (one run on the agents: gang,
 //!   feed, follow, recover, finish).
+//! - [`JobHandle`]: a job that outlives its client (`submit`, in
+//!   `detached`), waited for and fetched from any process.
 //! - [`TrainedModel`]: metrics, weights, save/load, predict (also back into Spark).
 //! - [`TrainingEvent`]: progress, as a stream for the application and as bars/log lines.
 
 mod builder;
+mod detached;
 mod error;
 #[cfg(feature = "local")]
 mod evaluate;
@@ -33,6 +36,7 @@ mod transform;
 use std::time::Duration;
 
 pub use builder::TrainingJobBuilder;
+pub use detached::JobHandle;
 pub use error::{JobError, SplitProblem};
 pub use event::TrainingEvent;
 #[cfg(feature = "local")]

@@ -27,8 +27,8 @@ use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, Window};
 use crate::feed::{AgentClient, PushedPartition};
-use holders::Holders;
-use watched::{Follow, QUIET, Watched};
+pub(super) use holders::Holders;
+pub(super) use watched::{Follow, QUIET, Watched};
 
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.
@@ -315,6 +315,21 @@ impl<'r, 'a> Run<'r, 'a> {
                 return Ok(statuses.into_iter().next().expect("a member"));
             }
         }
+    }
+
+    /// The run's end for a detached job (every shard fed and committed):
+    /// the rendezvous drops the job's client lease, so it trains on without
+    /// this process; the guard is disarmed and the lease's renewals stop.
+    pub async fn detach(mut self) -> Result<super::JobHandle, JobError> {
+        if let Err(e) = self.rv.detach_job(&self.job_id).await {
+            return Err(self.failed_at_rendezvous().await.unwrap_or(e.into()));
+        }
+        self.guard.armed = false;
+        self.reporter.note(&format!(
+            "job {} fed and detached: it trains on without this process (kindling wait {0})",
+            self.job_id
+        ));
+        Ok(self.job.handle(self.job_id.clone()))
     }
 
     /// The run's end: the epochs not reported yet, the model fetched from

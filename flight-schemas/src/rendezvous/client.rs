@@ -360,6 +360,21 @@ impl RendezvousClient {
         Ok((reply.lease_ms > 0).then(|| Duration::from_millis(reply.lease_ms)))
     }
 
+    /// Lets the job go: the rendezvous drops its client lease, so the job
+    /// runs to its end without this client (it is then `detached` in its
+    /// status). Idempotent; a job that ended answers with its error.
+    pub async fn detach_job(&self, job_id: &str) -> Result<()> {
+        let request = pb::DetachJobRequest {
+            job_id: job_id.to_owned(),
+        };
+        self.retrying("detach_job", |mut g| {
+            let request = request.clone();
+            async move { g.detach_job(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Renews the client lease of `job_id` (created with
     /// [`JobConfig::with_client_lease`] of `lease`) every lease / 3 in a
     /// background task until the returned [`JobLease`] is dropped or the job

@@ -148,6 +148,9 @@ pub struct JobStatus {
     /// created it (job credentials name it). 0 from a rendezvous that
     /// predates it: see [`JobStatus::incarnation`].
     pub incarnation: u64,
+    /// The job's client let it go ([`RendezvousClient::detach_job`](super::RendezvousClient::detach_job)):
+    /// it has no client lease and runs to its end without its client.
+    pub detached: bool,
 }
 
 impl JobStatus {

@@ -107,6 +107,7 @@ impl From<&JobStatus> for pb::JobStatusResponse {
             updated_unix_ms: unix_ms(s.updated),
             cancel_reason: s.cancel_reason.clone().unwrap_or_default(),
             incarnation: s.incarnation,
+            detached: s.detached,
         }
     }
 }
@@ -128,6 +129,7 @@ impl TryFrom<pb::JobStatusResponse> for JobStatus {
             updated: from_unix_ms(s.updated_unix_ms),
             cancel_reason: (!s.cancel_reason.is_empty()).then_some(s.cancel_reason),
             incarnation: s.incarnation,
+            detached: s.detached,
         })
     }
 }
@@ -201,6 +203,7 @@ mod tests {
             updated: at,
             cancel_reason: None,
             incarnation: 0x1234_5678_9abc_def0,
+            detached: true,
         };
         let back = JobStatus::try_from(pb::JobStatusResponse::from(&status)).unwrap();
         assert_eq!(back, status);

@@ -105,6 +105,7 @@ impl JobEntry {
             gang,
             events: watch::Sender::new(placeholder_status()),
             client_lease_until: None,
+            detached: status.detached,
             unpublished: false,
         };
         // Like an agent's, the client's lease starts afresh: a restart costs

@@ -581,6 +581,37 @@ async fn a_restart_keeps_a_client_lease_and_starts_it_afresh() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_detached_job_outlives_its_client_s_lease_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = durable(dir.path());
+    let lease = Duration::from_secs(2);
+    s.create_job(JobConfig::new("j", 1).with_client_lease(lease))
+        .unwrap();
+    s.detach_job("j").unwrap();
+    s.detach_job("j").unwrap();
+    assert!(s.job_status("j").unwrap().detached);
+    assert_eq!(s.renew_job_lease("j").unwrap(), None);
+    advance(Duration::from_secs(5)).await;
+    assert!(s.reap().cancelled_jobs.is_empty());
+    drop(s);
+    // The state file keeps it detached, without a lease to lapse.
+    let r = durable(dir.path());
+    advance(Duration::from_secs(5)).await;
+    assert!(r.reap().cancelled_jobs.is_empty());
+    let status = r.job_status("j").unwrap();
+    assert!(status.detached && status.state == JobState::Ganging, "{status:?}");
+    r.cancel_job("j", "by hand").unwrap();
+    assert!(matches!(
+        r.detach_job("j"),
+        Err(RendezvousError::JobCancelled { .. })
+    ));
+    assert!(matches!(
+        r.detach_job("nope"),
+        Err(RendezvousError::JobNotFound { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_ganging_attempt_shrinks_and_forms_with_the_survivors_from_then_on() {
     let dir = tempfile::tempdir().unwrap();
     let s = durable(dir.path());

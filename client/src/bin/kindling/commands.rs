@@ -5,6 +5,7 @@
 mod cluster;
 mod evaluate;
 mod export;
+mod jobs;
 mod options;
 mod predict;
 mod status;
@@ -14,6 +15,7 @@ mod tune;
 pub use cluster::{ClusterArgs, Input};
 pub use evaluate::{EvaluateArgs, evaluate};
 pub use export::{ExportArgs, export};
+pub use jobs::{FetchArgs, JobsArgs, WaitArgs, fetch, jobs, wait};
 pub use predict::{PredictArgs, predict};
 pub use status::{StatusArgs, status};
 pub use train::{TrainArgs, job, report_model, train};

@@ -37,6 +37,12 @@ enum Command {
     Evaluate(commands::EvaluateArgs),
     /// Show the agents and jobs a rendezvous knows.
     Status(commands::StatusArgs),
+    /// List the jobs a rendezvous knows, detached ones marked.
+    Jobs(commands::JobsArgs),
+    /// Follow a job (one `train --detach` left running) to its end.
+    Wait(commands::WaitArgs),
+    /// Save a finished job's model from its agents.
+    Fetch(commands::FetchArgs),
     /// Write a saved model as safetensors with PyTorch's names and layouts.
     Export(commands::ExportArgs),
 }
@@ -81,6 +87,9 @@ async fn main() -> Result<()> {
         Command::Predict(args) => commands::predict(args).await,
         Command::Evaluate(args) => commands::evaluate(args).await,
         Command::Status(args) => commands::status(args).await,
+        Command::Jobs(args) => commands::jobs(args).await,
+        Command::Wait(args) => commands::wait(args).await,
+        Command::Fetch(args) => commands::fetch(args).await,
         Command::Export(args) => commands::export(args),
     }
 }

@@ -12,7 +12,7 @@ use crate::feed::relay::Shards;
 /// Who holds each shard: shard `s` lives on `clients[s]` (`agent_ids[s]`).
 /// One shard per agent, until an elastic shrink hands a lost agent's shards
 /// to survivors, which then hold several.
-pub(super) struct Holders {
+pub(crate) struct Holders {
     pub clients: Vec<AgentClient>,
     pub agent_ids: Vec<String>,
     /// Rows each shard holds, as last fed: train, eval.

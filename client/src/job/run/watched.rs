@@ -23,9 +23,9 @@ const REOPEN: Duration = Duration::from_millis(100);
 /// rendezvous's watch, or asked directly) is asked for its status: a lost
 /// agent that no failed attempt names is found so. Longer than the third of
 /// a lease at which an agent with nothing new to report still heartbeats.
-pub(super) const QUIET: Duration = Duration::from_secs(4);
+pub(crate) const QUIET: Duration = Duration::from_secs(4);
 
-pub(super) struct Watched {
+pub(crate) struct Watched {
     job_id: String,
     started: Instant,
     /// Per agent, the last log entry emitted.
@@ -182,7 +182,7 @@ impl Watched {
 /// asking the rendezvous and every agent again and again. A stream that breaks
 /// (a rendezvous restart) is opened again; opening retries within the
 /// client's outage bound, past which the error is returned.
-pub(super) struct Follow {
+pub(crate) struct Follow {
     rv: RendezvousClient,
     job_id: String,
     stream: Option<ReportWatch>,

@@ -80,9 +80,18 @@ pub struct TrainArgs {
     pub min_slots: Option<u32>,
     #[command(flatten)]
     pub training: options::TrainingOptions,
-    /// Where to save the trained model.
-    #[arg(long, short)]
-    pub output: PathBuf,
+    /// The job's id (default: a fresh `kindling-…`).
+    #[arg(long)]
+    pub job_id: Option<String>,
+    /// Return once every row is fed and committed, printing the job's id on
+    /// stdout, and leave the job training on the cluster without this
+    /// process (`kindling wait JOB`, `kindling fetch JOB -o DIR`). Needs
+    /// --rendezvous.
+    #[arg(long, requires = "rendezvous", conflicts_with = "local")]
+    pub detach: bool,
+    /// Where to save the trained model (not with --detach).
+    #[arg(long, short, required_unless_present = "detach", conflicts_with = "detach")]
+    pub output: Option<PathBuf>,
 }
 
 fn parse_task(s: &str) -> Result<Task> {
@@ -144,10 +153,17 @@ pub async fn train(args: TrainArgs) -> Result<()> {
         .await
         .context("connecting to Spark Connect")?;
     let df = args.input.dataframe(&spark).await?;
-    let model = job(&args)?.fit(&df).await.context("training")?;
-    model.save(&args.output)?;
+    let job = job(&args)?;
+    let Some(output) = &args.output else {
+        let handle = job.submit(&df).await.context("submitting the job")?;
+        // The id alone on stdout, for `JOB=$(kindling train --detach ...)`.
+        println!("{}", handle.job_id());
+        return Ok(());
+    };
+    let model = job.fit(&df).await.context("training")?;
+    model.save(output)?;
     report_model(&model);
-    println!("model saved to {}", args.output.display());
+    println!("model saved to {}", output.display());
     Ok(())
 }
 
@@ -188,6 +204,9 @@ pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
     }
     if let Some(addr) = args.status_addr {
         builder = builder.status_addr(addr);
+    }
+    if let Some(id) = &args.job_id {
+        builder = builder.job_id(id.clone());
     }
     if let Some(m) = args.min_slots {
         builder = builder.min_slots(m);

@@ -69,6 +69,9 @@ pub struct TuneArgs {
 
 /// Runs `kindling tune`.
 pub async fn tune(args: TuneArgs) -> Result<()> {
+    let Some(output) = &args.job.output else {
+        bail!("kindling tune follows its trials to the end: --detach does not apply, give --output");
+    };
     let space = SearchSpace::parse(args.space.iter().map(String::as_str))?;
     let mut search = Search::new(space).seed(args.search_seed).parallel(args.parallel);
     if let Some(n) = args.trials {
@@ -106,8 +109,8 @@ pub async fn tune(args: TuneArgs) -> Result<()> {
     };
     println!("best: trial {} ({})", best.trial, best.job_id);
     let model = best.model.as_ref().context("the best trial's model")?;
-    model.save(&args.job.output)?;
+    model.save(output)?;
     super::report_model(model);
-    println!("model saved to {}", args.job.output.display());
+    println!("model saved to {}", output.display());
     Ok(())
 }
