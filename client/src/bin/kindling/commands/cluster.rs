@@ -5,9 +5,11 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use kindling::job::JobHandle;
 use kindling::spark::{DataFrame, SparkSession};
 use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::tls::{Tls, TlsFiles};
 
 /// Where the input rows come from.
@@ -63,7 +65,34 @@ pub struct ClusterArgs {
     pub tls: TlsArgs,
 }
 
+/// The rendezvous the commands that only ask one (`status`, `jobs`, `wait`,
+/// `fetch`) ask without `--rendezvous`.
+pub const DEFAULT_RENDEZVOUS: &str = "http://127.0.0.1:7070";
+
 impl ClusterArgs {
+    /// `--rendezvous`, or [`DEFAULT_RENDEZVOUS`].
+    pub fn rendezvous_or_default(&self) -> &str {
+        self.rendezvous.as_deref().unwrap_or(DEFAULT_RENDEZVOUS)
+    }
+
+    /// A client of the rendezvous ([`Self::rendezvous_or_default`]).
+    pub async fn connect(&self) -> Result<RendezvousClient> {
+        let url = self.rendezvous_or_default();
+        RendezvousClient::connect_with(url.to_owned(), self.token()?.as_ref(), &self.channel()?)
+            .await
+            .with_context(|| format!("connecting to the rendezvous at {url}"))
+    }
+
+    /// A handle on `job` at this cluster ([`Self::rendezvous_or_default`]).
+    pub fn handle(&self, job: &str) -> Result<JobHandle> {
+        let mut handle =
+            JobHandle::new(job, self.rendezvous_or_default().to_owned()).channel(self.channel()?);
+        if let Some(token) = self.token()? {
+            handle = handle.token(token);
+        }
+        Ok(handle)
+    }
+
     /// The token in `--token-file` (trailing whitespace ignored), if given.
     pub fn token(&self) -> Result<Option<Token>> {
         Ok(Token::read(self.token_file.as_deref(), None)?)

@@ -7,35 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use kindling::job::{JobHandle, ProgressMode};
-use kindling_schemas::rendezvous::RendezvousClient;
 
-use super::TlsArgs;
-use super::cluster::read_token;
-use super::report_model;
-
-/// The cluster a command reaches: its rendezvous, token and TLS.
-#[derive(Debug, clap::Args)]
-pub struct ClusterArgs {
-    /// Rendezvous URL.
-    #[arg(long, env = "KINDLING_RENDEZVOUS", default_value = "http://127.0.0.1:7070")]
-    pub rendezvous: String,
-    /// File holding the bearer token.
-    #[arg(long, env = "KINDLING_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    #[command(flatten)]
-    pub tls: TlsArgs,
-}
-
-impl ClusterArgs {
-    /// A handle on `job` at this cluster.
-    fn handle(&self, job: &str) -> Result<JobHandle> {
-        let mut handle = JobHandle::new(job, self.rendezvous.clone()).channel(self.tls.channel()?);
-        if let Some(token) = read_token(&self.token_file)? {
-            handle = handle.token(token);
-        }
-        Ok(handle)
-    }
-}
+use super::{ClusterArgs, report_model};
 
 /// `kindling jobs`.
 #[derive(Debug, clap::Args)]
@@ -70,11 +43,7 @@ pub struct FetchArgs {
 
 /// Runs `kindling jobs`: one line per job, detached ones marked.
 pub async fn jobs(args: JobsArgs) -> Result<()> {
-    let c = &args.cluster;
-    let token = read_token(&c.token_file)?;
-    let rv = RendezvousClient::connect_with(c.rendezvous.clone(), token.as_ref(), &c.tls.channel()?)
-        .await
-        .with_context(|| format!("connecting to the rendezvous at {}", c.rendezvous))?;
+    let rv = args.cluster.connect().await?;
     let jobs = rv.list_jobs().await?;
     println!("{} jobs", jobs.len());
     for j in jobs {

@@ -5,9 +5,6 @@ use super::ClusterArgs;
 use anyhow::{Context, Result};
 use kindling_schemas::rendezvous::RendezvousClient;
 
-/// The rendezvous `kindling status` asks without `--rendezvous`.
-const DEFAULT_RENDEZVOUS: &str = "http://127.0.0.1:7070";
-
 /// `kindling status [JOB]`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -22,10 +19,7 @@ pub struct StatusArgs {
 pub async fn status(args: StatusArgs) -> Result<()> {
     let token = args.cluster.token()?;
     let channel = args.cluster.channel()?;
-    let url = args.cluster.rendezvous.as_deref().unwrap_or(DEFAULT_RENDEZVOUS);
-    let rv = RendezvousClient::connect_with(url.to_owned(), token.as_ref(), &channel)
-        .await
-        .with_context(|| format!("connecting to the rendezvous at {url}"))?;
+    let rv = args.cluster.connect().await?;
     if let Some(job) = &args.job {
         return job_status(&rv, job, token.as_ref(), &channel).await;
     }
