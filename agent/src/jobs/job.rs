@@ -37,6 +37,8 @@ pub struct JobEnv {
     pub checkpoint_dir: PathBuf,
     /// The agent's cache budget.
     pub budget: Arc<MemoryBudget>,
+    /// The agent's disk watermark, over all jobs' spill files.
+    pub disk: Arc<crate::cache::DiskBudget>,
     /// Inbox of the collective service.
     pub inbox: Arc<Inbox>,
     /// Token for peers and the rendezvous.
@@ -151,7 +153,7 @@ impl Job {
             rank: None,
             world_size: spec.num_slots,
             error: None,
-            ingest: IngestState::new(&spill, env.budget.clone()),
+            ingest: IngestState::new(&spill, env.budget.clone(), env.disk.clone()),
             layout: None,
             log: Default::default(),
         };

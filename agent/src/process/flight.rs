@@ -235,16 +235,22 @@ impl FlightService for AgentFlightService {
         tokio::spawn(async move {
             let _slot = slot;
             let mut stream = PutStream::open(job, split);
-            match receive_put(&mut stream, decoder, &tx).await {
-                Ok(()) => {
-                    for ack in stream.commit() {
+            let committed = match receive_put(&mut stream, decoder, &tx).await {
+                Ok(()) => stream.commit(),
+                Err(e) => {
+                    stream.abort();
+                    Err(e)
+                }
+            };
+            match committed {
+                Ok(acks) => {
+                    for ack in acks {
                         if tx.send(Ok(put_result(&ack))).await.is_err() {
                             break;
                         }
                     }
                 }
                 Err(e) => {
-                    stream.abort();
                     let status = Status::from(e);
                     *counted
                         .refused_puts

@@ -91,6 +91,20 @@ struct Cli {
     /// --memory-budget, at least 128MiB): a message past it ends its stream.
     #[arg(long, env = "KINDLING_MAX_RECEIVING_BYTES", value_parser = parse_bytes)]
     max_receiving_bytes: Option<u64>,
+    /// Most bytes one job's rows hold on this agent, committed and staged,
+    /// in memory and spilled (default 32GiB): a batch past it is refused
+    /// and its stream with it, so a producer cannot fill the work volume.
+    #[arg(long, env = "KINDLING_MAX_JOB_BYTES", value_parser = parse_bytes)]
+    max_job_bytes: Option<u64>,
+    /// Most bytes all jobs' spill files hold in --work-dir together
+    /// (default 40GiB; keep it below the work volume's size limit, leaving
+    /// room for checkpoints): a batch that would spill past it is refused.
+    #[arg(long, env = "KINDLING_DISK_WATERMARK", value_parser = parse_bytes)]
+    disk_watermark: Option<u64>,
+    /// Free space a spill leaves on --work-dir's file system at least
+    /// (default 1GiB): a batch that would leave less is refused.
+    #[arg(long, env = "KINDLING_MIN_FREE_DISK", value_parser = parse_bytes)]
+    min_free_disk: Option<u64>,
     /// A `DoPut` stream that sends nothing (or reads no ack) for this long is
     /// ended and what it staged dropped; a `DoExchange` that sends nothing or
     /// reads no prediction, likewise (s).
@@ -293,6 +307,9 @@ impl TryFrom<&Cli> for AgentConfig {
                 stream_idle: Duration::from_secs(cli.stream_idle_secs.max(1)),
                 stream_max_age: Duration::from_secs(cli.stream_max_age_secs.max(1)),
                 max_receiving_bytes: cli.max_receiving_bytes,
+                max_job_bytes: cli.max_job_bytes,
+                disk_watermark: cli.disk_watermark,
+                min_free_disk: cli.min_free_disk,
             },
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),

@@ -509,6 +509,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         spill_dir,
         checkpoint_dir,
         budget,
+        disk: config.staging.disk(),
         inbox,
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
