@@ -2067,6 +2067,139 @@ async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_tra
     assert_eq!(done.rows_trained_per_epoch, vec![rows as u64; 2]);
 }
 
+/// Opens `n` model reads on `client` and reads none of them: the reads
+/// the agent took, and those it refused.
+async fn unread_reads(client: &Flight, path: &kindling_schemas::descriptor::DataPath, n: usize) -> Reads {
+    let mut reads = Reads::default();
+    for _ in 0..n {
+        match client.clone().do_get(path.ticket()).await {
+            Ok(stream) => reads.held.push(stream.into_inner()),
+            Err(status) => reads.refused.push(status),
+        }
+    }
+    reads
+}
+
+#[derive(Default)]
+struct Reads {
+    held: Vec<tonic::Streaming<arrow_flight::FlightData>>,
+    refused: Vec<tonic::Status>,
+}
+
+/// Model reads are bounded (#59, point 4). A reader credential opens 100
+/// `DoGet`s of a model of a million parameters and reads none, the operator
+/// 100 more: the agent takes half of its `--max-reads` (8) from the
+/// credential and the rest from the operator, refuses every other read
+/// (`GetFlightInfo` too) with `RESOURCE_EXHAUSTED` naming the cap, and its
+/// resident memory grows by less than [`READ_OVERHEAD`] (every read sends
+/// the one encoding of the model; before, each copied the weights). Once
+/// the reader resets its unread reads, its reads are taken again and get
+/// the whole model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() {
+    use kindling_schemas::credential::Role;
+    use kindling_schemas::descriptor::DataPath;
+    const UNREAD: usize = 100;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.spawn_agent_with("reads", "64MiB", &[("KINDLING_MAX_READS", "8")]);
+    agent.wait_ready().await;
+    let pid = agent.child.id();
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Mlp {
+            hidden: vec![1024, 1024],
+        })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.01))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(1024)
+        .epochs(1)
+        .seed(3)
+        .build()
+        .expect("spec");
+    let rv = cluster.rendezvous_client().await;
+    rv.create_job(&JobConfig::new("served", 1))
+        .await
+        .expect("create job");
+    start_on(&url, "served", &spec, &cluster.rendezvous_url).await;
+    assert_eq!(put(&url, "served", &rule_batch(2048, 5)).await, 2048);
+    end_of_data(&url, "served", 2048).await;
+    let done = wait_until(&url, "served", |s| s.state.is_terminal()).await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
+    let path = DataPath::Model {
+        job_id: "served".into(),
+    };
+    // The whole model, as the client downloads it.
+    // A tensor of the model (1024 × 1024) is one 4 MiB message.
+    let operator = flight(&url).max_decoding_message_size(64 << 20);
+    let whole = operator.clone().do_get(path.ticket()).await.expect("a read");
+    let whole = kindling_fixtures::model_weights(whole.into_inner()).await;
+    let params: usize = whole.iter().map(|(_, v)| v.len()).sum();
+    assert!(params > 1_000_000, "{params} parameters");
+    let idle = proc_memory(pid, "VmRSS:");
+
+    let reader = credential_client(&url, "served", Role::Reader)
+        .await
+        .max_decoding_message_size(64 << 20);
+    let mut readers = unread_reads(&reader, &path, UNREAD).await;
+    assert_eq!(readers.held.len(), 4, "a credential's share: half of --max-reads");
+    let info = reader.clone().get_flight_info(path.descriptor()).await;
+    readers
+        .refused
+        .push(info.expect_err("GetFlightInfo takes a read slot too"));
+    let operators = unread_reads(&operator, &path, UNREAD).await;
+    assert_eq!(operators.held.len(), 4, "the rest of --max-reads");
+    for refused in readers.refused.iter().chain(&operators.refused) {
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+        assert!(refused.message().contains("--max-reads"), "{refused}");
+    }
+    assert_eq!(
+        readers.refused.len() + operators.refused.len(),
+        2 * UNREAD + 1 - 8
+    );
+    let held = proc_memory(pid, "VmRSS:");
+    eprintln!(
+        "model reads: agent RSS {} MiB idle, {} MiB with 8 unread reads held and {} refused ({params} parameters)",
+        idle >> 20,
+        held >> 20,
+        2 * UNREAD - 8
+    );
+    assert!(
+        held <= idle + READ_OVERHEAD,
+        "agent RSS {} MiB with the unread reads, past idle {} MiB + {} MiB",
+        held >> 20,
+        idle >> 20,
+        READ_OVERHEAD >> 20
+    );
+
+    // A read's slot is held while the agent holds what the client has not
+    // read; once the client resets its unread reads the slots come back,
+    // and a read gets the whole model.
+    drop(readers.held);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let again = loop {
+        match reader.clone().do_get(path.ticket()).await {
+            Ok(stream) => break stream.into_inner(),
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reset reads still hold their slots"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(kindling_fixtures::model_weights(again).await, whole);
+    drop(operators.held);
+}
+
+/// What a model's unread reads may add to an agent's resident memory: the
+/// message in flight of each read it holds (8, each at most the model's
+/// largest tensor, 4 MiB, as tonic encodes it), their tasks and the
+/// refused calls' buffers; one copy of the weights per read, as before the
+/// bound, is 800 MiB.
+const READ_OVERHEAD: u64 = 96 << 20;
+
 /// What an agent may hold past its budget under the memory oracle's
 /// traffic: the messages being decoded (one per active stream, each at most
 /// a flow-control window in flight), the held streams' tasks and buffers,

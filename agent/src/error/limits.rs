@@ -51,6 +51,17 @@ pub enum LimitError {
         /// The cap.
         cap: usize,
     },
+    /// As many model reads (`DoGet`, `GetFlightInfo`) are in flight as may be.
+    #[error(
+        "{whose} already have {cap} model reads (DoGet, GetFlightInfo) in flight on this agent, their cap \
+         (--max-reads, KINDLING_MAX_READS; a job credential half of it): finish reading one first"
+    )]
+    TooManyReads {
+        /// Whose reads: all callers', or one credential's.
+        whose: String,
+        /// The cap.
+        cap: usize,
+    },
     /// The agent holds as many unfinished jobs as it may (`--max-jobs`).
     #[error(
         "agent `{agent_id}` already holds {active} unfinished job(s), its cap (--max-jobs, KINDLING_MAX_JOBS) is {cap}: wait for one to end, cancel one, or raise the cap"

@@ -49,6 +49,13 @@ struct Cli {
     /// refused with RESOURCE_EXHAUSTED naming this cap.
     #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::process::server::DEFAULT_MAX_JOBS)]
     max_jobs: usize,
+    /// Most model reads (DoGet, GetFlightInfo) in flight at once, all
+    /// callers; a job credential's at most half: a read past it is refused
+    /// with RESOURCE_EXHAUSTED naming this cap. A read that stops reading
+    /// is ended after --stream-idle-secs.
+    #[arg(long, env = "KINDLING_MAX_READS", default_value_t = crate::process::reads::DEFAULT_MAX_READS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_reads: usize,
     /// Most parameters a job's model may have; a bigger one fails its job
     /// with RESOURCE_EXHAUSTED naming this cap, before any weight is allocated.
     #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::models::kindling_model::DEFAULT_MAX_PARAMS)]
@@ -300,6 +307,7 @@ impl TryFrom<&Cli> for AgentConfig {
                 .with_plaintext_token(cli.tls.allow_plaintext_token),
             max_message_bytes,
             max_jobs: cli.max_jobs,
+            max_reads: cli.max_reads,
             finished_retention: Duration::from_secs(cli.finished_retention_secs),
             credentials,
             staging: crate::cache::StagingLimits {

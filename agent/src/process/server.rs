@@ -74,6 +74,10 @@ pub struct AgentConfig {
     /// Most jobs this agent holds at once (not finished); a `start_job`
     /// past it is refused with RESOURCE_EXHAUSTED naming the cap.
     pub max_jobs: usize,
+    /// Most model reads (`DoGet`, `GetFlightInfo`) in flight at once, all
+    /// callers; a job credential's at most half
+    /// ([`DEFAULT_MAX_READS`](crate::process::reads::DEFAULT_MAX_READS) by default).
+    pub max_reads: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints on this agent before they are removed.
     pub finished_retention: Duration,
@@ -117,6 +121,7 @@ impl AgentConfig {
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_jobs: DEFAULT_MAX_JOBS,
+            max_reads: crate::process::reads::DEFAULT_MAX_READS,
             finished_retention: DEFAULT_FINISHED_RETENTION,
             credentials: None,
             staging: crate::cache::StagingLimits::default(),
@@ -375,9 +380,13 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     }
     let check = BearerCheck::new(config.token.clone()).with_credentials(config.credentials.clone());
     let actions = Arc::new(crate::process::metrics::ActionCounts::default());
-    let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone(), actions.clone()))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    let flight = FlightServiceServer::new(AgentFlightService::new(
+        jobs.clone(),
+        actions.clone(),
+        config.max_reads,
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
     // Each job credential's streams pin at most their share of the receive
     // buffers (the operator's are not metered); checked after the token,
     // whose caller it reads.
