@@ -103,7 +103,7 @@ fn a_batch_padded_far_past_its_values_is_kept_as_a_copy_and_charged_for_it() {
     assert!(held(&kept) < 1 << 10, "still holds {} bytes", held(&kept));
     assert_eq!(budget.used(), held(&kept).max(8), "charged what the copy holds");
     // A batch that owns its buffers is kept as it is, not copied.
-    let plain = batch(0, 1000);
+    let plain = self::batch(0, 1000);
     let (kept, bytes, charge) = owned(plain.clone());
     assert_eq!(bytes, 8000);
     assert!(

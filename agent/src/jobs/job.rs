@@ -64,6 +64,8 @@ pub struct JobEnv {
     pub channel: ChannelConfig,
     /// Most jobs held at once (not finished).
     pub max_jobs: usize,
+    /// Most model reads in flight at once (the Flight service's to keep).
+    pub max_reads: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints here before they are removed.
     pub finished_retention: Duration,

@@ -64,16 +64,12 @@ impl AgentFlightService {
     }
 
     /// Serves the jobs in `jobs`, counting the actions it answers in
-    /// `actions`, with at most `max_reads` model reads in flight.
-    pub fn new(
-        jobs: Arc<JobRegistry>,
-        actions: Arc<crate::process::metrics::ActionCounts>,
-        max_reads: usize,
-    ) -> Self {
+    /// `actions`, with at most the registry's `max_reads` model reads in flight.
+    pub fn new(jobs: Arc<JobRegistry>, actions: Arc<crate::process::metrics::ActionCounts>) -> Self {
         AgentFlightService {
+            reads: Arc::new(ReadSlots::new(jobs.max_reads())),
             jobs,
             actions,
-            reads: Arc::new(ReadSlots::new(max_reads)),
             encoded: Arc::default(),
         }
     }

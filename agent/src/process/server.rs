@@ -380,13 +380,9 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     }
     let check = BearerCheck::new(config.token.clone()).with_credentials(config.credentials.clone());
     let actions = Arc::new(crate::process::metrics::ActionCounts::default());
-    let flight = FlightServiceServer::new(AgentFlightService::new(
-        jobs.clone(),
-        actions.clone(),
-        config.max_reads,
-    ))
-    .max_decoding_message_size(config.max_message_bytes)
-    .max_encoding_message_size(config.max_message_bytes);
+    let flight = FlightServiceServer::new(AgentFlightService::new(jobs.clone(), actions.clone()))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
     // Each job credential's streams pin at most their share of the receive
     // buffers (the operator's are not metered); checked after the token,
     // whose caller it reads.
@@ -529,6 +525,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         rendezvous: config.rendezvous.clone(),
         channel: config.channel.clone(),
         max_jobs: config.max_jobs,
+        max_reads: config.max_reads,
         finished_retention: config.finished_retention,
         credentials: config.credentials.clone(),
         staging: config.staging,
