@@ -15,6 +15,9 @@ use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
 
 pub use crate::error::SpillError;
+pub use disk::{DiskBudget, Reservation};
+
+pub mod disk;
 
 /// The agent-wide memory budget for cached batches.
 #[derive(Debug)]
@@ -76,6 +79,8 @@ pub enum CachedBatch {
         bytes: u64,
         /// Rows in it.
         rows: usize,
+        /// Its bytes below the disk watermark, given back with the file.
+        reserved: Reservation,
     },
 }
 
@@ -143,6 +148,17 @@ pub struct StagingLimits {
     /// is read. The operator token's streams are not metered. `None`: half
     /// the memory budget, at least [`MIN_RECEIVING_BYTES`].
     pub max_receiving_bytes: Option<u64>,
+    /// Most bytes one job's rows hold on this agent, committed and staged,
+    /// in memory and spilled together: a batch that would take them past it
+    /// is refused (`RESOURCE_EXHAUSTED`), whatever else the job's streams
+    /// stage or the agent has free. `None`: [`DEFAULT_MAX_JOB_BYTES`].
+    pub max_job_bytes: Option<u64>,
+    /// Most bytes all jobs' spill files hold on this agent together (the
+    /// disk watermark); `None`: [`disk::DEFAULT_DISK_WATERMARK`].
+    pub disk_watermark: Option<u64>,
+    /// The free space a spill leaves on the work volume's file system at
+    /// least; `None`: [`disk::DEFAULT_MIN_FREE_DISK`].
+    pub min_free_disk: Option<u64>,
 }
 
 /// The least default of [`StagingLimits::max_receiving_bytes`]: room for
@@ -156,9 +172,16 @@ impl Default for StagingLimits {
             stream_idle: std::time::Duration::from_secs(300),
             stream_max_age: std::time::Duration::from_secs(6 * 3600),
             max_receiving_bytes: None,
+            max_job_bytes: None,
+            disk_watermark: None,
+            min_free_disk: None,
         }
     }
 }
+
+/// The default cap on one job's rows on an agent: below the disk
+/// watermark's default, so one job cannot take every other job's room.
+pub const DEFAULT_MAX_JOB_BYTES: u64 = 32 << 30;
 
 /// The default cap on one job's staged bytes: a partition pushed in one
 /// stream may be far larger than the memory budget (it spills), so the cap
@@ -170,6 +193,19 @@ impl StagingLimits {
     /// The staged-bytes cap for a job.
     pub fn cap(&self) -> u64 {
         self.max_staged_bytes.unwrap_or(DEFAULT_MAX_STAGED_BYTES)
+    }
+
+    /// The cap on one job's rows, committed and staged.
+    pub fn job_cap(&self) -> u64 {
+        self.max_job_bytes.unwrap_or(DEFAULT_MAX_JOB_BYTES)
+    }
+
+    /// The agent's disk watermark, shared by its jobs' caches.
+    pub fn disk(&self) -> Arc<DiskBudget> {
+        DiskBudget::new(
+            self.disk_watermark.unwrap_or(disk::DEFAULT_DISK_WATERMARK),
+            self.min_free_disk.unwrap_or(disk::DEFAULT_MIN_FREE_DISK),
+        )
     }
 
     /// The receive-buffer bound of an agent with `memory_budget`: all job
@@ -202,6 +238,10 @@ pub enum PlacedBatch {
         batch: RecordBatch,
         /// Its Arrow size.
         bytes: u64,
+        /// Its Arrow size, reserved below the disk watermark.
+        reserved: Reservation,
+        /// The watermark, which also says what the volume keeps free.
+        disk: Arc<DiskBudget>,
     },
 }
 
@@ -231,6 +271,8 @@ impl PlacedBatch {
                 path,
                 batch,
                 bytes,
+                reserved,
+                disk,
             } => {
                 // A full disk is told apart from a broken one wherever the write fails.
                 let failed = |context: String, source: std::io::Error| {
@@ -246,6 +288,7 @@ impl PlacedBatch {
                 };
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| failed(format!("create spill dir {}", dir.display()), e))?;
+                disk.check_free(&dir, bytes)?;
                 if let Err(e) = write_ipc_file(&path, &batch) {
                     // Nothing half-written stays behind.
                     let _ = std::fs::remove_file(&path);
@@ -259,6 +302,7 @@ impl PlacedBatch {
                     path,
                     bytes,
                     rows: batch.num_rows(),
+                    reserved: reserved.resize(bytes),
                 })
             }
         }
@@ -276,12 +320,15 @@ struct Entry {
 pub struct ShardCache {
     dir: PathBuf,
     budget: Arc<MemoryBudget>,
+    disk: Arc<DiskBudget>,
     /// Staged batches of streams that have not committed yet.
     staged: Vec<Entry>,
     /// Committed batches in commit order: a batch's index never changes, so a
     /// trainer reading the shard while it arrives sees every batch once.
     committed: Vec<Arc<CachedBatch>>,
     committed_rows: u64,
+    /// Bytes of `committed`, in memory and on disk.
+    committed_bytes: u64,
     /// Bytes of `staged`, in memory and on disk.
     staged_bytes: u64,
     next_file: u64,
@@ -295,24 +342,33 @@ fn stored_bytes(batch: &CachedBatch) -> u64 {
 }
 
 impl ShardCache {
-    /// A cache spilling into `dir` (created on first spill).
+    /// A cache spilling into `dir` (created on first spill), with no disk
+    /// watermark but the volume's size.
     pub fn new(dir: impl Into<PathBuf>, budget: Arc<MemoryBudget>) -> Self {
         ShardCache {
             dir: dir.into(),
             budget,
+            disk: DiskBudget::unbounded(),
             staged: Vec::new(),
             committed: Vec::new(),
             committed_rows: 0,
+            committed_bytes: 0,
             staged_bytes: 0,
             next_file: 0,
         }
+    }
+
+    /// The cache, its spill files bounded by `disk` (shared by the agent's jobs).
+    pub fn with_disk(mut self, disk: Arc<DiskBudget>) -> Self {
+        self.disk = disk;
+        self
     }
 
     /// Adds a batch of `stream`, not yet visible to readers, writing its
     /// spill file in place (see [`place`](Self::place) to write it elsewhere).
     /// Returns the batch's Arrow size, as [`PlacedBatch::bytes`].
     pub fn append(&mut self, stream: u64, batch: RecordBatch) -> Result<u64, SpillError> {
-        let placed = self.place(batch);
+        let placed = self.place(batch)?;
         let bytes = placed.bytes();
         let cached = placed.store()?;
         self.stage(stream, cached);
@@ -322,33 +378,37 @@ impl ShardCache {
     /// Decides where a batch goes: memory when it fits the budget (charging
     /// it now), else a spill file named now and written by
     /// [`PlacedBatch::store`]. Cheap, so it can run under the job's lock while
-    /// the spill write runs outside it.
-    pub fn place(&mut self, batch: RecordBatch) -> PlacedBatch {
+    /// the spill write runs outside it. A batch that would spill past the
+    /// disk watermark is refused ([`SpillError::Watermark`]).
+    pub fn place(&mut self, batch: RecordBatch) -> Result<PlacedBatch, SpillError> {
         self.place_within(batch, true)
     }
 
     /// [`place`](Self::place), spilling whatever the budget holds when
     /// `memory` is false.
-    pub fn place_within(&mut self, batch: RecordBatch, memory: bool) -> PlacedBatch {
+    pub fn place_within(&mut self, batch: RecordBatch, memory: bool) -> Result<PlacedBatch, SpillError> {
         let (batch, bytes, charge) = owned(batch);
         if memory && self.budget.try_reserve(charge) {
-            return PlacedBatch::Memory {
+            return Ok(PlacedBatch::Memory {
                 cached: CachedBatch::Memory {
                     batch,
                     bytes: charge,
                     budget: self.budget.clone(),
                 },
                 values: bytes,
-            };
+            });
         }
+        let reserved = self.disk.reserve(bytes)?;
         let path = self.dir.join(format!("batch-{:08}.arrow", self.next_file));
         self.next_file += 1;
-        PlacedBatch::Spill {
+        Ok(PlacedBatch::Spill {
             dir: self.dir.clone(),
             path,
             batch,
             bytes,
-        }
+            reserved,
+            disk: self.disk.clone(),
+        })
     }
 
     /// Adds a stored batch of `stream`, not yet visible to readers.
@@ -368,6 +428,7 @@ impl ShardCache {
         self.staged = others;
         for e in mine {
             self.staged_bytes -= stored_bytes(&e.batch);
+            self.committed_bytes += stored_bytes(&e.batch);
             self.committed_rows += e.batch.rows() as u64;
             self.committed.push(e.batch);
         }
@@ -406,6 +467,11 @@ impl ShardCache {
         self.committed_rows
     }
 
+    /// Bytes of the committed batches, in memory and on disk.
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed_bytes
+    }
+
     /// `(bytes in memory, bytes on disk)` of every batch, committed or not.
     pub fn bytes(&self) -> (u64, u64) {
         self.committed
@@ -423,6 +489,7 @@ impl ShardCache {
         self.staged_bytes = 0;
         self.committed.clear();
         self.committed_rows = 0;
+        self.committed_bytes = 0;
     }
 }
 
@@ -511,185 +578,4 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::Int64Array;
-    use arrow::datatypes::{DataType, Field, Schema};
-
-    use super::*;
-
-    fn batch(start: i64, n: i64) -> RecordBatch {
-        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
-        RecordBatch::try_new(
-            schema,
-            vec![Arc::new(Int64Array::from_iter_values(start..start + n))],
-        )
-        .expect("batch")
-    }
-
-    #[test]
-    fn spills_past_the_budget_and_reads_back_identically() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let one = kindling_schemas::schema::batch_bytes(&batch(0, 1000));
-        let budget = MemoryBudget::new(one * 2);
-        let mut cache = ShardCache::new(dir.path().join("s"), budget.clone());
-        for i in 0..5 {
-            cache.append(1, batch(i * 1000, 1000)).expect("append");
-        }
-        let (mem, disk) = cache.bytes();
-        assert!(mem <= one * 2, "memory {mem} over budget");
-        assert!(disk > 0, "nothing spilled");
-        assert_eq!(cache.committed_rows(), 0, "uncommitted rows are invisible");
-        cache.commit(1);
-        let loaded: Vec<RecordBatch> = cache.snapshot().iter().map(|b| b.load().expect("load")).collect();
-        for (i, b) in loaded.iter().enumerate() {
-            assert_eq!(b, &batch(i as i64 * 1000, 1000));
-        }
-        cache.clear();
-        assert_eq!(budget.used(), 0);
-        assert_eq!(
-            std::fs::read_dir(dir.path().join("s")).expect("dir").count(),
-            0,
-            "spill files removed"
-        );
-    }
-
-    /// A batch decoded from IPC keeps all its columns in one message buffer:
-    /// it must be charged for its values once, not once per column, or a
-    /// shard well inside the budget spills.
-    #[test]
-    fn an_ipc_decoded_batch_is_charged_once_not_per_column() {
-        let columns: Vec<Field> = (0..8)
-            .map(|i| Field::new(format!("c{i}"), DataType::Int64, false))
-            .collect();
-        let schema = Arc::new(Schema::new(columns));
-        let arrays = (0..8)
-            .map(|i| Arc::new(Int64Array::from_iter_values(i * 10_000..(i + 1) * 10_000)) as _)
-            .collect();
-        let original = RecordBatch::try_new(schema.clone(), arrays).expect("batch");
-        let mut encoded = Vec::new();
-        {
-            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut encoded, &schema).expect("writer");
-            w.write(&original).expect("write");
-            w.finish().expect("finish");
-        }
-        let decoded = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(encoded), None)
-            .expect("reader")
-            .next()
-            .expect("one batch")
-            .expect("decode");
-        assert_eq!(decoded, original);
-        let values = 8 * 10_000 * 8;
-        assert_eq!(kindling_schemas::schema::batch_bytes(&decoded), values);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let budget = MemoryBudget::new(2 * values);
-        let mut cache = ShardCache::new(dir.path(), budget.clone());
-        assert_eq!(cache.append(1, decoded).expect("append"), values);
-        let (memory, disk) = cache.bytes();
-        assert_eq!(disk, 0, "fits the budget: nothing spills");
-        // Charged what it holds: the one body (and an array's bookkeeping),
-        // not eight bodies.
-        assert!(
-            (values..values + 1024).contains(&memory),
-            "charged {memory} for {values}"
-        );
-        assert_eq!(budget.used(), memory);
-    }
-
-    /// A one-row batch whose value sits in a 16 MiB allocation, as a
-    /// Flight message padded by its sender decodes: kept, it would hold the
-    /// 16 MiB while charged 8 bytes. The cache keeps a copy of its values.
-    #[test]
-    fn a_batch_padded_far_past_its_values_is_kept_as_a_copy_and_charged_for_it() {
-        let body = arrow::buffer::Buffer::from_vec(vec![7i64; 2 << 20]);
-        let padded = Int64Array::new(arrow::buffer::ScalarBuffer::new(body, 0, 1), None);
-        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
-        let batch = RecordBatch::try_new(schema, vec![Arc::new(padded)]).expect("batch");
-        assert!(held(&batch) >= 16 << 20, "the fixture holds the body");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let budget = MemoryBudget::new(1 << 30);
-        let mut cache = ShardCache::new(dir.path(), budget.clone());
-        assert_eq!(cache.append(1, batch.clone()).expect("append"), 8);
-        cache.commit(1);
-        let kept = cache.snapshot()[0].load().expect("load");
-        assert_eq!(kept, batch, "the same row");
-        assert!(held(&kept) < 1 << 10, "still holds {} bytes", held(&kept));
-        assert_eq!(budget.used(), held(&kept).max(8), "charged what the copy holds");
-        // A batch that owns its buffers is kept as it is, not copied.
-        let plain = super::tests::batch(0, 1000);
-        let (kept, bytes, charge) = owned(plain.clone());
-        assert_eq!(bytes, 8000);
-        assert!(
-            (8000..8000 + 1024).contains(&charge),
-            "charged {charge}: its buffers and no more"
-        );
-        assert_eq!(
-            kept.column(0).to_data().buffers()[0].as_ptr(),
-            plain.column(0).to_data().buffers()[0].as_ptr()
-        );
-    }
-
-    /// Padded below the copy threshold (a one-row batch in a 512 KiB body):
-    /// kept as it is, and charged the 512 KiB it holds, not its 8 bytes.
-    #[test]
-    fn a_batch_padded_below_the_copy_threshold_is_charged_what_it_holds() {
-        let body = arrow::buffer::Buffer::from_vec(vec![7i64; (512 << 10) / 8]);
-        let padded = Int64Array::new(arrow::buffer::ScalarBuffer::new(body, 0, 1), None);
-        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
-        let batch = RecordBatch::try_new(schema, vec![Arc::new(padded)]).expect("batch");
-        let (_, values, charge) = owned(batch.clone());
-        assert_eq!(values, 8);
-        assert!(charge >= 512 << 10, "charged {charge}");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let budget = MemoryBudget::new(3 << 19);
-        let mut cache = ShardCache::new(dir.path(), budget.clone());
-        for _ in 0..6 {
-            assert_eq!(
-                cache.append(1, batch.clone()).expect("append"),
-                8,
-                "acks say the values"
-            );
-        }
-        let (memory, disk) = cache.bytes();
-        assert!(
-            memory <= 3 << 19 && disk > 0,
-            "memory {memory}, disk {disk}: the padding must cost budget"
-        );
-    }
-
-    #[test]
-    fn abort_drops_only_that_streams_uncommitted_batches() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut cache = ShardCache::new(dir.path(), MemoryBudget::new(u64::MAX));
-        cache.append(1, batch(0, 10)).expect("append");
-        cache.append(2, batch(10, 5)).expect("append");
-        cache.commit(1);
-        cache.append(1, batch(20, 7)).expect("append");
-        cache.abort(2);
-        cache.abort(1);
-        assert_eq!(cache.committed_rows(), 10);
-        assert_eq!(cache.snapshot().len(), 1);
-    }
-
-    /// Batches are visible in commit order, so an index into the committed
-    /// batches never moves while later streams commit (a trainer reading the
-    /// shard as it arrives would otherwise see one batch twice, another never).
-    #[test]
-    fn committed_batches_keep_their_index_when_an_older_stream_commits_later() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut cache = ShardCache::new(dir.path(), MemoryBudget::new(u64::MAX));
-        cache.append(1, batch(0, 10)).expect("append");
-        cache.append(2, batch(100, 10)).expect("append");
-        cache.commit(2);
-        let first = cache.committed_since(0);
-        assert_eq!(first.len(), 1);
-        assert_eq!(first[0].load().expect("load"), batch(100, 10));
-        cache.commit(1);
-        let later = cache.committed_since(1);
-        assert_eq!(later.len(), 1);
-        assert_eq!(later[0].load().expect("load"), batch(0, 10));
-        assert_eq!(cache.committed_rows(), 20);
-        assert!(cache.committed_since(5).is_empty());
-    }
-}
+mod tests;

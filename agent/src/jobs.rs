@@ -88,6 +88,11 @@ impl JobRegistry {
         self.env.staging
     }
 
+    /// Most model reads in flight at once (`--max-reads`).
+    pub fn max_reads(&self) -> usize {
+        self.env.max_reads
+    }
+
     /// This agent's id.
     pub fn agent_id(&self) -> &str {
         &self.env.agent_id

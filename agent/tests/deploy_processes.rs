@@ -387,6 +387,7 @@ impl Cluster {
             ),
             ("KINDLING_WORK_DIR".to_owned(), work.display().to_string()),
             ("KINDLING_MEMORY_BUDGET".to_owned(), budget.to_owned()),
+            ("KINDLING_DISK_WATERMARK".to_owned(), "40GiB".to_owned()),
             ("KINDLING_CAPACITY".to_owned(), "1".to_owned()),
             // As from a pod requesting one CPU: the test runs several agents.
             ("KINDLING_TRAIN_THREADS".to_owned(), "1".to_owned()),
@@ -1932,6 +1933,272 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     );
     drop(open);
 }
+
+/// One producer's `DoPut` of `batches` into `split` of `job_id`: the rows
+/// committed, or the status the stream was refused with.
+async fn try_put(
+    url: &str,
+    job_id: &str,
+    split: Split,
+    producer: &str,
+    batches: Vec<RecordBatch>,
+) -> Result<u64, tonic::Status> {
+    let messages = put_messages(job_id, split, producer, &rule_schema(), batches.into_iter());
+    let mut acks = flight(url).do_put(messages).await?.into_inner();
+    let mut committed = None;
+    while let Some(answer) = acks.next().await {
+        let ack = kindling_schemas::metadata::PutAck::decode(&answer?.app_metadata).expect("ack metadata");
+        if ack.committed {
+            committed = Some(ack.rows);
+        }
+    }
+    Ok(committed.expect("a commit acknowledgement"))
+}
+
+/// Streams of 64 Ki rows (1 MiB of values) from new producers into `job_id`
+/// until one is refused: the rows committed before, and the refusal.
+async fn push_until_refused(url: &str, job_id: &str) -> (u64, tonic::Status) {
+    let mut committed = 0;
+    for i in 0..32 {
+        let batches = pieces(&rule_batch(64 * 1024, i), 4096);
+        match try_put(url, job_id, Split::Train, &format!("{job_id}-{i}"), batches).await {
+            Ok(rows) => committed += rows,
+            Err(status) => return (committed, status),
+        }
+    }
+    panic!("{job_id}: 32 MiB of rows committed, none refused");
+}
+
+/// Committed rows are bounded (#59, point 5): a producer committing stream
+/// after stream is refused at its job's cap on this agent
+/// (`--max-job-bytes`), another at the disk watermark over all jobs' spill
+/// files (`--disk-watermark`), and a split that ended takes no new rows —
+/// while another job's rows stay and it trains to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_trains_to_the_end() {
+    const JOB_CAP: u64 = 6 << 20;
+    const WATERMARK: u64 = 8 << 20;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.spawn_agent_with(
+        "bounded",
+        "2MiB",
+        &[
+            ("KINDLING_MAX_JOB_BYTES", "6MiB"),
+            ("KINDLING_DISK_WATERMARK", "8MiB"),
+        ],
+    );
+    agent.wait_ready().await;
+    let spec = one_agent_rule_spec(1024);
+    let rv = cluster.rendezvous_client().await;
+    for job in ["greedy", "flood", "honest"] {
+        rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
+        start_on(&url, job, &spec, &cluster.rendezvous_url).await;
+    }
+    // The other job's rows, committed before the flood (512 KiB in memory).
+    let rows = 32 * 1024;
+    let honest = try_put(
+        &url,
+        "honest",
+        Split::Train,
+        "shard",
+        pieces(&rule_batch(rows, 9), 4096),
+    )
+    .await;
+    assert_eq!(honest.expect("the honest job's rows"), rows as u64);
+
+    // One job commits stream after stream: refused at its cap, and the
+    // refused stream commits nothing.
+    let (committed, refused) = push_until_refused(&url, "greedy").await;
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert!(refused.message().contains("--max-job-bytes"), "{refused}");
+    let greedy = status(&url, "greedy").await;
+    assert_eq!(
+        greedy.rows_train, committed,
+        "the refused stream committed nothing"
+    );
+    let held = greedy.cache_bytes_memory + greedy.cache_bytes_disk;
+    assert!(
+        held <= JOB_CAP,
+        "the job holds {held} bytes, past its cap {JOB_CAP}"
+    );
+    assert!(
+        committed * 16 >= JOB_CAP - (2 << 20),
+        "refused early: {committed} rows"
+    );
+
+    // Another refused at the watermark: all spill files stay below it.
+    let (_, refused) = push_until_refused(&url, "flood").await;
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert!(refused.message().contains("--disk-watermark"), "{refused}");
+    let mut spilled = 0;
+    for job in ["greedy", "flood", "honest"] {
+        spilled += status(&url, job).await.cache_bytes_disk;
+    }
+    assert!(
+        spilled <= WATERMARK,
+        "spill files hold {spilled} bytes, past {WATERMARK}"
+    );
+
+    // A split that ended takes no new rows.
+    let _: serde_json::Value = action(
+        &url,
+        &Action::EndOfData(EndOfData {
+            job_id: "flood".into(),
+            split: Split::Eval,
+            expected_rows: Some(0),
+        }),
+    )
+    .await;
+    let late = try_put(&url, "flood", Split::Eval, "late", vec![rule_batch(10, 1)]).await;
+    let late = late.expect_err("rows into an ended split");
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition, "{late}");
+    assert!(late.message().contains("split ended"), "{late}");
+    assert_eq!(status(&url, "flood").await.rows_eval, 0);
+
+    // The other job trains every row to the end.
+    end_of_data(&url, "honest", rows as u64).await;
+    let done = wait_until(&url, "honest", |s| s.state.is_terminal()).await;
+    assert_eq!(
+        done.state,
+        AgentJobState::Succeeded,
+        "{done:#?}\n{}",
+        agent.logs()
+    );
+    assert_eq!(done.rows_trained_per_epoch, vec![rows as u64; 2]);
+}
+
+/// Opens `n` model reads on `client` and reads none of them: the reads
+/// the agent took, and those it refused.
+async fn unread_reads(client: &Flight, path: &kindling_schemas::descriptor::DataPath, n: usize) -> Reads {
+    let mut reads = Reads::default();
+    for _ in 0..n {
+        match client.clone().do_get(path.ticket()).await {
+            Ok(stream) => reads.held.push(stream.into_inner()),
+            Err(status) => reads.refused.push(status),
+        }
+    }
+    reads
+}
+
+#[derive(Default)]
+struct Reads {
+    held: Vec<tonic::Streaming<arrow_flight::FlightData>>,
+    refused: Vec<tonic::Status>,
+}
+
+/// Model reads are bounded (#59, point 4). A reader credential opens 100
+/// `DoGet`s of a model of a million parameters and reads none, the operator
+/// 100 more: the agent takes half of its `--max-reads` (8) from the
+/// credential and the rest from the operator, refuses every other read
+/// (`GetFlightInfo` too) with `RESOURCE_EXHAUSTED` naming the cap, and its
+/// resident memory grows by less than [`READ_OVERHEAD`] (every read sends
+/// the one encoding of the model; before, each copied the weights). Once
+/// the reader resets its unread reads, its reads are taken again and get
+/// the whole model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() {
+    use kindling_schemas::credential::Role;
+    use kindling_schemas::descriptor::DataPath;
+    const UNREAD: usize = 100;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.spawn_agent_with("reads", "64MiB", &[("KINDLING_MAX_READS", "8")]);
+    agent.wait_ready().await;
+    let pid = agent.child.id();
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Mlp {
+            hidden: vec![1024, 1024],
+        })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.01))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(1024)
+        .epochs(1)
+        .seed(3)
+        .build()
+        .expect("spec");
+    let rv = cluster.rendezvous_client().await;
+    rv.create_job(&JobConfig::new("served", 1))
+        .await
+        .expect("create job");
+    start_on(&url, "served", &spec, &cluster.rendezvous_url).await;
+    assert_eq!(put(&url, "served", &rule_batch(2048, 5)).await, 2048);
+    end_of_data(&url, "served", 2048).await;
+    let done = wait_until(&url, "served", |s| s.state.is_terminal()).await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
+    let path = DataPath::Model {
+        job_id: "served".into(),
+    };
+    // The whole model, as the client downloads it.
+    // A tensor of the model (1024 × 1024) is one 4 MiB message.
+    let operator = flight(&url).max_decoding_message_size(64 << 20);
+    let whole = operator.clone().do_get(path.ticket()).await.expect("a read");
+    let whole = kindling_fixtures::model_weights(whole.into_inner()).await;
+    let params: usize = whole.iter().map(|(_, v)| v.len()).sum();
+    assert!(params > 1_000_000, "{params} parameters");
+    let idle = proc_memory(pid, "VmRSS:");
+
+    let reader = credential_client(&url, "served", Role::Reader)
+        .await
+        .max_decoding_message_size(64 << 20);
+    let mut readers = unread_reads(&reader, &path, UNREAD).await;
+    assert_eq!(readers.held.len(), 4, "a credential's share: half of --max-reads");
+    let info = reader.clone().get_flight_info(path.descriptor()).await;
+    readers
+        .refused
+        .push(info.expect_err("GetFlightInfo takes a read slot too"));
+    let operators = unread_reads(&operator, &path, UNREAD).await;
+    assert_eq!(operators.held.len(), 4, "the rest of --max-reads");
+    for refused in readers.refused.iter().chain(&operators.refused) {
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+        assert!(refused.message().contains("--max-reads"), "{refused}");
+    }
+    assert_eq!(
+        readers.refused.len() + operators.refused.len(),
+        2 * UNREAD + 1 - 8
+    );
+    let held = proc_memory(pid, "VmRSS:");
+    eprintln!(
+        "model reads: agent RSS {} MiB idle, {} MiB with 8 unread reads held and {} refused ({params} parameters)",
+        idle >> 20,
+        held >> 20,
+        2 * UNREAD - 8
+    );
+    assert!(
+        held <= idle + READ_OVERHEAD,
+        "agent RSS {} MiB with the unread reads, past idle {} MiB + {} MiB",
+        held >> 20,
+        idle >> 20,
+        READ_OVERHEAD >> 20
+    );
+
+    // A read's slot is held while the agent holds what the client has not
+    // read; once the client resets its unread reads the slots come back,
+    // and a read gets the whole model.
+    drop(readers.held);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let again = loop {
+        match reader.clone().do_get(path.ticket()).await {
+            Ok(stream) => break stream.into_inner(),
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reset reads still hold their slots"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(kindling_fixtures::model_weights(again).await, whole);
+    drop(operators.held);
+}
+
+/// What a model's unread reads may add to an agent's resident memory: the
+/// message in flight of each read it holds (8, each at most the model's
+/// largest tensor, 4 MiB, as tonic encodes it), their tasks and the
+/// refused calls' buffers; one copy of the weights per read, as before the
+/// bound, is 800 MiB.
+const READ_OVERHEAD: u64 = 96 << 20;
 
 /// What an agent may hold past its budget under the memory oracle's
 /// traffic: the messages being decoded (one per active stream, each at most

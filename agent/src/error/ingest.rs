@@ -49,6 +49,18 @@ pub enum IngestError {
     /// The producer stopped reading acknowledgements mid-stream.
     #[error("invalid input: the producer went away before the end of its stream")]
     ProducerGone,
+    /// Rows pushed into a split its producers said was done.
+    #[error(
+        "job `{job_id}`: its {} split ended (end_of_data): it takes no more rows (push every row before \
+         end_of_data)",
+        .split.as_str()
+    )]
+    SplitEnded {
+        /// The job.
+        job_id: String,
+        /// The split.
+        split: Split,
+    },
     /// `end_of_data` expected another number of rows than were committed.
     #[error(
         "end_of_data for {} of job `{job_id}`: {committed} rows committed here, the producer expected {expected}",
@@ -73,7 +85,7 @@ impl IngestError {
     pub fn code(&self) -> Code {
         match self {
             IngestError::PutStreamBroke(s) if s.code() == Code::ResourceExhausted => Code::ResourceExhausted,
-            IngestError::RowCountMismatch { .. } => Code::FailedPrecondition,
+            IngestError::RowCountMismatch { .. } | IngestError::SplitEnded { .. } => Code::FailedPrecondition,
             _ => Code::InvalidArgument,
         }
     }

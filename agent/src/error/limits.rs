@@ -22,6 +22,23 @@ pub enum LimitError {
         /// The cap.
         cap: u64,
     },
+    /// A job's rows on this agent, committed and staged, hold its cap: the
+    /// batch is refused.
+    #[error(
+        "job `{job_id}`: its rows on this agent hold {held} bytes (committed and staged), a batch of {needed} \
+         would take them past the cap of {cap} (--max-job-bytes, KINDLING_MAX_JOB_BYTES): the batch is \
+         refused, and the stream with it"
+    )]
+    JobFull {
+        /// The job.
+        job_id: String,
+        /// Bytes its rows hold here.
+        held: u64,
+        /// The batch's Arrow size.
+        needed: u64,
+        /// The cap.
+        cap: u64,
+    },
     /// One credential holds as many open streams on this agent as it may.
     #[error(
         "a {role} credential for job `{job_id}` already has {cap} streams open on this agent, its cap: end one first"
@@ -31,6 +48,17 @@ pub enum LimitError {
         job_id: String,
         /// Its role.
         role: Role,
+        /// The cap.
+        cap: usize,
+    },
+    /// As many model reads (`DoGet`, `GetFlightInfo`) are in flight as may be.
+    #[error(
+        "{whose} already have {cap} model reads (DoGet, GetFlightInfo) in flight on this agent, their cap \
+         (--max-reads, KINDLING_MAX_READS; a job credential half of it): finish reading one first"
+    )]
+    TooManyReads {
+        /// Whose reads: all callers', or one credential's.
+        whose: String,
         /// The cap.
         cap: usize,
     },

@@ -22,6 +22,38 @@ pub enum SpillError {
         #[source]
         source: std::io::Error,
     },
+    /// The batch would take the agent's spill files past the disk
+    /// watermark: it is refused before it is written.
+    #[error(
+        "a batch of {needed} bytes past the memory budget would take this agent's spill files (all jobs) past \
+         the disk watermark: they hold {held} bytes, the watermark is {watermark} (--disk-watermark, \
+         KINDLING_DISK_WATERMARK): the batch is refused; finish or cancel jobs, or raise the watermark"
+    )]
+    Watermark {
+        /// The batch's Arrow size.
+        needed: u64,
+        /// What the spill files hold.
+        held: u64,
+        /// The watermark.
+        watermark: u64,
+    },
+    /// Spilling the batch would leave the work volume less free space than
+    /// it must keep: it is refused before it is written.
+    #[error(
+        "spill directory {}: {free} bytes free, a batch of {needed} bytes would leave less than the {min_free} \
+         the volume keeps free (--min-free-disk, KINDLING_MIN_FREE_DISK): the batch is refused",
+        .dir.display()
+    )]
+    DiskLow {
+        /// The spill directory.
+        dir: PathBuf,
+        /// Bytes free on its file system.
+        free: u64,
+        /// The batch's Arrow size.
+        needed: u64,
+        /// The free space kept.
+        min_free: u64,
+    },
     /// Creating, writing or opening a spill file.
     #[error("{context}: {source}")]
     Io {
@@ -40,11 +72,13 @@ pub enum SpillError {
 }
 
 impl SpillError {
-    /// Its gRPC code: a full spill directory is an exhausted resource, any
-    /// other failure the agent's own.
+    /// Its gRPC code: a full spill directory, or one at its watermark, is
+    /// an exhausted resource, any other failure the agent's own.
     pub fn code(&self) -> tonic::Code {
         match self {
-            SpillError::Full { .. } => tonic::Code::ResourceExhausted,
+            SpillError::Full { .. } | SpillError::Watermark { .. } | SpillError::DiskLow { .. } => {
+                tonic::Code::ResourceExhausted
+            }
             _ => tonic::Code::Internal,
         }
     }

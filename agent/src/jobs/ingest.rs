@@ -175,23 +175,19 @@ impl PutStream {
                 }
                 .into());
             }
-            // What uncommitted streams hold is bounded per job: past the cap
-            // the batch is refused; past half the memory budget it spills.
+            // New rows (not a resent batch, answered above) into a split
+            // said to be done would change what end_of_data counted.
+            if split.ended() {
+                return Err(self.ended());
+            }
+            self.within_caps(&d.ingest, schema::batch_bytes(&batch))?;
+            // Past half the memory budget staged batches spill.
             let held = d.ingest.staged_bytes();
             let budget = self.job.budget_limit();
-            let cap = self.job.staging().cap();
-            if held >= cap {
-                return Err(LimitError::StagingFull {
-                    job_id: self.job.job_id.clone(),
-                    staged: held,
-                    cap,
-                }
-                .into());
-            }
             d.ingest
                 .split_mut(self.split)
                 .cache
-                .place_within(batch, held < budget / 2)
+                .place_within(batch, held < budget / 2)?
         };
         let bytes = placed.bytes();
         let stored = if placed.spills() {
@@ -235,15 +231,55 @@ impl PutStream {
         })
     }
 
+    /// The refusal of new rows into the stream's split, which ended.
+    fn ended(&self) -> AgentError {
+        IngestError::SplitEnded {
+            job_id: self.job.job_id.clone(),
+            split: self.split,
+        }
+        .into()
+    }
+
+    /// Whether a batch of `bytes` fits the job's caps: what its uncommitted
+    /// streams hold, and all its rows here, committed and staged.
+    fn within_caps(&self, ingest: &crate::jobs::splits::IngestState, bytes: u64) -> Result<(), AgentError> {
+        let limits = self.job.staging();
+        let (staged, cap) = (ingest.staged_bytes(), limits.cap());
+        if staged >= cap {
+            return Err(LimitError::StagingFull {
+                job_id: self.job.job_id.clone(),
+                staged,
+                cap,
+            }
+            .into());
+        }
+        let (held, cap) = (ingest.held_bytes(), limits.job_cap());
+        if held.saturating_add(bytes) > cap {
+            return Err(LimitError::JobFull {
+                job_id: self.job.job_id.clone(),
+                held,
+                needed: bytes,
+                cap,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Makes the stream's rows part of the shard, all or nothing: if another
     /// stream of the same producer committed first (a retried or speculative
     /// task), this stream's rows are dropped and reported as duplicates. One
-    /// final ack per producer.
-    pub fn commit(mut self) -> Vec<PutAck> {
+    /// final ack per producer. A stream with rows to commit into a split
+    /// that ended meanwhile is refused, its rows dropped.
+    pub fn commit(mut self) -> Result<Vec<PutAck>, AgentError> {
         let mut acks = Vec::new();
         {
             let mut d = self.job.lock();
             let split = d.ingest.split_mut(self.split);
+            if split.ended() && !self.staged.is_empty() {
+                split.cache.abort(self.stream);
+                return Err(self.ended());
+            }
             let still_next = self
                 .staged
                 .iter()
@@ -285,7 +321,7 @@ impl PutStream {
             }
         }
         self.job.notify_data();
-        acks
+        Ok(acks)
     }
 
     /// Drops the stream's staged batches.

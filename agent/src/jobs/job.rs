@@ -37,6 +37,8 @@ pub struct JobEnv {
     pub checkpoint_dir: PathBuf,
     /// The agent's cache budget.
     pub budget: Arc<MemoryBudget>,
+    /// The agent's disk watermark, over all jobs' spill files.
+    pub disk: Arc<crate::cache::DiskBudget>,
     /// Inbox of the collective service.
     pub inbox: Arc<Inbox>,
     /// Token for peers and the rendezvous.
@@ -62,6 +64,8 @@ pub struct JobEnv {
     pub channel: ChannelConfig,
     /// Most jobs held at once (not finished).
     pub max_jobs: usize,
+    /// Most model reads in flight at once (the Flight service's to keep).
+    pub max_reads: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints here before they are removed.
     pub finished_retention: Duration,
@@ -151,7 +155,7 @@ impl Job {
             rank: None,
             world_size: spec.num_slots,
             error: None,
-            ingest: IngestState::new(&spill, env.budget.clone()),
+            ingest: IngestState::new(&spill, env.budget.clone(), env.disk.clone()),
             layout: None,
             log: Default::default(),
         };

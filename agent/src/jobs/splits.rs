@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kindling_schemas::descriptor::Split;
 
-use crate::cache::{MemoryBudget, ShardCache};
+use crate::cache::{DiskBudget, MemoryBudget, ShardCache};
 
 /// A producer's committed position in one split.
 #[derive(Debug, Clone, Copy, Default)]
@@ -74,12 +74,14 @@ pub struct IngestState {
 }
 
 impl IngestState {
-    /// Empty splits spilling under `spill_dir` (`train/`, `eval/`), in memory
-    /// up to `budget`.
-    pub fn new(spill_dir: &Path, budget: Arc<MemoryBudget>) -> Self {
+    /// Empty splits spilling under `spill_dir` (`train/`, `eval/`) below the
+    /// disk watermark `disk`, in memory up to `budget`.
+    pub fn new(spill_dir: &Path, budget: Arc<MemoryBudget>, disk: Arc<DiskBudget>) -> Self {
+        let cache =
+            |name: &str| ShardCache::new(spill_dir.join(name), budget.clone()).with_disk(disk.clone());
         IngestState {
-            train: SplitIngest::new(ShardCache::new(spill_dir.join("train"), budget.clone())),
-            eval: SplitIngest::new(ShardCache::new(spill_dir.join("eval"), budget)),
+            train: SplitIngest::new(cache("train")),
+            eval: SplitIngest::new(cache("eval")),
             next_stream: 0,
         }
     }
@@ -117,6 +119,11 @@ impl IngestState {
     pub fn clear(&mut self) {
         self.train.cache.clear();
         self.eval.cache.clear();
+    }
+
+    /// Bytes the job's rows hold, committed and staged, both splits.
+    pub fn held_bytes(&self) -> u64 {
+        self.staged_bytes() + self.train.cache.committed_bytes() + self.eval.cache.committed_bytes()
     }
 
     /// Bytes the job's uncommitted streams hold, both splits.

@@ -29,6 +29,7 @@ use crate::jobs::JobRegistry;
 use crate::jobs::ingest::{self, PutStream};
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::models::params;
+use crate::process::reads::{Encoded, EncodedModels, ModelVersion, ReadSlots};
 use crate::serving::predict;
 use crate::training::trainer;
 
@@ -39,6 +40,8 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 pub struct AgentFlightService {
     jobs: Arc<JobRegistry>,
     actions: Arc<crate::process::metrics::ActionCounts>,
+    reads: Arc<ReadSlots>,
+    encoded: Arc<EncodedModels>,
 }
 
 impl AgentFlightService {
@@ -60,9 +63,15 @@ impl AgentFlightService {
         }
     }
 
-    /// Serves the jobs in `jobs`, counting the actions it answers in `actions`.
+    /// Serves the jobs in `jobs`, counting the actions it answers in
+    /// `actions`, with at most the registry's `max_reads` model reads in flight.
     pub fn new(jobs: Arc<JobRegistry>, actions: Arc<crate::process::metrics::ActionCounts>) -> Self {
-        AgentFlightService { jobs, actions }
+        AgentFlightService {
+            reads: Arc::new(ReadSlots::new(jobs.max_reads())),
+            jobs,
+            actions,
+            encoded: Arc::default(),
+        }
     }
 }
 
@@ -142,13 +151,12 @@ impl FlightService for AgentFlightService {
         Caller::of(&request).operator_only("list every job's models")?;
         let mut infos = Vec::new();
         for job in self.jobs.all() {
-            if let Some(model) = job.model.lock().ok().and_then(|m| m.clone()) {
-                infos.push(Ok(model_info(
-                    &DataPath::Model {
-                        job_id: job.job_id.clone(),
-                    },
-                    model.as_ref(),
-                )?));
+            if job.model.lock().ok().is_some_and(|m| m.is_some()) {
+                let path = DataPath::Model {
+                    job_id: job.job_id.clone(),
+                };
+                let _slot = self.reads.take(&Caller::Operator).map_err(AgentError::from)?;
+                infos.push(Ok(model_info(&path, &*self.encoded_model(&path).await?)?));
             }
         }
         Ok(Response::new(Box::pin(futures::stream::iter(infos))))
@@ -162,8 +170,9 @@ impl FlightService for AgentFlightService {
         let caller = Caller::of(&request);
         caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
         self.check_incarnation(&caller, path.job_id())?;
-        let model = self.model_for(&path).await?;
-        Ok(Response::new(model_info(&path, model.as_ref())?))
+        let _slot = self.reads.take(&caller).map_err(AgentError::from)?;
+        let encoded = self.encoded_model(&path).await?;
+        Ok(Response::new(model_info(&path, &encoded)?))
     }
 
     async fn poll_flight_info(
@@ -192,12 +201,20 @@ impl FlightService for AgentFlightService {
         let caller = Caller::of(&request);
         caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
         self.check_incarnation(&caller, path.job_id())?;
-        let model = self.model_for(&path).await?;
-        let table = self.with_card(path.job_id(), model.to_arrow()?)?;
-        let stream = FlightDataEncoderBuilder::new()
-            .build(futures::stream::once(async move { Ok(table) }))
-            .map_err(flight_status);
-        Ok(Response::new(Box::pin(stream)))
+        // A slot for as long as the read; a caller that stops reading is
+        // ended after the idle bound (the error queued after what it has
+        // not read).
+        let slot = self.reads.take(&caller).map_err(AgentError::from)?;
+        let encoded = self.encoded_model(&path).await?;
+        let messages =
+            futures::stream::iter((0..encoded.messages.len()).map(move |i| Ok(encoded.messages[i].clone())));
+        let body = sent_in_time("DoGet", messages, self.jobs.staging(), ());
+        // The slot lives as long as the response: what the client has not
+        // read yet is held for it until it reads, resets the call or goes.
+        Ok(Response::new(Box::pin(body.map(move |m| {
+            let _read = &slot;
+            m
+        }))))
     }
 
     async fn do_put(
@@ -235,16 +252,22 @@ impl FlightService for AgentFlightService {
         tokio::spawn(async move {
             let _slot = slot;
             let mut stream = PutStream::open(job, split);
-            match receive_put(&mut stream, decoder, &tx).await {
-                Ok(()) => {
-                    for ack in stream.commit() {
+            let committed = match receive_put(&mut stream, decoder, &tx).await {
+                Ok(()) => stream.commit(),
+                Err(e) => {
+                    stream.abort();
+                    Err(e)
+                }
+            };
+            match committed {
+                Ok(acks) => {
+                    for ack in acks {
                         if tx.send(Ok(put_result(&ack))).await.is_err() {
                             break;
                         }
                     }
                 }
                 Err(e) => {
-                    stream.abort();
                     let status = Status::from(e);
                     *counted
                         .refused_puts
@@ -330,10 +353,13 @@ impl FlightService for AgentFlightService {
         let answers = FlightDataEncoderBuilder::new()
             .build(batches)
             .map_err(flight_status);
-        let (tx, rx) = mpsc::channel(4);
         // The credential's slot is held as long as the exchange.
-        tokio::spawn(exchange_in_time(answers, tx, self.jobs.staging(), slot));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(sent_in_time(
+            "DoExchange",
+            answers,
+            self.jobs.staging(),
+            slot,
+        )))
     }
 
     async fn do_action(
@@ -422,19 +448,59 @@ impl AgentFlightService {
         }
     }
 
-    /// A job's weights `table` with the job's [`ModelCard`] in its schema's
-    /// metadata (a served model's table goes out as it is).
-    fn with_card(
-        &self,
-        job_id: &str,
-        table: arrow::array::RecordBatch,
-    ) -> Result<arrow::array::RecordBatch, AgentError> {
-        use kindling_schemas::model_serving::{MODEL_CARD_METADATA, ModelCard, model_inputs};
+    /// The weights table of the model `path` names, encoded once per
+    /// version of it: the trained model while the job keeps it, or the
+    /// latest checkpoint's (read, decoded and encoded on the blocking pool
+    /// by its first read only).
+    async fn encoded_model(&self, path: &DataPath) -> Result<Arc<Encoded>, AgentError> {
+        let job = self.jobs.get(path.job_id())?;
+        let version = match path {
+            DataPath::Model { .. } => ModelVersion::Trained(self.model_for(path).await?),
+            DataPath::Checkpoint { .. } => {
+                let store = crate::training::checkpoint::CheckpointStore::new(
+                    self.jobs.checkpoint_dir(),
+                    &job.job_id,
+                    job.spec.checkpoint.keep_last,
+                );
+                let latest = tokio::task::spawn_blocking(move || store.list().pop())
+                    .await
+                    .map_err(AgentError::panicked("listing checkpoints"))?;
+                let (epoch, attempt, _) =
+                    latest.ok_or_else(|| JobStateError::NoCheckpoint(job.job_id.clone()))?;
+                ModelVersion::Checkpoint {
+                    incarnation: job.incarnation,
+                    attempt,
+                    epoch,
+                }
+            }
+            other => return Err(RequestError::NotAModel(other.segments()).into()),
+        };
+        let checkpoint = matches!(version, ModelVersion::Checkpoint { .. });
+        let encode = async {
+            let model = match &version {
+                ModelVersion::Trained(model) => model.clone(),
+                ModelVersion::Checkpoint { .. } => self.model_for(path).await?,
+            };
+            let card = self.card_json(path.job_id())?;
+            tokio::task::spawn_blocking(move || Encoded::of(model.as_ref(), card))
+                .await
+                .map_err(AgentError::panicked("encoding a model"))?
+        };
+        self.encoded
+            .get_or_encode(&job, checkpoint, version.clone(), encode)
+            .await
+    }
+
+    /// The job's [`ModelCard`](kindling_schemas::model_serving::ModelCard)
+    /// as JSON, for its weights table's metadata (none for a job without
+    /// data yet).
+    fn card_json(&self, job_id: &str) -> Result<Option<String>, AgentError> {
+        use kindling_schemas::model_serving::{ModelCard, model_inputs};
         let Ok(job) = self.jobs.get(job_id) else {
-            return Ok(table);
+            return Ok(None);
         };
         let Some(layout) = job.lock().layout.clone() else {
-            return Ok(table);
+            return Ok(None);
         };
         let card = ModelCard {
             job_id: job.job_id.clone(),
@@ -442,13 +508,7 @@ impl AgentFlightService {
             input_dim: layout.input_dim,
             inputs: model_inputs(&layout),
         };
-        let json = serde_json::to_string(&card).map_err(InternalError::ResponseJson)?;
-        let schema = table
-            .schema()
-            .as_ref()
-            .clone()
-            .with_metadata(arrow::datatypes::Metadata::default().with(MODEL_CARD_METADATA, json));
-        table.with_schema(Arc::new(schema)).map_err(AgentError::arrow)
+        Ok(Some(serde_json::to_string(&card).map_err(InternalError::ResponseJson)?))
     }
 
     /// The model `path` names: the trained one (in memory), or the latest
@@ -492,15 +552,14 @@ fn checkpoint_model(
     Ok(Arc::from(model.from_record_bytes(ckpt.weights)?))
 }
 
-fn model_info(path: &DataPath, model: &dyn AnyModel) -> Result<FlightInfo, AgentError> {
-    let table = model.to_arrow()?;
+fn model_info(path: &DataPath, encoded: &Encoded) -> Result<FlightInfo, AgentError> {
     let info = FlightInfo::new()
         .try_with_schema(&params::model_schema())
         .map_err(AgentError::arrow)?
         .with_descriptor(path.descriptor())
         .with_endpoint(FlightEndpoint::new().with_ticket(path.ticket()))
-        .with_total_records(table.num_rows() as i64)
-        .with_total_bytes(table.get_array_memory_size() as i64);
+        .with_total_records(encoded.rows)
+        .with_total_bytes(encoded.bytes);
     Ok(info)
 }
 
@@ -572,36 +631,46 @@ async fn in_time<T>(
         })
 }
 
-/// Drives a `DoExchange`'s answers into `tx` while the client keeps
-/// sending and reading: a stream quiet for the idle bound (sending nothing,
-/// or reading no answer) or open past its age is ended with the error, and
-/// the credential's stream slot goes with it.
-async fn exchange_in_time(
+/// The response stream of a `DoExchange`'s answers, or a `DoGet`'s
+/// messages, fed by a task while the client keeps sending and reading: a
+/// stream quiet for the idle bound (sending nothing, or reading no answer)
+/// or open past its age is ended, and the caller's slot goes with it. The
+/// client reads the error after what was already queued for it, never a
+/// stream cut short that looks whole.
+fn sent_in_time(
+    call: &'static str,
+    answers: impl Stream<Item = Result<FlightData, Status>> + Send + 'static,
+    limits: crate::cache::StagingLimits,
+    slot: impl Send + 'static,
+) -> BoxStream<FlightData> {
+    let (tx, rx) = mpsc::channel(2);
+    let (ended_tx, ended_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _slot = slot;
+        if let Err(e) = send_in_time(call, answers, tx, limits).await {
+            tracing::info!(call, error = %e, "stream ended");
+            let _ = ended_tx.send(Status::from(e));
+        }
+    });
+    let ended = futures::stream::once(ended_rx).filter_map(|r| futures::future::ready(r.ok().map(Err)));
+    Box::pin(ReceiverStream::new(rx).chain(ended))
+}
+
+/// Sends `answers` into `tx` within the idle and age bounds; `Ok` once
+/// they are all sent or the client went away.
+async fn send_in_time(
+    call: &'static str,
     answers: impl Stream<Item = Result<FlightData, Status>>,
     tx: mpsc::Sender<Result<FlightData, Status>>,
     limits: crate::cache::StagingLimits,
-    slot: impl Send,
-) {
-    let _slot = slot;
+) -> Result<(), AgentError> {
     let too_old = tokio::time::Instant::now() + limits.stream_max_age;
     let mut answers = std::pin::pin!(answers);
-    loop {
-        let next = match in_time("DoExchange", answers.next(), &limits, too_old).await {
-            Ok(Some(next)) => next,
-            Ok(None) => return,
-            Err(e) => {
-                let _ = tx.try_send(Err(e.into()));
-                return;
-            }
-        };
-        match in_time("DoExchange", tx.send(next), &limits, too_old).await {
-            Ok(Ok(())) => {}
+    while let Some(next) = in_time(call, answers.next(), &limits, too_old).await? {
+        if in_time(call, tx.send(next), &limits, too_old).await?.is_err() {
             // The client is gone.
-            Ok(Err(_)) => return,
-            Err(e) => {
-                let _ = tx.try_send(Err(e.into()));
-                return;
-            }
+            return Ok(());
         }
     }
+    Ok(())
 }

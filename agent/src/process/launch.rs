@@ -49,6 +49,13 @@ struct Cli {
     /// refused with RESOURCE_EXHAUSTED naming this cap.
     #[arg(long, env = "KINDLING_MAX_JOBS", default_value_t = crate::process::server::DEFAULT_MAX_JOBS)]
     max_jobs: usize,
+    /// Most model reads (DoGet, GetFlightInfo) in flight at once, all
+    /// callers; a job credential's at most half: a read past it is refused
+    /// with RESOURCE_EXHAUSTED naming this cap. A read that stops reading
+    /// is ended after --stream-idle-secs.
+    #[arg(long, env = "KINDLING_MAX_READS", default_value_t = crate::process::reads::DEFAULT_MAX_READS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_reads: usize,
     /// Most parameters a job's model may have; a bigger one fails its job
     /// with RESOURCE_EXHAUSTED naming this cap, before any weight is allocated.
     #[arg(long, env = "KINDLING_MAX_MODEL_PARAMS", default_value_t = crate::models::kindling_model::DEFAULT_MAX_PARAMS)]
@@ -91,6 +98,20 @@ struct Cli {
     /// --memory-budget, at least 128MiB): a message past it ends its stream.
     #[arg(long, env = "KINDLING_MAX_RECEIVING_BYTES", value_parser = parse_bytes)]
     max_receiving_bytes: Option<u64>,
+    /// Most bytes one job's rows hold on this agent, committed and staged,
+    /// in memory and spilled (default 32GiB): a batch past it is refused
+    /// and its stream with it, so a producer cannot fill the work volume.
+    #[arg(long, env = "KINDLING_MAX_JOB_BYTES", value_parser = parse_bytes)]
+    max_job_bytes: Option<u64>,
+    /// Most bytes all jobs' spill files hold in --work-dir together
+    /// (default 40GiB; keep it below the work volume's size limit, leaving
+    /// room for checkpoints): a batch that would spill past it is refused.
+    #[arg(long, env = "KINDLING_DISK_WATERMARK", value_parser = parse_bytes)]
+    disk_watermark: Option<u64>,
+    /// Free space a spill leaves on --work-dir's file system at least
+    /// (default 1GiB): a batch that would leave less is refused.
+    #[arg(long, env = "KINDLING_MIN_FREE_DISK", value_parser = parse_bytes)]
+    min_free_disk: Option<u64>,
     /// A `DoPut` stream that sends nothing (or reads no ack) for this long is
     /// ended and what it staged dropped; a `DoExchange` that sends nothing or
     /// reads no prediction, likewise (s).
@@ -286,6 +307,7 @@ impl TryFrom<&Cli> for AgentConfig {
                 .with_plaintext_token(cli.tls.allow_plaintext_token),
             max_message_bytes,
             max_jobs: cli.max_jobs,
+            max_reads: cli.max_reads,
             finished_retention: Duration::from_secs(cli.finished_retention_secs),
             credentials,
             staging: crate::cache::StagingLimits {
@@ -293,6 +315,9 @@ impl TryFrom<&Cli> for AgentConfig {
                 stream_idle: Duration::from_secs(cli.stream_idle_secs.max(1)),
                 stream_max_age: Duration::from_secs(cli.stream_max_age_secs.max(1)),
                 max_receiving_bytes: cli.max_receiving_bytes,
+                max_job_bytes: cli.max_job_bytes,
+                disk_watermark: cli.disk_watermark,
+                min_free_disk: cli.min_free_disk,
             },
             train_threads: cli.train_threads,
             models: ModelRegistry::builtin(),

@@ -74,6 +74,10 @@ pub struct AgentConfig {
     /// Most jobs this agent holds at once (not finished); a `start_job`
     /// past it is refused with RESOURCE_EXHAUSTED naming the cap.
     pub max_jobs: usize,
+    /// Most model reads (`DoGet`, `GetFlightInfo`) in flight at once, all
+    /// callers; a job credential's at most half
+    /// ([`DEFAULT_MAX_READS`](crate::process::reads::DEFAULT_MAX_READS) by default).
+    pub max_reads: usize,
     /// How long a finished or cancelled job keeps its status, rows, spill
     /// files and checkpoints on this agent before they are removed.
     pub finished_retention: Duration,
@@ -117,6 +121,7 @@ impl AgentConfig {
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_jobs: DEFAULT_MAX_JOBS,
+            max_reads: crate::process::reads::DEFAULT_MAX_READS,
             finished_retention: DEFAULT_FINISHED_RETENTION,
             credentials: None,
             staging: crate::cache::StagingLimits::default(),
@@ -509,6 +514,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         spill_dir,
         checkpoint_dir,
         budget,
+        disk: config.staging.disk(),
         inbox,
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
@@ -519,6 +525,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         rendezvous: config.rendezvous.clone(),
         channel: config.channel.clone(),
         max_jobs: config.max_jobs,
+        max_reads: config.max_reads,
         finished_retention: config.finished_retention,
         credentials: config.credentials.clone(),
         staging: config.staging,
