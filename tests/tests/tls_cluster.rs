@@ -121,3 +121,70 @@ async fn a_job_trains_end_to_end_over_mutual_tls() {
     }
     cluster.shutdown().await;
 }
+
+/// Over mutual TLS the ring takes connections from the agents' identity
+/// only: ring connections presenting the client certificate (signed by the
+/// same CA) are each refused before any hello — more of them than the hello
+/// cap, held open — and a job trains to the end while more keep coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_connections_with_a_client_certificate_are_refused_and_a_job_trains_beside_them() {
+    use kindling_agent::collective::MAX_RING_HELLOS;
+    use kindling_schemas::ring::read_reply;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 2000).await;
+    let (cluster, _dir, _client, channel) = tls_cluster(2).await;
+    let token = cluster.token().expect("token").clone();
+    let url = cluster.agent_urls()[0].clone();
+    let mut held = Vec::new();
+    for _ in 0..MAX_RING_HELLOS + 8 {
+        let mut conn = channel
+            .connect_ring(&url, false)
+            .await
+            .expect("a TLS ring connection");
+        let answer = read_reply(&mut conn).await.expect("an answer before any hello");
+        let refused = answer.expect_err("a client certificate is no ring peer");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        assert!(
+            refused.message().contains("agents only") && refused.message().contains("127.0.0.1"),
+            "{}",
+            refused.message()
+        );
+        held.push(conn);
+    }
+    // While the job trains, the same certificate keeps opening ring
+    // connections (up to ten times the hello cap).
+    let done = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn({
+        let (channel, url, done) = (channel.clone(), url.clone(), done.clone());
+        async move {
+            let mut refused = 0;
+            while !done.load(Ordering::Relaxed) && refused < MAX_RING_HELLOS * 10 {
+                let mut conn = channel.connect_ring(&url, false).await.expect("connect");
+                if let Ok(Err(status)) = read_reply(&mut conn).await {
+                    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+                    refused += 1;
+                }
+            }
+            refused
+        }
+    });
+    let model = rule_job()
+        .local_mode(false)
+        .rendezvous(cluster.rendezvous_url())
+        .token(token)
+        .channel(channel.clone())
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await
+        .expect("the agents' ring trains beside the refused connections");
+    done.store(true, Ordering::Relaxed);
+    let refused = flood.await.expect("the flood");
+    assert_eq!(model.history().len(), 5);
+    assert!(refused > 0, "the flood was answered");
+    drop(held);
+    cluster.shutdown().await;
+}

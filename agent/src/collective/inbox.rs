@@ -14,6 +14,9 @@ use kindling_schemas::tls::Conn;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_rustls::rustls::client::verify_server_name;
+use tokio_rustls::rustls::pki_types::{InvalidDnsNameError, ServerName};
+use tokio_rustls::rustls::server::ParsedCertificate;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
@@ -319,11 +322,52 @@ pub const MAX_RING_CONNECTIONS: usize = 1024;
 /// most [`HELLO_TIMEOUT`]): a flood of silent connections holds no more.
 pub const MAX_RING_HELLOS: usize = 64;
 
+/// Who may open ring connections to this agent, checked before a hello is
+/// read: over mutual TLS, only the agents' own identity — a client
+/// certificate valid for the name agents check each other's certificates
+/// against — so a certificate the same CA signed for clients or executors
+/// holds no ring connection, and none of the [`MAX_RING_HELLOS`].
+#[derive(Clone, Debug, Default)]
+pub struct RingPeers {
+    agent_name: Option<ServerName<'static>>,
+}
+
+impl RingPeers {
+    /// Any caller the port admitted (plaintext, or TLS that asks for no
+    /// client certificate): the hello's credential is the only check.
+    pub fn anyone() -> Self {
+        RingPeers::default()
+    }
+
+    /// Over TLS, only callers whose client certificate is valid for `name`
+    /// (a DNS name or an IP address).
+    pub fn agents_named(name: &str) -> Result<Self, InvalidDnsNameError> {
+        Ok(RingPeers {
+            agent_name: Some(ServerName::try_from(name.to_owned())?),
+        })
+    }
+
+    /// Why `conn` may not open a ring connection, if it may not.
+    fn refusal(&self, conn: &Conn) -> Option<RingRefusal> {
+        let (Some(name), Conn::Tls(stream)) = (&self.agent_name, conn) else {
+            return None;
+        };
+        let presented = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+        let valid = presented.is_some_and(|cert| {
+            ParsedCertificate::try_from(cert).is_ok_and(|parsed| verify_server_name(&parsed, name).is_ok())
+        });
+        (!valid).then(|| RingRefusal::NotAnAgent {
+            agent_name: name.to_str().into_owned(),
+        })
+    }
+}
+
 /// Serves the ring connections an agent's listener routes here
 /// ([`kindling_ops::listen::incoming_routed`]), each on a task of its own,
 /// at most [`MAX_RING_CONNECTIONS`] (and [`MAX_RING_HELLOS`] before their
-/// hello) at once.
-pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Receiver<Conn>) {
+/// hello) at once; a caller that is not one of `peers` is answered its
+/// refusal and closed before it takes a hello's place.
+pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, peers: RingPeers, mut conns: mpsc::Receiver<Conn>) {
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_RING_CONNECTIONS));
     let hellos = Arc::new(tokio::sync::Semaphore::new(MAX_RING_HELLOS));
     loop {
@@ -334,6 +378,16 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Recei
                 None => return,
             },
         };
+        if let Some(refusal) = peers.refusal(&conn) {
+            let Ok(held) = open.clone().try_acquire_owned() else {
+                continue;
+            };
+            tokio::spawn(async move {
+                refuse(conn, refusal).await;
+                drop(held);
+            });
+            continue;
+        }
         let (Ok(held), Ok(hello)) = (
             open.clone().try_acquire_owned(),
             hellos.clone().try_acquire_owned(),
@@ -350,6 +404,17 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, mut conns: mpsc::Recei
             drop(held);
         });
     }
+}
+
+/// Answers `refusal` to a caller that may not open ring connections, and
+/// closes its connection (each step within [`HELLO_TIMEOUT`]).
+async fn refuse(mut conn: Conn, refusal: RingRefusal) {
+    use tonic::transport::server::Connected;
+    let peer = conn.connect_info().remote_addr();
+    tracing::info!(?peer, error = %refusal, "ring connection refused");
+    let answer = Err(Status::from(refusal));
+    let _ = tokio::time::timeout(HELLO_TIMEOUT, ring::write_reply(&mut conn, &answer)).await;
+    let _ = tokio::time::timeout(HELLO_TIMEOUT, conn.shutdown()).await;
 }
 
 /// One ring connection: hello, checks, reply; then heartbeats until the ring

@@ -13,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::inbox::{Inbox, serve};
+use super::inbox::{Inbox, RingPeers, serve};
 use super::io::{Io, Side};
 use super::plan::{Combine, Step, bf16_to_f32, byte_parts, combine, encode_bf16, f32_to_bf16, pieces, plan};
 use super::{Links, link};
@@ -520,7 +520,7 @@ pub fn listen(
         stop.cancelled().await;
         closing.close();
     });
-    tokio::spawn(serve(inbox, check, routed.ring));
+    tokio::spawn(serve(inbox, check, RingPeers::anyone(), routed.ring));
 }
 
 /// A tonic server builder with the flow-control windows bulk `DoPut`

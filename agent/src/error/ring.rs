@@ -113,6 +113,16 @@ pub enum RingRefusal {
         /// The attempt.
         attempt: u32,
     },
+    /// Over mutual TLS, a caller whose client certificate is not the
+    /// agents' (a client's or an executor's, signed by the same CA).
+    #[error(
+        "ring connections are taken from agents only: the client certificate is not valid for `{agent_name}`, \
+         the name agents check each other's certificates against"
+    )]
+    NotAnAgent {
+        /// The agents' name (`--tls-server-name`, or the host the agent advertises).
+        agent_name: String,
+    },
     /// A job credential for a job that has not started on this agent.
     #[error("job `{job_id}` is not on this agent: its peer credentials are taken only once it started here")]
     JobNotHere {
@@ -129,7 +139,7 @@ impl RingRefusal {
             RingRefusal::Fenced { .. } => Code::FailedPrecondition,
             RingRefusal::TooManyUnjoined { .. } => Code::ResourceExhausted,
             RingRefusal::AlreadyOpen { .. } => Code::AlreadyExists,
-            RingRefusal::JobNotHere { .. } => Code::PermissionDenied,
+            RingRefusal::JobNotHere { .. } | RingRefusal::NotAnAgent { .. } => Code::PermissionDenied,
         }
     }
 }

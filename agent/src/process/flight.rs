@@ -508,7 +508,9 @@ impl AgentFlightService {
             input_dim: layout.input_dim,
             inputs: model_inputs(&layout),
         };
-        Ok(Some(serde_json::to_string(&card).map_err(InternalError::ResponseJson)?))
+        Ok(Some(
+            serde_json::to_string(&card).map_err(InternalError::ResponseJson)?,
+        ))
     }
 
     /// The model `path` names: the trained one (in memory), or the latest

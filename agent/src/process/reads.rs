@@ -119,9 +119,11 @@ impl Encoded {
         let mut table = model.to_arrow()?;
         if let Some(json) = card {
             use kindling_schemas::model_serving::MODEL_CARD_METADATA;
-            let schema = table.schema().as_ref().clone().with_metadata(
-                arrow::datatypes::Metadata::default().with(MODEL_CARD_METADATA, json),
-            );
+            let schema = table
+                .schema()
+                .as_ref()
+                .clone()
+                .with_metadata(arrow::datatypes::Metadata::default().with(MODEL_CARD_METADATA, json));
             table = table
                 .with_schema(std::sync::Arc::new(schema))
                 .map_err(AgentError::arrow)?;

@@ -398,7 +398,12 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     // first bytes (or TLS ALPN).
     let routed = kindling_ops::listen::incoming_routed(listener, tls);
     let incoming = routed.grpc;
-    tokio::spawn(collective::serve(inbox.clone(), check.clone(), routed.ring));
+    tokio::spawn(collective::serve(
+        inbox.clone(),
+        check.clone(),
+        ring_peers(&config, &url)?,
+        routed.ring,
+    ));
     let token_layer = kindling_ops::grpc::TokenLayer::new(check.clone());
     let auth = kindling_ops::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
     tokio::spawn(kindling_ops::web::serve(
@@ -481,6 +486,34 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         rendezvous,
         token: config.token,
         channel: config.channel,
+    })
+}
+
+/// Who may open ring connections: over mutual TLS only the agents, whose
+/// certificates are valid for the name agents dial each other by
+/// (`--tls-server-name`, else the host in this agent's advertised `url`).
+fn ring_peers(config: &AgentConfig, url: &str) -> Result<collective::RingPeers, AgentError> {
+    let Some(tls) = config
+        .channel
+        .tls
+        .as_ref()
+        .filter(|t| t.serves() && t.files().client_auth)
+    else {
+        return Ok(collective::RingPeers::anyone());
+    };
+    let name = match &tls.files().server_name {
+        Some(name) => name.clone(),
+        None => {
+            let host = url.rsplit_once(':').map_or(url, |(h, _)| h);
+            let host = host.trim_start_matches("https://");
+            host.trim_start_matches('[').trim_end_matches(']').to_owned()
+        }
+    };
+    collective::RingPeers::agents_named(&name).map_err(|e| {
+        AgentError::io(
+            format!("the agents' name `{name}` for ring connections"),
+            std::io::Error::other(e),
+        )
     })
 }
 
