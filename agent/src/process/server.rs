@@ -398,20 +398,17 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     // first bytes (or TLS ALPN).
     let routed = kindling_ops::listen::incoming_routed(listener, tls);
     let incoming = routed.grpc;
+    let peers = ring_peers(&config, &url)?;
     tokio::spawn(collective::serve(
         inbox.clone(),
         check.clone(),
-        ring_peers(&config, &url)?,
+        peers,
         routed.ring,
     ));
     let token_layer = kindling_ops::grpc::TokenLayer::new(check.clone());
     let auth = kindling_ops::web::HttpAuth::new(check, config.viewer_token.clone(), secure);
-    tokio::spawn(kindling_ops::web::serve(
-        routed.http,
-        auth,
-        cancel.clone(),
-        metrics_page(jobs.clone(), env_budget.clone(), actions),
-    ));
+    let pages = metrics_page(jobs.clone(), env_budget.clone(), actions);
+    tokio::spawn(kindling_ops::web::serve(routed.http, auth, cancel.clone(), pages));
     let server_ended = CancellationToken::new();
     let ended_guard = server_ended.clone().drop_guard();
     let server = tokio::spawn(async move {
@@ -446,15 +443,7 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
     let has_gpu = gpu_backend().await;
     let mut rendezvous = None;
     if let Some(rv) = &config.rendezvous {
-        let info = AgentInfo {
-            agent_id: config.agent_id.clone(),
-            flight_address: url.clone(),
-            collective_address: url.clone(),
-            node_name: config.node_name.clone(),
-            capacity: config.capacity,
-            has_gpu,
-            models: config.models.names(),
-        };
+        let info = agent_info(&config, &url, has_gpu);
         let (client, lease) = match register(&config, rv, info, &jobs, &env_budget).await {
             Ok(registered) => registered,
             Err(e) => {
@@ -487,6 +476,19 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         token: config.token,
         channel: config.channel,
     })
+}
+
+/// What the agent tells the rendezvous about itself, advertising `url`.
+fn agent_info(config: &AgentConfig, url: &str, has_gpu: bool) -> AgentInfo {
+    AgentInfo {
+        agent_id: config.agent_id.clone(),
+        flight_address: url.to_owned(),
+        collective_address: url.to_owned(),
+        node_name: config.node_name.clone(),
+        capacity: config.capacity,
+        has_gpu,
+        models: config.models.names(),
+    }
 }
 
 /// Who may open ring connections: over mutual TLS only the agents, whose
