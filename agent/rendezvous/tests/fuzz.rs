@@ -1,21 +1,27 @@
 //! Property and fuzz tests of the rendezvous' state file, read back at
 //! start-up: arbitrary bytes, a real snapshot with bytes flipped, cut or
 //! inserted, and snapshots of arbitrary values. The property: a state file
-//! is restored as it says or refused naming `state.pb`, never a panic.
+//! is restored as it says or refused naming `state.pb`, never a panic. And
+//! of the agent reports heartbeats carry (any bytes, a real report changed,
+//! one past the bound): kept whole or refused, the last good one staying,
+//! and what is kept read back by a watch's client and the status page.
 //!
-//! CI runs 64 cases of each property (each writes, fsyncs and opens a
-//! directory). A longer run,
+//! CI runs 64 cases of each state-file property (each writes, fsyncs and
+//! opens a directory) and 256 of the reports'. A longer run,
 //! `PROPTEST_CASES=5000 cargo test -p kindling-rendezvous --test fuzz`, takes
 //! seconds to half a minute, as fast as the disk syncs.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kindling_fixtures::fuzz::{cases, edits, mutate};
+use kindling_fixtures::fuzz::{JOB_REPORT_JSON, cases, edits, mutate};
+use kindling_rendezvous::page::{ReportError, Reports, status};
 use kindling_rendezvous::{RendezvousConfig, RendezvousError, RendezvousState};
 use kindling_schemas::pb::rendezvous as pb;
-use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobStatus};
+use kindling_schemas::rendezvous::{
+    AgentInfo, AgentReport, JobConfig, JobStatus, MAX_REPORT_BYTES, MemberReport,
+};
 use proptest::prelude::*;
 use prost::Message;
 
@@ -269,6 +275,101 @@ proptest! {
             prop_assert!(job.attempt >= 1, "attempt 0: {what}");
             prop_assert!(job.attempt <= job.max_attempts, "an attempt past max_attempts: {what}");
             prop_assert!(job.num_slots >= 1, "no slots: {what}");
+        }
+    }
+}
+
+// ---- heartbeat reports -------------------------------------------------------
+
+/// An agent's heartbeat report: its cache and one job.
+fn report_json() -> Vec<u8> {
+    format!(
+        r#"{{"cache_budget_bytes":1073741824,"cache_bytes_memory":1048576,"cache_bytes_disk":0,"jobs":[{JOB_REPORT_JSON}]}}"#
+    )
+    .into_bytes()
+}
+
+/// The job the reports are of, as the rendezvous holds it.
+fn job_status() -> JobStatus {
+    JobStatus::try_from(pb::JobStatusResponse {
+        job_id: "j-1".into(),
+        state: pb::JobState::Running as i32,
+        attempt: 2,
+        max_attempts: 3,
+        num_slots: 2,
+        members: vec!["a".into(), "b".into()],
+        ..Default::default()
+    })
+    .expect("status")
+}
+
+/// What a watch with reports sends of `reports`: agent and job status.
+fn kept(reports: &Reports) -> Vec<(String, Vec<u8>)> {
+    reports
+        .of_job("j-1")
+        .into_iter()
+        .map(|r| (r.agent_id, r.status_json))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// A heartbeat's report (any bytes, a real one changed, one past the
+    /// bound) is kept whole or refused naming why, and a refused one
+    /// leaves the agent's last good report; what is kept is what a watch
+    /// sends and the client reads, and the status page renders it.
+    #[test]
+    fn heartbeat_reports_are_kept_whole_or_refused_and_the_last_good_one_stays(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        big in prop::sample::select(vec![0usize, MAX_REPORT_BYTES, MAX_REPORT_BYTES + 1]),
+        (e, cut, ins) in edits(),
+    ) {
+        let padded = |n: usize| {
+            let mut r = report_json();
+            r.resize(n.max(r.len()), b' ');
+            r
+        };
+        for bytes in [bytes, mutate(report_json(), &e, cut, ins), padded(big)] {
+            let reports = Reports::default();
+            reports.store("a", &report_json()).expect("the unmutated report is kept");
+            let before = kept(&reports);
+            prop_assert_eq!(before.len(), 1);
+            match reports.store("a", &bytes) {
+                Ok(()) if bytes.is_empty() => prop_assert_eq!(kept(&reports), before),
+                Ok(()) => {
+                    prop_assert!(bytes.len() <= MAX_REPORT_BYTES);
+                    let report: AgentReport = serde_json::from_slice(&bytes).expect("what was kept parses");
+                    let expected: Vec<_> = report
+                        .jobs
+                        .iter()
+                        .find(|j| j.job_id == "j-1")
+                        .map(|j| ("a".to_owned(), serde_json::to_vec(j).expect("json")))
+                        .into_iter()
+                        .collect();
+                    prop_assert_eq!(kept(&reports), expected);
+                    for r in reports.of_job("j-1") {
+                        let m = MemberReport::try_from(r).map_err(|e| TestCaseError::fail(format!("the client refuses a kept report: {e}")))?;
+                        prop_assert_eq!(&m.status.job_id, "j-1");
+                    }
+                    let agents = [agent("a")];
+                    let page = status(
+                        &[job_status()],
+                        &agents,
+                        &[("a".to_owned(), (Instant::now(), report))].into_iter().collect(),
+                        0,
+                    );
+                    prop_assert!(serde_json::to_string(&page).is_ok());
+                }
+                Err(ReportError::TooLarge { bytes: n }) => {
+                    prop_assert!(n == bytes.len() && n > MAX_REPORT_BYTES);
+                    prop_assert_eq!(kept(&reports), before);
+                }
+                Err(ReportError::Json(e)) => {
+                    prop_assert!(serde_json::from_slice::<AgentReport>(&bytes).is_err(), "{e}");
+                    prop_assert_eq!(kept(&reports), before);
+                }
+            }
         }
     }
 }
