@@ -39,7 +39,8 @@ impl Route {
 
     /// The server a plaintext connection whose first bytes are `seen` is
     /// for; `None` while they are a proper prefix of a known start (more
-    /// bytes decide). Any [`LONGEST_START`] bytes decide.
+    /// bytes decide). Any 8 bytes (the ring's magic, the longest start)
+    /// decide.
     pub fn of_first_bytes(seen: &[u8]) -> Option<Route> {
         if let Some((_, route)) = STARTS.iter().find(|(s, _)| seen.starts_with(s)) {
             return Some(*route);
