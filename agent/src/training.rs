@@ -3,7 +3,7 @@
 //! log and its checkpoints. Rooms, lowest first: `schedule` · `joblog` ·
 //! `checkpoint` · `gradients` · `trainer`.
 
-pub(crate) mod checkpoint;
+pub mod checkpoint;
 pub mod gradients;
 pub(crate) mod joblog;
 pub mod schedule;

@@ -223,6 +223,40 @@ pub async fn read_reply<R: AsyncRead + Unpin>(r: &mut R) -> Result<Result<(), St
     })
 }
 
+/// `reason` cut to [`MAX_REPLY_BYTES`] at a character boundary: the most
+/// of a goodbye's or an abort frame's reason a reader takes.
+pub fn bounded_reason(reason: &str) -> &str {
+    &reason[..reason.floor_char_boundary(MAX_REPLY_BYTES)]
+}
+
+/// A receiver's goodbye: [`CLOSING`], a little-endian `u32` length and the
+/// reason in UTF-8 ([`bounded_reason`]).
+pub fn closing(reason: &str) -> Vec<u8> {
+    let reason = bounded_reason(reason).as_bytes();
+    let mut out = Vec::with_capacity(5 + reason.len());
+    out.push(CLOSING);
+    out.extend_from_slice(&(reason.len() as u32).to_le_bytes());
+    out.extend_from_slice(reason);
+    out
+}
+
+/// Reads a goodbye's reason, after its [`CLOSING`] byte: its length, then
+/// the reason ([`read_reason`]).
+pub async fn read_closing<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<String> {
+    let len = r.read_u32_le().await?;
+    read_reason(r, len).await
+}
+
+/// Reads a reason the peer says is `len` bytes long (a goodbye's, an
+/// abort frame's payload): at most [`MAX_REPLY_BYTES`] of it, whatever
+/// `len` claims (the rest is left unread), as UTF-8 with any invalid
+/// sequence replaced.
+pub async fn read_reason<R: AsyncRead + Unpin>(r: &mut R, len: u32) -> std::io::Result<String> {
+    let mut reason = vec![0u8; usize::try_from(len).map_or(MAX_REPLY_BYTES, |n| n.min(MAX_REPLY_BYTES))];
+    r.read_exact(&mut reason).await?;
+    Ok(String::from_utf8_lossy(&reason).into_owned())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -4,7 +4,9 @@
 //! schema), arbitrary Arrow schemas (wide, nested, dictionary-encoded) as
 //! `DoPut` validates them, the collective's and rendezvous' protobuf frames,
 //! and what a peer presents before it is authenticated: bearer tokens, job
-//! credentials and the credential key file. Each input is arbitrary or a
+//! credentials and the credential key file; the ring's goodbyes and abort
+//! reasons, the `traceparent` header, and the heartbeat, gather and watch
+//! messages of the rendezvous with the agent reports a watch carries. Each input is arbitrary or a
 //! valid encoding with bytes flipped, cut or inserted; the property is that
 //! parsing answers `Ok` or a precise `Err`, never panics, that what parses
 //! round-trips, and that no changed credential verifies as other claims.
@@ -35,7 +37,7 @@ use arrow_flight::decode::{DecodedFlightData, DecodedPayload};
 use arrow_flight::encode::{DictionaryHandling, FlightDataEncoderBuilder};
 use arrow_flight::{FlightData, FlightDescriptor, SchemaAsIpc, Ticket};
 use futures::{StreamExt, TryStreamExt};
-use kindling_fixtures::fuzz::{edits, mutate};
+use kindling_fixtures::fuzz::{JOB_REPORT_JSON, edits, mutate};
 use kindling_schemas::action::Action;
 use kindling_schemas::auth::{BearerCheck, Caller, Token};
 use kindling_schemas::credential::{
@@ -239,6 +241,243 @@ fn splits_parse_from_their_names() {
     for (name, split) in [("train", Split::Train), ("eval", Split::Eval)] {
         let path = DataPath::from_segments(&["j".into(), name.into()]).expect("path");
         assert_eq!(path, DataPath::data("j", split));
+    }
+}
+
+// ---- the ring's reasons, the trace header, heartbeats, gathers, watches ------
+
+/// What a reader of a reason of `claim` bytes must return from `bytes`:
+/// the first `claim` bytes (at most [`ring::MAX_REPLY_BYTES`]) as UTF-8,
+/// or `None` where `bytes` end before them.
+fn reason_model(bytes: &[u8], claim: u32) -> Option<String> {
+    let want = (claim as usize).min(kindling_schemas::ring::MAX_REPLY_BYTES);
+    bytes.get(..want).map(|r| String::from_utf8_lossy(r).into_owned())
+}
+
+/// A report of one job as an agent sends it with its heartbeat.
+fn job_report() -> kindling_schemas::action::AgentJobStatus {
+    serde_json::from_str(JOB_REPORT_JSON).expect("a job report")
+}
+
+/// A job's status as the rendezvous sends it.
+fn job_status() -> pb::rendezvous::JobStatusResponse {
+    pb::rendezvous::JobStatusResponse {
+        job_id: "j-1".into(),
+        state: pb::rendezvous::JobState::Running as i32,
+        attempt: 2,
+        max_attempts: 3,
+        num_slots: 2,
+        members: vec!["a".into(), "b".into()],
+        failures: vec![pb::rendezvous::Failure {
+            attempt: 1,
+            agent_id: "c".into(),
+            cause: "lost".into(),
+            at_unix_ms: 1_700_000_000_123,
+        }],
+        spec_summary: "mlp [8], adam".into(),
+        created_unix_ms: 1_700_000_000_000,
+        updated_unix_ms: 1_700_000_000_500,
+        cancel_reason: String::new(),
+        incarnation: 0x1234_5678,
+    }
+}
+
+/// A heartbeat, its answer, a gather and its answer, a watch request and
+/// a watch event with reports, encoded.
+fn valid_rendezvous_messages() -> Vec<Vec<u8>> {
+    use pb::rendezvous as r;
+    let report = kindling_schemas::rendezvous::AgentReport {
+        cache_budget_bytes: 1 << 30,
+        cache_bytes_memory: 1 << 20,
+        cache_bytes_disk: 0,
+        jobs: vec![job_report()],
+    };
+    vec![
+        r::HeartbeatRequest {
+            agent_id: "a".into(),
+            report: serde_json::to_vec(&report).expect("json"),
+        }
+        .encode_to_vec(),
+        r::HeartbeatResponse {
+            lease_ms: 30_000,
+            failed_attempts: vec![r::AttemptRef {
+                job_id: "j-1".into(),
+                attempt: 1,
+                cause: "peer b lost".into(),
+            }],
+        }
+        .encode_to_vec(),
+        r::AllGatherRequest {
+            job_id: "j-1".into(),
+            attempt: 2,
+            rank: 1,
+            seq: 7,
+            payload: b"rank 1's part".to_vec().into(),
+        }
+        .encode_to_vec(),
+        r::AllGatherResponse {
+            payloads: vec![b"a".to_vec().into(), Default::default(), b"c".to_vec().into()],
+        }
+        .encode_to_vec(),
+        r::WatchRequest {
+            job_id: "j-1".into(),
+            with_reports: true,
+        }
+        .encode_to_vec(),
+        r::JobEvent {
+            status: Some(job_status()),
+            reports: vec![r::MemberReport {
+                agent_id: "a".into(),
+                status_json: JOB_REPORT_JSON.as_bytes().to_vec(),
+                age_ms: 1500,
+            }],
+        }
+        .encode_to_vec(),
+    ]
+}
+
+/// `bytes` as each heartbeat, gather and watch message: each decodes or
+/// is refused, and what decodes encodes to itself; a watch event's status
+/// converts or names its unknown state, and each report is the job's
+/// status or a refusal naming the agent it came from.
+fn check_rendezvous_messages(bytes: &[u8]) -> Result<(), TestCaseError> {
+    use pb::rendezvous as r;
+    fn round_trips<M: Message + Default + PartialEq + std::fmt::Debug>(
+        bytes: &[u8],
+    ) -> Result<Option<M>, TestCaseError> {
+        let Ok(m) = M::decode(bytes) else { return Ok(None) };
+        let again = M::decode(m.encode_to_vec().as_slice()).ok();
+        prop_assert_eq!(again.as_ref(), Some(&m));
+        Ok(Some(m))
+    }
+    round_trips::<r::HeartbeatRequest>(bytes)?;
+    round_trips::<r::HeartbeatResponse>(bytes)?;
+    round_trips::<r::AllGatherRequest>(bytes)?;
+    round_trips::<r::AllGatherResponse>(bytes)?;
+    round_trips::<r::WatchRequest>(bytes)?;
+    let Some(event) = round_trips::<r::JobEvent>(bytes)? else {
+        return Ok(());
+    };
+    if let Some(status) = event.status {
+        match kindling_schemas::rendezvous::JobStatus::try_from(status.clone()) {
+            // What converts is what was sent.
+            Ok(converted) => prop_assert_eq!(r::JobStatusResponse::from(&converted), status),
+            Err(e) => prop_assert_eq!(e.0, status.state),
+        }
+    }
+    for report in event.reports {
+        let agent_id = report.agent_id.clone();
+        match kindling_schemas::rendezvous::MemberReport::try_from(report) {
+            Ok(m) => {
+                prop_assert_eq!(&m.agent_id, &agent_id);
+                let again: kindling_schemas::action::AgentJobStatus =
+                    serde_json::from_slice(&serde_json::to_vec(&m.status).expect("json"))
+                        .expect("what parsed parses again");
+                prop_assert_eq!(
+                    (&again.job_id, &again.agent_id, again.state, again.attempt),
+                    (
+                        &m.status.job_id,
+                        &m.status.agent_id,
+                        m.status.state,
+                        m.status.attempt
+                    )
+                );
+            }
+            Err(e) => prop_assert!(
+                e.to_string().contains(&format!("agent `{agent_id}`'s report")),
+                "{e}"
+            ),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn ring_goodbyes_and_abort_reasons_read_within_their_bound(
+        bytes in prop::collection::vec(any::<u8>(), 0..64),
+        claim in prop_oneof![0u32..64, any::<u32>()],
+        reason in ".{0,40}",
+        long in any::<bool>(),
+    ) {
+        use kindling_schemas::ring;
+        // Any bytes after a CLOSING byte: the reason its length claims (a
+        // huge claim reads at most the bound, and fails where the bytes
+        // end), never a panic.
+        let read = futures::executor::block_on(ring::read_closing(&mut bytes.as_slice()));
+        let expected = bytes.get(4..).and_then(|rest| {
+            reason_model(rest, u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+        });
+        prop_assert_eq!(read.as_ref().ok(), expected.as_ref(), "{:?}", read);
+        if let Err(e) = read {
+            prop_assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        }
+        // An abort frame's payload, its length from the header.
+        let read = futures::executor::block_on(ring::read_reason(&mut bytes.as_slice(), claim));
+        prop_assert_eq!(read.ok(), reason_model(&bytes, claim));
+        // A goodbye written reads back as its reason, cut to the bound at
+        // a character boundary.
+        let reason = match long {
+            true => format!("é{reason}").repeat(ring::MAX_REPLY_BYTES / 2),
+            false => reason,
+        };
+        let goodbye = ring::closing(&reason);
+        prop_assert_eq!(goodbye[0], ring::CLOSING);
+        prop_assert!(goodbye.len() <= 5 + ring::MAX_REPLY_BYTES);
+        let back = futures::executor::block_on(ring::read_closing(&mut &goodbye[1..])).expect("a goodbye");
+        prop_assert!(reason.starts_with(&back) && (back.len() == reason.len() || back.len() + 4 > ring::MAX_REPLY_BYTES), "{} of {}", back.len(), reason.len());
+    }
+
+    #[test]
+    fn trace_headers_parse_as_the_standard_says_or_are_ignored(
+        value in prop_oneof![
+            ".{0,64}",
+            "[ \t]{0,2}00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}[ \t]{0,2}",
+            "00-(0{32}|[0-9a-f]{32})-(0{16}|[0-9a-f]{16})-01",
+            "[ \t]{0,2}0[0-9a-g]-[0-9a-fA-F]{31,33}-[0-9a-fA-F]{15,17}-[0-9a-f]{1,3}(-[0-9a-f]{0,2})?[ \t]{0,2}",
+        ],
+        (e, cut, ins) in edits(),
+    ) {
+        use kindling_schemas::trace::TraceContext;
+        let root = TraceContext::new_root();
+        let header = root.header();
+        prop_assert_eq!(TraceContext::parse(&header), Some(root));
+        let mutated = mutate(header.clone().into_bytes(), &e, cut, ins);
+        for value in [value, String::from_utf8_lossy(&mutated).into_owned()] {
+            let Some(parsed) = TraceContext::parse(&value) else { continue };
+            // What parses is the header it says: version 00, those ids, and
+            // the ids are not zero.
+            let value = value.trim();
+            let again = parsed.header();
+            prop_assert_eq!(value.len(), again.len(), "{:?}", value);
+            prop_assert_eq!(&value[..53], &again[..53]);
+            prop_assert!(!again.contains("-00000000000000000000000000000000-") && !again.contains("-0000000000000000-"));
+            prop_assert_eq!(TraceContext::parse(&again), Some(parsed));
+        }
+    }
+
+    #[test]
+    fn heartbeats_gathers_and_watch_events_decode_or_refuse(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        check_rendezvous_messages(&bytes)?;
+    }
+
+    #[test]
+    fn mutated_heartbeats_gathers_and_watch_events_decode_or_refuse(which in any::<prop::sample::Index>(), (e, cut, ins) in edits()) {
+        let messages = valid_rendezvous_messages();
+        let valid = &messages[which.index(messages.len())];
+        check_rendezvous_messages(valid)?;
+        check_rendezvous_messages(&mutate(valid.clone(), &e, cut, ins))?;
+    }
+
+    /// An agent's report of a job as a watch event carries it: the job's
+    /// status, or a refusal naming the agent.
+    #[test]
+    fn member_reports_parse_or_name_their_agent((e, cut, ins) in edits(), agent_id in "[a-z0-9-]{1,12}", age_ms in any::<u64>()) {
+        let json = JOB_REPORT_JSON.as_bytes().to_vec();
+        let report = pb::rendezvous::MemberReport { agent_id: agent_id.clone(), status_json: json, age_ms };
+        prop_assert_eq!(kindling_schemas::rendezvous::MemberReport::try_from(report.clone()).map(|m| m.status).ok(), Some(job_report()));
+        let mutated = pb::rendezvous::MemberReport { status_json: mutate(report.status_json, &e, cut, ins), ..report };
+        check_rendezvous_messages(&pb::rendezvous::JobEvent { status: None, reports: vec![mutated] }.encode_to_vec())?;
     }
 }
 

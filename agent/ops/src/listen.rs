@@ -23,7 +23,7 @@ mod sniff;
 
 pub use open::{GrpcConn, MAX_GRPC_CONNECTIONS, MAX_GRPC_PER_PEER};
 pub use peers::{PeerSlot, PeerSlots};
-use sniff::Route;
+pub use sniff::Route;
 
 /// How long a connection may take for its TLS handshake (or, plaintext,
 /// to send its first bytes) before it is dropped.

@@ -1,8 +1,13 @@
-//! Property and fuzz tests of the pages' routing and authentication, which
-//! see every request before (or around) authentication: any method, path,
-//! query, cookie and authorization header. The property: a page answers one
-//! of 200/303/401/403/404/405, redirects only to this site, and shows no
-//! token anywhere but on the page its holder asked for.
+//! Property and fuzz tests of what sees a peer's bytes before (or around)
+//! authentication. The pages' routing and authentication: any method,
+//! path, query, cookie and authorization header; the property: a page
+//! answers one of 200/303/401/403/404/405, redirects only to this site, and
+//! shows no token anywhere but on the page its holder asked for. The
+//! receive meter's reading of gRPC length prefixes, however a stream of
+//! any messages (or any bytes) is cut into frames: it charges each
+//! stream's largest message and refuses the first past the bound, a claim
+//! of 4 GiB costing nothing. The listener's routing of a connection by its
+//! first bytes (plaintext) or ALPN protocol (TLS).
 //!
 //! CI runs 256 cases of each property (well under a second on 2 cores);
 //! `PROPTEST_CASES=5000 cargo test -p kindling-ops --test fuzz` runs more.
@@ -14,6 +19,8 @@ use axum::body::{Body, to_bytes};
 use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use bytes::Bytes;
 use kindling_fixtures::fuzz::cases;
+use kindling_ops::listen::Route;
+use kindling_ops::receiving::{Metered, ReceiveBudget};
 use kindling_ops::web::{COOKIE, HttpAuth, Page, Pages, router};
 use kindling_schemas::auth::{BearerCheck, Token};
 use kindling_schemas::credential::{CredentialKey, CredentialKeys, Role};
@@ -319,5 +326,186 @@ proptest! {
         prop_assert_eq!(answer.status, StatusCode::SEE_OTHER);
         let location = String::from_utf8_lossy(answer.headers[header::LOCATION].as_bytes()).into_owned();
         prop_assert!(stays_on_site_in_a_browser(&location), "{uri} redirects to {location:?}");
+    }
+}
+
+// ---- the receive meter and the listener's sniffer ---------------------------
+
+/// The gRPC message stream a caller sends: messages of any flag and
+/// length, their prefixes true or claiming any length, or any bytes.
+fn grpc_stream() -> impl Strategy<Value = Vec<u8>> {
+    let message =
+        (any::<u8>(), 0usize..300, prop::option::of(any::<u32>())).prop_map(|(flag, len, claim)| {
+            let mut m = vec![flag];
+            m.extend_from_slice(&claim.unwrap_or(len as u32).to_be_bytes());
+            m.extend(std::iter::repeat_n(0x5a, len));
+            m
+        });
+    prop_oneof![
+        3 => prop::collection::vec(message, 0..6).prop_map(|m| m.concat()),
+        1 => prop::collection::vec(any::<u8>(), 0..400),
+    ]
+}
+
+/// What the meter must make of `bytes` with `share` for its caller: the
+/// message lengths as their prefixes say (the largest so far is what the
+/// stream holds), and where the first prefix past the share ends.
+fn meter_model(bytes: &[u8], share: u64) -> (u64, Option<(usize, u64)>) {
+    let (mut at, mut largest) = (0usize, 0u64);
+    while let Some(prefix) = bytes.get(at..at + PREFIX) {
+        let len = u64::from(u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]));
+        if len > share {
+            return (largest, Some((at + PREFIX, len)));
+        }
+        largest = largest.max(len);
+        at = at.saturating_add(PREFIX).saturating_add(len as usize);
+    }
+    (largest, None)
+}
+
+const PREFIX: usize = 5;
+
+/// A request body that yields `chunks` as data frames.
+struct Chunks(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+/// What the service behind the meter saw: the bytes passed on, the
+/// refusal that ended the body (if one did), and what the caller's
+/// streams held once the body ended.
+type Received = (Vec<u8>, Option<tonic::Status>, u64);
+
+/// `bytes`, cut where `cuts` say, through [`Metered`] to a service that
+/// reads the whole body.
+fn receive(budget: &ReceiveBudget, bytes: &[u8], cuts: &[usize]) -> Received {
+    let mut chunks = std::collections::VecDeque::new();
+    let mut rest = bytes;
+    for &cut in cuts {
+        let (chunk, tail) = rest.split_at(cut % (rest.len() + 1));
+        chunks.push_back(Bytes::copy_from_slice(chunk));
+        rest = tail;
+    }
+    chunks.push_back(Bytes::copy_from_slice(rest));
+    let held = budget.clone();
+    let inner = tower::service_fn(move |request: axum::http::Request<tonic::body::Body>| {
+        let held = held.clone();
+        async move {
+            let mut body = request.into_body();
+            let (mut passed, mut refused) = (Vec::new(), None);
+            while let Some(frame) =
+                futures::future::poll_fn(|cx| http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx))
+                    .await
+            {
+                match frame {
+                    Ok(frame) => passed.extend_from_slice(frame.data_ref().map_or(&[][..], |d| d.as_ref())),
+                    Err(status) => {
+                        refused = Some(status);
+                        break;
+                    }
+                }
+            }
+            Ok::<Received, std::convert::Infallible>((passed, refused, held.held_by("job-a")))
+        }
+    });
+    let metered = Metered::new(
+        inner,
+        budget.clone(),
+        |_: &axum::http::Request<tonic::body::Body>| Some("job-a".to_owned()),
+    );
+    let request = axum::http::Request::new(tonic::body::Body::new(Chunks(chunks)));
+    futures::executor::block_on(metered.oneshot(request)).expect("infallible")
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// The meter follows the length prefixes however the stream is cut:
+    /// it charges the largest message, passes every byte when that fits
+    /// the caller's share, and otherwise refuses at the first prefix past
+    /// it (`RESOURCE_EXHAUSTED` naming its length and the bound) without
+    /// passing the frame that carries it; what was charged goes when the
+    /// stream ends. No prefix makes it allocate: a 4 GiB claim is a number.
+    #[test]
+    fn the_receive_meter_charges_each_streams_largest_message_however_it_is_cut(
+        bytes in grpc_stream(),
+        cuts in prop::collection::vec(any::<usize>(), 0..8),
+        share in prop_oneof![0u64..400, Just(u64::from(u32::MAX))],
+    ) {
+        let budget = ReceiveBudget::new(u64::MAX, share);
+        let (passed, refused, held) = receive(&budget, &bytes, &cuts);
+        let (largest, past) = meter_model(&bytes, share);
+        match (past, refused) {
+            (None, None) => {
+                prop_assert_eq!(&passed, &bytes);
+                prop_assert_eq!(held, largest);
+            }
+            (Some((end, len)), Some(status)) => {
+                prop_assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{}", status.message());
+                prop_assert!(
+                    status.message().contains(&format!("a message of {len} bytes"))
+                        && status.message().contains(&format!("past its bound of {share}")),
+                    "{}", status.message()
+                );
+                // The frames before the one the prefix ends in, not that one.
+                prop_assert!(passed.len() < end && bytes.starts_with(&passed), "{} of {}", passed.len(), end);
+                prop_assert_eq!(held, largest, "nothing charged for the refused message");
+            }
+            (past, refused) => prop_assert!(false, "expected a refusal at {past:?}, got {refused:?}"),
+        }
+        prop_assert_eq!(budget.held(), 0, "the charge goes when the stream ends");
+    }
+
+    /// The sniffer's decision over a plaintext connection's first bytes:
+    /// the ring for its magic, HTTP for `GET ` or `HEAD `, undecided only
+    /// while the bytes are a proper prefix of one of those (so its 8-byte
+    /// peek always decides), gRPC for anything else; a decision never
+    /// changes with more bytes.
+    #[test]
+    fn first_bytes_route_as_their_start_says(
+        bytes in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..16),
+            (prop::sample::select(vec![&kindling_schemas::ring::MAGIC[..], b"GET ", b"HEAD ", b"PRI * HTTP/2.0\r\n"]),
+             0usize..9, prop::collection::vec(any::<u8>(), 0..8))
+                .prop_map(|(start, keep, tail)| [&start[..keep.min(start.len())], &tail[..]].concat()),
+        ],
+        alpn in prop::option::of(prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..20),
+            prop::sample::select(vec![kindling_schemas::ring::ALPN.to_vec(), b"http/1.1".to_vec(), b"h2".to_vec()]),
+        ]),
+    ) {
+        let starts: [(&[u8], Route); 3] = [
+            (&kindling_schemas::ring::MAGIC, Route::Ring),
+            (b"GET ", Route::Http),
+            (b"HEAD ", Route::Http),
+        ];
+        let expected = match starts.iter().find(|(s, _)| bytes.starts_with(s)) {
+            Some((_, route)) => Some(*route),
+            None if starts.iter().any(|(s, _)| s.starts_with(&bytes)) => None,
+            None => Some(Route::Grpc),
+        };
+        prop_assert_eq!(Route::of_first_bytes(&bytes), expected);
+        if bytes.len() >= kindling_schemas::ring::MAGIC.len() {
+            prop_assert!(expected.is_some(), "a full peek of {bytes:?} decides nothing");
+        }
+        if let Some(early) = (0..=bytes.len()).find_map(|n| Route::of_first_bytes(&bytes[..n])) {
+            prop_assert_eq!(Some(early), expected, "{:?} decided early", bytes);
+        }
+        let by_alpn = Route::of_alpn(alpn.as_deref());
+        let want = match alpn.as_deref() {
+            Some(p) if p == kindling_schemas::ring::ALPN => Route::Ring,
+            Some(b"http/1.1") => Route::Http,
+            _ => Route::Grpc,
+        };
+        prop_assert_eq!(by_alpn, want);
     }
 }

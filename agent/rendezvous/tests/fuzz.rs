@@ -1,23 +1,35 @@
 //! Property and fuzz tests of the rendezvous' state file, read back at
 //! start-up: arbitrary bytes, a real snapshot with bytes flipped, cut or
 //! inserted, and snapshots of arbitrary values. The property: a state file
-//! is restored as it says or refused naming `state.pb`, never a panic.
+//! is restored as it says or refused naming `state.pb`, never a panic. And
+//! of the agent reports heartbeats carry (any bytes, a real report changed,
+//! one past the bound): kept whole or refused, the last good one staying,
+//! and what is kept read back by a watch's client and the status page. And
+//! of the heartbeat and all-gather handlers given any job, attempt, rank,
+//! sequence number, agent and report: an answer or an honest refusal at
+//! once, and nothing refused changes the job.
 //!
-//! CI runs 64 cases of each property (each writes, fsyncs and opens a
-//! directory). A longer run,
+//! CI runs 64 cases of each state-file property (each writes, fsyncs and
+//! opens a directory), 256 of the reports' and 128 of the handlers'. A longer run,
 //! `PROPTEST_CASES=5000 cargo test -p kindling-rendezvous --test fuzz`, takes
 //! seconds to half a minute, as fast as the disk syncs.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kindling_fixtures::fuzz::{cases, edits, mutate};
-use kindling_rendezvous::{RendezvousConfig, RendezvousError, RendezvousState};
+use kindling_fixtures::fuzz::{JOB_REPORT_JSON, cases, edits, mutate};
+use kindling_rendezvous::page::{ReportError, Reports, status};
+use kindling_rendezvous::{RendezvousConfig, RendezvousError, RendezvousService, RendezvousState};
 use kindling_schemas::pb::rendezvous as pb;
-use kindling_schemas::rendezvous::{AgentInfo, JobConfig, JobStatus};
+use kindling_schemas::pb::rendezvous::rendezvous_server::Rendezvous;
+use kindling_schemas::rendezvous::{
+    AgentInfo, AgentReport, JobConfig, JobStatus, MAX_REPORT_BYTES, MemberReport,
+};
 use proptest::prelude::*;
 use prost::Message;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Request};
 
 fn agent(id: &str) -> AgentInfo {
     AgentInfo {
@@ -271,5 +283,215 @@ proptest! {
             prop_assert!(job.attempt <= job.max_attempts, "an attempt past max_attempts: {what}");
             prop_assert!(job.num_slots >= 1, "no slots: {what}");
         }
+    }
+}
+
+// ---- heartbeat reports -------------------------------------------------------
+
+/// An agent's heartbeat report: its cache and one job.
+fn report_json() -> Vec<u8> {
+    format!(
+        r#"{{"cache_budget_bytes":1073741824,"cache_bytes_memory":1048576,"cache_bytes_disk":0,"jobs":[{JOB_REPORT_JSON}]}}"#
+    )
+    .into_bytes()
+}
+
+/// The job the reports are of, as the rendezvous holds it.
+fn job_status() -> JobStatus {
+    JobStatus::try_from(pb::JobStatusResponse {
+        job_id: "j-1".into(),
+        state: pb::JobState::Running as i32,
+        attempt: 2,
+        max_attempts: 3,
+        num_slots: 2,
+        members: vec!["a".into(), "b".into()],
+        ..Default::default()
+    })
+    .expect("status")
+}
+
+/// What a watch with reports sends of `reports`: agent and job status.
+fn kept(reports: &Reports) -> Vec<(String, Vec<u8>)> {
+    reports
+        .of_job("j-1")
+        .into_iter()
+        .map(|r| (r.agent_id, r.status_json))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// A heartbeat's report (any bytes, a real one changed, one past the
+    /// bound) is kept whole or refused naming why, and a refused one
+    /// leaves the agent's last good report; what is kept is what a watch
+    /// sends and the client reads, and the status page renders it.
+    #[test]
+    fn heartbeat_reports_are_kept_whole_or_refused_and_the_last_good_one_stays(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        big in prop::sample::select(vec![0usize, MAX_REPORT_BYTES, MAX_REPORT_BYTES + 1]),
+        (e, cut, ins) in edits(),
+    ) {
+        let padded = |n: usize| {
+            let mut r = report_json();
+            r.resize(n.max(r.len()), b' ');
+            r
+        };
+        for bytes in [bytes, mutate(report_json(), &e, cut, ins), padded(big)] {
+            let reports = Reports::default();
+            reports.store("a", &report_json()).expect("the unmutated report is kept");
+            let before = kept(&reports);
+            prop_assert_eq!(before.len(), 1);
+            match reports.store("a", &bytes) {
+                Ok(()) if bytes.is_empty() => prop_assert_eq!(kept(&reports), before),
+                Ok(()) => {
+                    prop_assert!(bytes.len() <= MAX_REPORT_BYTES);
+                    let report: AgentReport = serde_json::from_slice(&bytes).expect("what was kept parses");
+                    let expected: Vec<_> = report
+                        .jobs
+                        .iter()
+                        .find(|j| j.job_id == "j-1")
+                        .map(|j| ("a".to_owned(), serde_json::to_vec(j).expect("json")))
+                        .into_iter()
+                        .collect();
+                    prop_assert_eq!(kept(&reports), expected);
+                    for r in reports.of_job("j-1") {
+                        let m = MemberReport::try_from(r).map_err(|e| TestCaseError::fail(format!("the client refuses a kept report: {e}")))?;
+                        prop_assert_eq!(&m.status.job_id, "j-1");
+                    }
+                    let agents = [agent("a")];
+                    let page = status(
+                        &[job_status()],
+                        &agents,
+                        &[("a".to_owned(), (Instant::now(), report))].into_iter().collect(),
+                        0,
+                    );
+                    prop_assert!(serde_json::to_string(&page).is_ok());
+                }
+                Err(ReportError::TooLarge { bytes: n }) => {
+                    prop_assert!(n == bytes.len() && n > MAX_REPORT_BYTES);
+                    prop_assert_eq!(kept(&reports), before);
+                }
+                Err(ReportError::Json(e)) => {
+                    prop_assert!(serde_json::from_slice::<AgentReport>(&bytes).is_err(), "{e}");
+                    prop_assert_eq!(kept(&reports), before);
+                }
+            }
+        }
+    }
+}
+
+// ---- the heartbeat and all-gather handlers -----------------------------------
+
+/// A gather a member (or anyone) may send: the job or another, any
+/// attempt, rank and sequence number, a payload.
+fn gather_request() -> impl Strategy<Value = pb::AllGatherRequest> {
+    (
+        prop_oneof![3 => Just("j".to_owned()), 1 => "[a-z]{0,2}"],
+        prop_oneof![3 => Just(1u32), 1 => any::<u32>()],
+        prop_oneof![3 => Just(0u32), 1 => any::<u32>()],
+        prop_oneof![3 => 0u64..4, 1 => any::<u64>()],
+        prop::collection::vec(any::<u8>(), 0..16),
+    )
+        .prop_map(|(job_id, attempt, rank, seq, payload)| pb::AllGatherRequest {
+            job_id,
+            attempt,
+            rank,
+            seq,
+            payload: payload.into(),
+        })
+}
+
+/// A heartbeat from the member or another id, with any report.
+fn heartbeat_request() -> impl Strategy<Value = pb::HeartbeatRequest> {
+    (
+        prop_oneof![3 => Just("a".to_owned()), 1 => "[a-z]{0,2}"],
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64),
+            edits().prop_map(|(e, cut, ins)| mutate(report_json(), &e, cut, ins)),
+        ],
+    )
+        .prop_map(|(agent_id, report)| pb::HeartbeatRequest { agent_id, report })
+}
+
+/// A rendezvous whose job `j` has formed its one-member gang (agent `a`,
+/// attempt 1).
+async fn one_member_job() -> RendezvousService {
+    let state = RendezvousState::open(RendezvousConfig::default(), None).expect("open");
+    state.register_agent(agent("a")).expect("register");
+    assert_eq!(state.create_job(JobConfig::new("j", 1)).expect("create"), 1);
+    state.join("j", 1, "a").await.expect("join");
+    RendezvousService::new(state, CancellationToken::new())
+}
+
+proptest! {
+    #![proptest_config(cases(128))]
+
+    /// The handlers answer any gather or heartbeat at once: a gather of the
+    /// member's next (or last) sequence number with its payload, anything
+    /// else refused with an honest code; a heartbeat of the member renews
+    /// its lease whatever its report. Nothing refused changes the job: the
+    /// member's next gather still completes.
+    #[test]
+    fn gathers_and_heartbeats_answer_or_refuse_and_change_nothing_refused(
+        calls in prop::collection::vec(prop_oneof![
+            3 => gather_request().prop_map(Ok),
+            1 => heartbeat_request().prop_map(Err),
+        ], 1..8),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let service = one_member_job().await;
+            // A one-member gather never waits for another: a bound only so
+            // that a call which blocked fails the property instead of hanging.
+            let answer = |request| tokio::time::timeout(Duration::from_secs(60), service.all_gather(Request::new(request)));
+            let mut next = 0u64;
+            for call in calls {
+                match call {
+                    Ok(request) => {
+                        let (member, seq, payload) = (
+                            request.job_id == "j" && request.attempt == 1 && request.rank == 0,
+                            request.seq,
+                            request.payload.clone(),
+                        );
+                        match answer(request).await.map_err(|_| TestCaseError::fail("a gather blocked"))? {
+                            Ok(reply) => {
+                                prop_assert!(member && (seq == next || seq.checked_add(1) == Some(next)), "seq {seq}, next {next}");
+                                let payloads = reply.into_inner().payloads;
+                                if seq == next {
+                                    prop_assert_eq!(payloads, [payload].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>());
+                                    next += 1;
+                                }
+                            }
+                            Err(status) => {
+                                prop_assert!(
+                                    matches!(
+                                        status.code(),
+                                        Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition
+                                    ),
+                                    "{status:?}"
+                                );
+                                prop_assert!(!status.message().is_empty());
+                            }
+                        }
+                    }
+                    Err(heartbeat) => {
+                        let member = heartbeat.agent_id == "a";
+                        match service.heartbeat(Request::new(heartbeat)).await {
+                            Ok(reply) => prop_assert!(member && reply.into_inner().lease_ms > 0),
+                            Err(status) => prop_assert!(!member && !status.message().is_empty(), "{status:?}"),
+                        }
+                    }
+                }
+            }
+            let last = pb::AllGatherRequest { job_id: "j".into(), attempt: 1, rank: 0, seq: next, payload: b"last".to_vec().into() };
+            let reply = answer(last).await.map_err(|_| TestCaseError::fail("a gather blocked"))?;
+            let payloads = reply.map_err(|s| TestCaseError::fail(format!("the member's next gather failed: {s:?}")))?.into_inner().payloads;
+            prop_assert_eq!(payloads, vec![bytes::Bytes::from_static(b"last")]);
+            Ok(())
+        })?;
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kindling_schemas::auth::BearerCheck;
 use kindling_schemas::credential::Role;
-use kindling_schemas::ring::{self, CLOSING, HEARTBEAT, Hello};
+use kindling_schemas::ring::{self, HEARTBEAT, Hello};
 use kindling_schemas::tls::Conn;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
@@ -473,9 +473,7 @@ async fn accept(
     heartbeats(&mut write, every, &stop).await;
     let ring_failed = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(reason) = ring_failed.or_else(|| inbox.closing_reason(&hello.job_id, hello.attempt)) {
-        let mut goodbye = vec![CLOSING];
-        goodbye.extend_from_slice(&(reason.len() as u32).to_le_bytes());
-        goodbye.extend_from_slice(reason.as_bytes());
+        let goodbye = ring::closing(&reason);
         let _ = tokio::time::timeout(HELLO_TIMEOUT, write.write_all(&goodbye)).await;
     }
     let _ = tokio::time::timeout(HELLO_TIMEOUT, write.shutdown()).await;

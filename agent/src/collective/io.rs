@@ -139,13 +139,13 @@ impl Io {
         match header {
             Ok(h) if h == expected => {}
             Ok(h) if h.kind == Kind::Abort => {
-                let mut reason = vec![0u8; (h.len as usize).min(kindling_schemas::ring::MAX_REPLY_BYTES)];
-                let _ = self
-                    .guard(Side::Prev, step, link::read_payload(read, &mut reason))
-                    .await;
+                let reason = self
+                    .guard(Side::Prev, step, kindling_schemas::ring::read_reason(read, h.len))
+                    .await
+                    .unwrap_or_default();
                 return Err(RingError::PeerUnavailable {
                     peer: self.prev.to_string(),
-                    reason: format!("its ring failed: {}", String::from_utf8_lossy(&reason)),
+                    reason: format!("its ring failed: {reason}"),
                 });
             }
             got => {

@@ -148,13 +148,7 @@ async fn monitor(
 
 /// The reason after a [`CLOSING`] byte (bounded; best effort).
 async fn closing_reason(read: &mut ReadHalf<Conn>) -> String {
-    let read_reason = async {
-        let len = read.read_u32_le().await? as usize;
-        let mut reason = vec![0u8; len.min(ring::MAX_REPLY_BYTES)];
-        read.read_exact(&mut reason).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&reason).into_owned())
-    };
-    match tokio::time::timeout(Duration::from_secs(1), read_reason).await {
+    match tokio::time::timeout(Duration::from_secs(1), ring::read_closing(read)).await {
         Ok(Ok(reason)) => reason,
         _ => "it closed the connection".to_owned(),
     }
@@ -190,7 +184,7 @@ pub(super) async fn write_frame(
 /// Tells the next rank why this ring failed (completing, with zeros, a
 /// frame a failure cut off), within a moment; then the caller closes it.
 pub(super) async fn abort(out: &mut Outbound, op: u64, reason: &str) {
-    let reason = &reason.as_bytes()[..reason.len().min(ring::MAX_REPLY_BYTES)];
+    let reason = ring::bounded_reason(reason).as_bytes();
     let header = FrameHeader {
         op,
         step: 0,

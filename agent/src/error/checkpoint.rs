@@ -24,8 +24,15 @@ pub enum CheckpointError {
         source: serde_json::Error,
     },
     /// A checkpoint broadcast shorter than its lengths say.
-    #[error("model record: truncated checkpoint broadcast")]
-    Truncated,
+    #[error("model record: truncated checkpoint broadcast: {part} takes {claimed} bytes, {left} are left")]
+    Truncated {
+        /// The part cut off: `the weights`, `the length of the metadata`…
+        part: String,
+        /// What it says (or, for a length, what it takes).
+        claimed: u64,
+        /// The bytes left of the broadcast.
+        left: usize,
+    },
     /// A file whose length or digest differs from what its metadata
     /// recorded (a torn write, a full disk, bit rot).
     #[error("model record: checkpoint {place}: {reason}")]

@@ -326,7 +326,15 @@ fn the_rendezvous_ring_and_the_agent_itself_keep_their_codes() {
             Code::ResourceExhausted,
         ),
         (SpillError::Empty("/tmp/x".into()).into(), Code::Internal),
-        (CheckpointError::Truncated.into(), Code::Internal),
+        (
+            CheckpointError::Truncated {
+                part: "the weights".into(),
+                claimed: 9,
+                left: 1,
+            }
+            .into(),
+            Code::Internal,
+        ),
         (AgentError::io("writing", io()), Code::Internal),
         (
             AgentError::arrow(arrow::error::ArrowError::ComputeError("x".into())),

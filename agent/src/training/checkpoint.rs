@@ -323,13 +323,20 @@ pub fn pack(ckpt: &Checkpoint) -> Vec<u8> {
 
 /// Unpacks [`pack`]'s output.
 pub fn unpack(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
-    let bad = || CheckpointError::Truncated;
     let mut parts = Vec::with_capacity(4);
     let mut rest = bytes;
-    for _ in 0..4 {
-        let (len, tail) = rest.split_at_checked(8).ok_or_else(bad)?;
-        let len = u64::from_le_bytes(len.try_into().map_err(|_| bad())?) as usize;
-        let (part, tail) = tail.split_at_checked(len).ok_or_else(bad)?;
+    for name in ["metadata", "weights", "optimizer state", "best epoch's weights"] {
+        let cut =
+            |part: String, claimed: u64, left: usize| CheckpointError::Truncated { part, claimed, left };
+        let (len, tail) = rest
+            .split_first_chunk::<8>()
+            .ok_or_else(|| cut(format!("the length of the {name}"), 8, rest.len()))?;
+        let len = u64::from_le_bytes(*len);
+        // A length past the bytes left is refused before anything is copied.
+        let (part, tail) = usize::try_from(len)
+            .ok()
+            .and_then(|n| tail.split_at_checked(n))
+            .ok_or_else(|| cut(format!("the {name}"), len, tail.len()))?;
         parts.push(part.to_vec());
         rest = tail;
     }
@@ -482,6 +489,10 @@ mod tests {
         let first = ckpt(1, 1);
         assert_eq!(unpack(&pack(&first)).expect("unpack").best, None);
         let cut = unpack(&packed[..packed.len() - 1]).expect_err("a cut broadcast is refused");
-        assert!(matches!(cut, CheckpointError::Truncated), "{cut}");
+        assert!(matches!(cut, CheckpointError::Truncated { .. }), "{cut}");
+        assert!(
+            cut.to_string().contains("the best epoch's weights takes"),
+            "{cut}"
+        );
     }
 }

@@ -49,7 +49,7 @@ pub use spark_connect_core::RetryPolicy;
 /// The Spark Connect protocol types (plans, expressions) this client builds.
 pub use spark_connect_proto as proto;
 pub use spark_connect_proto::StorageLevel;
-pub use stream::{RecordBatchStream, SparkStream};
+pub use stream::{RecordBatchStream, ResponseDecoder, SparkStream};
 pub use types::{arrow_to_ddl, schema_to_ddl};
 pub use writer::{DataFrameWriter, SaveMode};
 

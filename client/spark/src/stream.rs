@@ -101,9 +101,9 @@ impl Stream for SparkStream {
 pub(crate) async fn execute(transport: &Transport, plan: Plan) -> Result<SparkStream> {
     let mut execution = Execution::start(transport, plan).await?;
     let first = execution.next_batch().await?;
-    let schema = match (&first, &execution.announced_schema) {
+    let schema = match (&first, execution.decoder.announced_schema()) {
         (Some(batch), _) => batch.schema(),
-        (None, Some(schema)) => schema.clone(),
+        (None, Some(schema)) => schema,
         (None, None) => Arc::new(Schema::empty()),
     };
     let rest = futures::stream::unfold(Some(execution), |state| async move {
@@ -140,8 +140,7 @@ struct Execution {
     tracker: ExecutePlanResponseReattachableIterator,
     responses: Streaming<ExecutePlanResponse>,
     retry: RetryPolicyState,
-    pending: VecDeque<RecordBatch>,
-    announced_schema: Option<SchemaRef>,
+    decoder: ResponseDecoder,
     complete: bool,
     unreleased: usize,
     /// Whether the retry budget was used since the last response (it is
@@ -179,8 +178,7 @@ impl Execution {
             tracker,
             responses,
             retry: RetryPolicyState::new(transport.retry_policy().clone()),
-            pending: VecDeque::new(),
-            announced_schema: None,
+            decoder: ResponseDecoder::default(),
             complete: false,
             unreleased: 0,
             retried: false,
@@ -191,30 +189,29 @@ impl Execution {
     /// The next record batch with at least one row, or `None` when Spark is done.
     async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         loop {
-            if let Some(batch) = self.pending.pop_front() {
+            if let Some(batch) = self.decoder.next_batch() {
                 return Ok(Some(batch));
             }
             let Some(response) = self.next_response().await? else {
                 return Ok(None);
             };
-            match response.response_type {
-                Some(ResponseType::ArrowBatch(batch)) => {
-                    self.transport
-                        .bytes_in
-                        .fetch_add(batch.data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    self.decode(batch.data)?;
-                    self.unreleased += 1;
-                    // Releasing every response would cost the server one RPC per
-                    // batch; every few is enough to bound its buffer.
-                    if self.unreleased >= RELEASE_EVERY {
-                        self.unreleased = 0;
-                        self.release_consumed().await;
-                    }
-                }
-                _ => {
-                    if let Some(schema) = response.schema {
-                        self.announced_schema = Some(Arc::new(spark_to_arrow_schema(&schema)?));
-                    }
+            let arrow_bytes = match &response.response_type {
+                Some(ResponseType::ArrowBatch(batch)) => Some(batch.data.len()),
+                _ => None,
+            };
+            if let Some(n) = arrow_bytes {
+                self.transport
+                    .bytes_in
+                    .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.decoder.read(response)?;
+            if arrow_bytes.is_some() {
+                self.unreleased += 1;
+                // Releasing every response would cost the server one RPC per
+                // batch; every few is enough to bound its buffer.
+                if self.unreleased >= RELEASE_EVERY {
+                    self.unreleased = 0;
+                    self.release_consumed().await;
                 }
             }
         }
@@ -283,26 +280,59 @@ impl Execution {
         }
     }
 
-    /// Each `arrow_batch.data` is a complete IPC stream (schema + batches):
-    /// its batches with rows are queued, and the schema kept.
-    fn decode(&mut self, data: bytes::Bytes) -> Result<()> {
-        let decoded = decode_ipc_stream(data)?;
-        self.pending.extend(decoded.batches);
-        if let Some(schema) = decoded.empty_batch_schema {
-            self.announced_schema = Some(schema);
-        }
-        if self.announced_schema.is_none() {
-            self.announced_schema = decoded.stream_schema;
-        }
-        Ok(())
-    }
-
     /// Lets the server drop responses we already hold (ReleaseUntil), off the hot path.
     async fn release_consumed(&self) {
         let request = self.tracker.create_release_request(false).await;
         if request.release.is_some() {
             spawn_release(self.transport.clone(), request);
         }
+    }
+}
+
+/// What a result stream makes of Spark's `ExecutePlanResponse`s, one at a
+/// time: the batches with rows of each Arrow batch, and the result's schema
+/// as Spark announced it. Public so that any response can be given to it
+/// (`tests/fuzz.rs`): a malformed one is an error of the call, never a panic.
+#[derive(Debug, Default)]
+pub struct ResponseDecoder {
+    pending: VecDeque<RecordBatch>,
+    announced_schema: Option<SchemaRef>,
+}
+
+impl ResponseDecoder {
+    /// Reads one response: an Arrow batch (a complete IPC stream, schema
+    /// and batches) queues its batches with rows and keeps its schema; any
+    /// other response keeps the schema it announces, if it does.
+    pub fn read(&mut self, response: ExecutePlanResponse) -> Result<()> {
+        match response.response_type {
+            Some(ResponseType::ArrowBatch(batch)) => {
+                let decoded = decode_ipc_stream(batch.data)?;
+                self.pending.extend(decoded.batches);
+                if let Some(schema) = decoded.empty_batch_schema {
+                    self.announced_schema = Some(schema);
+                }
+                if self.announced_schema.is_none() {
+                    self.announced_schema = decoded.stream_schema;
+                }
+            }
+            _ => {
+                if let Some(schema) = response.schema {
+                    self.announced_schema = Some(Arc::new(spark_to_arrow_schema(&schema)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The next batch read, in order.
+    pub fn next_batch(&mut self) -> Option<RecordBatch> {
+        self.pending.pop_front()
+    }
+
+    /// The result's schema as announced: by a schema response, an Arrow
+    /// batch without rows, or the first Arrow batch's stream.
+    pub fn announced_schema(&self) -> Option<SchemaRef> {
+        self.announced_schema.clone()
     }
 }
 

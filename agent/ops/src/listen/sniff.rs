@@ -8,19 +8,46 @@ use tokio::net::TcpStream;
 
 /// Which server a connection is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Route {
+pub enum Route {
+    /// The gRPC server (anything that is not another's start).
     Grpc,
+    /// The ring data plane ([`kindling_schemas::ring`]).
     Ring,
+    /// The HTTP side: pages, `/metrics`, probes.
     Http,
 }
 
+/// The starts of a plaintext connection that are not gRPC, and their servers.
+const STARTS: [(&[u8], Route); 3] = [
+    (&kindling_schemas::ring::MAGIC, Route::Ring),
+    (b"GET ", Route::Http),
+    (b"HEAD ", Route::Http),
+];
+
+/// The most first bytes [`Route::of_first_bytes`] needs to decide.
+const LONGEST_START: usize = kindling_schemas::ring::MAGIC.len();
+
 impl Route {
     /// The server a TLS connection that negotiated `alpn` is for.
-    pub(super) fn of_alpn(alpn: Option<&[u8]>) -> Route {
+    pub fn of_alpn(alpn: Option<&[u8]>) -> Route {
         match alpn {
             Some(p) if p == kindling_schemas::ring::ALPN => Route::Ring,
             Some(b"http/1.1") => Route::Http,
             _ => Route::Grpc,
+        }
+    }
+
+    /// The server a plaintext connection whose first bytes are `seen` is
+    /// for; `None` while they are a proper prefix of a known start (more
+    /// bytes decide). Any 8 bytes (the ring's magic, the longest start)
+    /// decide.
+    pub fn of_first_bytes(seen: &[u8]) -> Option<Route> {
+        if let Some((_, route)) = STARTS.iter().find(|(s, _)| seen.starts_with(s)) {
+            return Some(*route);
+        }
+        match STARTS.iter().any(|(s, _)| s.starts_with(seen)) {
+            true => None,
+            false => Some(Route::Grpc),
         }
     }
 }
@@ -28,23 +55,14 @@ impl Route {
 /// Which server a plaintext connection is for, from its first bytes: peeks
 /// until they match a known start, or cannot.
 pub(super) async fn sniff(tcp: &TcpStream) -> io::Result<Route> {
-    let starts: [(&[u8], Route); 3] = [
-        (&kindling_schemas::ring::MAGIC, Route::Ring),
-        (b"GET ", Route::Http),
-        (b"HEAD ", Route::Http),
-    ];
-    let mut buf = [0u8; 8];
+    let mut buf = [0u8; LONGEST_START];
     loop {
         let n = tcp.peek(&mut buf).await?;
         if n == 0 {
             return Ok(Route::Grpc);
         }
-        let seen = &buf[..n];
-        if let Some((_, route)) = starts.iter().find(|(s, _)| seen.starts_with(s)) {
-            return Ok(*route);
-        }
-        if !starts.iter().any(|(s, _)| s.starts_with(seen)) {
-            return Ok(Route::Grpc);
+        if let Some(route) = Route::of_first_bytes(&buf[..n]) {
+            return Ok(route);
         }
         // A prefix of a known start so far (rare: each is sent in one write).
         tokio::time::sleep(Duration::from_millis(1)).await;
