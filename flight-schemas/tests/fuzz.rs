@@ -279,6 +279,7 @@ fn job_status() -> pb::rendezvous::JobStatusResponse {
         updated_unix_ms: 1_700_000_000_500,
         cancel_reason: String::new(),
         incarnation: 0x1234_5678,
+        detached: true,
     }
 }
 
