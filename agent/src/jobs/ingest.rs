@@ -175,11 +175,6 @@ impl PutStream {
                 }
                 .into());
             }
-            // New rows (not a resent batch, answered above) into a split
-            // said to be done would change what end_of_data counted.
-            if split.ended() {
-                return Err(self.ended());
-            }
             self.within_caps(&d.ingest, schema::batch_bytes(&batch))?;
             // Past half the memory budget staged batches spill.
             let held = d.ingest.staged_bytes();
@@ -231,15 +226,6 @@ impl PutStream {
         })
     }
 
-    /// The refusal of new rows into the stream's split, which ended.
-    fn ended(&self) -> AgentError {
-        IngestError::SplitEnded {
-            job_id: self.job.job_id.clone(),
-            split: self.split,
-        }
-        .into()
-    }
-
     /// Whether a batch of `bytes` fits the job's caps: what its uncommitted
     /// streams hold, and all its rows here, committed and staged.
     fn within_caps(&self, ingest: &crate::jobs::splits::IngestState, bytes: u64) -> Result<(), AgentError> {
@@ -276,10 +262,6 @@ impl PutStream {
         {
             let mut d = self.job.lock();
             let split = d.ingest.split_mut(self.split);
-            if split.ended() && !self.staged.is_empty() {
-                split.cache.abort(self.stream);
-                return Err(self.ended());
-            }
             let still_next = self
                 .staged
                 .iter()

@@ -262,8 +262,24 @@ impl AgentClient {
         Ok(())
     }
 
-    /// The trained model of `job_id` as one Arrow table (`name`, `shape`, `values`).
+    /// The trained model of `job_id` as one Arrow table (`name`, `shape`,
+    /// `values`), without the agent's model card.
     pub async fn fetch_model(&self, job_id: &str) -> Result<RecordBatch, FeedError> {
+        let table = self.fetch_model_with_card(job_id).await?;
+        let schema = table
+            .schema()
+            .as_ref()
+            .clone()
+            .with_metadata(arrow::datatypes::Metadata::default());
+        Ok(RecordBatch::try_new(
+            std::sync::Arc::new(schema),
+            table.columns().to_vec(),
+        )?)
+    }
+
+    /// As [`Self::fetch_model`], the agent's model card (a job's spec and
+    /// inputs) kept in the schema's metadata.
+    pub async fn fetch_model_with_card(&self, job_id: &str) -> Result<RecordBatch, FeedError> {
         let ticket = DataPath::Model {
             job_id: job_id.into(),
         }

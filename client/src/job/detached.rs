@@ -295,7 +295,7 @@ impl JobHandle {
     async fn fetch_from(&self, agent: &AgentInfo) -> Result<TrainedModel, JobError> {
         let c = AgentClient::connect_with(&agent.flight_address, self.token.as_ref(), &self.channel)?;
         let last = c.job_status(&self.job_id).await?;
-        let table = c.fetch_model(&self.job_id).await?;
+        let table = c.fetch_model_with_card(&self.job_id).await?;
         let card = match ModelCard::from_schema(&table.schema()) {
             Some(Ok(card)) => card,
             Some(Err(e)) => return Err(self.no_card(agent, format!("its model card is not valid JSON: {e}"))),
