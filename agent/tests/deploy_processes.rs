@@ -1969,11 +1969,108 @@ async fn push_until_refused(url: &str, job_id: &str) -> (u64, tonic::Status) {
     panic!("{job_id}: 32 MiB of rows committed, none refused");
 }
 
+/// Opens a `DoPut` stream of `job` with `client` that sends `batches`
+/// batches of `rows` rows, each message padded `pad` bytes past its batch,
+/// and then holds the stream open; reads its acks. Returns the stream, or
+/// its refusal.
+async fn hold_stream(
+    client: &Flight,
+    job: &str,
+    producer: &str,
+    (rows, batches, pad): (usize, usize, usize),
+) -> Result<tonic::Streaming<arrow_flight::PutResult>, tonic::Status> {
+    let messages: Vec<arrow_flight::FlightData> = put_messages(
+        job,
+        Split::Train,
+        producer,
+        &rule_schema(),
+        (0..batches).map(move |i| rule_batch(rows, i as u64)),
+    )
+    .collect()
+    .await;
+    let padded = messages.into_iter().map(move |mut m| {
+        if !m.app_metadata.is_empty() && pad > 0 {
+            let mut body = m.data_body.to_vec();
+            body.resize(body.len() + pad, 0);
+            m.data_body = body.into();
+        }
+        m
+    });
+    let request = futures::stream::iter(padded).chain(futures::stream::pending());
+    let mut acks = client.clone().do_put(request).await?.into_inner();
+    for _ in 0..batches {
+        match acks.next().await {
+            Some(Ok(_)) => {}
+            Some(Err(status)) => return Err(status),
+            None => panic!("{producer}: the agent ended the stream without an error"),
+        }
+    }
+    Ok(acks)
+}
+
+/// The receive budget is split among the credentials holding it (#59,
+/// point 6): two producer credentials hold as many 1 MiB-padded messages
+/// open as the agent lets them (24 MiB in all), each refused past its
+/// part — the first at half of it, the second at a third while the first
+/// holds — and a third credential's 3 MiB message is still taken (the
+/// first two would have left it under 2 MiB at half each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_credentials_holding_the_receive_buffers_leave_a_third_room_to_push() {
+    use kindling_schemas::credential::Role;
+    const MIB: u64 = 1 << 20;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) =
+        cluster.spawn_agent_with("fair", "16MiB", &[("KINDLING_MAX_RECEIVING_BYTES", "24MiB")]);
+    agent.wait_ready().await;
+    let spec = one_agent_rule_spec(1024);
+    let rv = cluster.rendezvous_client().await;
+    for job in ["first", "second", "third"] {
+        rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
+        start_on(&url, job, &spec, &cluster.rendezvous_url).await;
+    }
+    let mut open = Vec::new();
+    let mut held = Vec::new();
+    for (job, part) in [("first", 12 * MIB), ("second", 8 * MIB)] {
+        let client = credential_client(&url, job, Role::Producer).await;
+        let mut n = 0u64;
+        let refusal = loop {
+            match hold_stream(&client, job, &format!("{job}-{n}"), (1, 1, MIB as usize)).await {
+                Ok(acks) => {
+                    open.push(acks);
+                    n += 1;
+                }
+                Err(status) => break status,
+            }
+            assert!(
+                n <= 24,
+                "{job}: {n} MiB held, past the whole bound\n{}",
+                agent.logs()
+            );
+        };
+        assert_eq!(refusal.code(), tonic::Code::ResourceExhausted, "{refusal}");
+        assert!(
+            refusal.message().contains(&format!("past its bound of {part}")),
+            "{job}: {refusal}"
+        );
+        // Each message pins a little over 1 MiB.
+        assert_eq!(n, part / MIB - 1, "{job}: {refusal}");
+        held.push(n);
+    }
+    let third = credential_client(&url, "third", Role::Producer).await;
+    // A 3 MiB message: 16 bytes a row.
+    let rows = (3 * MIB as usize) / 16;
+    let taken = hold_stream(&third, "third", "third-0", (rows, 1, 0))
+        .await
+        .unwrap_or_else(|status| panic!("the third credential was refused: {status}\n{}", agent.logs()));
+    assert_eq!(held, vec![11, 7]);
+    drop((taken, open));
+}
+
 /// Committed rows are bounded (#59, point 5): a producer committing stream
 /// after stream is refused at its job's cap on this agent
 /// (`--max-job-bytes`), another at the disk watermark over all jobs' spill
-/// files (`--disk-watermark`), and a split that ended takes no new rows —
-/// while another job's rows stay and it trains to the end.
+/// files (`--disk-watermark`) — while another job's rows stay and it
+/// trains to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_trains_to_the_end() {
     const JOB_CAP: u64 = 6 << 20;

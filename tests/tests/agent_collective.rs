@@ -607,60 +607,82 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
     assert_ne!(results[0], results[3], "clipping at 0.05 changes the step");
 }
 
-/// A flood of ring connections that never say hello: the agent holds at
-/// most `MAX_RING_HELLOS` of them (each until `HELLO_TIMEOUT`) and closes the
-/// rest at once; when the flood goes, a real ring connection is answered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_ring_connections_past_the_hello_cap_are_closed_and_a_real_one_is_answered_after() {
-    use kindling_agent::collective::{HELLO_TIMEOUT, MAX_RING_HELLOS};
+/// A silent ring connection from `source`: the ring's magic (so the port
+/// routes it to the ring), then nothing.
+async fn silent_ring_connection(
+    url: &str,
+    source: std::net::IpAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((source, 0).into())?;
+    let mut conn = socket.connect(addr).await?;
+    conn.write_all(&kindling_schemas::ring::MAGIC).await?;
+    Ok(conn)
+}
+
+/// Reads `conn` until the agent closes it; false if it sent a byte.
+async fn closed_by_agent(conn: &mut tokio::net::TcpStream) -> bool {
     use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    matches!(conn.read(&mut byte).await, Ok(0) | Err(_))
+}
+
+/// Silent ring connections are bounded per address and in time: while one
+/// address (127.0.0.2) keeps re-opening more silent connections than the
+/// agent's whole hello cap as fast as they are closed, two agents' rings
+/// (from 127.0.0.1) still form and all-reduce; and a connection that is
+/// within its address's cap but never says hello is closed by the agent
+/// (the hello timeout), not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_ring_connections_from_one_address_leaves_rings_forming_and_each_is_closed() {
+    use kindling_agent::collective::{MAX_RING_HELLOS, MAX_RING_HELLOS_PER_ADDRESS};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let token = Token::new("t");
-    let ps = peers_with(1, BearerCheck::new(Some(token.clone()))).await;
-    let url = &ps[0].url;
-    let channel = kindling_schemas::channel::ChannelConfig::default();
-    let extra = 20;
-    let mut silent = Vec::new();
-    for _ in 0..MAX_RING_HELLOS + extra {
-        // The ring's magic (so the port routes it to the ring), then nothing.
-        let opened = Instant::now();
-        let mut conn = channel.connect_ring(url, false).await.expect("connect");
-        conn.write_all(&kindling_schemas::ring::MAGIC)
-            .await
-            .expect("magic");
-        silent.push((opened, conn));
-    }
-    // Those past the cap are closed unanswered; the others wait for their
-    // hello, each at least HELLO_TIMEOUT from its accept, so from before its
-    // connect: a connection closed before that was closed at the cap,
-    // whatever the time the flood took to open (on a busy machine, longer
-    // than the timeout) or its reads to start.
-    let reads = silent.iter_mut().map(|(opened, conn)| async move {
-        let mut byte = [0u8; 1];
-        let before_timeout = tokio::time::Instant::from_std(*opened + HELLO_TIMEOUT * 9 / 10);
-        match tokio::time::timeout_at(before_timeout, conn.read(&mut byte)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => true,
-            Ok(Ok(_)) => panic!("a silent connection got bytes"),
-            Err(_) => false,
+    let ps = peers_with(2, BearerCheck::new(Some(token.clone()))).await;
+    let flooder: std::net::IpAddr = [127, 0, 0, 2].into();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (closed, mut closes) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut flood = Vec::new();
+    for p in &ps {
+        for _ in 0..MAX_RING_HELLOS + 16 {
+            let (url, stop, closed) = (p.url.clone(), stop.clone(), closed.clone());
+            flood.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut conn = silent_ring_connection(&url, flooder).await.expect("connect");
+                    assert!(closed_by_agent(&mut conn).await, "a silent connection got bytes");
+                    let _ = closed.send(());
+                    // The flood's pace: as fast as a loop of connects, not faster.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
         }
-    });
-    let outcomes = futures::future::join_all(reads).await;
-    let closed = outcomes.iter().filter(|c| **c).count();
-    assert_eq!((outcomes.len() - closed, closed), (MAX_RING_HELLOS, extra));
-    drop(silent);
-    // The flood gone, a connection that says hello is answered.
-    let deadline = Instant::now() + HELLO_TIMEOUT * 3;
-    loop {
-        let mut conn = channel.connect_ring(url, false).await.expect("connect");
-        kindling_schemas::ring::write_hello(&mut conn, &hello("job", 1, 0, Some(token.expose())))
-            .await
-            .expect("hello");
-        match kindling_schemas::ring::read_reply(&mut conn).await {
-            Ok(answer) => {
-                answer.expect("admitted");
-                break;
-            }
-            Err(e) => assert!(Instant::now() < deadline, "never answered again: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The flood runs: its connections are being closed.
+    for _ in 0..2 * MAX_RING_HELLOS {
+        closes.recv().await.expect("the flood runs");
+    }
+    for job in ["a", "b", "c"] {
+        let inputs = vec![vec![1.0f32, 2.0, 3.0], vec![10.0, 20.0, 30.0]];
+        let results = all_reduce(rings(&ps, &token, job), inputs, Precision::F32).await;
+        for r in results {
+            assert_eq!(r, vec![11.0, 22.0, 33.0], "{job}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in flood {
+        task.await.expect("flood task");
+    }
+    // Within another address's cap, silent connections wait for a hello
+    // only until the hello timeout: the agent closes each.
+    let quiet: std::net::IpAddr = [127, 0, 0, 3].into();
+    let mut conns = Vec::new();
+    for _ in 0..MAX_RING_HELLOS_PER_ADDRESS {
+        conns.push(silent_ring_connection(&ps[0].url, quiet).await.expect("connect"));
+    }
+    let waits = conns.iter_mut().map(closed_by_agent);
+    let outcomes = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(waits))
+        .await
+        .expect("silent connections held past any hello timeout");
+    assert!(outcomes.into_iter().all(|c| c), "a silent connection got bytes");
 }

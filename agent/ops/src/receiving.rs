@@ -9,8 +9,11 @@
 //! against its caller's share and the total, before tonic reads (and
 //! allocates) the message; a message past either ends its stream with
 //! `RESOURCE_EXHAUSTED` naming the bound. The charge goes when the stream
-//! ends. Written here because no tower or tonic layer meters message
-//! buffers by caller.
+//! ends. A caller's part shrinks while others hold buffers (room is always
+//! kept for one more caller), and a message whose length was charged must
+//! arrive within [`body_deadline`] of it, so prefixes that claim 64 MiB and
+//! then stall hold nothing for long. Written here because no tower or tonic
+//! layer meters message buffers by caller.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -23,6 +26,14 @@ use tonic::codegen::http;
 
 /// The gRPC message prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
+
+/// How long a message's body may take to arrive once its length prefix
+/// was read and charged: 10 s, and a second more per MiB (a 64 MiB message
+/// may take 74 s). One that is slower ends its stream with
+/// `DEADLINE_EXCEEDED` and gives its charge back.
+pub fn body_deadline(len: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(10 + len.div_ceil(1 << 20))
+}
 
 /// Bytes of received messages all metered callers' streams may pin, and
 /// each caller's share of it.
@@ -48,8 +59,9 @@ struct Held {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "a message of {message} bytes would take the receive buffers of {what} to {would} bytes, \
-     past its bound of {bound} (--max-receiving-bytes; each open stream holds its largest message \
-     until it ends)"
+     past its bound of {bound} (--max-receiving-bytes; a caller takes at most half of it, less while \
+     {others} other caller(s) hold buffers, so that one more finds room; each open stream holds its \
+     largest message until it ends)"
 )]
 pub struct ReceiveBudgetFull {
     /// The message's length.
@@ -60,6 +72,8 @@ pub struct ReceiveBudgetFull {
     pub would: u64,
     /// The bound.
     pub bound: u64,
+    /// Other callers holding buffers.
+    pub others: u64,
 }
 
 impl ReceiveBudget {
@@ -93,14 +107,19 @@ impl ReceiveBudget {
     fn charge(&self, caller: &str, more: u64, message: u64) -> Result<(), ReceiveBudgetFull> {
         let mut held = self.lock();
         let mine = held.by_caller.get(caller).copied().unwrap_or(0);
+        let others = held.by_caller.keys().filter(|c| c.as_str() != caller).count() as u64;
         let full = |what, now: u64, bound| ReceiveBudgetFull {
             message,
             what,
             would: now + more,
             bound,
+            others,
         };
-        if mine + more > self.inner.share {
-            return Err(full("this caller's streams", mine, self.inner.share));
+        // Its share, and no more than leaves an equal part to each caller
+        // holding buffers and to one more.
+        let part = self.inner.share.min(self.inner.total / (others + 2).max(2));
+        if mine + more > part {
+            return Err(full("this caller's streams", mine, part));
         }
         if held.total + more > self.inner.total {
             return Err(full("all callers' streams", held.total, self.inner.total));
@@ -188,6 +207,10 @@ pub struct MeteredBody<B> {
     prefix_seen: usize,
     /// Bytes of the current message still to pass.
     body_left: u64,
+    /// The current message's length, and when its body must be in.
+    due: Option<(u64, tokio::time::Instant)>,
+    /// The timer of `due`, made when the body first waits.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     failed: bool,
 }
 
@@ -201,8 +224,42 @@ impl<B> MeteredBody<B> {
             prefix: [0; PREFIX],
             prefix_seen: 0,
             body_left: 0,
+            due: None,
+            timer: None,
             failed: false,
         }
+    }
+
+    /// Ends the stream: its charge goes back at once (tonic may keep the
+    /// body until the handler drops it).
+    fn fail(
+        &mut self,
+        status: tonic::Status,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::codegen::StdError>>> {
+        self.failed = true;
+        self.budget.release(&self.caller, std::mem::take(&mut self.held));
+        tracing::warn!(caller = %self.caller, error = %status.message(), "stream ended by the receive meter");
+        Poll::Ready(Some(Err(Box::new(status))))
+    }
+
+    /// Whether the current message's body is past its deadline (the timer
+    /// wakes this body's reader when it is).
+    fn overdue(&mut self, cx: &mut Context<'_>) -> Option<tonic::Status> {
+        let (len, at) = self.due?;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if timer.deadline() != at {
+            timer.as_mut().reset(at);
+        }
+        timer.as_mut().poll(cx).is_ready().then(|| {
+            tonic::Status::deadline_exceeded(format!(
+                "a message of {len} bytes: {} of them did not arrive within {:?} of its length \
+                 (a message's body must arrive within 10 s and a second per MiB)",
+                self.body_left,
+                body_deadline(len)
+            ))
+        })
     }
 
     /// Follows the message framing through `chunk`, charging each message
@@ -213,6 +270,9 @@ impl<B> MeteredBody<B> {
                 let n = usize::try_from(self.body_left).map_or(chunk.len(), |left| left.min(chunk.len()));
                 chunk.advance(n);
                 self.body_left -= n as u64;
+                if self.body_left == 0 {
+                    self.due = None;
+                }
                 continue;
             }
             let n = (PREFIX - self.prefix_seen).min(chunk.len());
@@ -230,6 +290,7 @@ impl<B> MeteredBody<B> {
                 self.prefix[4],
             ]));
             self.body_left = len;
+            self.due = (len > 0).then(|| (len, tokio::time::Instant::now() + body_deadline(len)));
             if len > self.held {
                 self.budget.charge(&self.caller, len - self.held, len)?;
                 self.held = len;
@@ -260,19 +321,21 @@ where
         if self.failed {
             return Poll::Ready(None);
         }
-        let frame = match std::task::ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
-            Some(Ok(frame)) => frame,
-            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-            None => return Poll::Ready(None),
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => {
+                return match self.overdue(cx) {
+                    Some(status) => self.fail(status),
+                    None => Poll::Pending,
+                };
+            }
         };
         if let Some(data) = frame.data_ref()
             && let Err(full) = self.meter(data)
         {
-            self.failed = true;
-            tracing::warn!(caller = %self.caller, error = %full, "stream refused: receive buffers full");
-            let refused: tonic::codegen::StdError =
-                Box::new(tonic::Status::resource_exhausted(full.to_string()));
-            return Poll::Ready(Some(Err(refused)));
+            return self.fail(tonic::Status::resource_exhausted(full.to_string()));
         }
         Poll::Ready(Some(Ok(frame)))
     }
@@ -363,21 +426,98 @@ mod tests {
             400,
             "nothing charged for the refused one"
         );
-        // Another caller has a share of its own, within the total.
+        // Another caller's part leaves room for one more: a third of the
+        // total while job-a holds buffers.
         let mut other = MeteredBody::new(chunks(&message(500), 64), budget.clone(), "job-b".into());
-        drain(&mut other).await.expect("its own share");
+        let err = drain(&mut other).await.expect_err("past its part").to_string();
+        assert!(
+            err.contains("past its bound of 333") && err.contains("1 other caller"),
+            "{err}"
+        );
+        let mut other = MeteredBody::new(chunks(&message(300), 64), budget.clone(), "job-b".into());
+        drain(&mut other).await.expect("its part");
+        // …so a third caller still finds room.
         let mut third = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "job-c".into());
-        let err = drain(&mut third).await.expect_err("past the total").to_string();
+        drain(&mut third).await.expect("a third caller's part");
+        drop((first, other, third));
+        assert_eq!(budget.held(), 0);
+        let mut again = MeteredBody::new(chunks(&message(500), 64), budget.clone(), "job-c".into());
+        drain(&mut again)
+            .await
+            .expect("the whole share again once the streams ended");
+    }
+
+    #[tokio::test]
+    async fn the_parts_together_stay_within_the_total() {
+        let budget = ReceiveBudget::new(1000, 1000);
+        let mut held = Vec::new();
+        for (caller, len) in [("a", 500), ("b", 333)] {
+            let mut body = MeteredBody::new(chunks(&message(len), 64), budget.clone(), caller.into());
+            drain(&mut body).await.expect("within its part");
+            held.push(body);
+        }
+        // c's part is 250, but only 167 bytes are left.
+        let mut c = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "c".into());
+        let err = drain(&mut c).await.expect_err("past the total").to_string();
         assert!(
             err.contains("all callers' streams") && err.contains("bound of 1000"),
             "{err}"
         );
-        drop((first, other));
-        assert_eq!(budget.held(), 0);
-        let mut again = MeteredBody::new(chunks(&message(200), 64), budget.clone(), "job-c".into());
-        drain(&mut again)
-            .await
-            .expect("room again once the streams ended");
+        let mut c = MeteredBody::new(chunks(&message(167), 64), budget.clone(), "c".into());
+        drain(&mut c).await.expect("what is left");
+        assert_eq!(budget.held(), 1000);
+    }
+
+    /// Yields its chunks, then never another frame (a caller that stalls).
+    struct Stalls(std::collections::VecDeque<Bytes>);
+
+    impl Body for Stalls {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            match self.0.pop_front() {
+                Some(c) => Poll::Ready(Some(Ok(Frame::data(c)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_charged_message_whose_body_stalls_ends_its_stream_and_gives_its_charge_back() {
+        let budget = ReceiveBudget::new(1 << 30, 1 << 29);
+        let len = 3 << 20;
+        // The prefix and 10 bytes of a 3 MiB message, then nothing.
+        let sent = message(len)[..PREFIX + 10].to_vec();
+        let mut body = MeteredBody::new(Stalls(chunks(&sent, 4).0), budget.clone(), "job-a".into());
+        let started = tokio::time::Instant::now();
+        let err = drain(&mut body).await.expect_err("stalled");
+        let status = err.downcast_ref::<tonic::Status>().expect("a status");
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
+        assert!(
+            status.message().contains(&format!("a message of {len} bytes"))
+                && status.message().contains(&format!("{} of them", len - 10)),
+            "{status}"
+        );
+        assert_eq!(started.elapsed(), body_deadline(len as u64), "13 s for 3 MiB");
+        assert_eq!(budget.held(), 0, "the charge is back before the body is dropped");
+        assert!(
+            drain(&mut body).await.is_ok_and(|n| n == 0),
+            "the stream has ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_message_that_arrives_whole_has_no_deadline_left() {
+        let budget = ReceiveBudget::new(1000, 500);
+        // A whole message, then the stream waits (between messages).
+        let mut body = MeteredBody::new(Stalls(chunks(&message(100), 7).0), budget.clone(), "j".into());
+        let waited = tokio::time::timeout(body_deadline(100) * 10, drain(&mut body)).await;
+        assert!(waited.is_err(), "no deadline between messages: {waited:?}");
+        assert_eq!(budget.held(), 100);
     }
 
     #[tokio::test]

@@ -21,6 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::Status;
 
 use crate::error::RingRefusal;
+use kindling_ops::listen::{PeerSlot, PeerSlots};
 
 /// Most ring connections held for jobs this agent is not in (yet): a peer's
 /// gang may form, and connect, before this agent enters the attempt. One
@@ -28,8 +29,12 @@ use crate::error::RingRefusal;
 pub const UNJOINED_LINKS: usize = 64;
 /// How long a ring connection for a job this agent is not in is kept.
 pub const UNJOINED_LINK_TTL: Duration = Duration::from_secs(60);
-/// How long a connection may take to send its hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may take to send its hello, from when the ring
+/// takes it: a peer writes its hello as soon as it connects, so the bytes
+/// are there already; a silent connection holds its place no longer.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long writing a refusal, a goodbye or a close may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The bounds on the heartbeat interval a sender may ask for.
 const HEARTBEAT_BOUNDS: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(60));
 
@@ -322,6 +327,11 @@ pub const MAX_RING_CONNECTIONS: usize = 1024;
 /// most [`HELLO_TIMEOUT`]): a flood of silent connections holds no more.
 pub const MAX_RING_HELLOS: usize = 64;
 
+/// Of those, connections from one address: a peer agent opens one per job
+/// attempt it shares with this agent, and says hello at once, so one
+/// address's silent connections leave the others' hellos room.
+pub const MAX_RING_HELLOS_PER_ADDRESS: usize = 8;
+
 /// Who may open ring connections to this agent, checked before a hello is
 /// read: over mutual TLS, only the agents' own identity — a client
 /// certificate valid for the name agents check each other's certificates
@@ -365,11 +375,14 @@ impl RingPeers {
 /// Serves the ring connections an agent's listener routes here
 /// ([`kindling_ops::listen::incoming_routed`]), each on a task of its own,
 /// at most [`MAX_RING_CONNECTIONS`] (and [`MAX_RING_HELLOS`] before their
-/// hello) at once; a caller that is not one of `peers` is answered its
-/// refusal and closed before it takes a hello's place.
+/// hello, [`MAX_RING_HELLOS_PER_ADDRESS`] of one address) at once; a caller
+/// that is not one of `peers` is answered its refusal and closed before it
+/// takes a hello's place.
 pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, peers: RingPeers, mut conns: mpsc::Receiver<Conn>) {
+    use tonic::transport::server::Connected;
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_RING_CONNECTIONS));
     let hellos = Arc::new(tokio::sync::Semaphore::new(MAX_RING_HELLOS));
+    let per_address = PeerSlots::new(MAX_RING_HELLOS_PER_ADDRESS);
     loop {
         let conn = tokio::select! {
             _ = inbox.closed.cancelled() => return,
@@ -388,6 +401,14 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, peers: RingPeers, mut 
             });
             continue;
         }
+        let address = conn.connect_info().remote_addr().map(|a| a.ip());
+        let Some(of_address) = address.map_or(Some(None), |ip| per_address.take(ip).map(Some)) else {
+            tracing::info!(
+                ?address,
+                "ring connection refused: its address holds {MAX_RING_HELLOS_PER_ADDRESS} without a hello"
+            );
+            continue;
+        };
         let (Ok(held), Ok(hello)) = (
             open.clone().try_acquire_owned(),
             hellos.clone().try_acquire_owned(),
@@ -398,6 +419,7 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, peers: RingPeers, mut 
             );
             continue;
         };
+        let hello = (hello, of_address);
         let (inbox, check) = (inbox.clone(), check.clone());
         tokio::spawn(async move {
             accept(inbox, check, conn, hello).await;
@@ -407,14 +429,14 @@ pub async fn serve(inbox: Arc<Inbox>, check: BearerCheck, peers: RingPeers, mut 
 }
 
 /// Answers `refusal` to a caller that may not open ring connections, and
-/// closes its connection (each step within [`HELLO_TIMEOUT`]).
+/// closes its connection (each step within [`WRITE_TIMEOUT`]).
 async fn refuse(mut conn: Conn, refusal: RingRefusal) {
     use tonic::transport::server::Connected;
     let peer = conn.connect_info().remote_addr();
     tracing::info!(?peer, error = %refusal, "ring connection refused");
     let answer = Err(Status::from(refusal));
-    let _ = tokio::time::timeout(HELLO_TIMEOUT, ring::write_reply(&mut conn, &answer)).await;
-    let _ = tokio::time::timeout(HELLO_TIMEOUT, conn.shutdown()).await;
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, ring::write_reply(&mut conn, &answer)).await;
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, conn.shutdown()).await;
 }
 
 /// One ring connection: hello, checks, reply; then heartbeats until the ring
@@ -423,7 +445,7 @@ async fn accept(
     inbox: Arc<Inbox>,
     check: BearerCheck,
     mut conn: Conn,
-    hello_slot: tokio::sync::OwnedSemaphorePermit,
+    hello_slot: (tokio::sync::OwnedSemaphorePermit, Option<PeerSlot>),
 ) {
     use tonic::transport::server::Connected;
     let peer = conn
@@ -474,9 +496,9 @@ async fn accept(
     let ring_failed = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(reason) = ring_failed.or_else(|| inbox.closing_reason(&hello.job_id, hello.attempt)) {
         let goodbye = ring::closing(&reason);
-        let _ = tokio::time::timeout(HELLO_TIMEOUT, write.write_all(&goodbye)).await;
+        let _ = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&goodbye)).await;
     }
-    let _ = tokio::time::timeout(HELLO_TIMEOUT, write.shutdown()).await;
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, write.shutdown()).await;
 }
 
 async fn heartbeats(write: &mut WriteHalf<Conn>, every: Duration, stop: &CancellationToken) {

@@ -22,8 +22,8 @@ mod ring;
 
 use inbox::Inbound;
 pub use inbox::{
-    HELLO_TIMEOUT, Inbox, MAX_RING_CONNECTIONS, MAX_RING_HELLOS, RingPeers, UNJOINED_LINK_TTL,
-    UNJOINED_LINKS, serve,
+    HELLO_TIMEOUT, Inbox, MAX_RING_CONNECTIONS, MAX_RING_HELLOS, MAX_RING_HELLOS_PER_ADDRESS, RingPeers,
+    UNJOINED_LINK_TTL, UNJOINED_LINKS, serve,
 };
 use link::Outbound;
 pub use plan::{bf16_to_f32, f32_to_bf16};
