@@ -433,8 +433,8 @@ proptest! {
     /// it charges the largest message, passes every byte when that fits
     /// the caller's share, and otherwise refuses at the first prefix past
     /// it (`RESOURCE_EXHAUSTED` naming its length and the bound) without
-    /// passing the frame that carries it; what was charged goes when the
-    /// stream ends. No prefix makes it allocate: a 4 GiB claim is a number.
+    /// passing the frame that carries it, giving back what the stream held;
+    /// what was charged goes when the stream ends. No prefix makes it allocate: a 4 GiB claim is a number.
     #[test]
     fn the_receive_meter_charges_each_streams_largest_message_however_it_is_cut(
         bytes in grpc_stream(),
@@ -458,7 +458,8 @@ proptest! {
                 );
                 // The frames before the one the prefix ends in, not that one.
                 prop_assert!(passed.len() < end && bytes.starts_with(&passed), "{} of {}", passed.len(), end);
-                prop_assert_eq!(held, largest, "nothing charged for the refused message");
+                // The refusal ends the stream: what it held goes back at once.
+                prop_assert_eq!(held, 0, "the refused stream's charge is given back");
             }
             (past, refused) => prop_assert!(false, "expected a refusal at {past:?}, got {refused:?}"),
         }
