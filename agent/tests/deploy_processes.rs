@@ -2069,8 +2069,9 @@ async fn two_credentials_holding_the_receive_buffers_leave_a_third_room_to_push(
 /// Committed rows are bounded (#59, point 5): a producer committing stream
 /// after stream is refused at its job's cap on this agent
 /// (`--max-job-bytes`), another at the disk watermark over all jobs' spill
-/// files (`--disk-watermark`) — while another job's rows stay and it
-/// trains to the end.
+/// files (`--disk-watermark`), and a split that ended takes no new rows
+/// until the job's client reopens it — while another job's rows stay and
+/// it trains to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_trains_to_the_end() {
     const JOB_CAP: u64 = 6 << 20;
@@ -2087,10 +2088,42 @@ async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_tra
     agent.wait_ready().await;
     let spec = one_agent_rule_spec(1024);
     let rv = cluster.rendezvous_client().await;
-    for job in ["greedy", "flood", "honest"] {
+    for job in ["greedy", "flood", "honest", "late"] {
         rv.create_job(&JobConfig::new(job, 1)).await.expect("create job");
         start_on(&url, job, &spec, &cluster.rendezvous_url).await;
     }
+    // A split that ended takes no new rows until the job's client reopens
+    // it (as it does to feed a lost agent's shards to the agents that take
+    // them over).
+    let _: serde_json::Value = action(
+        &url,
+        &Action::EndOfData(EndOfData {
+            job_id: "late".into(),
+            split: Split::Eval,
+            expected_rows: Some(0),
+        }),
+    )
+    .await;
+    let late = try_put(&url, "late", Split::Eval, "late", vec![rule_batch(10, 1)]).await;
+    let late = late.expect_err("rows into an ended split");
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition, "{late}");
+    assert!(
+        late.message().contains("split ended") && late.message().contains("reopen_split"),
+        "{late}"
+    );
+    assert_eq!(status(&url, "late").await.rows_eval, 0);
+    let _: serde_json::Value = action(
+        &url,
+        &Action::ReopenSplit(kindling_schemas::action::ReopenSplit {
+            job_id: "late".into(),
+            split: Split::Eval,
+        }),
+    )
+    .await;
+    let taken = try_put(&url, "late", Split::Eval, "late", vec![rule_batch(10, 1)]).await;
+    assert_eq!(taken.expect("rows into the reopened split"), 10);
+    assert_eq!(status(&url, "late").await.rows_eval, 10);
+
     // The other job's rows, committed before the flood (512 KiB in memory).
     let rows = 32 * 1024;
     let honest = try_put(

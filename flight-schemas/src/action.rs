@@ -7,6 +7,7 @@
 //! | `job_status` | [`JobRef`] | [`AgentJobStatus`] |
 //! | `cancel_job` | [`CancelJob`] | [`AgentJobStatus`] |
 //! | `end_of_data` | [`EndOfData`] | [`EndOfDataResponse`] |
+//! | `reopen_split` | [`ReopenSplit`] | [`EndOfDataResponse`] |
 //! | `list_jobs` | `{}` | [`JobList`] |
 //! | `issue_credential` | [`IssueCredential`] | [`CredentialResponse`] |
 //! | `serve_model` | [`ServeModel`] | [`ServeModelResponse`](crate::model_serving::ServeModelResponse) |
@@ -35,6 +36,9 @@ pub enum ActionKind {
     CancelJob,
     /// No more rows will come for a split.
     EndOfData,
+    /// A split that ended takes rows again until its next `end_of_data`
+    /// (a client re-feeding lost shards).
+    ReopenSplit,
     /// Every job the agent knows.
     ListJobs,
     /// A signed, expiring credential for one role in one job (operator only).
@@ -49,12 +53,13 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every action, for `ListActions`.
-    pub const ALL: [ActionKind; 10] = [
+    pub const ALL: [ActionKind; 11] = [
         ActionKind::CreateJob,
         ActionKind::StartJob,
         ActionKind::JobStatus,
         ActionKind::CancelJob,
         ActionKind::EndOfData,
+        ActionKind::ReopenSplit,
         ActionKind::ListJobs,
         ActionKind::IssueCredential,
         ActionKind::ServeModel,
@@ -70,6 +75,7 @@ impl ActionKind {
             ActionKind::JobStatus => "job_status",
             ActionKind::CancelJob => "cancel_job",
             ActionKind::EndOfData => "end_of_data",
+            ActionKind::ReopenSplit => "reopen_split",
             ActionKind::ListJobs => "list_jobs",
             ActionKind::IssueCredential => "issue_credential",
             ActionKind::ServeModel => "serve_model",
@@ -91,6 +97,10 @@ impl ActionKind {
             ActionKind::JobStatus => "A job's state on this agent: {job_id}.",
             ActionKind::CancelJob => "Cancel a job and drop its data: {job_id, reason}.",
             ActionKind::EndOfData => "No more rows for a split: {job_id, split, expected_rows?}.",
+            ActionKind::ReopenSplit => {
+                "A split that ended takes rows again until its next end_of_data (operator only): \
+                 {job_id, split}."
+            }
             ActionKind::ListJobs => "Every job this agent knows: {}.",
             ActionKind::IssueCredential => {
                 "A job credential (operator only): {job_id, role: producer|peer|reader, ttl_secs}."
@@ -126,6 +136,8 @@ pub enum Action {
     CancelJob(CancelJob),
     /// `end_of_data`.
     EndOfData(EndOfData),
+    /// `reopen_split`.
+    ReopenSplit(ReopenSplit),
     /// `list_jobs`.
     ListJobs,
     /// `issue_credential`.
@@ -143,7 +155,7 @@ pub enum Action {
 pub enum ActionError {
     /// Unknown action name.
     #[error(
-        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, list_jobs, issue_credential, serve_model, drop_model, served_models"
+        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, reopen_split, list_jobs, issue_credential, serve_model, drop_model, served_models"
     )]
     Unknown(String),
     /// The body is not the expected JSON.
@@ -227,6 +239,11 @@ impl Action {
                 check(&a.job_id)?;
                 Action::EndOfData(a)
             }
+            ActionKind::ReopenSplit => {
+                let a: ReopenSplit = json(kind, body)?;
+                check(&a.job_id)?;
+                Action::ReopenSplit(a)
+            }
             ActionKind::ListJobs => Action::ListJobs,
             ActionKind::IssueCredential => {
                 let a: IssueCredential = json(kind, body)?;
@@ -268,6 +285,7 @@ impl Action {
             Action::JobStatus(_) => ActionKind::JobStatus,
             Action::CancelJob(_) => ActionKind::CancelJob,
             Action::EndOfData(_) => ActionKind::EndOfData,
+            Action::ReopenSplit(_) => ActionKind::ReopenSplit,
             Action::ListJobs => ActionKind::ListJobs,
             Action::IssueCredential(_) => ActionKind::IssueCredential,
             Action::ServeModel(_) => ActionKind::ServeModel,
@@ -284,6 +302,7 @@ impl Action {
             Action::JobStatus(a) => serde_json::to_vec(a),
             Action::CancelJob(a) => serde_json::to_vec(a),
             Action::EndOfData(a) => serde_json::to_vec(a),
+            Action::ReopenSplit(a) => serde_json::to_vec(a),
             Action::ListJobs => Ok(b"{}".to_vec()),
             Action::IssueCredential(a) => serde_json::to_vec(a),
             Action::ServeModel(a) => serde_json::to_vec(a),
@@ -414,6 +433,18 @@ pub struct EndOfData {
     pub expected_rows: Option<u64>,
 }
 
+/// `reopen_split`: rows may come into a split that ended again, until its
+/// next `end_of_data` — the client's re-feed of a lost agent's shards to
+/// the agents that take them over. Only the operator reopens; a producer's
+/// rows into an ended split are refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReopenSplit {
+    /// The job.
+    pub job_id: String,
+    /// Which split.
+    pub split: Split,
+}
+
 /// Answer to `start_job`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartJobResponse {
@@ -466,6 +497,10 @@ mod tests {
                 job_id: "j".into(),
                 split: Split::Eval,
                 expected_rows: Some(5),
+            }),
+            Action::ReopenSplit(ReopenSplit {
+                job_id: "j".into(),
+                split: Split::Train,
             }),
             Action::ListJobs,
             Action::ServeModel(

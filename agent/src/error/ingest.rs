@@ -51,8 +51,8 @@ pub enum IngestError {
     ProducerGone,
     /// Rows pushed into a split its producers said was done.
     #[error(
-        "job `{job_id}`: its {} split ended (end_of_data): it takes no more rows (push every row before \
-         end_of_data)",
+        "job `{job_id}`: its {} split ended (end_of_data): it takes no more rows until the job's client \
+         reopens it (reopen_split, to feed lost shards again); push every row before end_of_data",
         .split.as_str()
     )]
     SplitEnded {

@@ -64,6 +64,17 @@ pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Resul
     Ok(rows)
 }
 
+/// Lets `split` of `job` take rows again until its next `end_of_data`
+/// (the client re-feeding a lost agent's shards to this one). Returns the
+/// committed rows.
+pub fn reopen_split(job: &Job, split: Split) -> Result<u64, AgentError> {
+    let mut d = job.lock();
+    refuse_if_terminal(job, &d)?;
+    let s = d.ingest.split_mut(split);
+    s.reopen();
+    Ok(s.committed_rows())
+}
+
 /// What one stream staged for one producer.
 #[derive(Debug, Clone, Copy)]
 struct Staged {
@@ -175,6 +186,12 @@ impl PutStream {
                 }
                 .into());
             }
+            // New rows (not a resent batch, answered above) into a split
+            // said to be done would change what end_of_data counted; the
+            // client reopens a split it re-feeds (`reopen_split`).
+            if split.ended() {
+                return Err(self.ended());
+            }
             self.within_caps(&d.ingest, schema::batch_bytes(&batch))?;
             // Past half the memory budget staged batches spill.
             let held = d.ingest.staged_bytes();
@@ -226,6 +243,15 @@ impl PutStream {
         })
     }
 
+    /// The refusal of new rows into the stream's split, which ended.
+    fn ended(&self) -> AgentError {
+        IngestError::SplitEnded {
+            job_id: self.job.job_id.clone(),
+            split: self.split,
+        }
+        .into()
+    }
+
     /// Whether a batch of `bytes` fits the job's caps: what its uncommitted
     /// streams hold, and all its rows here, committed and staged.
     fn within_caps(&self, ingest: &crate::jobs::splits::IngestState, bytes: u64) -> Result<(), AgentError> {
@@ -262,6 +288,10 @@ impl PutStream {
         {
             let mut d = self.job.lock();
             let split = d.ingest.split_mut(self.split);
+            if split.ended() && !self.staged.is_empty() {
+                split.cache.abort(self.stream);
+                return Err(self.ended());
+            }
             let still_next = self
                 .staged
                 .iter()

@@ -57,6 +57,11 @@ impl SplitIngest {
         self.ended = true;
     }
 
+    /// Takes rows again until the next [`end`](Self::end).
+    pub fn reopen(&mut self) {
+        self.ended = false;
+    }
+
     /// Moves `producer`'s committed position to `next_seq`, `rows` more rows on.
     pub fn advance(&mut self, producer: &str, next_seq: u64, rows: u64) {
         let pos = self.producers.entry(producer.to_owned()).or_default();

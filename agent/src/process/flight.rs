@@ -402,6 +402,15 @@ impl FlightService for AgentFlightService {
                     rows,
                 })
             }
+            Action::ReopenSplit(r) => {
+                let job = self.jobs.get(&r.job_id)?;
+                let rows = ingest::reopen_split(&job, r.split)?;
+                ok_json(&EndOfDataResponse {
+                    job_id: r.job_id,
+                    split: r.split,
+                    rows,
+                })
+            }
             Action::ListJobs => ok_json(&JobList {
                 jobs: self.jobs.all().iter().map(|j| j.status()).collect(),
             }),

@@ -14,7 +14,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::{Stream, StreamExt, TryStreamExt};
 use kindling_schemas::action::{
     Action, AgentJobStatus, CancelJob, CreateJob, CreateJobResponse, CredentialResponse, EndOfData,
-    EndOfDataResponse, IssueCredential, JobRef, StartJob, StartJobResponse,
+    EndOfDataResponse, IssueCredential, JobRef, ReopenSplit, StartJob, StartJobResponse,
 };
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::channel::ChannelConfig;
@@ -247,6 +247,16 @@ impl AgentClient {
             job_id: job_id.into(),
             split,
             expected_rows,
+        }))
+        .await
+    }
+
+    /// Lets `split` of `job_id`, which ended, take rows again on this agent
+    /// until its next `end_of_data` (for shards fed to it again).
+    pub async fn reopen_split(&self, job_id: &str, split: Split) -> Result<EndOfDataResponse, FeedError> {
+        self.action(&Action::ReopenSplit(ReopenSplit {
+            job_id: job_id.into(),
+            split,
         }))
         .await
     }

@@ -205,6 +205,9 @@ impl<'r, 'a> Run<'r, 'a> {
         only: Option<&[usize]>,
     ) -> Result<(), JobError> {
         let job = self.job;
+        if let Some(only) = only {
+            self.reopen(split, only).await?;
+        }
         let ctx = PushCtx {
             job_id: &self.job_id,
             token: self.token.as_ref(),
@@ -264,6 +267,24 @@ impl<'r, 'a> Run<'r, 'a> {
             queries: data.queries(),
             partitions,
         });
+        Ok(())
+    }
+
+    /// Reopens `split` on the members that hold any of the shards `only`
+    /// about to be fed again: an agent that took a lost agent's shards over
+    /// (an elastic shrink) had ended its split, and takes the re-fed rows
+    /// only until the `end_of_data` that follows them.
+    async fn reopen(&self, split: Split, only: &[usize]) -> Result<(), JobError> {
+        let holders = &self.holders;
+        for s in holders.members() {
+            if holders
+                .shards_of(&holders.agent_ids[s])
+                .iter()
+                .any(|x| only.contains(x))
+            {
+                holders.clients[s].reopen_split(&self.job_id, split).await?;
+            }
+        }
         Ok(())
     }
 
