@@ -2307,6 +2307,107 @@ async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() 
     drop(operators.held);
 }
 
+/// A model read whose client reads nothing is ended at the idle bound
+/// (`--stream-idle-secs`, #59 point 4): the agent stops feeding it and says
+/// so in its log; the stalled client, reading at last, gets what was queued
+/// for it and then `DEADLINE_EXCEEDED` — never a model cut short that looks
+/// whole — and then the read's slot (the reader credential's only one, half
+/// of `--max-reads` 2) takes a new read, which gets the whole model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_read_that_reads_nothing_ends_at_the_idle_bound_and_gives_its_slot_back() {
+    use kindling_schemas::credential::Role;
+    use kindling_schemas::descriptor::DataPath;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.spawn_agent_with(
+        "stalled",
+        "64MiB",
+        &[("KINDLING_MAX_READS", "2"), ("KINDLING_STREAM_IDLE_SECS", "1")],
+    );
+    agent.wait_ready().await;
+    // Four 1024 × 1024 tensors, a 4 MiB message each: more than a client
+    // that reads nothing takes in (its HTTP/2 window, 2 MiB) and the agent
+    // queues for it, so the agent's send waits.
+    let spec = JobSpec::builder()
+        .model(ModelSpec::Mlp {
+            hidden: vec![1024; 5],
+        })
+        .task(Task::Classification { num_classes: 2 })
+        .optimizer(OptimizerSpec::adam(0.01))
+        .features(["x1", "x2"])
+        .label("y")
+        .num_slots(1)
+        .batch_size(1024)
+        .epochs(1)
+        .seed(3)
+        .build()
+        .expect("spec");
+    let rv = cluster.rendezvous_client().await;
+    rv.create_job(&JobConfig::new("served", 1))
+        .await
+        .expect("create job");
+    start_on(&url, "served", &spec, &cluster.rendezvous_url).await;
+    assert_eq!(put(&url, "served", &rule_batch(2048, 5)).await, 2048);
+    end_of_data(&url, "served", 2048).await;
+    let done = wait_until(&url, "served", |s| s.state.is_terminal()).await;
+    assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
+    let path = DataPath::Model {
+        job_id: "served".into(),
+    };
+    let reader = credential_client(&url, "served", Role::Reader)
+        .await
+        .max_decoding_message_size(64 << 20);
+    let mut stalled = reader
+        .clone()
+        .do_get(path.ticket())
+        .await
+        .expect("a read")
+        .into_inner();
+    let held = reader.clone().do_get(path.ticket()).await;
+    let held = held.expect_err("the credential's one read slot is taken");
+    assert_eq!(held.code(), tonic::Code::ResourceExhausted, "{held}");
+    // The agent ends the read nobody reads.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !agent
+        .logs()
+        .lines()
+        .any(|l| l.contains("stream ended") && l.contains("DoGet"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the unread DoGet was never ended:\n{}",
+            agent.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The stalled client reads what was queued for it, then the error.
+    let mut queued = 0;
+    let ended = loop {
+        match stalled.message().await {
+            Ok(Some(_)) => queued += 1,
+            Ok(None) => panic!("the ended read looked whole after {queued} messages"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::DeadlineExceeded, "{ended}");
+    assert!(
+        ended.message().contains("DoGet") && ended.message().contains("--stream-idle-secs"),
+        "{ended}"
+    );
+    drop(stalled);
+    // Its slot is back: a new read gets the whole model.
+    let again = loop {
+        match reader.clone().do_get(path.ticket()).await {
+            Ok(stream) => break stream.into_inner(),
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+        }
+        assert!(Instant::now() < deadline, "the ended read still holds its slot");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let whole = kindling_fixtures::model_weights(again).await;
+    let params: usize = whole.iter().map(|(_, v)| v.len()).sum();
+    assert!(params > 4_000_000, "{params} parameters");
+}
+
 /// What a model's unread reads may add to an agent's resident memory: the
 /// message in flight of each read it holds (8, each at most the model's
 /// largest tensor, 4 MiB, as tonic encodes it), their tasks and the
