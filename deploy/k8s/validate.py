@@ -74,7 +74,7 @@ from validate_workloads import check_disruption_budgets, check_ephemeral_storage
 
 # Each overlay and the image variant (tag suffix) its agents must run.
 OVERLAYS = {"cpu": "cpu", "gpu": "gpu", "custom-agent": "cpu", "cert-manager": "cpu", "monitoring": "cpu",
-            "rendezvous-ha": "cpu"}
+            "rendezvous-ha": "cpu", "probes-from-nodes": "cpu"}
 # Not Kubernetes objects on their own: kustomize inputs, promtool's unit
 # tests of the alerts; and every file a kustomization names as a patch
 # (partial objects, deletions), found by patch_files().

@@ -42,7 +42,7 @@ CLIENT_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.nam
                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kindling-client"}}}
 EXACT_PEERS = {("spark-connect", 15002): [CLIENT_PEER]}
 # The pods an Ingress policy may isolate (every one: each port admits
-# exactly its GRPC_PEERS or, for a probe, every source). Egress: every
+# exactly its GRPC_PEERS or, for a probe, every source or the nodes' network). Egress: every
 # role's exactly as in EGRESS (validate_egress.py).
 ISOLATED = {"agent", "rendezvous", "spark-connect", "etcd", "executor"}
 ANYONE = "anyone"
@@ -116,7 +116,7 @@ def check_network_policies(objs, overlay, errors):
     """The gRPC ports of the agents, the rendezvous and Spark Connect admit
     exactly the pods in GRPC_PEERS, across the two namespaces, and the
     overlay's EXTERNAL_PEERS; the ports in EXACT_PEERS admit exactly those
-    peers as written; probe ports admit every source; every selector in a
+    peers as written; probe ports admit every source or the nodes' network (ipBlock) only; every selector in a
     policy matches the labels of a pod the manifests make in the namespace
     it names (a renamed label fails here); each pod may dial exactly its
     destinations in EGRESS (validate_egress.check_egress)."""
@@ -160,9 +160,14 @@ def check_network_policies(objs, overlay, errors):
         for t in targets:
             if "Ingress" in policy_types(pol) and t["role"] not in ISOLATED:
                 bad(f"{where} selects {name(t)}: only {sorted(ISOLATED)} may be isolated")
+        probe_ports = {n for t in targets for n in t["probe_ports"]}
         for rule in spec.get("ingress") or []:
+            rule_ports = {p.get("port") for p in rule.get("ports") or []}
             for peer in rule.get("from") or []:
                 if peer in known_external:
+                    continue
+                # The nodes' network, on probe ports only (overlays/probes-from-nodes).
+                if set(peer) == {"ipBlock"} and rule_ports and rule_ports <= probe_ports:
                     continue
                 inside = internal_peer(peer, ns, rendered)
                 if inside is None:
@@ -215,6 +220,11 @@ def check_network_policies(objs, overlay, errors):
                 bad(f"{pod['who']}: container port {number} is neither a probe port nor in GRPC_PEERS")
                 continue
             peers = ingress_peers(policies, pod, number)
-            if peers is not None and ANYONE not in peers:
-                bad(f"{pod['who']}: probe port {number} must admit every source (the kubelet "
-                    f"cannot be named in a NetworkPolicy); admits {peers}")
+            if peers is None or ANYONE in peers:
+                continue
+            # Or the nodes' network only (overlays/probes-from-nodes): the
+            # kubelet probes from its node's address; a pod or namespace
+            # selector never matches it.
+            if not peers or not all(isinstance(p, dict) and set(p) == {"ipBlock"} for p in peers):
+                bad(f"{pod['who']}: probe port {number} must admit every source, or the nodes' "
+                    f"network (ipBlock) only: the kubelet probes from its node; admits {peers}")

@@ -19,7 +19,7 @@ from validate_spark import check_spark_driver_role, check_spark_wire
 
 TMP = tempfile.TemporaryDirectory()
 ROOT = with_dummy_token(TMP.name)
-RENDERED = {overlay: render_builtin(ROOT, overlay) for overlay in ("cpu", "cert-manager")}
+RENDERED = {overlay: render_builtin(ROOT, overlay) for overlay in ("cpu", "cert-manager", "probes-from-nodes")}
 CHECKS = (check_spark_wire, check_spark_driver_role, check_issuer_scope, check_network_policies)
 
 
@@ -102,6 +102,20 @@ class Refusals(unittest.TestCase):
         objs = self.rendered()
         del one(objs, "NetworkPolicy", "spark-executor")["spec"]["ingress"][0]["from"]
         self.assert_refused(objs, "port 7079 admits")
+
+    def test_probe_port_narrowed_to_pods_or_the_ip_block_widened_to_flight(self):
+        # The nodes' network on the probe port passes (test_shipped_manifests_pass);
+        # a pod selector there never matches the kubelet.
+        objs = self.rendered("probes-from-nodes")
+        probe = one(objs, "NetworkPolicy", "kindling-agent")["spec"]["ingress"][1]
+        probe["from"] = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kindling-client"}}}]
+        self.assert_refused(objs, "probe port 8080 must admit every source, or the nodes' network",
+                            overlay="probes-from-nodes")
+        # The nodes' network on the Flight port is no peer of it.
+        objs = self.rendered("probes-from-nodes")
+        rules = one(objs, "NetworkPolicy", "kindling-agent")["spec"]["ingress"]
+        rules[0]["from"].append({"ipBlock": {"cidr": "10.0.0.0/16"}})
+        self.assert_refused(objs, "kindling-agent", "10.0.0.0/16", overlay="probes-from-nodes")
 
     def test_driver_role_wider_than_spark_needs(self):
         objs = self.rendered()
