@@ -52,10 +52,15 @@ impl Route {
     }
 }
 
+/// The longest pause between two looks at a connection whose first bytes
+/// are still a prefix of a known start.
+const MAX_PEEK_PAUSE: Duration = Duration::from_millis(100);
+
 /// Which server a plaintext connection is for, from its first bytes: peeks
 /// until they match a known start, or cannot.
 pub(super) async fn sniff(tcp: &TcpStream) -> io::Result<Route> {
     let mut buf = [0u8; LONGEST_START];
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = tcp.peek(&mut buf).await?;
         if n == 0 {
@@ -64,7 +69,36 @@ pub(super) async fn sniff(tcp: &TcpStream) -> io::Result<Route> {
         if let Some(route) = Route::of_first_bytes(&buf[..n]) {
             return Ok(route);
         }
-        // A prefix of a known start so far (rare: each is sent in one write).
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A prefix of a known start so far (rare: each is sent in one
+        // write). A peek sees the same bytes until more come, so look again
+        // less often the longer it stays a prefix: a peer that stops there
+        // costs ten peeks a second, not a thousand, until the handshake
+        // timeout closes it.
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PEEK_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A connection that stops in the middle of a known start is routed
+    /// once the rest comes, however long it paused.
+    #[tokio::test(start_paused = true)]
+    async fn a_start_cut_in_two_is_routed_when_the_rest_comes() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        client.write_all(b"GE").await.expect("write");
+        let sniffing = tokio::spawn(async move { sniff(&server).await });
+        // Thirty seconds of the paused clock: the pauses grew to their cap.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(!sniffing.is_finished(), "a prefix decides nothing");
+        client.write_all(b"T / HTTP/1.1\r\n").await.expect("write");
+        assert_eq!(sniffing.await.expect("task").expect("sniff"), Route::Http);
     }
 }
