@@ -7,10 +7,13 @@
 //! and what is kept read back by a watch's client and the status page. And
 //! of the heartbeat and all-gather handlers given any job, attempt, rank,
 //! sequence number, agent and report: an answer or an honest refusal at
-//! once, and nothing refused changes the job.
+//! once, and nothing refused changes the job. And of the streaming
+//! all-gather over a real connection: for any sequence of gathers, the
+//! replies the unary call gives, in order, ending at the first refusal.
 //!
 //! CI runs 64 cases of each state-file property (each writes, fsyncs and
-//! opens a directory), 256 of the reports' and 128 of the handlers'. A longer run,
+//! opens a directory), 256 of the reports', 128 of the handlers' and 32 of
+//! the streamed gather's (each serves a rendezvous on loopback). A longer run,
 //! `PROPTEST_CASES=5000 cargo test -p kindling-rendezvous --test fuzz`, takes
 //! seconds to half a minute, as fast as the disk syncs.
 
@@ -491,6 +494,99 @@ proptest! {
             let reply = answer(last).await.map_err(|_| TestCaseError::fail("a gather blocked"))?;
             let payloads = reply.map_err(|s| TestCaseError::fail(format!("the member's next gather failed: {s:?}")))?.into_inner().payloads;
             prop_assert_eq!(payloads, vec![bytes::Bytes::from_static(b"last")]);
+            Ok(())
+        })?;
+    }
+}
+
+/// What a member reads of gathers: each reply's payloads, or the code that
+/// ended its calls.
+type Gathered = Vec<Result<Vec<bytes::Bytes>, Code>>;
+
+/// `requests` answered one by one by the unary handler of a fresh
+/// one-member job, up to the first refusal.
+async fn gathered_unary(requests: &[pb::AllGatherRequest]) -> Result<Gathered, TestCaseError> {
+    let service = one_member_job().await;
+    let mut out = Vec::new();
+    for r in requests {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(60),
+            service.all_gather(Request::new(r.clone())),
+        )
+        .await
+        .map_err(|_| TestCaseError::fail("a gather blocked"))?;
+        match answer {
+            Ok(reply) => out.push(Ok(reply.into_inner().payloads)),
+            Err(status) => {
+                out.push(Err(status.code()));
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `requests` sent on one AllGatherStream call to a fresh one-member job
+/// served over loopback, and what came back until the stream ended.
+async fn gathered_streamed(requests: Vec<pb::AllGatherRequest>) -> Result<Gathered, TestCaseError> {
+    let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(e.to_string());
+    let service = one_member_job().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| fail(&e))?;
+    let url = format!("http://{}", listener.local_addr().map_err(|e| fail(&e))?);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::rendezvous_server::RendezvousServer::new(service))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let mut client = pb::rendezvous_client::RendezvousClient::connect(url)
+        .await
+        .map_err(|e| fail(&e))?;
+    let mut replies = client
+        .all_gather_stream(futures::stream::iter(requests))
+        .await
+        .map_err(|e| fail(&e))?
+        .into_inner();
+    let mut out = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(60), replies.message())
+            .await
+            .map_err(|_| TestCaseError::fail("a streamed gather blocked"))?;
+        match next {
+            Ok(Some(reply)) => out.push(Ok(reply.payloads)),
+            Ok(None) => break,
+            Err(status) => {
+                out.push(Err(status.code()));
+                break;
+            }
+        }
+    }
+    server.abort();
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(cases(32))]
+
+    /// The streaming all-gather, over a real connection, given any
+    /// sequence of gathers (any job, attempt, rank, sequence number and
+    /// payload): one reply per request, in order, each what the unary call
+    /// answers; the first refusal ends the stream with the unary call's
+    /// code; a stream whose requests end, ends.
+    #[test]
+    fn the_streamed_gather_answers_as_the_unary_one_in_order_and_ends_at_the_first_refusal(
+        requests in prop::collection::vec(gather_request(), 1..6),
+    ) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let unary = gathered_unary(&requests).await?;
+            let streamed = gathered_streamed(requests).await?;
+            prop_assert_eq!(streamed, unary);
             Ok(())
         })?;
     }
