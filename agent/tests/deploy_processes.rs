@@ -1753,29 +1753,6 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     assert_eq!(calm.state, AgentJobState::Succeeded, "{calm:#?}");
     let idle = proc_memory(pid, "VmRSS:");
     let hostile = credential_client(&url, "hostile", Role::Producer).await;
-    // Each batch message padded with PAD bytes past its one row, then the
-    // stream held open (it never ends).
-    let held = |producer: String, rows: usize, batches: usize, pad: usize| {
-        let messages: Vec<arrow_flight::FlightData> = futures::executor::block_on(
-            put_messages(
-                "hostile",
-                Split::Train,
-                &producer,
-                &rule_schema(),
-                (0..batches).map(move |i| rule_batch(rows, i as u64)),
-            )
-            .collect(),
-        );
-        let padded = messages.into_iter().map(move |mut m| {
-            if !m.app_metadata.is_empty() && pad > 0 {
-                let mut body = m.data_body.to_vec();
-                body.resize(body.len() + pad, 0);
-                m.data_body = body.into();
-            }
-            m
-        });
-        futures::stream::iter(padded).chain(futures::stream::pending())
-    };
     // A dictionary-encoded stream is refused at its schema (sent first: past
     // the cap below it would be refused for that).
     let dict_schema = arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
@@ -1795,23 +1772,11 @@ async fn hostile_traffic_from_one_credential_leaves_memory_bounded_and_the_other
     assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal}");
 
     // Each stream opened, then read until it has acknowledged all its
-    // batches (it is held) or it is refused.
+    // batches (it is held) or it is refused; its messages padded PAD bytes
+    // past their one row.
     let hold = |producer: String, rows: usize, batches: usize, pad: usize| {
-        let mut client = hostile.clone();
-        let request = held(producer.clone(), rows, batches, pad);
-        let agent = &agent;
-        async move {
-            let mut acks = client.do_put(request).await?.into_inner();
-            for _ in 0..batches {
-                match tokio::time::timeout(Duration::from_secs(120), acks.next()).await {
-                    Ok(Some(Ok(_))) => {}
-                    Ok(Some(Err(status))) => return Err(status),
-                    Ok(None) => panic!("{producer}: the agent ended the stream without an error"),
-                    Err(_) => panic!("{producer}: no ack and no refusal in 120 s\n{}", agent.logs()),
-                }
-            }
-            Ok(acks)
-        }
+        let (hostile, agent) = (&hostile, &agent);
+        async move { hold_stream(hostile, "hostile", &producer, (rows, batches, pad), agent).await }
     };
     let mut open = Vec::new();
     let mut refused = Vec::new();
@@ -1972,12 +1937,13 @@ async fn push_until_refused(url: &str, job_id: &str) -> (u64, tonic::Status) {
 /// Opens a `DoPut` stream of `job` with `client` that sends `batches`
 /// batches of `rows` rows, each message padded `pad` bytes past its batch,
 /// and then holds the stream open; reads its acks. Returns the stream, or
-/// its refusal.
+/// its refusal; panics, with `agent`'s logs, if neither comes in 120 s.
 async fn hold_stream(
     client: &Flight,
     job: &str,
     producer: &str,
     (rows, batches, pad): (usize, usize, usize),
+    agent: &Proc,
 ) -> Result<tonic::Streaming<arrow_flight::PutResult>, tonic::Status> {
     let messages: Vec<arrow_flight::FlightData> = put_messages(
         job,
@@ -1999,10 +1965,11 @@ async fn hold_stream(
     let request = futures::stream::iter(padded).chain(futures::stream::pending());
     let mut acks = client.clone().do_put(request).await?.into_inner();
     for _ in 0..batches {
-        match acks.next().await {
-            Some(Ok(_)) => {}
-            Some(Err(status)) => return Err(status),
-            None => panic!("{producer}: the agent ended the stream without an error"),
+        match tokio::time::timeout(Duration::from_secs(120), acks.next()).await {
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(status))) => return Err(status),
+            Ok(None) => panic!("{producer}: the agent ended the stream without an error"),
+            Err(_) => panic!("{producer}: no ack and no refusal in 120 s\n{}", agent.logs()),
         }
     }
     Ok(acks)
@@ -2034,7 +2001,7 @@ async fn two_credentials_holding_the_receive_buffers_leave_a_third_room_to_push(
         let client = credential_client(&url, job, Role::Producer).await;
         let mut n = 0u64;
         let refusal = loop {
-            match hold_stream(&client, job, &format!("{job}-{n}"), (1, 1, MIB as usize)).await {
+            match hold_stream(&client, job, &format!("{job}-{n}"), (1, 1, MIB as usize), &agent).await {
                 Ok(acks) => {
                     open.push(acks);
                     n += 1;
@@ -2059,7 +2026,7 @@ async fn two_credentials_holding_the_receive_buffers_leave_a_third_room_to_push(
     let third = credential_client(&url, "third", Role::Producer).await;
     // A 3 MiB message: 16 bytes a row.
     let rows = (3 * MIB as usize) / 16;
-    let taken = hold_stream(&third, "third", "third-0", (rows, 1, 0))
+    let taken = hold_stream(&third, "third", "third-0", (rows, 1, 0), &agent)
         .await
         .unwrap_or_else(|status| panic!("the third credential was refused: {status}\n{}", agent.logs()));
     assert_eq!(held, vec![11, 7]);
@@ -2200,28 +2167,16 @@ struct Reads {
     refused: Vec<tonic::Status>,
 }
 
-/// Model reads are bounded (#59, point 4). A reader credential opens 100
-/// `DoGet`s of a model of a million parameters and reads none, the operator
-/// 100 more: the agent takes half of its `--max-reads` (8) from the
-/// credential and the rest from the operator, refuses every other read
-/// (`GetFlightInfo` too) with `RESOURCE_EXHAUSTED` naming the cap, and its
-/// resident memory grows by less than [`READ_OVERHEAD`] (every read sends
-/// the one encoding of the model; before, each copied the weights). Once
-/// the reader resets its unread reads, its reads are taken again and get
-/// the whole model.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() {
-    use kindling_schemas::credential::Role;
-    use kindling_schemas::descriptor::DataPath;
-    const UNREAD: usize = 100;
-    let cluster = Cluster::start().await;
-    let (mut agent, url) = cluster.spawn_agent_with("reads", "64MiB", &[("KINDLING_MAX_READS", "8")]);
-    agent.wait_ready().await;
-    let pid = agent.child.id();
+/// Trains job `served` on the agent at `url` (one agent; an MLP with
+/// `hidden` layers on 2,048 rule rows, one epoch) to success; returns the
+/// path of its model.
+async fn served_model(
+    cluster: &Cluster,
+    url: &str,
+    hidden: Vec<usize>,
+) -> kindling_schemas::descriptor::DataPath {
     let spec = JobSpec::builder()
-        .model(ModelSpec::Mlp {
-            hidden: vec![1024, 1024],
-        })
+        .model(ModelSpec::Mlp { hidden })
         .task(Task::Classification { num_classes: 2 })
         .optimizer(OptimizerSpec::adam(0.01))
         .features(["x1", "x2"])
@@ -2236,14 +2191,52 @@ async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() 
     rv.create_job(&JobConfig::new("served", 1))
         .await
         .expect("create job");
-    start_on(&url, "served", &spec, &cluster.rendezvous_url).await;
-    assert_eq!(put(&url, "served", &rule_batch(2048, 5)).await, 2048);
-    end_of_data(&url, "served", 2048).await;
-    let done = wait_until(&url, "served", |s| s.state.is_terminal()).await;
+    start_on(url, "served", &spec, &cluster.rendezvous_url).await;
+    assert_eq!(put(url, "served", &rule_batch(2048, 5)).await, 2048);
+    end_of_data(url, "served", 2048).await;
+    let done = wait_until(url, "served", |s| s.state.is_terminal()).await;
     assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
-    let path = DataPath::Model {
+    kindling_schemas::descriptor::DataPath::Model {
         job_id: "served".into(),
-    };
+    }
+}
+
+/// A read of `path` by `reader`, once one of its slots is free: refused
+/// with `RESOURCE_EXHAUSTED` until then; fails with `held` after 120 s.
+async fn read_when_a_slot_frees(
+    reader: &Flight,
+    path: &kindling_schemas::descriptor::DataPath,
+    held: &str,
+) -> tonic::Streaming<arrow_flight::FlightData> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match reader.clone().do_get(path.ticket()).await {
+            Ok(stream) => return stream.into_inner(),
+            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
+        }
+        assert!(Instant::now() < deadline, "{held}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Model reads are bounded (#59, point 4). A reader credential opens 100
+/// `DoGet`s of a model of a million parameters and reads none, the operator
+/// 100 more: the agent takes half of its `--max-reads` (8) from the
+/// credential and the rest from the operator, refuses every other read
+/// (`GetFlightInfo` too) with `RESOURCE_EXHAUSTED` naming the cap, and its
+/// resident memory grows by less than [`READ_OVERHEAD`] (every read sends
+/// the one encoding of the model; before, each copied the weights). Once
+/// the reader resets its unread reads, its reads are taken again and get
+/// the whole model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() {
+    use kindling_schemas::credential::Role;
+    const UNREAD: usize = 100;
+    let cluster = Cluster::start().await;
+    let (mut agent, url) = cluster.spawn_agent_with("reads", "64MiB", &[("KINDLING_MAX_READS", "8")]);
+    agent.wait_ready().await;
+    let pid = agent.child.id();
+    let path = served_model(&cluster, &url, vec![1024, 1024]).await;
     // The whole model, as the client downloads it.
     // A tensor of the model (1024 × 1024) is one 4 MiB message.
     let operator = flight(&url).max_decoding_message_size(64 << 20);
@@ -2291,18 +2284,7 @@ async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() 
     // read; once the client resets its unread reads the slots come back,
     // and a read gets the whole model.
     drop(readers.held);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let again = loop {
-        match reader.clone().do_get(path.ticket()).await {
-            Ok(stream) => break stream.into_inner(),
-            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the reset reads still hold their slots"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let again = read_when_a_slot_frees(&reader, &path, "the reset reads still hold their slots").await;
     assert_eq!(kindling_fixtures::model_weights(again).await, whole);
     drop(operators.held);
 }
@@ -2316,7 +2298,6 @@ async fn unread_model_reads_past_the_cap_are_refused_and_memory_stays_bounded() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_read_that_reads_nothing_ends_at_the_idle_bound_and_gives_its_slot_back() {
     use kindling_schemas::credential::Role;
-    use kindling_schemas::descriptor::DataPath;
     let cluster = Cluster::start().await;
     let (mut agent, url) = cluster.spawn_agent_with(
         "stalled",
@@ -2327,32 +2308,7 @@ async fn a_model_read_that_reads_nothing_ends_at_the_idle_bound_and_gives_its_sl
     // Four 1024 × 1024 tensors, a 4 MiB message each: more than a client
     // that reads nothing takes in (its HTTP/2 window, 2 MiB) and the agent
     // queues for it, so the agent's send waits.
-    let spec = JobSpec::builder()
-        .model(ModelSpec::Mlp {
-            hidden: vec![1024; 5],
-        })
-        .task(Task::Classification { num_classes: 2 })
-        .optimizer(OptimizerSpec::adam(0.01))
-        .features(["x1", "x2"])
-        .label("y")
-        .num_slots(1)
-        .batch_size(1024)
-        .epochs(1)
-        .seed(3)
-        .build()
-        .expect("spec");
-    let rv = cluster.rendezvous_client().await;
-    rv.create_job(&JobConfig::new("served", 1))
-        .await
-        .expect("create job");
-    start_on(&url, "served", &spec, &cluster.rendezvous_url).await;
-    assert_eq!(put(&url, "served", &rule_batch(2048, 5)).await, 2048);
-    end_of_data(&url, "served", 2048).await;
-    let done = wait_until(&url, "served", |s| s.state.is_terminal()).await;
-    assert_eq!(done.state, AgentJobState::Succeeded, "{done:#?}");
-    let path = DataPath::Model {
-        job_id: "served".into(),
-    };
+    let path = served_model(&cluster, &url, vec![1024; 5]).await;
     let reader = credential_client(&url, "served", Role::Reader)
         .await
         .max_decoding_message_size(64 << 20);
@@ -2395,14 +2351,7 @@ async fn a_model_read_that_reads_nothing_ends_at_the_idle_bound_and_gives_its_sl
     );
     drop(stalled);
     // Its slot is back: a new read gets the whole model.
-    let again = loop {
-        match reader.clone().do_get(path.ticket()).await {
-            Ok(stream) => break stream.into_inner(),
-            Err(status) => assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}"),
-        }
-        assert!(Instant::now() < deadline, "the ended read still holds its slot");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let again = read_when_a_slot_frees(&reader, &path, "the ended read still holds its slot").await;
     let whole = kindling_fixtures::model_weights(again).await;
     let params: usize = whole.iter().map(|(_, v)| v.len()).sum();
     assert!(params > 4_000_000, "{params} parameters");

@@ -353,8 +353,18 @@ where
 mod tests {
     use super::*;
 
-    /// A body that yields `chunks` as data frames.
-    struct Chunks(std::collections::VecDeque<Bytes>);
+    /// A body that yields `chunks` as data frames, then ends — or, when it
+    /// `stalls`, never yields another (a caller that stops sending).
+    struct Chunks {
+        chunks: std::collections::VecDeque<Bytes>,
+        stalls: bool,
+    }
+
+    impl Chunks {
+        fn stalling(self) -> Self {
+            Chunks { stalls: true, ..self }
+        }
+    }
 
     impl Body for Chunks {
         type Data = Bytes;
@@ -364,7 +374,11 @@ mod tests {
             mut self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+            match self.chunks.pop_front() {
+                Some(c) => Poll::Ready(Some(Ok(Frame::data(c)))),
+                None if self.stalls => Poll::Pending,
+                None => Poll::Ready(None),
+            }
         }
     }
 
@@ -377,7 +391,10 @@ mod tests {
 
     /// `bytes` cut into chunks of `cut` bytes (a prefix may straddle two).
     fn chunks(bytes: &[u8], cut: usize) -> Chunks {
-        Chunks(bytes.chunks(cut).map(Bytes::copy_from_slice).collect())
+        Chunks {
+            chunks: bytes.chunks(cut).map(Bytes::copy_from_slice).collect(),
+            stalls: false,
+        }
     }
 
     /// The bytes `body` yields until it ends, or the first error it yields.
@@ -468,31 +485,13 @@ mod tests {
         assert_eq!(budget.held(), 1000);
     }
 
-    /// Yields its chunks, then never another frame (a caller that stalls).
-    struct Stalls(std::collections::VecDeque<Bytes>);
-
-    impl Body for Stalls {
-        type Data = Bytes;
-        type Error = tonic::Status;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-            match self.0.pop_front() {
-                Some(c) => Poll::Ready(Some(Ok(Frame::data(c)))),
-                None => Poll::Pending,
-            }
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_charged_message_whose_body_stalls_ends_its_stream_and_gives_its_charge_back() {
         let budget = ReceiveBudget::new(1 << 30, 1 << 29);
         let len = 3 << 20;
         // The prefix and 10 bytes of a 3 MiB message, then nothing.
         let sent = message(len)[..PREFIX + 10].to_vec();
-        let mut body = MeteredBody::new(Stalls(chunks(&sent, 4).0), budget.clone(), "job-a".into());
+        let mut body = MeteredBody::new(chunks(&sent, 4).stalling(), budget.clone(), "job-a".into());
         let started = tokio::time::Instant::now();
         let err = drain(&mut body).await.expect_err("stalled");
         let status = err.downcast_ref::<tonic::Status>().expect("a status");
@@ -514,7 +513,7 @@ mod tests {
     async fn a_message_that_arrives_whole_has_no_deadline_left() {
         let budget = ReceiveBudget::new(1000, 500);
         // A whole message, then the stream waits (between messages).
-        let mut body = MeteredBody::new(Stalls(chunks(&message(100), 7).0), budget.clone(), "j".into());
+        let mut body = MeteredBody::new(chunks(&message(100), 7).stalling(), budget.clone(), "j".into());
         let waited = tokio::time::timeout(body_deadline(100) * 10, drain(&mut body)).await;
         assert!(waited.is_err(), "no deadline between messages: {waited:?}");
         assert_eq!(budget.held(), 100);
