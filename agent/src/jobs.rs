@@ -200,6 +200,8 @@ impl JobRegistry {
         )
         .reading(rows)
         .starting_from(initial);
+        let job = Arc::new(job);
+        Job::lend_rows(&job);
         // Until it joins, the job reports the attempt it will join (from 1).
         job.lock().attempt = at_rendezvous.attempt.max(1);
         jobs.insert(start.job_id, job.clone());

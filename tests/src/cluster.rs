@@ -185,14 +185,14 @@ pub async fn wait_for_job(
 ) -> AgentJobStatus {
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(s) = client.job_status(job_id).await
-            && pred(&s)
-        {
-            return s;
-        }
+        let last = match client.job_status(job_id).await {
+            Ok(s) if pred(&s) => return s,
+            Ok(s) => format!("{s:#?}"),
+            Err(e) => format!("no status: {e}"),
+        };
         assert!(
             Instant::now() < deadline,
-            "{job_id}: {what} not seen within {limit:?}"
+            "{job_id}: {what} not seen within {limit:?}; last status: {last}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

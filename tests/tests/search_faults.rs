@@ -23,8 +23,13 @@ fn client(url: &str, cluster: &ProcCluster) -> AgentClient {
 }
 
 /// Polls `job` on `c` until `done` holds of its status (120 s at most).
-async fn wait_for(c: &AgentClient, job: &str, what: &str, done: impl Fn(&AgentJobStatus) -> bool) {
-    wait_for_job(c, job, what, Duration::from_secs(120), done).await;
+async fn wait_for(
+    c: &AgentClient,
+    job: &str,
+    what: &str,
+    done: impl Fn(&AgentJobStatus) -> bool,
+) -> AgentJobStatus {
+    wait_for_job(c, job, what, Duration::from_secs(120), done).await
 }
 
 /// The rule job on `procs`' rendezvous as a remote client drives it, for
@@ -178,81 +183,132 @@ async fn a_dataset_that_loses_an_agent_with_no_replacement_shrinks_and_its_trial
     }
 }
 
+/// A `kindling tune` process searching two trials over a dataset on
+/// `procs`' two agents, with a client lease of `lease` seconds.
+struct Tuning {
+    tune: Proc,
+    rv: RendezvousClient,
+    data: String,
+    trials: Vec<String>,
+    agents: Vec<AgentClient>,
+}
+
+impl Tuning {
+    /// Starts `kindling tune` and waits until its dataset and both trials
+    /// run, each agent holds rows of the dataset and every trial trained
+    /// an epoch on every agent.
+    async fn start(procs: &ProcCluster, dir: &std::path::Path, lease: f64) -> Tuning {
+        let sql = rule_sql(20_000);
+        let mut command = std::process::Command::new(binary("kindling", "KINDLING_CLI_BIN"));
+        command
+            .args(["tune", "--remote", &spark_remote(), "--sql", &sql])
+            .args([
+                "--features",
+                "x1,x2",
+                "--label",
+                "y",
+                "--model",
+                "mlp:16",
+                "--slots",
+                "2",
+            ])
+            .args(["--epochs", "500", "--batch-size", "8", "--eval-fraction", "0.2"])
+            .args(["--rendezvous", &procs.rendezvous_url])
+            .arg("--token-file")
+            .arg(&procs.token_file)
+            .args(["--client-lease-secs", &lease.to_string()])
+            .args(["--space", "lr=0.01|0.02", "--scheduler", "all", "--parallel", "2"])
+            .arg("-o")
+            .arg(dir.join("model"));
+        let mut tune = Proc::spawn("tune", command, String::new(), dir);
+        let rv = RendezvousClient::connect(&procs.rendezvous_url, Some(&procs.token()))
+            .await
+            .expect("rendezvous");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let (data, trials) = loop {
+            let jobs = rv.list_jobs().await.expect("jobs");
+            let running: Vec<String> = jobs
+                .iter()
+                .filter(|j| j.state == kindling_schemas::rendezvous::JobState::Running)
+                .map(|j| j.job_id.clone())
+                .collect();
+            let data = running.iter().find(|j| j.ends_with("-data")).cloned();
+            let trials: Vec<String> = running.iter().filter(|j| j.contains("-t0")).cloned().collect();
+            if let (Some(data), 2) = (data, trials.len()) {
+                break (data, trials);
+            }
+            assert!(tune.try_wait().is_none(), "tune ended:\n{}", tune.logs());
+            assert!(Instant::now() < deadline, "no search running:\n{}", tune.logs());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let agents: Vec<AgentClient> = procs.agent_urls.iter().map(|u| client(u, procs)).collect();
+        for c in &agents {
+            for t in &trials {
+                wait_for(c, t, "an epoch", |s| s.epoch >= 1).await;
+            }
+            let s = c.job_status(&data).await.expect("dataset");
+            assert!(
+                s.rows_train > 0 && s.cache_bytes_memory > 0,
+                "the dataset is held: {s:?}"
+            );
+        }
+        Tuning {
+            tune,
+            rv,
+            data,
+            trials,
+            agents,
+        }
+    }
+
+    /// Runs `waits`; if one fails, panics with its message and every
+    /// process's log.
+    async fn or_logs(&self, procs: &ProcCluster, waits: impl std::future::Future<Output = ()>) {
+        if let Err(panic) = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(waits)).await {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "a wait failed".into());
+            panic!("{why}\n{}\n{}", procs.logs(), self.tune.logs());
+        }
+    }
+}
+
 /// `kindling tune` as a process, SIGKILLed once its trials train: the
 /// rendezvous cancels the dataset and the trials when the client's lease
-/// lapses, and every agent drops the dataset's rows (no bytes cached).
+/// lapses, and every agent drops the dataset's rows (no bytes cached) and
+/// cancels the trials reading them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigkilled_search_client_frees_the_dataset_when_its_lease_lapses() {
     let dir = tempfile::tempdir().expect("dir");
     let procs = ProcCluster::start(2, dir.path(), 1000).await;
-    let sql = rule_sql(20_000);
-    let lease = 3.0;
-    let mut command = std::process::Command::new(binary("kindling", "KINDLING_CLI_BIN"));
-    command
-        .args(["tune", "--remote", &spark_remote(), "--sql", &sql])
-        .args([
-            "--features",
-            "x1,x2",
-            "--label",
-            "y",
-            "--model",
-            "mlp:16",
-            "--slots",
-            "2",
-        ])
-        .args(["--epochs", "500", "--batch-size", "8", "--eval-fraction", "0.2"])
-        .args(["--rendezvous", &procs.rendezvous_url])
-        .arg("--token-file")
-        .arg(&procs.token_file)
-        .args(["--client-lease-secs", &lease.to_string()])
-        .args(["--space", "lr=0.01|0.02", "--scheduler", "all", "--parallel", "2"])
-        .arg("-o")
-        .arg(dir.path().join("model"));
-    let mut tune = Proc::spawn("tune", command, String::new(), dir.path());
-    let rv = RendezvousClient::connect(&procs.rendezvous_url, Some(&procs.token()))
-        .await
-        .expect("rendezvous");
-    // The dataset's job and both trials running.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (data, trials) = loop {
-        let jobs = rv.list_jobs().await.expect("jobs");
-        let running: Vec<String> = jobs
-            .iter()
-            .filter(|j| j.state == kindling_schemas::rendezvous::JobState::Running)
-            .map(|j| j.job_id.clone())
-            .collect();
-        let data = running.iter().find(|j| j.ends_with("-data")).cloned();
-        let trials: Vec<String> = running.iter().filter(|j| j.contains("-t0")).cloned().collect();
-        if let (Some(data), 2) = (data, trials.len()) {
-            break (data, trials);
-        }
-        assert!(tune.try_wait().is_none(), "tune ended:\n{}", tune.logs());
-        assert!(Instant::now() < deadline, "no search running:\n{}", tune.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let agents: Vec<AgentClient> = procs.agent_urls.iter().map(|u| client(u, &procs)).collect();
-    for c in &agents {
-        wait_for(c, &trials[0], "an epoch", |s| s.epoch >= 1).await;
-        let s = c.job_status(&data).await.expect("dataset");
-        assert!(
-            s.rows_train > 0 && s.cache_bytes_memory > 0,
-            "the dataset is held: {s:?}"
-        );
-    }
-    tune.sigkill();
+    let mut tuning = Tuning::start(&procs, dir.path(), 3.0).await;
+    tuning.tune.sigkill();
     let killed = Instant::now();
-    for c in &agents {
-        wait_for(c, &data, "the dataset dropped", |s| {
-            s.state == AgentJobState::Cancelled && s.cache_bytes_memory == 0 && s.cache_bytes_disk == 0
+    let Tuning {
+        data, trials, agents, ..
+    } = &tuning;
+    tuning
+        .or_logs(&procs, async {
+            for c in agents {
+                wait_for(c, data, "the dataset dropped", |s| {
+                    s.state == AgentJobState::Cancelled
+                        && s.cache_bytes_memory == 0
+                        && s.cache_bytes_disk == 0
+                })
+                .await;
+                // Cancelled by their dataset (the rows went) or by their
+                // own lapsed lease, whichever came first: never failed on
+                // a split emptied under them.
+                for t in trials {
+                    wait_for(c, t, "the trial cancelled", |s| {
+                        s.state == AgentJobState::Cancelled
+                    })
+                    .await;
+                }
+            }
         })
         .await;
-        for t in &trials {
-            wait_for(c, t, "the trial cancelled", |s| {
-                s.state == AgentJobState::Cancelled
-            })
-            .await;
-        }
-    }
     // The lease, then the agents' next word with the rendezvous (their
     // lease): seconds on an idle machine, printed, not asserted (a busy one
     // delays the agents' heartbeats). Nothing but the lapsed lease cancels a
@@ -261,6 +317,46 @@ async fn a_sigkilled_search_client_frees_the_dataset_when_its_lease_lapses() {
         "the dataset was freed {:?} after the client died",
         killed.elapsed()
     );
-    let status = rv.status(&data).await.expect("status");
+    let status = tuning.rv.status(data).await.expect("status");
     assert_eq!(status.state, kindling_schemas::rendezvous::JobState::Cancelled);
+    let reason = status.cancel_reason.unwrap_or_default();
+    assert!(reason.contains("lease lapsed"), "cancelled for: {reason}");
+}
+
+/// A dataset cancelled on one agent cancels the trials reading its rows
+/// there before the rows go, naming the dataset: none trains on, or fails
+/// on, a split emptied under it. The client is SIGKILLed first and its
+/// lease is long, so nothing else ends the trials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dataset_cancelled_on_an_agent_cancels_the_trials_reading_its_rows_there() {
+    let dir = tempfile::tempdir().expect("dir");
+    let procs = ProcCluster::start(2, dir.path(), 1000).await;
+    let mut tuning = Tuning::start(&procs, dir.path(), 600.0).await;
+    tuning.tune.sigkill();
+    let Tuning {
+        data, trials, agents, ..
+    } = &tuning;
+    let dropped = agents[0].cancel_job(data, "an operator's cancel").await;
+    dropped.expect("cancel the dataset");
+    tuning
+        .or_logs(&procs, async {
+            for t in trials {
+                let s = wait_for(&agents[0], t, "the trial cancelled", |s| {
+                    s.state == AgentJobState::Cancelled
+                })
+                .await;
+                let error = s.error.unwrap_or_default();
+                assert!(
+                    error.contains(&format!("its dataset `{data}` ended")),
+                    "{t}: {error}"
+                );
+            }
+        })
+        .await;
+    let s = agents[0].job_status(data).await.expect("dataset");
+    assert_eq!(
+        (s.cache_bytes_memory, s.cache_bytes_disk, s.rows_train),
+        (0, 0, 0),
+        "{s:?}"
+    );
 }

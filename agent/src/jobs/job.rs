@@ -131,9 +131,17 @@ pub struct Job {
     /// The dataset job whose rows this job trains on (`rows_from`).
     rows: Option<Arc<Job>>,
     /// The jobs training on this job's rows (it holds rows for others).
-    borrowers: Mutex<Vec<std::sync::Weak<Job>>>,
+    borrowers: Mutex<Borrowers>,
     /// The weights to start from (`init_from`), as a weights table.
     initial: Option<arrow::array::RecordBatch>,
+}
+
+/// The jobs reading a dataset's rows, and whether the rows went (then no
+/// job may borrow them any more).
+#[derive(Debug, Default)]
+struct Borrowers {
+    jobs: Vec<std::sync::Weak<Job>>,
+    ended: bool,
 }
 
 impl Job {
@@ -147,7 +155,7 @@ impl Job {
         device: String,
         env: JobEnv,
         cancel: CancellationToken,
-    ) -> Arc<Job> {
+    ) -> Job {
         let spill = env.spill_dir.join(&job_id);
         let data = JobData {
             state: AgentJobState::Ganging,
@@ -159,7 +167,7 @@ impl Job {
             layout: None,
             log: Default::default(),
         };
-        Arc::new(Job {
+        Job {
             job_id,
             spec,
             rendezvous,
@@ -176,36 +184,44 @@ impl Job {
             rows: None,
             borrowers: Mutex::default(),
             initial: None,
-        })
+        }
     }
 
     /// The job, starting from the weights of `table` (`init_from`) instead
     /// of seeded ones unless it resumes from a checkpoint.
-    pub fn starting_from(self: Arc<Self>, table: Option<arrow::array::RecordBatch>) -> Arc<Self> {
-        match (table, Arc::try_unwrap(self)) {
-            (Some(table), Ok(mut job)) => {
-                job.initial = Some(table);
-                Arc::new(job)
-            }
-            (_, Ok(job)) => Arc::new(job),
-            (_, Err(shared)) => shared,
+    pub fn starting_from(self, table: Option<arrow::array::RecordBatch>) -> Job {
+        Job {
+            initial: table,
+            ..self
         }
     }
 
     /// The job, training on the rows of `dataset` (a job holding rows on
-    /// this agent) rather than its own.
-    pub fn reading(self: Arc<Self>, dataset: Option<Arc<Job>>) -> Arc<Self> {
-        match (dataset, Arc::try_unwrap(self)) {
-            (Some(d), Ok(mut job)) => {
-                job.rows = Some(d.clone());
-                let job = Arc::new(job);
-                let mut borrowers = d.borrowers.lock().unwrap_or_else(|p| p.into_inner());
-                borrowers.retain(|b| b.strong_count() > 0);
-                borrowers.push(Arc::downgrade(&job));
-                job
+    /// this agent) rather than its own; [`Job::lend_rows`] registers it
+    /// with the dataset once it is shared.
+    pub fn reading(self, dataset: Option<Arc<Job>>) -> Job {
+        Job {
+            rows: dataset,
+            ..self
+        }
+    }
+
+    /// Registers `job` with the dataset it reads (if any), which cancels
+    /// it when its rows go. Called on the `Arc` the agent keeps: the
+    /// dataset holds a weak reference to exactly that one.
+    /// A dataset that ended meanwhile cancels `job` at once.
+    pub fn lend_rows(job: &Arc<Job>) {
+        let Some(d) = &job.rows else { return };
+        let ended = {
+            let mut b = d.borrowers.lock().unwrap_or_else(|p| p.into_inner());
+            if !b.ended {
+                b.jobs.retain(|j| j.strong_count() > 0);
+                b.jobs.push(Arc::downgrade(job));
             }
-            (_, Ok(job)) => Arc::new(job),
-            (_, Err(shared)) => shared,
+            b.ended
+        };
+        if ended {
+            job.cancel(&format!("its dataset `{}` ended", d.job_id));
         }
     }
 
@@ -308,7 +324,11 @@ impl Job {
 
     /// Cancels the jobs training on this job's rows, which are going.
     fn end_borrowers(&self, why: &str) {
-        let borrowers = std::mem::take(&mut *self.borrowers.lock().unwrap_or_else(|p| p.into_inner()));
+        let borrowers = {
+            let mut b = self.borrowers.lock().unwrap_or_else(|p| p.into_inner());
+            b.ended = true;
+            std::mem::take(&mut b.jobs)
+        };
         for b in borrowers.iter().filter_map(std::sync::Weak::upgrade) {
             b.cancel(&format!("its dataset `{}` ended: {why}", self.job_id));
         }
