@@ -23,6 +23,10 @@
 //!    with `/metrics` and the rendezvous' `/api/status` read 20 times a
 //!    second against the same training unread; turns alternate on one agent.
 //!
+//! 5. What checkpoints inside an epoch cost (`--only checkpoint`, not run
+//!    by default): training with a checkpoint every `--every-steps` steps
+//!    against the same training with none inside an epoch.
+//!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
 //! (`--only allreduce`, `--only ingest`, `--only latency` or `--only metrics`
 //! runs one of them).
@@ -38,7 +42,7 @@ use kindling_schemas::action::{Action, StartJob};
 use kindling_schemas::auth::Token;
 use kindling_schemas::descriptor::{DataPath, Split};
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
-use kindling_schemas::spec::{JobSpec, Task};
+use kindling_schemas::spec::{CheckpointPolicy, JobSpec, Task};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -63,6 +67,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref() == Some("caps") {
         caps_cost(ingest_mb).await?;
+    }
+    if only.as_deref() == Some("checkpoint") {
+        checkpoint_cost(arg("--train-mb", 16), arg("--every-steps", 100) as u64).await?;
     }
     if only.as_deref() == Some("metrics") {
         metrics_cost(ingest_mb).await?;
@@ -421,11 +428,23 @@ async fn start_ingest_job(
     job: &str,
     epochs: u32,
 ) -> anyhow::Result<()> {
+    start_ingest_job_with(rv, agent, token, job, epochs, CheckpointPolicy::default()).await
+}
+
+async fn start_ingest_job_with(
+    rv: &EmbeddedRendezvous,
+    agent: &str,
+    token: &Token,
+    job: &str,
+    epochs: u32,
+    checkpoint: CheckpointPolicy,
+) -> anyhow::Result<()> {
     let spec = JobSpec::builder()
         .task(Task::Classification { num_classes: 2 })
         .epochs(epochs)
         .features((0..16).map(|i| format!("f{i}")))
         .label("y")
+        .checkpoint(checkpoint)
         .build()?;
     RendezvousClient::connect(rv.url(), Some(token))
         .await?
@@ -740,6 +759,89 @@ async fn train_metrics_cost(train_mb: usize) -> anyhow::Result<()> {
     println!(
         "| training ({rows} rows, MLP, 1 agent) while /metrics and /api/status are each read 20×/s ({reads} reads) | {on:.0} samples/s | {off:.0} samples/s (not read, same agent, turns alternating) | {:.3}× |",
         on / off
+    );
+    Ok(())
+}
+
+/// What checkpoints inside an epoch cost: one agent trains `train_mb` MB
+/// of rows for 3 epochs with a checkpoint every `every_steps` steps (epochs
+/// 2 and 3 take them) against the same job with none inside an epoch,
+/// turns alternating; reported per checkpoint and as a share of training
+/// at that interval and at the default's ten minutes.
+async fn checkpoint_cost(train_mb: usize, every_steps: u64) -> anyhow::Result<()> {
+    let (schema, batches) = ingest_batches(train_mb);
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let token = Token::new("bench");
+    let (rv, agent, dir) = ingest_agent(&token, 16 << 30).await?;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut taken = 0;
+    for turn in 0..6 {
+        let job = format!("ckpt-{turn}");
+        let inside = turn % 2 == 0;
+        let policy = CheckpointPolicy {
+            every_steps: if inside { every_steps } else { 0 },
+            every_secs: 0,
+            ..Default::default()
+        };
+        start_ingest_job_with(&rv, agent.url(), &token, &job, 3, policy).await?;
+        put_all(
+            agent.url(),
+            Some(token.expose()),
+            encode(&schema, &batches, &DataPath::data(&job, Split::Train)),
+        )
+        .await?;
+        let end = Action::EndOfData(kindling_schemas::action::EndOfData {
+            job_id: job.clone(),
+            split: Split::Train,
+            expected_rows: Some(rows as u64),
+        });
+        kindling_agent_action(agent.url(), &token, end).await?;
+        let status = loop {
+            let body = kindling_agent_action(
+                agent.url(),
+                &token,
+                Action::JobStatus(kindling_schemas::action::JobRef { job_id: job.clone() }),
+            )
+            .await?;
+            let status: kindling_schemas::action::AgentJobStatus = serde_json::from_slice(&body)?;
+            if status.state.is_terminal() {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        anyhow::ensure!(
+            status.state == kindling_schemas::action::AgentJobState::Succeeded,
+            "job {job}: {:?} {:?}",
+            status.state,
+            status.error
+        );
+        // Epochs 2 and 3: the ones that checkpoint inside.
+        let secs: f64 = status.history[1..].iter().filter_map(|h| h.wall_secs).sum();
+        if inside {
+            let steps = status.steps_per_epoch;
+            taken = 2 * (steps.saturating_sub(1) / every_steps);
+            with.push(secs);
+        } else {
+            without.push(secs);
+        }
+    }
+    agent.shutdown_and_wait().await;
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (on, off) = (median(with), median(without));
+    let each = (on - off).max(0.0) / taken.max(1) as f64;
+    println!(
+        "| epochs 2-3 ({rows} rows each, MLP, 1 agent) with a checkpoint every {every_steps} steps ({taken} checkpoints) | {on:.3} s | {off:.3} s (none inside an epoch, same agent, turns alternating) | {:.3}× |",
+        on / off
+    );
+    println!(
+        "| one checkpoint inside an epoch | {:.2} ms | — | {:.4} % of training at the default's 600 s |",
+        each * 1e3,
+        each / CheckpointPolicy::EVERY_SECS as f64 * 100.0
     );
     Ok(())
 }

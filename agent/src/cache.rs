@@ -312,7 +312,19 @@ impl PlacedBatch {
 #[derive(Debug)]
 struct Entry {
     stream: u64,
+    origin: Option<Origin>,
     batch: Arc<CachedBatch>,
+}
+
+/// Where a batch came from: its producer and its sequence number there.
+/// Commit order changes when a shard is fed again (its producers' streams
+/// commit in another order); origins give its batches one order.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Origin {
+    /// The producer that sent it.
+    pub producer: Arc<str>,
+    /// Its sequence number in the producer's stream.
+    pub seq: u64,
 }
 
 /// The batches of one job split on this agent.
@@ -326,6 +338,9 @@ pub struct ShardCache {
     /// Committed batches in commit order: a batch's index never changes, so a
     /// trainer reading the shard while it arrives sees every batch once.
     committed: Vec<Arc<CachedBatch>>,
+    /// The origin of each committed batch (`None` for a batch staged
+    /// without one), by commit index.
+    origins: Vec<Option<Origin>>,
     committed_rows: u64,
     /// Bytes of `committed`, in memory and on disk.
     committed_bytes: u64,
@@ -351,6 +366,7 @@ impl ShardCache {
             disk: DiskBudget::unbounded(),
             staged: Vec::new(),
             committed: Vec::new(),
+            origins: Vec::new(),
             committed_rows: 0,
             committed_bytes: 0,
             staged_bytes: 0,
@@ -413,9 +429,15 @@ impl ShardCache {
 
     /// Adds a stored batch of `stream`, not yet visible to readers.
     pub fn stage(&mut self, stream: u64, batch: CachedBatch) {
+        self.stage_from(stream, None, batch);
+    }
+
+    /// [`stage`](Self::stage), recording where the batch came from.
+    pub fn stage_from(&mut self, stream: u64, origin: Option<Origin>, batch: CachedBatch) {
         self.staged_bytes += stored_bytes(&batch);
         self.staged.push(Entry {
             stream,
+            origin,
             batch: Arc::new(batch),
         });
     }
@@ -431,6 +453,7 @@ impl ShardCache {
             self.committed_bytes += stored_bytes(&e.batch);
             self.committed_rows += e.batch.rows() as u64;
             self.committed.push(e.batch);
+            self.origins.push(e.origin);
         }
     }
 
@@ -462,6 +485,11 @@ impl ShardCache {
         self.committed.get(from..).map(<[_]>::to_vec).unwrap_or_default()
     }
 
+    /// The origins of the first `n` committed batches, by commit index.
+    pub fn origins(&self, n: usize) -> Vec<Option<Origin>> {
+        self.origins.iter().take(n).cloned().collect()
+    }
+
     /// Committed rows.
     pub fn committed_rows(&self) -> u64 {
         self.committed_rows
@@ -488,6 +516,7 @@ impl ShardCache {
         self.staged.clear();
         self.staged_bytes = 0;
         self.committed.clear();
+        self.origins.clear();
         self.committed_rows = 0;
         self.committed_bytes = 0;
     }

@@ -597,6 +597,7 @@ async fn a_sigtermed_agent_fails_its_attempt_cleanly_and_the_job_finishes_on_a_r
     spec.checkpoint = CheckpointPolicy {
         every_epochs: 1,
         keep_last: 2,
+        ..Default::default()
     };
     rv.create_job(&JobConfig::new("deploy", 2).with_max_attempts(4))
         .await

@@ -18,7 +18,7 @@ use kindling_agent::ModelRegistry;
 use kindling_agent::burn::tensor::Device;
 use kindling_agent::models::kindling_model::AnyModel;
 use kindling_agent::optim::FlatOptimizer;
-use kindling_agent::training::checkpoint::{Checkpoint, CheckpointMeta, pack, unpack};
+use kindling_agent::training::checkpoint::{Checkpoint, CheckpointMeta, PartialEpoch, pack, unpack};
 use kindling_fixtures::fuzz::{cases, edits, mutate};
 use kindling_schemas::action::EpochMetrics;
 use kindling_schemas::schema::{FeatureLayout, StreamKind, validate};
@@ -83,6 +83,14 @@ fn checkpoint(best: bool) -> Checkpoint {
                 ..Default::default()
             }],
             best_epoch: best.then_some(1),
+            // One taken inside an epoch too: 40 steps into epoch 3.
+            step: if best { 0 } else { 40 },
+            partial: (!best).then_some(PartialEpoch {
+                loss_sum: 12.5,
+                weight_total: 640.0,
+                rows_total: 640.0,
+                secs: 1.25,
+            }),
             files: Vec::new(),
         },
         weights: record().to_vec(),

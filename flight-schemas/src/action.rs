@@ -617,6 +617,7 @@ mod tests {
                 ..Default::default()
             }],
             resumed_from_epoch: Some(2),
+            resumed_from_step: Some(40),
             error: None,
             device: "cpu (flex)".into(),
             failed_attempts: vec![FailedAttempt {

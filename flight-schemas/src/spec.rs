@@ -51,6 +51,27 @@ pub struct CheckpointPolicy {
     pub every_epochs: u32,
     /// How many completed checkpoints to keep per job.
     pub keep_last: u32,
+    /// Also checkpoint inside an epoch, every this many steps (0: not by
+    /// steps). From the second epoch on: a lost agent then costs the steps
+    /// since, not the epoch; the rest of the epoch trains each of its rows
+    /// once, in the same order.
+    #[serde(default)]
+    pub every_steps: u64,
+    /// Also checkpoint inside an epoch once this many seconds of training
+    /// passed since the last checkpoint (0: not by time), rank 0's clock
+    /// deciding for every rank. Default [`CheckpointPolicy::EVERY_SECS`].
+    #[serde(default = "CheckpointPolicy::default_every_secs")]
+    pub every_secs: u64,
+}
+
+impl CheckpointPolicy {
+    /// The default of `every_secs`: ten minutes, so a lost agent costs at
+    /// most about ten minutes of training however long an epoch is.
+    pub const EVERY_SECS: u64 = 600;
+
+    fn default_every_secs() -> u64 {
+        Self::EVERY_SECS
+    }
 }
 
 impl Default for CheckpointPolicy {
@@ -58,6 +79,8 @@ impl Default for CheckpointPolicy {
         CheckpointPolicy {
             every_epochs: 1,
             keep_last: 2,
+            every_steps: 0,
+            every_secs: Self::EVERY_SECS,
         }
     }
 }

@@ -191,6 +191,10 @@ pub struct AgentJobStatus {
     pub history: Vec<EpochMetrics>,
     /// Epoch of the checkpoint the current attempt resumed from, if any.
     pub resumed_from_epoch: Option<u32>,
+    /// Steps into the next epoch of that checkpoint, when it was taken
+    /// inside an epoch (the attempt trains the rest of that epoch).
+    #[serde(default)]
+    pub resumed_from_step: Option<u64>,
     /// The error that failed or cancelled the job.
     pub error: Option<String>,
     /// Where the job trains on this agent: `cpu (flex)` or

@@ -279,6 +279,17 @@ impl Proc {
         self.child.wait().expect("wait")
     }
 
+    /// SIGSTOPs the process (`frozen`) or SIGCONTs it: it stops where it
+    /// is, holding its connections, or goes on.
+    pub fn freeze(&self, frozen: bool) {
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let sent = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(sent, "kill {signal} {}", self.name);
+    }
+
     /// SIGKILLs the process and asserts it died of it.
     pub fn sigkill(&mut self) {
         self.child.kill().expect("SIGKILL");

@@ -93,6 +93,13 @@ impl ProcCluster {
         }
     }
 
+    /// SIGSTOPs agent `i` (`frozen`) or SIGCONTs it.
+    pub fn freeze_agent(&self, i: usize, frozen: bool) {
+        if let Some(a) = &self.agents[i] {
+            a.freeze(frozen);
+        }
+    }
+
     /// The index of the agent at `url`.
     pub fn index_of(&self, url: &str) -> Option<usize> {
         self.agent_urls.iter().position(|u| u == url)

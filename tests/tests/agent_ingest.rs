@@ -377,6 +377,7 @@ async fn a_finished_job_is_removed_with_its_files_after_the_retention() {
     done_spec.checkpoint = kindling_schemas::spec::CheckpointPolicy {
         every_epochs: 1,
         keep_last: 1,
+        ..Default::default()
     };
     start_job(&cluster, "done", &done_spec, &[0]).await;
     start_job(&cluster, "open", &spec(1), &[0]).await;

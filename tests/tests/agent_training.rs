@@ -184,6 +184,7 @@ async fn killed_agent_makes_the_gang_rejoin_and_finish_from_the_checkpoint() {
     spec.checkpoint = CheckpointPolicy {
         every_epochs: 1,
         keep_last: 2,
+        ..Default::default()
     };
     start_job(&cluster, "crash", &spec, &[0, 1]).await;
     let shards = [rule_batch(3000, 5), rule_batch(3000, 6)];

@@ -23,6 +23,7 @@ mod job_fit;
 mod job_fit_arrow;
 mod job_relay_slices;
 mod job_replacement;
+mod long_jobs;
 mod metrics_prometheus;
 mod mlflow_tracking;
 mod model_examples;

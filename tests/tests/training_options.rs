@@ -123,6 +123,7 @@ async fn a_warmup_cosine_schedule_continues_its_curve_after_an_agent_is_killed()
     spec.checkpoint = CheckpointPolicy {
         every_epochs: 1,
         keep_last: 2,
+        ..Default::default()
     };
     start_job(&cluster, "curve", &spec, &[0, 1]).await;
     let shards = [rule_batch(1500, 3), rule_batch(1500, 4)];
@@ -171,6 +172,7 @@ async fn a_torn_latest_checkpoint_resumes_from_the_one_before() {
     spec.checkpoint = CheckpointPolicy {
         every_epochs: 1,
         keep_last: 3,
+        ..Default::default()
     };
     start_job(&cluster, "torn", &spec, &[0, 1]).await;
     let shards = [rule_batch(1500, 5), rule_batch(1500, 6)];

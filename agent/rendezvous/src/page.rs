@@ -328,6 +328,7 @@ mod tests {
                 })
                 .collect(),
             resumed_from_epoch: None,
+            resumed_from_step: None,
             error: None,
             device: "cpu (flex)".into(),
             failed_attempts: vec![],

@@ -12,6 +12,7 @@ use kindling_schemas::metadata::{BatchMetadata, PutAck};
 use kindling_schemas::schema::{self, FeatureLayout, StreamKind};
 use kindling_schemas::spec::JobKind;
 
+use crate::cache::Origin;
 use crate::error::{AgentError, IngestError, JobStateError, LimitError, SpillError};
 use crate::jobs::job::{Job, JobData};
 
@@ -221,12 +222,14 @@ impl PutStream {
             }
             Err(e) => return Err(e.into()),
         };
-        self.job
-            .lock()
-            .ingest
-            .split_mut(self.split)
-            .cache
-            .stage(self.stream, cached);
+        self.job.lock().ingest.split_mut(self.split).cache.stage_from(
+            self.stream,
+            Some(Origin {
+                producer: Arc::from(meta.producer.as_str()),
+                seq: meta.seq,
+            }),
+            cached,
+        );
         if let Some(staged) = self.staged.get_mut(&meta.producer) {
             staged.next += 1;
             staged.rows += rows;

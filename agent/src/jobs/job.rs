@@ -312,6 +312,7 @@ impl Job {
             cache_bytes_disk: disk,
             history: p.history.clone(),
             resumed_from_epoch: p.resumed_from_epoch,
+            resumed_from_step: p.resumed_from_step,
             error: d.error.clone(),
             device: self.device.clone(),
             failed_attempts: d.log.failed_attempts(),
@@ -651,6 +652,10 @@ impl trainer::ShardSource for JobShards {
         let d = self.job.lock();
         let train = d.ingest.split(Split::Train);
         (train.cache.committed_since(from), train.ended())
+    }
+
+    fn train_origins(&self, n: usize) -> Vec<Option<crate::cache::Origin>> {
+        self.job.lock().ingest.split(Split::Train).cache.origins(n)
     }
 
     fn eval(&self) -> Vec<Arc<crate::cache::CachedBatch>> {

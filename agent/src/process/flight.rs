@@ -474,12 +474,12 @@ impl AgentFlightService {
                 let latest = tokio::task::spawn_blocking(move || store.list().pop())
                     .await
                     .map_err(AgentError::panicked("listing checkpoints"))?;
-                let (epoch, attempt, _) =
+                let (at, attempt, _) =
                     latest.ok_or_else(|| JobStateError::NoCheckpoint(job.job_id.clone()))?;
                 ModelVersion::Checkpoint {
                     incarnation: job.incarnation,
                     attempt,
-                    epoch,
+                    at,
                 }
             }
             other => return Err(RequestError::NotAModel(other.segments()).into()),

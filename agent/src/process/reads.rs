@@ -148,14 +148,14 @@ impl Encoded {
 pub enum ModelVersion {
     /// The job's trained model.
     Trained(Arc<dyn AnyModel>),
-    /// The checkpoint of `epoch` in `attempt` of the job's `incarnation`.
+    /// The checkpoint at `at` in `attempt` of the job's `incarnation`.
     Checkpoint {
         /// The job's incarnation.
         incarnation: u64,
         /// Its attempt.
         attempt: u32,
-        /// Its epoch.
-        epoch: u32,
+        /// Where it stands.
+        at: crate::training::checkpoint::Position,
     },
 }
 
@@ -167,14 +167,14 @@ impl ModelVersion {
                 ModelVersion::Checkpoint {
                     incarnation,
                     attempt,
-                    epoch,
+                    at,
                 },
                 ModelVersion::Checkpoint {
                     incarnation: i,
                     attempt: a,
-                    epoch: e,
+                    at: e,
                 },
-            ) => (incarnation, attempt, epoch) == (i, a, e),
+            ) => (incarnation, attempt, at) == (i, a, e),
             _ => false,
         }
     }

@@ -1,5 +1,7 @@
 //! Checkpoints: weights, optimizer state, epoch and data position, and the
-//! spec, in `<root>/<job_id>/attempt-<n>/epoch-<e>/`.
+//! spec, in `<root>/<job_id>/attempt-<n>/epoch-<e>/` after `e` epochs, or
+//! `epoch-<e>-step-<s>/` after `s` steps of epoch `e + 1` (a checkpoint
+//! inside an epoch: the rest of that epoch trains from it).
 //!
 //! A checkpoint is written to a temporary directory, every file and the
 //! directory flushed to the disk (fsync), and renamed into place, the parent
@@ -36,10 +38,74 @@ pub struct CheckpointMeta {
     /// The epoch whose weights `best.bpk` holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_epoch: Option<u32>,
+    /// Steps done of epoch `epoch + 1` (a checkpoint inside it; 0 at an
+    /// epoch's end).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub step: u64,
+    /// What the steps of that epoch summed so far, for its metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialEpoch>,
     /// Each data file's name, length and SHA-256 (hex), checked on load
     /// (empty in checkpoints from before they were recorded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileDigest>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The sums of an epoch's first steps, which its metrics need at its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PartialEpoch {
+    /// Summed (weighted) loss of the steps.
+    pub loss_sum: f64,
+    /// Their rows' total weight.
+    pub weight_total: f64,
+    /// Rows all ranks trained.
+    pub rows_total: f64,
+    /// Seconds the steps took.
+    pub secs: f64,
+}
+
+/// Where a checkpoint stands: `epoch` epochs done and `step` steps of the
+/// next. Orders checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// Epochs completed.
+    pub epoch: u32,
+    /// Steps done of the next epoch.
+    pub step: u64,
+}
+
+impl Position {
+    /// The checkpoint directory's name.
+    fn dir_name(self) -> String {
+        match self.step {
+            0 => format!("epoch-{:04}", self.epoch),
+            s => format!("epoch-{:04}-step-{s:08}", self.epoch),
+        }
+    }
+
+    /// Parses a checkpoint directory's name.
+    fn parse(name: &str) -> Option<Position> {
+        let rest = name.strip_prefix("epoch-")?;
+        let (epoch, step) = match rest.split_once("-step-") {
+            Some((e, s)) => (e.parse().ok()?, s.parse().ok()?),
+            None => (rest.parse().ok()?, 0),
+        };
+        Some(Position { epoch, step })
+    }
+}
+
+impl CheckpointMeta {
+    /// Where the checkpoint stands.
+    pub fn position(&self) -> Position {
+        Position {
+            epoch: self.epoch,
+            step: self.step,
+        }
+    }
 }
 
 /// What a checkpoint file must hold.
@@ -114,8 +180,9 @@ impl CheckpointStore {
     /// (see the module docs), then prunes the oldest beyond `keep_last`.
     pub fn save(&self, spec: &JobSpec, ckpt: &Checkpoint) -> Result<PathBuf, CheckpointError> {
         let attempt_dir = self.dir.join(format!("attempt-{}", ckpt.meta.attempt));
-        let final_dir = attempt_dir.join(format!("epoch-{:04}", ckpt.meta.epoch));
-        let tmp = attempt_dir.join(format!(".epoch-{:04}.tmp", ckpt.meta.epoch));
+        let name = ckpt.meta.position().dir_name();
+        let final_dir = attempt_dir.join(&name);
+        let tmp = attempt_dir.join(format!(".{name}.tmp"));
         let io = |what: &str, p: &Path, source| CheckpointError::Io {
             context: format!("{what} {}", p.display()),
             source,
@@ -179,8 +246,8 @@ impl CheckpointStore {
         removed
     }
 
-    /// Complete checkpoints, oldest first: `(epoch, attempt, dir)`.
-    pub fn list(&self) -> Vec<(u32, u32, PathBuf)> {
+    /// Complete checkpoints, oldest first: `(position, attempt, dir)`.
+    pub fn list(&self) -> Vec<(Position, u32, PathBuf)> {
         let mut out = Vec::new();
         let Ok(attempts) = std::fs::read_dir(&self.dir) else {
             return out;
@@ -195,8 +262,8 @@ impl CheckpointStore {
             };
             for e in epochs.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if let Some(epoch) = name.strip_prefix("epoch-").and_then(|n| n.parse::<u32>().ok()) {
-                    out.push((epoch, attempt, e.path()));
+                if let Some(at) = Position::parse(&name) {
+                    out.push((at, attempt, e.path()));
                 }
             }
         }
@@ -207,11 +274,11 @@ impl CheckpointStore {
     /// Loads the latest checkpoint whose files match their metadata; a
     /// newer one that does not is passed over with a warning.
     pub fn load_latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
-        for (epoch, attempt, dir) in self.list().into_iter().rev() {
+        for (at, attempt, dir) in self.list().into_iter().rev() {
             match read_checkpoint(&dir) {
                 Ok(c) => return Ok(Some(c)),
                 Err(e) => tracing::warn!(
-                    epoch, attempt, dir = %dir.display(), error = %e,
+                    epoch = at.epoch, step = at.step, attempt, dir = %dir.display(), error = %e,
                     "checkpoint unreadable or corrupt: falling back to the one before it"
                 ),
             }
@@ -370,6 +437,8 @@ mod tests {
                 rows_trained_per_epoch: vec![10; epoch as usize],
                 history: vec![],
                 best_epoch: (epoch > 1).then_some(epoch - 1),
+                step: 0,
+                partial: None,
                 files: Vec::new(),
             },
             weights: vec![epoch as u8; 5],
@@ -493,6 +562,39 @@ mod tests {
         assert!(
             cut.to_string().contains("the best epoch's weights takes"),
             "{cut}"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_inside_an_epoch_orders_after_the_epoch_before_and_before_the_next() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = CheckpointStore::new(dir.path(), "j", 3);
+        let spec = spec();
+        let at = |epoch, step| {
+            let mut c = ckpt(epoch, 1);
+            c.meta.step = step;
+            c.meta.partial = (step > 0).then_some(PartialEpoch {
+                loss_sum: 1.5,
+                weight_total: 8.0,
+                rows_total: 8.0,
+                secs: 0.25,
+            });
+            c
+        };
+        store.save(&spec, &at(1, 0)).expect("epoch 1");
+        store.save(&spec, &at(1, 20)).expect("20 steps into epoch 2");
+        store.save(&spec, &at(1, 5)).expect("5 steps into epoch 2");
+        let latest = store.load_latest().expect("load").expect("one");
+        assert_eq!(latest.meta.position(), Position { epoch: 1, step: 20 });
+        assert_eq!(latest.meta.partial.map(|p| p.rows_total), Some(8.0));
+        store.save(&spec, &at(2, 0)).expect("epoch 2");
+        let listed: Vec<Position> = store.list().into_iter().map(|(at, _, _)| at).collect();
+        // Three kept: the oldest (epoch 1's end) pruned.
+        let want = [(1, 5), (1, 20), (2, 0)].map(|(epoch, step)| Position { epoch, step });
+        assert_eq!(listed, want);
+        assert_eq!(
+            store.load_latest().expect("load").expect("one").meta.partial,
+            None
         );
     }
 }

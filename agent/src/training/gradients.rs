@@ -54,11 +54,14 @@ pub struct Trailer {
     pub not_ready: f32,
     /// Ranks whose shard has ended: when all have, a live epoch ends.
     pub exhausted: f32,
+    /// Ranks asking for a checkpoint after this step (rank 0, by its clock):
+    /// every rank writes one when any asks.
+    pub checkpoint: f32,
 }
 
 impl Trailer {
     /// Values a trailer takes in the buffer.
-    pub const LEN: usize = 5;
+    pub const LEN: usize = 6;
 
     /// Appends the trailer to a gradient buffer.
     pub fn append_to(self, buf: &mut Vec<f32>) {
@@ -68,6 +71,7 @@ impl Trailer {
             self.loss_sum,
             self.not_ready,
             self.exhausted,
+            self.checkpoint,
         ]);
     }
 
@@ -105,6 +109,7 @@ impl Trailer {
             loss_sum: values[2],
             not_ready: values[3],
             exhausted: values[4],
+            checkpoint: values[5],
         }
     }
 }
@@ -408,6 +413,7 @@ mod tests {
             loss_sum: 1.5,
             not_ready: 1.0,
             exhausted: 0.0,
+            checkpoint: 1.0,
         };
         let mut buf = vec![9.0, 9.0];
         t.append_to(&mut buf);

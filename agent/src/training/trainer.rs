@@ -36,7 +36,14 @@
 //! its position in the job; a schedule that needs each epoch's step count
 //! waits for the train split to end before its first epoch. After each
 //! epoch: evaluation, early stopping's watch (the best epoch's weights kept
-//! beside the last), a checkpoint.
+//! beside the last), a checkpoint. From the second epoch, checkpoints also
+//! come inside an epoch (`checkpoint.every_steps`, or `every_secs` by rank
+//! 0's clock, asked for in the step's trailer so every rank writes one
+//! after the same step); an attempt resuming from one trains the rest of
+//! that epoch, every rank skipping the rows its first steps trained. So
+//! that a shard fed again (to a replacement) is trained in the same order,
+//! those epochs order a shard's batches by their origin (producer and
+//! sequence number) and seed its shuffle by the shard, not the rank.
 //!
 //! The parts: `start` (the resume agreement), `epoch` (the epoch plan
 //! and its steps), `eval`, [`cursor`](BatchCursor) (batches from the cache).
@@ -56,7 +63,7 @@ use crate::error::{AgentError, TrainingError};
 use crate::models::kindling_model::staged::Pipeline;
 use crate::models::kindling_model::{AnyModel, ModelRegistry};
 use crate::optim::{DeviceOptimizer, FlatOptimizer};
-use crate::training::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore};
+use crate::training::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, PartialEpoch, Position};
 use crate::training::gradients::{GradientStep, StepTimes};
 use crate::training::schedule::{LrSchedule, Stopper};
 
@@ -87,6 +94,9 @@ pub struct Progress {
     pub history: Vec<EpochMetrics>,
     /// Epoch of the checkpoint this attempt resumed from.
     pub resumed_from_epoch: Option<u32>,
+    /// Steps into the next epoch of that checkpoint, when it was taken
+    /// inside an epoch.
+    pub resumed_from_step: Option<u64>,
     /// Where this rank's step time went, this attempt.
     pub step_times: StepTimes,
     /// The loss per step, sampled over the whole run.
@@ -144,6 +154,11 @@ pub trait ShardSource: Send + Sync + std::fmt::Debug {
     /// Committed train batches from index `from` on, and whether the train
     /// split has ended (no more batches will commit).
     fn train_since(&self, from: usize) -> (Vec<Arc<CachedBatch>>, bool);
+    /// Where the first `n` committed train batches came from, by commit
+    /// index (`None` where unknown: commit order is then kept).
+    fn train_origins(&self, n: usize) -> Vec<Option<crate::cache::Origin>> {
+        vec![None; n]
+    }
     /// The committed eval batches.
     fn eval(&self) -> Vec<Arc<CachedBatch>>;
     /// Blocks until data may have changed since the last `train_since`, or
@@ -191,6 +206,9 @@ struct Trainer {
     /// device (only the gradient sums leave it, for the all-reduce of a
     /// data-parallel job).
     resident: Option<DeviceOptimizer>,
+    /// When the last checkpoint was written (or training started): rank 0
+    /// asks for one inside an epoch `checkpoint.every_secs` later.
+    last_checkpoint: std::time::Instant,
 }
 
 /// Device bytes a GPU job keeps its batches' inputs in for the epochs after
@@ -246,10 +264,12 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         stopper: None,
         best: None,
         resident: None,
+        last_checkpoint: std::time::Instant::now(),
         optim,
         spec,
     };
-    let (mut model, start_epoch) = start::agree(&mut ctx, &mut t, model)?;
+    let (mut model, start) = start::agree(&mut ctx, &mut t, model)?;
+    let mut resume = Some(start).filter(|s| s.at.step > 0);
     t.weights = model.flat_weights();
     if ctx.step_on_device && crate::models::backend::is_gpu(&t.device) {
         let layout = model.param_layout();
@@ -259,13 +279,14 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         ));
     }
     t.stopper = t.spec.early_stopping.map(|rule| Stopper::new(rule, &t.history));
-    for epoch in start_epoch + 1..=t.spec.epochs {
-        let (trained, metrics) = epoch::train_epoch(&mut ctx, &mut t, model, epoch)?;
+    for epoch in start.at.epoch + 1..=t.spec.epochs {
+        let (trained, metrics) = epoch::train_epoch(&mut ctx, &mut t, model, epoch, resume.take())?;
         model = trained;
         let stop = t.observe(&mut ctx, model.as_ref(), metrics)?;
         let every = t.spec.checkpoint.every_epochs;
         if every > 0 && (epoch % every == 0 || epoch == t.spec.epochs || stop) {
-            t.checkpoint(&ctx, model.as_ref(), epoch)?;
+            let at = Position { epoch, step: 0 };
+            t.checkpoint(&ctx, model.as_ref(), at, None)?;
         }
         if stop {
             tracing::info!(job = %ctx.job_id, epoch, best = ?t.best_epoch(), "early stopping");
@@ -344,10 +365,21 @@ impl Trainer {
         Ok(stop)
     }
 
-    fn checkpoint(&self, ctx: &TrainContext, model: &dyn AnyModel, epoch: u32) -> Result<(), AgentError> {
+    /// Writes a checkpoint at `at`: an epoch's end, or `at.step` steps into
+    /// epoch `at.epoch + 1`, whose steps so far summed `partial`.
+    fn checkpoint(
+        &mut self,
+        ctx: &TrainContext,
+        model: &dyn AnyModel,
+        at: Position,
+        partial: Option<PartialEpoch>,
+    ) -> Result<(), AgentError> {
+        self.last_checkpoint = std::time::Instant::now();
         let ckpt = Checkpoint {
             meta: CheckpointMeta {
-                epoch,
+                epoch: at.epoch,
+                step: at.step,
+                partial,
                 attempt: ctx.attempt,
                 rows_trained_per_epoch: self.rows_per_epoch.clone(),
                 history: self.history.clone(),

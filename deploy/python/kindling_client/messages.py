@@ -100,6 +100,7 @@ class JobStatus(TypedDict):
     cache_bytes_disk: int
     history: List[EpochMetrics]
     resumed_from_epoch: Optional[int]
+    resumed_from_step: Optional[int]
     error: Optional[str]
     device: str
     failed_attempts: List[FailedAttempt]

@@ -49,6 +49,7 @@ async fn start_and_kill_one(cluster: &mut Cluster, min_slots: u32, eval_fraction
         .checkpoint(CheckpointPolicy {
             every_epochs: 1,
             keep_last: 2,
+            ..Default::default()
         })
         .seed(5)
         .events(tx)

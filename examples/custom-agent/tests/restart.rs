@@ -33,6 +33,7 @@ async fn an_agent_restarted_under_its_id_takes_its_place_when_no_spare_is_live()
         .checkpoint(CheckpointPolicy {
             every_epochs: 1,
             keep_last: 2,
+            ..Default::default()
         })
         .seed(3)
         .events(tx)

@@ -132,6 +132,7 @@ async fn a_sigkilled_agent_is_replaced_and_every_epoch_trains_every_row_once() {
             .checkpoint(CheckpointPolicy {
                 every_epochs: 1,
                 keep_last: 2,
+                ..Default::default()
             })
             .seed(3)
             .events(tx)

@@ -9,7 +9,9 @@ use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
-use super::ShardSource;
+use kindling_schemas::spec::JobSpec;
+
+use super::{ShardSource, TrainContext};
 use crate::cache::CachedBatch;
 use crate::error::AgentError;
 
@@ -154,6 +156,35 @@ impl BatchCursor {
         }
     }
 
+    /// Skips the first `rows` rows of a complete shard (where a mid-epoch
+    /// checkpoint left its epoch): the rows [`pull`](Self::pull) would have
+    /// handed out first, in the same order. Whole cached batches are passed
+    /// over unread; the batch the position falls in is read.
+    pub fn skip_rows(&mut self, mut rows: u64) -> Result<(), AgentError> {
+        while rows > 0 {
+            if let Some((batch, pos)) = self.current.take() {
+                let take = (batch.num_rows() - pos).min(rows as usize);
+                rows -= take as u64;
+                if pos + take < batch.num_rows() {
+                    self.current = Some((batch, pos + take));
+                }
+                continue;
+            }
+            let Some(Some(cached)) = self.next_cached(Duration::ZERO) else {
+                return Ok(()); // the shard ended first
+            };
+            if (cached.rows() as u64) <= rows {
+                rows -= cached.rows() as u64;
+                if let Some((_, loaded)) = self.shuffle_rows.as_mut() {
+                    *loaded += 1; // as if permuted: the next batch's rows shuffle as before
+                }
+                continue;
+            }
+            self.current = Some((self.permuted(cached.load()?)?, 0));
+        }
+        Ok(())
+    }
+
     /// The next training batch; on an arriving shard waits up to `wait` for
     /// rows before answering [`Pull::NotYet`] (the rows gathered so far stay).
     pub fn pull(&mut self, wait: Duration) -> Result<Pull, AgentError> {
@@ -190,6 +221,59 @@ impl BatchCursor {
     }
 }
 
+/// The batches of epoch `epoch`: in commit order while live or in the first
+/// epoch; from epoch 2 in the shard's own order ([`shard_order`]), shuffled
+/// (the order of its cached batches and the rows inside each) by the seed,
+/// the epoch and the shard — not the rank, which a replaced agent may change.
+pub(super) fn for_epoch(
+    ctx: &TrainContext,
+    spec: &JobSpec,
+    (train, ended): (Vec<Arc<CachedBatch>>, bool),
+    epoch: u32,
+    live: bool,
+) -> BatchCursor {
+    let b = spec.batch_size;
+    if live {
+        return BatchCursor::arriving(ctx.data.clone(), train, ended, b);
+    }
+    let (mut order, shard) = match epoch {
+        1 => ((0..train.len()).collect(), 0),
+        _ => shard_order(&ctx.data.train_origins(train.len()), ctx.ring.rank()),
+    };
+    let shuffle = (ctx.shuffle && epoch > 1).then_some(spec.seed ^ ((epoch as u64) << 32) ^ shard);
+    if let Some(seed) = shuffle {
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    }
+    let cursor = BatchCursor::new(train, order, b);
+    match shuffle {
+        Some(seed) => cursor.shuffling_rows(seed.rotate_left(17)),
+        None => cursor,
+    }
+}
+
+/// A shard's batches in one order whatever order they committed in (a
+/// shard fed again commits its producers' streams in another): by producer
+/// and sequence number. Returns the order and the shard's identity for its
+/// shuffle's seed: a hash of its first producer's name. Where a batch's
+/// origin is unknown, commit order and `rank` are kept.
+fn shard_order(origins: &[Option<crate::cache::Origin>], rank: u32) -> (Vec<usize>, u64) {
+    let mut order: Vec<usize> = (0..origins.len()).collect();
+    if origins.iter().any(Option::is_none) {
+        return (order, rank as u64);
+    }
+    order.sort_by(|&a, &b| origins[a].cmp(&origins[b]));
+    let first = order.first().and_then(|&i| origins[i].as_ref());
+    (order, first.map_or(rank as u64, |o| fnv1a(o.producer.as_bytes())))
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every agent process and
+/// release (std's hasher promises neither).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -223,6 +307,37 @@ mod tests {
         out
     }
 
+    /// Every id a cursor still hands out, in order.
+    fn rest(mut cursor: BatchCursor) -> Vec<i64> {
+        let mut out = Vec::new();
+        while let Pull::Ready(b) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
+            out.extend(b.column(0).as_primitive::<Int64Type>().values().iter());
+        }
+        out
+    }
+
+    #[test]
+    fn skipping_rows_resumes_exactly_where_pulling_them_would_have() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cache = ShardCache::new(dir.path().join("s"), MemoryBudget::new(1 << 20));
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        for (start, n) in [(0i64, 700i64), (700, 1000), (1700, 300)] {
+            let ids = Int64Array::from_iter_values(start..start + n);
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids)]).expect("batch");
+            cache.append(1, batch).expect("append");
+        }
+        cache.commit(1);
+        let cursor = || BatchCursor::new(cache.snapshot(), vec![2, 0, 1], 64).shuffling_rows(5);
+        let full = rest(cursor());
+        assert_eq!(full.len(), 2000);
+        for skip in [0u64, 1, 64, 299, 300, 301, 999, 1000, 1984, 1999, 2000, 2500] {
+            let mut c = cursor();
+            c.skip_rows(skip).expect("skip");
+            let from = (skip as usize).min(full.len());
+            assert_eq!(rest(c), full[from..], "after skipping {skip} rows");
+        }
+    }
+
     #[test]
     fn shuffled_rows_cover_the_shard_once_and_differ_by_seed_but_not_by_run() {
         let plain = steps(None);
@@ -243,5 +358,36 @@ mod tests {
         let mut all: Vec<i64> = a.concat();
         all.sort_unstable();
         assert_eq!(all, (0..2000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_shard_has_one_order_and_seed_whatever_order_it_committed_in() {
+        use crate::cache::Origin;
+        let o = |p: &str, seq| {
+            Some(Origin {
+                producer: p.into(),
+                seq,
+            })
+        };
+        let first = [o("part-1", 0), o("part-0", 0), o("part-1", 1), o("part-0", 1)];
+        let again = [o("part-0", 0), o("part-0", 1), o("part-1", 0), o("part-1", 1)];
+        let order = |origins: &[Option<Origin>], rank| {
+            let (order, seed) = super::shard_order(origins, rank);
+            (
+                order.iter().map(|&i| origins[i].clone()).collect::<Vec<_>>(),
+                seed,
+            )
+        };
+        // Fed again to an agent of another rank: the same batches in the same order, the same seed.
+        assert_eq!(order(&first, 0), order(&again, 1));
+        assert_eq!(order(&again, 1).0, again.to_vec());
+        assert_ne!(
+            order(&first, 0).1,
+            order(&[o("part-2", 0)], 0).1,
+            "another shard, another seed"
+        );
+        // An unknown origin keeps commit order and the rank.
+        let unknown = [o("part-1", 0), None];
+        assert_eq!(super::shard_order(&unknown, 3), (vec![0, 1], 3));
     }
 }

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::{Device, Tensor};
 use kindling_schemas::action::EpochMetrics;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 
 use super::cursor::{BatchCursor, Pull};
+use super::start::Start;
 use super::{LIVE_WAIT, Progress, TrainContext, Trainer, eval, lock};
 use crate::error::{AgentError, JobStateError, TrainingError};
 use crate::models::kindling_model::{AnyModel, DeviceShare, StepError};
+use crate::training::checkpoint::{PartialEpoch, Position};
 use crate::training::gradients::Trailer;
 
 /// What every rank agreed at an epoch's start.
@@ -294,15 +294,16 @@ fn step_buffer(
     t: &Trainer,
     model: &dyn AnyModel,
     mine: Option<Local>,
-    not_ready: bool,
-    exhausted: bool,
+    (not_ready, exhausted, checkpoint): (bool, bool, bool),
 ) -> (Vec<f32>, u64, Vec<Tensor<1>>) {
+    let checkpoint = if checkpoint { 1.0 } else { 0.0 };
     match mine {
         Some(l) => {
             let trailer = Trailer {
                 rows: l.rows as f32,
                 weight: l.weight as f32,
                 loss_sum: l.loss_sum as f32,
+                checkpoint,
                 ..Trailer::default()
             };
             let mut buf = l.sums;
@@ -317,6 +318,7 @@ fn step_buffer(
             let trailer = Trailer {
                 not_ready: if not_ready { 1.0 } else { 0.0 },
                 exhausted: if exhausted { 1.0 } else { 0.0 },
+                checkpoint,
                 ..Trailer::default()
             };
             trailer.append_to(&mut buf);
@@ -406,36 +408,132 @@ fn read_losses(
     })
 }
 
-/// Trains epoch `epoch` and evaluates it; returns its metrics.
+/// What an epoch's steps summed so far on this rank, and since when it
+/// trains (a resumed epoch counts the time of its steps before the
+/// checkpoint).
+#[derive(Debug)]
+struct Sums {
+    loss_sum: f64,
+    weight_total: f64,
+    rows_total: f64,
+    rows_mine: u64,
+    started: Instant,
+}
+
+impl Sums {
+    /// The sums at the epoch's start, or where `resume` left it: returns
+    /// them and the steps done; this rank's cursor skips the rows its first
+    /// steps trained (`rows_per_step` each, of its `rows`).
+    fn start(
+        resume: Option<Start>,
+        cursor: &mut BatchCursor,
+        rows_per_step: u64,
+        rows: u64,
+    ) -> Result<(Sums, u64), AgentError> {
+        let now = Instant::now();
+        let Some(Start { at, partial }) = resume else {
+            return Ok((
+                Sums {
+                    loss_sum: 0.0,
+                    weight_total: 0.0,
+                    rows_total: 0.0,
+                    rows_mine: 0,
+                    started: now,
+                },
+                0,
+            ));
+        };
+        let rows_mine = (at.step * rows_per_step).min(rows);
+        cursor.skip_rows(rows_mine)?;
+        let p = partial.unwrap_or_default();
+        let sums = Sums {
+            loss_sum: p.loss_sum,
+            weight_total: p.weight_total,
+            rows_total: p.rows_total,
+            rows_mine,
+            started: now.checked_sub(Duration::from_secs_f64(p.secs)).unwrap_or(now),
+        };
+        Ok((sums, at.step))
+    }
+
+    fn samples_per_sec(&self) -> f64 {
+        self.rows_mine as f64 / self.started.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    /// What a checkpoint inside the epoch records of these sums.
+    fn partial(&self) -> PartialEpoch {
+        PartialEpoch {
+            loss_sum: self.loss_sum,
+            weight_total: self.weight_total,
+            rows_total: self.rows_total,
+            secs: self.started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// Writes a checkpoint after `step` steps of `epoch` (the losses still on
+/// the device read first, the host's copies of a step kept there brought
+/// up to date).
+fn checkpoint_inside(
+    ctx: &TrainContext,
+    t: &mut Trainer,
+    model: &dyn AnyModel,
+    unread: &mut UnreadLosses,
+    (epoch, step): (u32, u64),
+    sums: &mut Sums,
+) -> Result<(), AgentError> {
+    let rest = unread.read(epoch)?;
+    record_losses(&mut lock(&ctx.progress), epoch, rest, &mut sums.loss_sum);
+    if let Some(opt) = &t.resident {
+        opt.download_into(&mut t.optim, &mut t.weights);
+    }
+    let at = Position {
+        epoch: epoch - 1,
+        step,
+    };
+    t.checkpoint(ctx, model, at, Some(sums.partial()))
+}
+
+/// Trains epoch `epoch` and evaluates it; returns its metrics. With
+/// `resume` (a checkpoint taken inside this epoch), trains the rest of it:
+/// every rank skips the rows its first steps trained, in the same order.
 pub(super) fn train_epoch(
     ctx: &mut TrainContext,
     t: &mut Trainer,
     mut model: Box<dyn AnyModel>,
     epoch: u32,
+    resume: Option<Start>,
 ) -> Result<(Box<dyn AnyModel>, EpochMetrics), AgentError> {
-    let started = Instant::now();
     let rank = ctx.ring.rank() as usize;
     let world = ctx.ring.world() as usize;
     let accumulate = t.spec.accumulate.max(1);
     let rows_per_step = t.spec.batch_size as u64 * accumulate as u64;
-    let (plan, committed) = EpochPlan::agree(ctx, rows_per_step, t.schedule.needs_steps_per_epoch())?;
+    // A resumed epoch waits for every rank's whole shard (a replaced
+    // agent's is fed again): its steps are those of the epoch it resumes.
+    let wait = t.schedule.needs_steps_per_epoch() || resume.is_some();
+    let (plan, committed) = EpochPlan::agree(ctx, rows_per_step, wait)?;
     plan.check_not_empty(&ctx.job_id)?;
     let live = plan.live;
-    {
-        let mut p = lock(&ctx.progress);
-        p.epoch = epoch;
-        p.step = 0;
-        p.steps_per_epoch = plan.steps;
-    }
     let mut g = Gather {
-        cursor: cursor_for(ctx, t, committed, epoch, live, rank),
+        cursor: super::cursor::for_epoch(ctx, &t.spec, committed, epoch, live),
         ahead: None,
         drained: false,
         local: None,
         accumulate,
     };
-    let (mut loss_sum, mut weight_total, mut rows_total, mut rows_mine) = (0f64, 0f64, 0f64, 0u64);
-    let mut step = 0u64;
+    let (mut sums, mut step) = Sums::start(resume, &mut g.cursor, rows_per_step, plan.rows[rank])?;
+    if step > 0 {
+        tracing::info!(job = %ctx.job_id, epoch, step, rows = sums.rows_mine, "resuming inside the epoch");
+    }
+    {
+        let mut p = lock(&ctx.progress);
+        (p.epoch, p.step, p.steps_per_epoch) = (epoch, step, plan.steps);
+    }
+    // Checkpoints inside the epoch: from the second (the first trains in
+    // commit order, which a shard fed again does not keep), once its
+    // shards are whole.
+    let inside = !live && epoch > 1;
+    let policy = t.spec.checkpoint.clone();
     let mut unread = UnreadLosses::default();
     let mut lr = t.optim.learning_rate();
     loop {
@@ -453,7 +551,9 @@ pub(super) fn train_epoch(
             (false, true) => g.local.clone(),
             (false, false) => g.local.take(),
         };
-        let (mut buf, rows, mut losses) = step_buffer(t, model.as_ref(), mine, not_ready, exhausted);
+        let due = policy.every_secs > 0 && t.last_checkpoint.elapsed().as_secs() >= policy.every_secs;
+        let flags = (not_ready, exhausted, inside && rank == 0 && due);
+        let (mut buf, rows, mut losses) = step_buffer(t, model.as_ref(), mine, flags);
         if let Some(opt) = t.resident.as_mut().filter(|_| world > 1) {
             // A data-parallel rank's loss goes with its gradients' all-reduce.
             opt.set_loss(std::mem::take(&mut losses));
@@ -475,22 +575,26 @@ pub(super) fn train_epoch(
             }
         }
         g.local = None;
-        rows_mine += rows;
-        weight_total += sum.weight as f64;
-        rows_total += sum.rows as f64;
+        sums.rows_mine += rows;
+        sums.weight_total += sum.weight as f64;
+        sums.rows_total += sum.rows as f64;
         let read = read_losses(t, &mut unread, (epoch, step), world, &sum, losses)?;
         step += 1;
-        let mut p = lock(&ctx.progress);
-        record_losses(&mut p, epoch, read, &mut loss_sum);
-        p.step = step;
-        p.samples_per_sec = rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9);
-        p.step_times = t.times.clone();
+        {
+            let mut p = lock(&ctx.progress);
+            record_losses(&mut p, epoch, read, &mut sums.loss_sum);
+            (p.step, p.samples_per_sec, p.step_times) = (step, sums.samples_per_sec(), t.times.clone());
+        }
+        let by_steps = policy.every_steps > 0 && step % policy.every_steps == 0;
+        if inside && step < plan.steps && (by_steps || sum.checkpoint > 0.0) {
+            checkpoint_inside(ctx, t, model.as_ref(), &mut unread, (epoch, step), &mut sums)?;
+        }
     }
     let rest = unread.read(epoch)?;
-    record_losses(&mut lock(&ctx.progress), epoch, rest, &mut loss_sum);
+    record_losses(&mut lock(&ctx.progress), epoch, rest, &mut sums.loss_sum);
     if live {
         lock(&ctx.progress).steps_per_epoch = step;
-        if rows_total == 0.0 {
+        if sums.rows_total == 0.0 {
             return Err(empty(&ctx.job_id, world));
         }
     }
@@ -499,50 +603,22 @@ pub(super) fn train_epoch(
         opt.download_into(&mut t.optim, &mut t.weights);
     }
     let eval = eval::evaluate(ctx, model.valid().as_ref(), rank, world)?;
-    t.rows_per_epoch.push(rows_total as u64);
+    t.rows_per_epoch.push(sums.rows_total as u64);
     let metrics = EpochMetrics {
         epoch,
-        train_loss: if weight_total > 0.0 {
-            loss_sum / weight_total
-        } else {
-            0.0
+        train_loss: match sums.weight_total > 0.0 {
+            true => sums.loss_sum / sums.weight_total,
+            false => 0.0,
         },
-        rows: rows_mine,
+        rows: sums.rows_mine,
         eval_loss: eval.loss,
         eval_accuracy: eval.accuracy,
         metrics: eval.metrics,
-        samples_per_sec: rows_mine as f64 / started.elapsed().as_secs_f64().max(1e-9),
-        wall_secs: Some(started.elapsed().as_secs_f64()),
+        samples_per_sec: sums.samples_per_sec(),
+        wall_secs: Some(sums.started.elapsed().as_secs_f64()),
         learning_rate: Some(lr),
     };
     Ok((model, metrics))
-}
-
-/// The batches of epoch `epoch`: in commit order while live or in the first
-/// epoch; from epoch 2 the shard is shuffled, the order of its cached
-/// batches and the rows inside each.
-fn cursor_for(
-    ctx: &TrainContext,
-    t: &Trainer,
-    (train, ended): Committed,
-    epoch: u32,
-    live: bool,
-    rank: usize,
-) -> BatchCursor {
-    let b = t.spec.batch_size;
-    if live {
-        return BatchCursor::arriving(ctx.data.clone(), train, ended, b);
-    }
-    let mut order: Vec<usize> = (0..train.len()).collect();
-    let shuffle = (ctx.shuffle && epoch > 1).then_some(t.spec.seed ^ ((epoch as u64) << 32) ^ rank as u64);
-    if let Some(seed) = shuffle {
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-    }
-    let cursor = BatchCursor::new(train, order, b);
-    match shuffle {
-        Some(seed) => cursor.shuffling_rows(seed.rotate_left(17)),
-        None => cursor,
-    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,15 @@ pub struct TrainingOptions {
     /// keep the best epoch's weights.
     #[arg(long)]
     pub early_stopping: Option<u32>,
+    /// Also checkpoint inside an epoch every this many steps (0: not by
+    /// steps); from the second epoch on, a lost agent then costs the steps
+    /// since, not the epoch.
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every_steps: u64,
+    /// Also checkpoint inside an epoch once this many seconds passed since
+    /// the last checkpoint (0: not by time).
+    #[arg(long, default_value_t = kindling::CheckpointPolicy::EVERY_SECS)]
+    pub checkpoint_every_secs: u64,
 }
 
 impl TrainingOptions {
@@ -98,7 +107,12 @@ impl TrainingOptions {
                 self.min_lr_factor,
                 monitor,
             )?)
-            .accumulate(self.accumulate);
+            .accumulate(self.accumulate)
+            .checkpoint(kindling::CheckpointPolicy {
+                every_steps: self.checkpoint_every_steps,
+                every_secs: self.checkpoint_every_secs,
+                ..Default::default()
+            });
         if let Some(max_norm) = self.clip_norm {
             builder = builder.clip(GradientClip::Norm { max_norm });
         }

@@ -1,0 +1,178 @@
+//! Long jobs: checkpoints inside an epoch, so a lost agent costs the steps
+//! since the last one, not the epoch. A real Spark Connect server, real
+//! `kindling-rendezvous` and `kindling-agent` processes; the agent is
+//! SIGKILLed.
+
+use std::time::Duration;
+
+use arrow::array::AsArray;
+use arrow::datatypes::Float32Type;
+use kindling::SparkSession;
+use kindling::feed::AgentClient;
+use kindling::job::{TrainedModel, TrainingEvent, TrainingJobBuilder};
+use kindling_schemas::action::{AgentJobState, AgentJobStatus};
+use kindling_schemas::channel::ChannelConfig;
+use kindling_schemas::spec::CheckpointPolicy;
+use kindling_tests::cluster::wait_for_job;
+use kindling_tests::procs::ProcCluster;
+use kindling_tests::spark::{rule_df, rule_job, spark_remote};
+
+/// Steps between the checkpoints inside an epoch (an epoch has 2,500).
+const EVERY_STEPS: u64 = 200;
+/// Epochs: enough that the kill, sent once rank 0's steps of epoch 2 are
+/// reported, lands before the job ends.
+const EPOCHS: u32 = 6;
+
+/// The rule job on `procs`, as a remote client drives it: [`EPOCHS`] epochs
+/// of batches of 8, a checkpoint every [`EVERY_STEPS`] steps and none by
+/// time (the run does not depend on the clock).
+fn job(procs: &ProcCluster, job_id: &str) -> TrainingJobBuilder {
+    rule_job()
+        .local_mode(false)
+        .rendezvous(procs.rendezvous_url.clone())
+        .token(procs.token())
+        .job_id(job_id)
+        .epochs(EPOCHS)
+        .batch_size(8)
+        .eval_fraction(0.0)
+        .checkpoint(CheckpointPolicy {
+            every_steps: EVERY_STEPS,
+            every_secs: 0,
+            ..Default::default()
+        })
+}
+
+/// The weights of `model`, by name.
+fn weights(model: &TrainedModel) -> Vec<(String, Vec<f32>)> {
+    let table = model.weights().expect("weights");
+    let names = table.column(0).as_string::<i32>();
+    let values = table.column(2).as_list::<i32>();
+    (0..table.num_rows())
+        .map(|i| {
+            let v = values.value(i);
+            let v = v.as_primitive::<Float32Type>();
+            (names.value(i).to_owned(), v.values().to_vec())
+        })
+        .collect()
+}
+
+/// The job's status on the agent at `url`, once it ended there.
+async fn ended(url: &str, procs: &ProcCluster, job_id: &str) -> AgentJobStatus {
+    let c = AgentClient::connect_with(url, Some(&procs.token()), &ChannelConfig::default()).expect("agent");
+    wait_for_job(&c, job_id, "the job ended", Duration::from_secs(120), |s| {
+        s.state.is_terminal()
+    })
+    .await
+}
+
+/// An agent SIGKILLed inside epoch 2 or later, after a checkpoint inside
+/// it: the next attempt resumes from that checkpoint (not from an epoch's
+/// end), the replacement trains the lost shard's rest of the epoch in the
+/// same order, every epoch trains every row once, and the model is bitwise
+/// the one the same job trains with no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sigkilled_agent_costs_the_steps_since_the_checkpoint_inside_the_epoch_and_changes_nothing() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let rows = 40_000u64;
+    let df = rule_df(&spark, rows as usize).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let mut procs = ProcCluster::start(2, dir.path(), 600).await;
+    let began = std::time::Instant::now();
+    let steady = job(&procs, "steady").build().expect("job").fit(&df).await;
+    let steady = steady.unwrap_or_else(|e| panic!("fit: {e}\n{}", procs.logs()));
+    eprintln!("the steady run took {:?}", began.elapsed());
+
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let killed = job(&procs, "killed").events(tx).build().expect("job");
+    let fit = {
+        let df = df.clone();
+        tokio::spawn(async move { killed.fit(&df).await })
+    };
+    // Frozen (SIGSTOP) once rank 0 reports steps past a checkpoint inside
+    // epoch 2 or later, the victim holds the survivor within a step of
+    // where it is; killed there if the survivor's epoch has a checkpoint
+    // inside it and is not ending, else let go and tried at the next report.
+    let mut agents = None;
+    let at_kill = loop {
+        match rx.recv().await.expect("the job ended before the kill") {
+            TrainingEvent::Started { agents: a, .. } => agents = Some(a),
+            TrainingEvent::Step { epoch, step, .. } if epoch >= 2 && step > EVERY_STEPS => {
+                let agents = agents.as_ref().expect("started");
+                let victim = procs.index_of(&agents[1]).expect("victim");
+                procs.freeze_agent(victim, true);
+                let survivor =
+                    AgentClient::connect_with(&agents[0], Some(&procs.token()), &ChannelConfig::default())
+                        .expect("survivor");
+                let s = survivor.job_status("killed").await.expect("status");
+                if s.epoch >= 2 && s.step > EVERY_STEPS && s.step + 1 < s.steps_per_epoch {
+                    eprintln!(
+                        "killed at epoch {}, step {} of {}",
+                        s.epoch, s.step, s.steps_per_epoch
+                    );
+                    procs.kill_agent(victim);
+                    break (s.epoch, s.step);
+                }
+                procs.freeze_agent(victim, false);
+            }
+            _ => {}
+        }
+    };
+    procs.add_agent(dir.path()).await;
+    let mut resent = None;
+    while let Some(e) = rx.recv().await {
+        if let TrainingEvent::Recovering { resent_shards, .. } = e {
+            resent = Some(resent_shards);
+        }
+    }
+    let model = fit
+        .await
+        .expect("task")
+        .unwrap_or_else(|e| panic!("fit survives the kill: {e}\n{}", procs.logs()));
+    assert_eq!(resent, Some(vec![1]), "the lost shard was fed again");
+    let live: Vec<String> = procs
+        .agent_urls
+        .iter()
+        .zip(&procs.agents)
+        .filter(|(_, a)| a.is_some())
+        .map(|(u, _)| u.clone())
+        .collect();
+    for url in &live {
+        let s = ended(url, &procs, "killed").await;
+        assert_eq!(s.state, AgentJobState::Succeeded, "{s:#?}");
+        let epoch = s
+            .resumed_from_epoch
+            .unwrap_or_else(|| panic!("{url} resumed: {s:#?}"));
+        let step = s
+            .resumed_from_step
+            .unwrap_or_else(|| panic!("{url} resumed inside an epoch: {s:#?}"));
+        assert!(
+            epoch >= 1 && step % EVERY_STEPS == 0,
+            "{url}: epoch {epoch}, step {step}"
+        );
+        eprintln!("{url} resumed {step} steps into epoch {}", epoch + 1);
+        // The work lost: the steps since the last checkpoint, fewer than
+        // the interval (the survivor may have taken one step more).
+        assert_eq!(
+            epoch + 1,
+            at_kill.0,
+            "{url}: resumed inside the epoch of the kill"
+        );
+        assert!(
+            step <= at_kill.1 + 1 && at_kill.1 < step + EVERY_STEPS,
+            "{url}: {step} for {at_kill:?}"
+        );
+        let every_row_once = vec![rows; EPOCHS as usize];
+        assert_eq!(s.rows_trained_per_epoch, every_row_once, "{url}");
+    }
+    assert_eq!(model.history().len(), EPOCHS as usize);
+    let (a, b) = (weights(&steady), weights(&model));
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (other, y)) in a.iter().zip(&b) {
+        assert_eq!(name, other);
+        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(
+            same,
+            "{name}: the killed run's weights differ from the steady run's"
+        );
+    }
+}
