@@ -27,9 +27,14 @@
 //!    by default): training with a checkpoint every `--every-steps` steps
 //!    against the same training with none inside an epoch.
 //!
+//! 6. What a job credential's caps cost (`--only caps`, not run by
+//!    default): `DoPut` ingest under a producer credential (metered,
+//!    capped) against the operator token's, `--turns` each, then training
+//!    steps on the rows each put (epochs 2 and 3 of 3, `--train-mb` MB).
+//!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
-//! (`--only allreduce`, `--only ingest`, `--only latency` or `--only metrics`
-//! runs one of them).
+//! (`--only allreduce`, `--only ingest`, `--only latency`, `--only metrics`,
+//! `--only checkpoint` or `--only caps` runs one of them).
 
 use std::time::{Duration, Instant};
 
@@ -67,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref() == Some("caps") {
         caps_cost(ingest_mb).await?;
+        caps_step_cost(arg("--train-mb", 16), arg("--turns", 15).min(5)).await?;
     }
     if only.as_deref() == Some("checkpoint") {
         checkpoint_cost(arg("--train-mb", 16), arg("--every-steps", 100) as u64).await?;
@@ -763,6 +769,57 @@ async fn train_metrics_cost(train_mb: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One training turn of a started `job` on `agent`: puts `batches` with
+/// `put_token` (the operator's or a job credential), ends the split and
+/// waits for the job; returns its status, refusing a job that did not
+/// succeed.
+async fn train_turn(
+    (agent, token): (&str, &Token),
+    job: &str,
+    (schema, batches): (&arrow::datatypes::SchemaRef, &[arrow::array::RecordBatch]),
+    put_token: &str,
+) -> anyhow::Result<kindling_schemas::action::AgentJobStatus> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    put_all(
+        agent,
+        Some(put_token),
+        encode(schema, batches, &DataPath::data(job, Split::Train)),
+    )
+    .await?;
+    let end = Action::EndOfData(kindling_schemas::action::EndOfData {
+        job_id: job.into(),
+        split: Split::Train,
+        expected_rows: Some(rows as u64),
+    });
+    kindling_agent_action(agent, token, end).await?;
+    let status = loop {
+        let ask = Action::JobStatus(kindling_schemas::action::JobRef { job_id: job.into() });
+        let body = kindling_agent_action(agent, token, ask).await?;
+        let status: kindling_schemas::action::AgentJobStatus = serde_json::from_slice(&body)?;
+        if status.state.is_terminal() {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    anyhow::ensure!(
+        status.state == kindling_schemas::action::AgentJobState::Succeeded,
+        "job {job}: {:?} {:?}",
+        status.state,
+        status.error
+    );
+    Ok(status)
+}
+
+/// Seconds epochs 2 and 3 of a finished job took.
+fn later_epochs_secs(status: &kindling_schemas::action::AgentJobStatus) -> f64 {
+    status.history[1..].iter().filter_map(|h| h.wall_secs).sum()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// What checkpoints inside an epoch cost: one agent trains `train_mb` MB
 /// of rows for 3 epochs with a checkpoint every `every_steps` steps (epochs
 /// 2 and 3 take them) against the same job with none inside an epoch,
@@ -776,62 +833,26 @@ async fn checkpoint_cost(train_mb: usize, every_steps: u64) -> anyhow::Result<()
     let (mut with, mut without) = (Vec::new(), Vec::new());
     let mut taken = 0;
     for turn in 0..6 {
-        let job = format!("ckpt-{turn}");
         let inside = turn % 2 == 0;
         let policy = CheckpointPolicy {
             every_steps: if inside { every_steps } else { 0 },
             every_secs: 0,
             ..Default::default()
         };
+        let job = format!("ckpt-{turn}");
         start_ingest_job_with(&rv, agent.url(), &token, &job, 3, policy).await?;
-        put_all(
-            agent.url(),
-            Some(token.expose()),
-            encode(&schema, &batches, &DataPath::data(&job, Split::Train)),
-        )
-        .await?;
-        let end = Action::EndOfData(kindling_schemas::action::EndOfData {
-            job_id: job.clone(),
-            split: Split::Train,
-            expected_rows: Some(rows as u64),
-        });
-        kindling_agent_action(agent.url(), &token, end).await?;
-        let status = loop {
-            let body = kindling_agent_action(
-                agent.url(),
-                &token,
-                Action::JobStatus(kindling_schemas::action::JobRef { job_id: job.clone() }),
-            )
-            .await?;
-            let status: kindling_schemas::action::AgentJobStatus = serde_json::from_slice(&body)?;
-            if status.state.is_terminal() {
-                break status;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        anyhow::ensure!(
-            status.state == kindling_schemas::action::AgentJobState::Succeeded,
-            "job {job}: {:?} {:?}",
-            status.state,
-            status.error
-        );
-        // Epochs 2 and 3: the ones that checkpoint inside.
-        let secs: f64 = status.history[1..].iter().filter_map(|h| h.wall_secs).sum();
+        let on = (agent.url(), &token);
+        let status = train_turn(on, &job, (&schema, &batches), token.expose()).await?;
         if inside {
-            let steps = status.steps_per_epoch;
-            taken = 2 * (steps.saturating_sub(1) / every_steps);
-            with.push(secs);
+            taken = 2 * (status.steps_per_epoch.saturating_sub(1) / every_steps);
+            with.push(later_epochs_secs(&status));
         } else {
-            without.push(secs);
+            without.push(later_epochs_secs(&status));
         }
     }
     agent.shutdown_and_wait().await;
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (on, off) = (median(with), median(without));
     let each = (on - off).max(0.0) / taken.max(1) as f64;
     println!(
@@ -842,6 +863,55 @@ async fn checkpoint_cost(train_mb: usize, every_steps: u64) -> anyhow::Result<()
         "| one checkpoint inside an epoch | {:.2} ms | — | {:.4} % of training at the default's 600 s |",
         each * 1e3,
         each / CheckpointPolicy::EVERY_SECS as f64 * 100.0
+    );
+    Ok(())
+}
+
+/// What the caps cost a training step: one agent with a credential key
+/// trains rows a producer credential put (metered and capped) against the
+/// same rows the operator token put, 3 epochs each, turns alternating;
+/// epochs 2 and 3 (the cached rows, no ingest) compared.
+async fn caps_step_cost(train_mb: usize, turns: usize) -> anyhow::Result<()> {
+    use kindling_schemas::action::{CredentialResponse, IssueCredential};
+    use kindling_schemas::credential::{CredentialKey, Role};
+    let (schema, batches) = ingest_batches(train_mb);
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let token = Token::new("bench");
+    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
+    let dir = tempfile_dir();
+    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
+    config.token = Some(token.clone());
+    config.rendezvous = Some(rv.url());
+    config.memory_budget = 16 << 30;
+    config.credentials = Some(CredentialKey::generate().into());
+    let agent = kindling_agent::start(config).await?;
+    let (mut metered, mut operator) = (Vec::new(), Vec::new());
+    for turn in 0..2 * turns {
+        let job = format!("caps-step-{turn}");
+        start_ingest_job(&rv, agent.url(), &token, &job, 3).await?;
+        let on = (agent.url(), &token);
+        if turn % 2 == 0 {
+            let issue = Action::IssueCredential(IssueCredential {
+                job_id: job.clone(),
+                role: Role::Producer,
+                ttl_secs: 600,
+            });
+            let answer = kindling_agent_action(agent.url(), &token, issue).await?;
+            let credential: CredentialResponse = serde_json::from_slice(&answer)?;
+            let status = train_turn(on, &job, (&schema, &batches), &credential.credential).await?;
+            metered.push(later_epochs_secs(&status));
+        } else {
+            let status = train_turn(on, &job, (&schema, &batches), token.expose()).await?;
+            operator.push(later_epochs_secs(&status));
+        }
+    }
+    agent.shutdown_and_wait().await;
+    let _ = rv.shutdown_and_wait().await;
+    let _ = std::fs::remove_dir_all(dir);
+    let (capped, open) = (median(metered), median(operator));
+    println!(
+        "| training steps (epochs 2-3, {rows} rows, MLP, 1 agent) on rows a producer credential put (metered, capped) | {capped:.3} s | {open:.3} s (the operator token's rows, same agent, turns alternating) | {:.3}× |",
+        open / capped
     );
     Ok(())
 }

@@ -19,7 +19,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use kindling_agent::collective::{Precision, Ring, RingConfig};
 use kindling_agent::models::kindling_model::{Batch, ModelRegistry};
 use kindling_agent::optim::FlatOptimizer;
-use kindling_agent::training::gradients::{BUCKET_VALUES, GradientStep, StepTimes};
+use kindling_agent::training::gradients::{BUCKET_VALUES, GradientStep, StepTimes, Trailer};
 use kindling_agent::training::trainer;
 use kindling_schemas::auth::Token;
 use kindling_schemas::schema::{self, StreamKind};
@@ -100,8 +100,16 @@ async fn run(
                 let mut buf = model
                     .gradients(&Batch::new(&data, &layout, &spec, &device))
                     .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                // The step's trailer is [rows, weight, loss sum, not ready, exhausted].
-                buf.extend([0.0, 0.0]);
+                // `[sums…, rows, weight, loss sum]` to `[sums…, trailer]`.
+                let tail = buf.split_off(buf.len() - 3);
+                let (rows, weight, loss_sum) = (tail[0], tail[1], tail[2]);
+                Trailer {
+                    rows,
+                    weight,
+                    loss_sum,
+                    ..Trailer::default()
+                }
+                .append_to(&mut buf);
                 t.compute += started.elapsed();
                 let taken = exchange.run(
                     (&rt, &mut ring),

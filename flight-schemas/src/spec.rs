@@ -51,10 +51,8 @@ pub struct CheckpointPolicy {
     pub every_epochs: u32,
     /// How many completed checkpoints to keep per job.
     pub keep_last: u32,
-    /// Also checkpoint inside an epoch, every this many steps (0: not by
-    /// steps). From the second epoch on: a lost agent then costs the steps
-    /// since, not the epoch; the rest of the epoch trains each of its rows
-    /// once, in the same order.
+    /// Also checkpoint inside an epoch (from the second), every this many
+    /// steps (0: not by steps): a lost agent then costs the steps since.
     #[serde(default)]
     pub every_steps: u64,
     /// Also checkpoint inside an epoch once this many seconds of training

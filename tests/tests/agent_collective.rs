@@ -534,7 +534,7 @@ async fn a_rank_killed_mid_operation_fails_every_other_rank_within_a_second_nami
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
     use kindling_agent::optim::FlatOptimizer;
-    use kindling_agent::training::gradients::{GradientStep, StepTimes};
+    use kindling_agent::training::gradients::{GradientStep, StepTimes, Trailer};
     use kindling_schemas::spec::OptimizerSpec;
     let token = Token::new("t");
     let ps = peers(2, &token).await;
@@ -552,11 +552,17 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                     let mut optim = FlatOptimizer::new(&OptimizerSpec::adam(0.01), grads);
                     let mut times = StepTimes::default();
                     for step in 0..4 {
-                        // [gradient sums…, rows, weight, loss sum, not ready, exhausted]
+                        // [gradient sums…, trailer]
                         let mut buf: Vec<f32> = (0..grads)
                             .map(|i| ((i * (rank + 2) + step) as f32 * 0.37).cos())
-                            .chain([32.0, 32.0, 1.5, 0.0, 0.0])
                             .collect();
+                        let trailer = Trailer {
+                            rows: 32.0,
+                            weight: 32.0,
+                            loss_sum: 1.5,
+                            ..Trailer::default()
+                        };
+                        trailer.append_to(&mut buf);
                         let stepped = exchange
                             .run(
                                 (&rt, &mut ring),
@@ -567,7 +573,13 @@ async fn bucketed_and_overlapped_steps_equal_one_whole_step() {
                             )
                             .expect("exchange");
                         assert!(stepped);
-                        assert_eq!(&buf[grads..], &[64.0, 64.0, 3.0, 0.0, 0.0]);
+                        let summed = Trailer {
+                            rows: 64.0,
+                            weight: 64.0,
+                            loss_sum: 3.0,
+                            ..Trailer::default()
+                        };
+                        assert_eq!(Trailer::read(&buf[grads..]), summed);
                     }
                     (weights, times)
                 })

@@ -165,6 +165,11 @@ async fn a_sigkilled_agent_costs_the_steps_since_the_checkpoint_inside_the_epoch
         assert_eq!(s.rows_trained_per_epoch, every_row_once, "{url}");
     }
     assert_eq!(model.history().len(), EPOCHS as usize);
+    // The resumed epoch's loss too: its first steps' sums came back from
+    // the checkpoint exactly.
+    for (m, s) in model.history().iter().zip(steady.history()) {
+        assert_eq!((m.epoch, m.train_loss), (s.epoch, s.train_loss));
+    }
     let (a, b) = (weights(&steady), weights(&model));
     assert_eq!(a.len(), b.len());
     for ((name, x), (other, y)) in a.iter().zip(&b) {
@@ -175,4 +180,55 @@ async fn a_sigkilled_agent_costs_the_steps_since_the_checkpoint_inside_the_epoch
             "{name}: the killed run's weights differ from the steady run's"
         );
     }
+}
+
+/// The checkpoints inside epochs that `agent-<i>` under `dir` holds of
+/// `job_id`, by directory name (`epoch-<e>-step-<s>`), over its attempts.
+fn inside_epochs(dir: &std::path::Path, i: usize, job_id: &str) -> std::collections::BTreeSet<String> {
+    let agent = format!("agent-{i}");
+    let job = dir.join(&agent).join("checkpoints").join(&agent).join(job_id);
+    let mut out = std::collections::BTreeSet::new();
+    for attempt in std::fs::read_dir(&job).expect("the job's checkpoints").flatten() {
+        for c in std::fs::read_dir(attempt.path()).expect("an attempt").flatten() {
+            let name = c.file_name().to_string_lossy().into_owned();
+            if name.starts_with("epoch-") && name.contains("-step-") {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// Checkpoints by time: rank 0's clock asks for one through the step's
+/// all-reduce and every rank writes it after the same step, so both agents
+/// hold checkpoints inside epochs, at the same positions. (An epoch here is
+/// 12,500 steps per rank: seconds, past the 1-second interval.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_by_time_is_written_by_every_rank_after_the_same_step() {
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 200_000).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let procs = ProcCluster::start(2, dir.path(), 600).await;
+    let timed = job(&procs, "timed")
+        .epochs(3)
+        .checkpoint(CheckpointPolicy {
+            every_secs: 1,
+            keep_last: 10_000,
+            ..Default::default()
+        })
+        .build()
+        .expect("job")
+        .fit(&df)
+        .await;
+    timed.unwrap_or_else(|e| panic!("fit: {e}\n{}", procs.logs()));
+    let (a, b) = (
+        inside_epochs(dir.path(), 0, "timed"),
+        inside_epochs(dir.path(), 1, "timed"),
+    );
+    assert!(!a.is_empty(), "checkpoints inside epochs 2 and 3, by time");
+    assert!(
+        a.iter().all(|c| !c.starts_with("epoch-0000")),
+        "none inside the first epoch: {a:?}"
+    );
+    assert_eq!(a, b, "every rank wrote each after the same step");
 }

@@ -39,7 +39,9 @@ pub struct CheckpointMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_epoch: Option<u32>,
     /// Steps done of epoch `epoch + 1` (a checkpoint inside it; 0 at an
-    /// epoch's end).
+    /// epoch's end). Where every rank is in that epoch's order follows:
+    /// `step × batch_size × accumulate` rows of its shard (or all of them),
+    /// the order being the shard's own for the epoch and the seed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub step: u64,
     /// What the steps of that epoch summed so far, for its metrics.

@@ -231,6 +231,16 @@ struct Gather {
 }
 
 impl Gather {
+    fn new(cursor: BatchCursor, accumulate: u32) -> Self {
+        Gather {
+            cursor,
+            ahead: None,
+            drained: false,
+            local: None,
+            accumulate,
+        }
+    }
+
     /// Gathers micro-batches until the step's are in or the shard ends.
     /// Returns whether this rank is not ready (a live split with no full
     /// batch yet).
@@ -514,13 +524,10 @@ pub(super) fn train_epoch(
     let (plan, committed) = EpochPlan::agree(ctx, rows_per_step, wait)?;
     plan.check_not_empty(&ctx.job_id)?;
     let live = plan.live;
-    let mut g = Gather {
-        cursor: super::cursor::for_epoch(ctx, &t.spec, committed, epoch, live),
-        ahead: None,
-        drained: false,
-        local: None,
+    let mut g = Gather::new(
+        super::cursor::for_epoch(ctx, &t.spec, committed, epoch, live),
         accumulate,
-    };
+    );
     let (mut sums, mut step) = Sums::start(resume, &mut g.cursor, rows_per_step, plan.rows[rank])?;
     if step > 0 {
         tracing::info!(job = %ctx.job_id, epoch, step, rows = sums.rows_mine, "resuming inside the epoch");
