@@ -30,7 +30,8 @@
 //! 6. What a job credential's caps cost (`--only caps`, not run by
 //!    default): `DoPut` ingest under a producer credential (metered,
 //!    capped) against the operator token's, `--turns` each, then training
-//!    steps on the rows each put (epochs 2 and 3 of 3, `--train-mb` MB).
+//!    steps on the rows each put (epochs 2 and 3 of 3, `--train-mb` MB,
+//!    `--step-turns` each).
 //!
 //! `cargo run --release -p kindling-agent --example bench_agent -- --ranks 4 --mb 64 --ingest-mb 512`
 //! (`--only allreduce`, `--only ingest`, `--only latency`, `--only metrics`,
@@ -72,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if only.as_deref() == Some("caps") {
         caps_cost(ingest_mb).await?;
-        caps_step_cost(arg("--train-mb", 16), arg("--turns", 15).min(5)).await?;
+        caps_step_cost(arg("--train-mb", 16), arg("--step-turns", 9)).await?;
     }
     if only.as_deref() == Some("checkpoint") {
         checkpoint_cost(arg("--train-mb", 16), arg("--every-steps", 100) as u64).await?;
