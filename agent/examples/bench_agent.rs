@@ -417,14 +417,44 @@ async fn ingest_agent(
     kindling_agent::AgentHandle,
     std::path::PathBuf,
 )> {
+    agent_with(token, budget, false).await
+}
+
+/// An embedded rendezvous and one agent with `budget` bytes of memory, both
+/// taking `token`; with `credentials`, the agent also issues and checks job
+/// credentials (a generated key).
+async fn agent_with(
+    token: &Token,
+    budget: u64,
+    credentials: bool,
+) -> anyhow::Result<(
+    EmbeddedRendezvous,
+    kindling_agent::AgentHandle,
+    std::path::PathBuf,
+)> {
     let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
     let dir = tempfile_dir();
     let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
     config.token = Some(token.clone());
     config.rendezvous = Some(rv.url());
     config.memory_budget = budget;
+    if credentials {
+        config.credentials = Some(kindling_schemas::credential::CredentialKey::generate().into());
+    }
     let agent = kindling_agent::start(config).await?;
     Ok((rv, agent, dir))
+}
+
+/// A producer credential for `job` (10 minutes), issued by `agent`.
+async fn producer_credential(agent: &str, token: &Token, job: &str) -> anyhow::Result<String> {
+    let issue = Action::IssueCredential(kindling_schemas::action::IssueCredential {
+        job_id: job.into(),
+        role: kindling_schemas::credential::Role::Producer,
+        ttl_secs: 600,
+    });
+    let answer = kindling_agent_action(agent, token, issue).await?;
+    let credential: kindling_schemas::action::CredentialResponse = serde_json::from_slice(&answer)?;
+    Ok(credential.credential)
 }
 
 /// Creates and starts `job` (16 float features, a class label) on `agent`.
@@ -520,33 +550,18 @@ async fn ingest(total_mb: usize) -> anyhow::Result<()> {
 /// (none of these); medians of `--turns` turns each (default 15).
 async fn caps_cost(total_mb: usize) -> anyhow::Result<()> {
     let turns = arg("--turns", 15);
-    use kindling_schemas::action::{CredentialResponse, IssueCredential};
-    use kindling_schemas::credential::{CredentialKey, Role};
     let (schema, batches) = ingest_batches(total_mb);
     let bytes: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     let token = Token::new("bench");
-    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
-    let dir = tempfile_dir();
-    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
-    config.token = Some(token.clone());
-    config.rendezvous = Some(rv.url());
-    config.memory_budget = 16 << 30;
-    config.credentials = Some(CredentialKey::generate().into());
-    let agent = kindling_agent::start(config).await?;
+    let (rv, agent, dir) = agent_with(&token, 16 << 30, true).await?;
     let (mut metered, mut operator) = (Vec::new(), Vec::new());
     for turn in 0..2 * turns {
         let job = format!("caps-{turn}");
         start_ingest_job(&rv, agent.url(), &token, &job, 1).await?;
         let messages = encode(&schema, &batches, &DataPath::data(&job, Split::Train));
         if turn % 2 == 0 {
-            let issue = Action::IssueCredential(IssueCredential {
-                job_id: job.clone(),
-                role: Role::Producer,
-                ttl_secs: 600,
-            });
-            let answer = kindling_agent_action(agent.url(), &token, issue).await?;
-            let credential: CredentialResponse = serde_json::from_slice(&answer)?;
-            metered.push(put_all(agent.url(), Some(&credential.credential), messages).await?);
+            let credential = producer_credential(agent.url(), &token, &job).await?;
+            metered.push(put_all(agent.url(), Some(&credential), messages).await?);
         } else {
             operator.push(put_all(agent.url(), Some(token.expose()), messages).await?);
         }
@@ -713,38 +728,9 @@ async fn train_metrics_cost(train_mb: usize) -> anyhow::Result<()> {
             let targets = vec![(agent_addr.clone(), "/metrics"), (rv_addr.clone(), "/api/status")];
             scraper(targets, token.expose().to_owned(), stop.clone())
         });
-        put_all(
-            agent.url(),
-            Some(token.expose()),
-            encode(&schema, &batches, &DataPath::data(&job, Split::Train)),
-        )
-        .await?;
-        let end = Action::EndOfData(kindling_schemas::action::EndOfData {
-            job_id: job.clone(),
-            split: Split::Train,
-            expected_rows: Some(rows as u64),
-        });
-        kindling_agent_action(agent.url(), &token, end).await?;
-        let status = loop {
-            let body = kindling_agent_action(
-                agent.url(),
-                &token,
-                Action::JobStatus(kindling_schemas::action::JobRef { job_id: job.clone() }),
-            )
-            .await?;
-            let status: kindling_schemas::action::AgentJobStatus = serde_json::from_slice(&body)?;
-            if status.state.is_terminal() {
-                break status;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let trained = train_turn((agent.url(), &token), &job, (&schema, &batches), token.expose()).await;
         stop.cancel();
-        anyhow::ensure!(
-            status.state == kindling_schemas::action::AgentJobState::Succeeded,
-            "job {job}: {:?} {:?}",
-            status.state,
-            status.error
-        );
+        let status = trained?;
         let rate =
             status.history.iter().map(|h| h.samples_per_sec).sum::<f64>() / status.history.len() as f64;
         match reader {
@@ -758,10 +744,6 @@ async fn train_metrics_cost(train_mb: usize) -> anyhow::Result<()> {
     agent.shutdown_and_wait().await;
     let _ = rv.shutdown_and_wait().await;
     let _ = std::fs::remove_dir_all(dir);
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (on, off) = (median(with), median(without));
     println!(
         "| training ({rows} rows, MLP, 1 agent) while /metrics and /api/status are each read 20×/s ({reads} reads) | {on:.0} samples/s | {off:.0} samples/s (not read, same agent, turns alternating) | {:.3}× |",
@@ -873,33 +855,18 @@ async fn checkpoint_cost(train_mb: usize, every_steps: u64) -> anyhow::Result<()
 /// same rows the operator token put, 3 epochs each, turns alternating;
 /// epochs 2 and 3 (the cached rows, no ingest) compared.
 async fn caps_step_cost(train_mb: usize, turns: usize) -> anyhow::Result<()> {
-    use kindling_schemas::action::{CredentialResponse, IssueCredential};
-    use kindling_schemas::credential::{CredentialKey, Role};
     let (schema, batches) = ingest_batches(train_mb);
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let token = Token::new("bench");
-    let rv = EmbeddedRendezvous::start(RendezvousConfig::default(), Some(token.clone())).await?;
-    let dir = tempfile_dir();
-    let mut config = kindling_agent::AgentConfig::local("bench-agent", &dir);
-    config.token = Some(token.clone());
-    config.rendezvous = Some(rv.url());
-    config.memory_budget = 16 << 30;
-    config.credentials = Some(CredentialKey::generate().into());
-    let agent = kindling_agent::start(config).await?;
+    let (rv, agent, dir) = agent_with(&token, 16 << 30, true).await?;
     let (mut metered, mut operator) = (Vec::new(), Vec::new());
     for turn in 0..2 * turns {
         let job = format!("caps-step-{turn}");
         start_ingest_job(&rv, agent.url(), &token, &job, 3).await?;
         let on = (agent.url(), &token);
         if turn % 2 == 0 {
-            let issue = Action::IssueCredential(IssueCredential {
-                job_id: job.clone(),
-                role: Role::Producer,
-                ttl_secs: 600,
-            });
-            let answer = kindling_agent_action(agent.url(), &token, issue).await?;
-            let credential: CredentialResponse = serde_json::from_slice(&answer)?;
-            let status = train_turn(on, &job, (&schema, &batches), &credential.credential).await?;
+            let credential = producer_credential(agent.url(), &token, &job).await?;
+            let status = train_turn(on, &job, (&schema, &batches), &credential).await?;
             metered.push(later_epochs_secs(&status));
         } else {
             let status = train_turn(on, &job, (&schema, &batches), token.expose()).await?;
