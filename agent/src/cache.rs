@@ -511,6 +511,50 @@ impl ShardCache {
             })
     }
 
+    /// Drops the committed batches `producers` sent (handed over to another
+    /// agent); the rest keep their order. Returns the rows dropped. Only
+    /// while no trainer reads the split by index (its split reopened).
+    pub fn drop_producers(&mut self, producers: &[&str]) -> u64 {
+        let mine = |o: &Option<Origin>| {
+            o.as_ref()
+                .is_some_and(|o| producers.contains(&o.producer.as_ref()))
+        };
+        let (mut kept, mut origins) = (Vec::new(), Vec::new());
+        let mut dropped = 0;
+        for (batch, origin) in std::mem::take(&mut self.committed)
+            .into_iter()
+            .zip(std::mem::take(&mut self.origins))
+        {
+            if mine(&origin) {
+                dropped += batch.rows() as u64;
+                self.committed_bytes -= stored_bytes(&batch);
+            } else {
+                kept.push(batch);
+                origins.push(origin);
+            }
+        }
+        self.committed = kept;
+        self.origins = origins;
+        self.committed_rows -= dropped;
+        dropped
+    }
+
+    /// The committed batches `producer` sent, in its sequence order.
+    pub fn committed_by(&self, producer: &str) -> Vec<Arc<CachedBatch>> {
+        let mut mine: Vec<(u64, Arc<CachedBatch>)> = self
+            .committed
+            .iter()
+            .zip(&self.origins)
+            .filter_map(|(b, o)| {
+                o.as_ref()
+                    .filter(|o| o.producer.as_ref() == producer)
+                    .map(|o| (o.seq, b.clone()))
+            })
+            .collect();
+        mine.sort_by_key(|(seq, _)| *seq);
+        mine.into_iter().map(|(_, b)| b).collect()
+    }
+
     /// Drops everything.
     pub fn clear(&mut self) {
         self.staged.clear();

@@ -446,24 +446,21 @@ impl JobRegistry {
 }
 
 /// A job's incarnation: when the rendezvous created it, in Unix milliseconds.
-/// The spec's world must be the job's: the same `num_slots`, or more for a
-/// job the client shrank after losing agents (its spec keeps the size it
-/// was created with; a job is only shrunk after a failed attempt).
+/// The spec's world must be the job's: the same `num_slots`, or another
+/// for a job the client resized after an attempt ended (its spec keeps the
+/// size it was created with; a job shrinks only after a failed attempt, and
+/// a growth ends the running one).
 fn check_world(start: &StartJob, job: &kindling_schemas::rendezvous::JobStatus) -> Result<(), AgentError> {
     let (spec, at) = (start.spec.num_slots, job.num_slots);
-    let shrunk = spec > at && !job.failures.is_empty();
-    if spec == at || shrunk {
+    let resized = !job.failures.is_empty();
+    if spec == at || resized {
         return Ok(());
     }
     Err(RendezvousError::WorldMismatch {
         job_id: start.job_id.clone(),
         spec,
         job: at,
-        hint: if spec < at {
-            ""
-        } else {
-            " and has not shrunk (no attempt failed)"
-        },
+        hint: " and has not been resized (no attempt ended)",
     }
     .into())
 }

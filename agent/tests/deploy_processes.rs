@@ -2085,6 +2085,7 @@ async fn a_job_past_its_cap_or_the_disk_watermark_is_refused_and_another_job_tra
         &Action::ReopenSplit(kindling_schemas::action::ReopenSplit {
             job_id: "late".into(),
             split: Split::Eval,
+            drop_producers: Vec::new(),
         }),
     )
     .await;

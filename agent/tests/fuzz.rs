@@ -90,6 +90,7 @@ fn checkpoint(best: bool) -> Checkpoint {
                 weight_total: 640.0,
                 rows_total: 640.0,
                 secs: 1.25,
+                world: 2,
             }),
             files: Vec::new(),
         },

@@ -436,13 +436,18 @@ pub struct EndOfData {
 /// `reopen_split`: rows may come into a split that ended again, until its
 /// next `end_of_data` — the client's re-feed of a lost agent's shards to
 /// the agents that take them over. Only the operator reopens; a producer's
-/// rows into an ended split are refused.
+/// rows into an ended split are refused. With `drop_producers`, the rows
+/// those producers committed here go (a growing gang's hand-over, once the
+/// agent that takes them committed them).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReopenSplit {
     /// The job.
     pub job_id: String,
     /// Which split.
     pub split: Split,
+    /// Producers whose rows leave this agent's split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_producers: Vec<String>,
 }
 
 /// Answer to `start_job`.
@@ -501,6 +506,12 @@ mod tests {
             Action::ReopenSplit(ReopenSplit {
                 job_id: "j".into(),
                 split: Split::Train,
+                drop_producers: Vec::new(),
+            }),
+            Action::ReopenSplit(ReopenSplit {
+                job_id: "j".into(),
+                split: Split::Eval,
+                drop_producers: vec!["shard-2".into()],
             }),
             Action::ListJobs,
             Action::ServeModel(

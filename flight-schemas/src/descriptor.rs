@@ -10,6 +10,7 @@
 //! | `[job_id, "predict"]` | `DoExchange` | features in, predictions out |
 //! | `[job_id, "model"]` | `GetFlightInfo` / `DoGet` | trained weights as an Arrow table |
 //! | `[job_id, "checkpoint"]` | `GetFlightInfo` / `DoGet` | latest checkpoint's weights |
+//! | `[job_id, "train" \| "eval", producer]` | `DoGet` (operator) | the rows `producer` committed here, in its order: a growing gang's hand-over |
 //!
 //! A ticket is the same path joined with `/` (job ids cannot contain `/`).
 
@@ -60,6 +61,17 @@ pub enum DataPath {
         /// The job.
         job_id: String,
     },
+    /// `[job_id, "train" | "eval", producer]`: `DoGet` of the rows one
+    /// producer committed to a split here, in its sequence order (the
+    /// client moving them to an agent that joined a growing gang).
+    Rows {
+        /// The job.
+        job_id: String,
+        /// Train or eval.
+        split: Split,
+        /// The producer whose rows.
+        producer: String,
+    },
 }
 
 /// A descriptor, ticket or job id that does not follow the contract.
@@ -69,7 +81,9 @@ pub enum PathError {
     #[error("expected a PATH flight descriptor, got a CMD descriptor")]
     NotAPath,
     /// Wrong number of segments or unknown resource.
-    #[error("unknown flight path {0:?}: expected [job_id, train|eval|predict|model|checkpoint]")]
+    #[error(
+        "unknown flight path {0:?}: expected [job_id, train|eval|predict|model|checkpoint] or [job_id, train|eval, producer]"
+    )]
     UnknownPath(Vec<String>),
     /// The job id has characters outside `[A-Za-z0-9._-]`, does not start
     /// with a letter or digit (`.`, `..` and hidden names are refused before
@@ -78,6 +92,11 @@ pub enum PathError {
         "invalid job id {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
     )]
     InvalidJobId(String),
+    /// A producer name outside the job id's alphabet (it is a path segment).
+    #[error(
+        "invalid producer {0:?}: use 1 to 128 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
+    )]
+    InvalidProducer(String),
     /// A ticket that is not UTF-8.
     #[error("ticket is not UTF-8")]
     TicketNotUtf8,
@@ -118,7 +137,8 @@ impl DataPath {
             DataPath::Data { job_id, .. }
             | DataPath::Predict { job_id }
             | DataPath::Model { job_id }
-            | DataPath::Checkpoint { job_id } => job_id,
+            | DataPath::Checkpoint { job_id }
+            | DataPath::Rows { job_id, .. } => job_id,
         }
     }
 
@@ -129,6 +149,13 @@ impl DataPath {
             DataPath::Predict { .. } => "predict",
             DataPath::Model { .. } => "model",
             DataPath::Checkpoint { .. } => "checkpoint",
+            DataPath::Rows {
+                job_id,
+                split,
+                producer,
+            } => {
+                return vec![job_id.clone(), split.as_str().to_owned(), producer.clone()];
+            }
         };
         vec![self.job_id().to_owned(), kind.to_owned()]
     }
@@ -152,6 +179,20 @@ impl DataPath {
 
     /// Parses path segments.
     pub fn from_segments(segments: &[String]) -> Result<Self, PathError> {
+        if let [job_id, split, producer] = segments {
+            let split = match split.as_str() {
+                "train" => Split::Train,
+                "eval" => Split::Eval,
+                _ => return Err(PathError::UnknownPath(segments.to_vec())),
+            };
+            check_job_id(job_id)?;
+            check_job_id(producer).map_err(|_| PathError::InvalidProducer(producer.clone()))?;
+            return Ok(DataPath::Rows {
+                job_id: job_id.clone(),
+                split,
+                producer: producer.clone(),
+            });
+        }
         let [job_id, kind] = segments else {
             return Err(PathError::UnknownPath(segments.to_vec()));
         };
@@ -201,6 +242,11 @@ mod tests {
             DataPath::Predict { job_id: "j-2".into() },
             DataPath::Model { job_id: "j.3".into() },
             DataPath::Checkpoint { job_id: "J_4".into() },
+            DataPath::Rows {
+                job_id: "j".into(),
+                split: Split::Eval,
+                producer: "partition-17".into(),
+            },
         ];
         for p in paths {
             assert_eq!(DataPath::from_descriptor(&p.descriptor()), Ok(p.clone()));
@@ -212,7 +258,12 @@ mod tests {
     fn malformed_paths_are_refused() {
         let cmd = FlightDescriptor::new_cmd("x");
         assert_eq!(DataPath::from_descriptor(&cmd), Err(PathError::NotAPath));
-        for bad in [vec!["j"], vec!["j", "weights"], vec!["j", "train", "x"]] {
+        for bad in [
+            vec!["j"],
+            vec!["j", "weights"],
+            vec!["j", "model", "x"],
+            vec!["j", "train", "x", "y"],
+        ] {
             let d = FlightDescriptor::new_path(bad.iter().map(|s| s.to_string()).collect());
             assert!(matches!(
                 DataPath::from_descriptor(&d),
@@ -240,6 +291,13 @@ mod tests {
         }
         for job in ["j", "J9", "digits-2026.1", "a_b", &"x".repeat(128)] {
             assert!(check_job_id(job).is_ok(), "{job:?}");
+        }
+        for producer in ["", "..", "a b", "-x"] {
+            let d = FlightDescriptor::new_path(vec!["j".into(), "train".into(), producer.to_owned()]);
+            assert_eq!(
+                DataPath::from_descriptor(&d),
+                Err(PathError::InvalidProducer(producer.to_owned()))
+            );
         }
         assert_eq!(
             DataPath::from_ticket(&Ticket::new(vec![0xff, 0xfe])),

@@ -232,3 +232,126 @@ async fn a_checkpoint_by_time_is_written_by_every_rank_after_the_same_step() {
     );
     assert_eq!(a, b, "every rank wrote each after the same step");
 }
+
+/// Elastic growth: a job of 2 agents that may grow to 3; a third agent
+/// starts after the job did (both members held with SIGSTOP until it has
+/// registered, so it is there before the first epoch ends). At that
+/// epoch's end the gang re-forms with 3 ranks: shard 2's rows move from
+/// the agent holding two shards to the newcomer (no Spark query runs
+/// again), every row on exactly one agent, and the last epochs train every
+/// row once on 3 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_epochs_run_on_three_ranks() {
+    const EPOCHS: u32 = 4;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 12_000).await;
+    let dir = tempfile::tempdir().expect("dir");
+    // A long lease: the members are held stopped while the newcomer starts.
+    let mut procs = ProcCluster::start(2, dir.path(), 60_000).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let grown = rule_job()
+        .local_mode(false)
+        .rendezvous(procs.rendezvous_url.clone())
+        .token(procs.token())
+        .job_id("grown")
+        .epochs(EPOCHS)
+        .batch_size(8)
+        .max_slots(3)
+        .events(tx)
+        .build()
+        .expect("job");
+    let fit = {
+        let df = df.clone();
+        tokio::spawn(async move { grown.fit(&df).await })
+    };
+    let members = loop {
+        if let TrainingEvent::Started { agents, .. } = rx.recv().await.expect("started") {
+            break agents;
+        }
+    };
+    let held: Vec<usize> = members
+        .iter()
+        .map(|u| procs.index_of(u).expect("member"))
+        .collect();
+    for &i in &held {
+        procs.freeze_agent(i, true);
+    }
+    let newcomer = procs.add_agent(dir.path()).await;
+    let rv = kindling_schemas::rendezvous::RendezvousClient::connect_with(
+        &procs.rendezvous_url,
+        Some(&procs.token()),
+        &ChannelConfig::default(),
+    )
+    .await
+    .expect("rendezvous");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while rv.list_agents().await.expect("agents").len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the newcomer never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for &i in &held {
+        procs.freeze_agent(i, false);
+    }
+    let (mut fed, mut growth) = (std::collections::HashMap::new(), None);
+    while let Some(e) = rx.recv().await {
+        match e {
+            TrainingEvent::Fed {
+                split,
+                rows_per_shard,
+                ..
+            } => {
+                fed.insert(split, rows_per_shard);
+            }
+            TrainingEvent::Grown {
+                joined,
+                world_size,
+                moved_shards,
+            } => growth = Some((joined, world_size, moved_shards)),
+            _ => {}
+        }
+    }
+    let model = fit
+        .await
+        .expect("task")
+        .unwrap_or_else(|e| panic!("fit grows: {e}\n{}", procs.logs()));
+    assert_eq!(model.history().len(), EPOCHS as usize);
+    let (joined, world, moved) = growth.unwrap_or_else(|| panic!("the job grew\n{}", procs.logs()));
+    assert_eq!(
+        (joined.as_str(), world, moved.as_slice()),
+        ("agent-2", 3, &[2][..])
+    );
+    let (train, eval) = (&fed["train"], &fed["eval"]);
+    assert_eq!(
+        (train.len(), eval.len()),
+        (3, 3),
+        "three shards dealt onto two agents"
+    );
+    let status = rv.status("grown").await.expect("status");
+    assert_eq!(status.num_slots, 3, "{status:?}");
+    // Who holds what: shards 0 and 2 were dealt to the first member, 1 to
+    // the second; shard 2 is the newcomer's now, and on no one else.
+    let holds = [vec![0], vec![1], vec![2]];
+    let urls = [
+        members[0].clone(),
+        members[1].clone(),
+        procs.agent_urls[newcomer].clone(),
+    ];
+    let every_row_once = vec![train.iter().sum::<u64>(); EPOCHS as usize];
+    for (url, shards) in urls.iter().zip(&holds) {
+        let s = ended(url, &procs, "grown").await;
+        assert_eq!(s.state, AgentJobState::Succeeded, "{url}: {s:#?}");
+        let sum = |rows: &Vec<u64>| shards.iter().map(|&i| rows[i]).sum::<u64>();
+        assert_eq!((s.rows_train, s.rows_eval), (sum(train), sum(eval)), "{url}");
+        assert_eq!(s.rows_trained_per_epoch, every_row_once, "{url}");
+        // The gang re-formed after the first epoch: all three resumed from
+        // its checkpoint and trained the last epochs together.
+        assert_eq!(s.resumed_from_epoch, Some(1), "{url}: {s:#?}");
+    }
+    assert!(
+        train[2] > 0 && eval[2] > 0,
+        "the newcomer took rows: {train:?} {eval:?}"
+    );
+}

@@ -38,8 +38,7 @@ pub enum RendezvousError {
         rendezvous: String,
     },
     /// `start_job` with a spec whose `num_slots` contradicts the job the
-    /// rendezvous holds (a smaller world, or a larger one for a job that
-    /// never shrank).
+    /// rendezvous holds, which was never resized.
     #[error(
         "invalid input: start_job: the spec of job `{job_id}` has num_slots {spec}, but the job at the rendezvous has {job}{hint}"
     )]

@@ -66,13 +66,18 @@ pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Resul
 }
 
 /// Lets `split` of `job` take rows again until its next `end_of_data`
-/// (the client re-feeding a lost agent's shards to this one). Returns the
-/// committed rows.
-pub fn reopen_split(job: &Job, split: Split) -> Result<u64, AgentError> {
+/// (the client re-feeding a lost agent's shards to this one), dropping the
+/// rows `drop` (producers) committed here: handed over to an agent that
+/// joined a growing gang. Returns the committed rows.
+pub fn reopen_split(job: &Job, split: Split, drop: &[String]) -> Result<u64, AgentError> {
     let mut d = job.lock();
     refuse_if_terminal(job, &d)?;
     let s = d.ingest.split_mut(split);
     s.reopen();
+    if !drop.is_empty() {
+        let rows = s.drop_producers(drop);
+        tracing::info!(job = %job.job_id, split = split.as_str(), producers = ?drop, rows, "rows handed over dropped");
+    }
     Ok(s.committed_rows())
 }
 

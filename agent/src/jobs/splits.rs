@@ -62,6 +62,16 @@ impl SplitIngest {
         self.ended = false;
     }
 
+    /// Drops the rows `producers` committed (handed over to another agent)
+    /// and forgets their positions; returns the rows dropped.
+    pub fn drop_producers(&mut self, producers: &[String]) -> u64 {
+        let names: Vec<&str> = producers.iter().map(String::as_str).collect();
+        for p in producers {
+            self.producers.remove(p);
+        }
+        self.cache.drop_producers(&names)
+    }
+
     /// Moves `producer`'s committed position to `next_seq`, `rows` more rows on.
     pub fn advance(&mut self, producer: &str, next_seq: u64, rows: u64) {
         let pos = self.producers.entry(producer.to_owned()).or_default();

@@ -33,6 +33,8 @@ use crate::process::reads::{Encoded, EncodedModels, ModelVersion, ReadSlots};
 use crate::serving::predict;
 use crate::training::trainer;
 
+mod rows;
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The Flight service of one agent.
@@ -199,6 +201,14 @@ impl FlightService for AgentFlightService {
     async fn do_get(&self, request: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
         let path = DataPath::from_ticket(request.get_ref()).map_err(AgentError::from)?;
         let caller = Caller::of(&request);
+        if let DataPath::Rows {
+            job_id,
+            split,
+            producer,
+        } = &path
+        {
+            return self.get_rows(&caller, (job_id, *split, producer));
+        }
         caller.allow(path.job_id(), &[Role::Reader], "read a model")?;
         self.check_incarnation(&caller, path.job_id())?;
         // A slot for as long as the read; a caller that stops reading is
@@ -404,7 +414,7 @@ impl FlightService for AgentFlightService {
             }
             Action::ReopenSplit(r) => {
                 let job = self.jobs.get(&r.job_id)?;
-                let rows = ingest::reopen_split(&job, r.split)?;
+                let rows = ingest::reopen_split(&job, r.split, &r.drop_producers)?;
                 ok_json(&EndOfDataResponse {
                     job_id: r.job_id,
                     split: r.split,

@@ -68,6 +68,11 @@ pub struct PartialEpoch {
     pub rows_total: f64,
     /// Seconds the steps took.
     pub secs: f64,
+    /// The gang's size when it was written (0: not recorded). Its ranks'
+    /// orders hold only for a gang of that size over the same shards: after
+    /// a shrink or a growth the job resumes from the epoch's start instead.
+    #[serde(default)]
+    pub world: u32,
 }
 
 /// Where a checkpoint stands: `epoch` epochs done and `step` steps of the
@@ -102,6 +107,12 @@ impl Position {
 
 impl CheckpointMeta {
     /// Where the checkpoint stands.
+    /// Whether a gang of `world` ranks can resume from here: any can from
+    /// an epoch's end; inside an epoch, one of the size that wrote it.
+    pub fn fits(&self, world: u32) -> bool {
+        self.step == 0 || self.partial.is_none_or(|p| p.world == 0 || p.world == world)
+    }
+
     pub fn position(&self) -> Position {
         Position {
             epoch: self.epoch,
@@ -276,8 +287,23 @@ impl CheckpointStore {
     /// Loads the latest checkpoint whose files match their metadata; a
     /// newer one that does not is passed over with a warning.
     pub fn load_latest(&self) -> Result<Option<Checkpoint>, CheckpointError> {
+        self.load_latest_for(0)
+    }
+
+    /// [`load_latest`](Self::load_latest) for a gang of `world` ranks: a
+    /// checkpoint inside an epoch written by a gang of another size is
+    /// passed over (its ranks' places in their orders mean nothing to this
+    /// gang), so the job resumes from the start of that epoch. `0`: any.
+    pub fn load_latest_for(&self, world: u32) -> Result<Option<Checkpoint>, CheckpointError> {
         for (at, attempt, dir) in self.list().into_iter().rev() {
             match read_checkpoint(&dir) {
+                Ok(c) if world != 0 && !c.meta.fits(world) => tracing::info!(
+                    epoch = at.epoch,
+                    step = at.step,
+                    world,
+                    written_by = c.meta.partial.map_or(0, |p| p.world),
+                    "checkpoint inside an epoch written by a gang of another size: resuming from the epoch's start"
+                ),
                 Ok(c) => return Ok(Some(c)),
                 Err(e) => tracing::warn!(
                     epoch = at.epoch, step = at.step, attempt, dir = %dir.display(), error = %e,
@@ -288,10 +314,16 @@ impl CheckpointStore {
         Ok(None)
     }
 
+    /// Removes the oldest checkpoints beyond `keep_last`, but never the
+    /// newest at an epoch's end: a gang that changes size resumes from it.
     fn prune(&self) {
         let all = self.list();
         let excess = all.len().saturating_sub(self.keep_last as usize);
-        for (_, _, dir) in all.into_iter().take(excess) {
+        let epoch_end = all.iter().rposition(|(at, _, _)| at.step == 0);
+        for (i, (_, _, dir)) in all.into_iter().enumerate().take(excess) {
+            if Some(i) == epoch_end {
+                continue;
+            }
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not prune checkpoint");
             }
@@ -580,6 +612,7 @@ mod tests {
                 weight_total: 8.0,
                 rows_total: 8.0,
                 secs: 0.25,
+                world: 2,
             });
             c
         };
@@ -598,5 +631,43 @@ mod tests {
             store.load_latest().expect("load").expect("one").meta.partial,
             None
         );
+    }
+
+    /// A gang of another size resumes from the newest epoch's end, which
+    /// pruning keeps while checkpoints inside the next epoch are newer.
+    #[test]
+    fn a_gang_of_another_size_resumes_from_the_epochs_end_which_pruning_keeps() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = CheckpointStore::new(dir.path(), "j", 2);
+        let spec = spec();
+        let at = |step, world| {
+            let mut c = ckpt(1, 1);
+            c.meta.step = step;
+            c.meta.partial = (step > 0).then_some(PartialEpoch {
+                rows_total: 8.0,
+                world,
+                ..PartialEpoch::default()
+            });
+            c
+        };
+        for (step, world) in [(0, 0), (10, 2), (20, 2), (30, 2)] {
+            store.save(&spec, &at(step, world)).expect("save");
+        }
+        let listed: Vec<u64> = store.list().into_iter().map(|(at, _, _)| at.step).collect();
+        assert_eq!(listed, [0, 20, 30], "keep_last 2 and the epoch's end");
+        let resume = |world| {
+            store
+                .load_latest_for(world)
+                .expect("load")
+                .expect("one")
+                .meta
+                .position()
+        };
+        assert_eq!(resume(2), Position { epoch: 1, step: 30 });
+        assert_eq!(resume(3), Position { epoch: 1, step: 0 }, "a grown gang");
+        assert_eq!(resume(1), Position { epoch: 1, step: 0 }, "a shrunk gang");
+        // Written before the size was recorded: any gang resumes inside.
+        store.save(&spec, &at(40, 0)).expect("save");
+        assert_eq!(resume(3), Position { epoch: 1, step: 40 });
     }
 }

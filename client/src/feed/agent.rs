@@ -254,9 +254,21 @@ impl AgentClient {
     /// Lets `split` of `job_id`, which ended, take rows again on this agent
     /// until its next `end_of_data` (for shards fed to it again).
     pub async fn reopen_split(&self, job_id: &str, split: Split) -> Result<EndOfDataResponse, FeedError> {
+        self.drop_rows(job_id, split, &[]).await
+    }
+
+    /// [`reopen_split`](Self::reopen_split), dropping the rows `producers`
+    /// committed here (handed over to another agent, which committed them).
+    pub async fn drop_rows(
+        &self,
+        job_id: &str,
+        split: Split,
+        producers: &[String],
+    ) -> Result<EndOfDataResponse, FeedError> {
         self.action(&Action::ReopenSplit(ReopenSplit {
             job_id: job_id.into(),
             split,
+            drop_producers: producers.to_vec(),
         }))
         .await
     }
@@ -313,6 +325,31 @@ impl AgentClient {
                 reason: "empty model".into(),
             })?;
         Ok(arrow::compute::concat_batches(&schema, &batches)?)
+    }
+
+    /// The rows `producer` committed to `split` of `job_id` on this agent,
+    /// in its sequence order, as they are read (a growing gang's hand-over
+    /// to an agent that joined; the operator only).
+    pub async fn rows_of(
+        &self,
+        job_id: &str,
+        split: Split,
+        producer: &str,
+    ) -> Result<impl Stream<Item = Result<RecordBatch, FeedError>> + Send + 'static, FeedError> {
+        let ticket = DataPath::Rows {
+            job_id: job_id.into(),
+            split,
+            producer: producer.into(),
+        }
+        .ticket();
+        let stream = self
+            .inner
+            .clone()
+            .do_get(ticket)
+            .await
+            .map_err(|s| self.status_error(s))?
+            .into_inner();
+        Ok(self.decode(stream.map_err(|s| FlightError::Tonic(Box::new(s)))))
     }
 
     /// Predicts `batches` (with `schema`: the job's feature columns) with the

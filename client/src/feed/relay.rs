@@ -129,7 +129,7 @@ pub(crate) async fn relay(
             shards.feeds(s).then(|| {
                 c.put_committing(
                     &path,
-                    format!("shard-{s}"),
+                    producer_of(s),
                     schema.clone(),
                     window.window_bytes,
                     window.commit_bytes,
@@ -173,6 +173,12 @@ pub(crate) async fn relay(
         }
     }
     Ok((rows, bytes))
+}
+
+/// The producer name under which the relay puts shard `shard`'s rows (the
+/// same on a re-feed, and when the shard moves to another agent).
+pub(crate) fn producer_of(shard: usize) -> String {
+    format!("shard-{shard}")
 }
 
 /// Deals the rows of a stream of batches out to `n` shards, deterministically

@@ -15,6 +15,10 @@ use tokio::sync::mpsc;
 use super::training_job::{Feeding, Placement, Recovery, Reporting, TrainingJob};
 use super::{Feed, JobError, MlflowTracking, ProgressMode, TrainingEvent, pretrained};
 
+/// The most shards a job's rows are dealt into (`max_slots`): each is one
+/// `DoPut` stream from this process per split.
+const MAX_SHARDS: u32 = 1024;
+
 impl TrainingJob {
     /// Starts a builder.
     pub fn builder() -> TrainingJobBuilder {
@@ -367,6 +371,21 @@ impl TrainingJobBuilder {
         self
     }
 
+    /// Elastic growth: the most agents the job may grow to (default
+    /// `num_slots`: no growth). The rows are dealt into `max_slots` shards,
+    /// several per agent; when an agent registers while the job trains,
+    /// `fit` lets it join at the next epoch's end: the gang re-forms one
+    /// larger, some shards move to the newcomer (agent to agent, through
+    /// this process, without a second Spark query; each row exactly once)
+    /// and training resumes from that epoch's checkpoint on more ranks. The
+    /// learning rate is kept: each rank still steps `batch_size` rows, so
+    /// the global batch grows with the gang. Needs the driver relay feed
+    /// (the default); a detached job or a search's trial does not grow.
+    pub fn max_slots(mut self, max_slots: u32) -> Self {
+        self.recovery.max_slots = Some(max_slots);
+        self
+    }
+
     /// The job's client lease (default 30 s): `fit` renews it at the
     /// rendezvous every third of it, and if this process dies without
     /// cleaning up (SIGKILL, a lost node) the rendezvous cancels the job once
@@ -477,6 +496,24 @@ impl TrainingJobBuilder {
                 reason: format!("must be in 1..={} (num_slots), got {min_slots}", spec.num_slots),
             });
         }
+        let max_slots = recovery.max_slots.unwrap_or(spec.num_slots);
+        if max_slots < spec.num_slots || max_slots > MAX_SHARDS {
+            return Err(JobError::Setting {
+                setting: "max_slots",
+                reason: format!(
+                    "must be in {}..={MAX_SHARDS} (num_slots..), got {max_slots}",
+                    spec.num_slots
+                ),
+            });
+        }
+        if max_slots > spec.num_slots && !matches!(feeding.feed, Feed::DriverRelay) {
+            return Err(JobError::Setting {
+                setting: "max_slots",
+                reason: "a job grows with the driver relay feed only: its shards move between agents by \
+                         producer; leave max_slots at num_slots with executor push"
+                    .into(),
+            });
+        }
         if let Some(id) = &self.job_id {
             kindling_schemas::descriptor::check_job_id(id).map_err(JobError::JobId)?;
         }
@@ -530,5 +567,39 @@ fn setting(setting: &'static str, reason: &str) -> JobError {
     JobError::Setting {
         setting,
         reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::push::ExecutorPush;
+
+    fn job(num_slots: u32) -> TrainingJobBuilder {
+        TrainingJob::builder()
+            .model(ModelSpec::Mlp { hidden: vec![4] })
+            .task(Task::Regression)
+            .features(["x"])
+            .label("y")
+            .num_slots(num_slots)
+    }
+
+    #[test]
+    fn max_slots_below_num_slots_or_with_executor_push_is_refused_naming_it() {
+        let refused = |b: TrainingJobBuilder| match b.build() {
+            Err(JobError::Setting { setting, reason }) => (setting, reason),
+            other => panic!("refused: {other:?}"),
+        };
+        let (setting, reason) = refused(job(3).max_slots(2));
+        assert_eq!(setting, "max_slots");
+        assert!(reason.contains("must be in 3..=1024"), "{reason}");
+        let (setting, reason) = refused(
+            job(2)
+                .max_slots(3)
+                .feed(Feed::ExecutorPush(ExecutorPush::default())),
+        );
+        assert_eq!(setting, "max_slots");
+        assert!(reason.contains("driver relay"), "{reason}");
+        assert!(job(2).max_slots(3).build().is_ok());
     }
 }

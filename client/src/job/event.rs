@@ -72,6 +72,17 @@ pub enum TrainingEvent {
         /// The gang's members from now on.
         world_size: u32,
     },
+    /// An agent joined the cluster while the job trained: the gang grew at
+    /// an epoch's end and `moved_shards` moved to it
+    /// (`TrainingJobBuilder::max_slots`).
+    Grown {
+        /// The agent that joined.
+        joined: String,
+        /// The gang's members from now on.
+        world_size: u32,
+        /// The shards it took over, each from the agent that held it.
+        moved_shards: Vec<usize>,
+    },
     /// An attempt failed and the gang is re-forming.
     Recovering {
         /// The new attempt.

@@ -171,6 +171,13 @@ impl Reporter {
             TrainingEvent::Shrunk { lost, world_size } => {
                 let _ = bars.println(shrunk_line(lost, *world_size));
             }
+            TrainingEvent::Grown {
+                joined,
+                world_size,
+                moved_shards,
+            } => {
+                let _ = bars.println(grown_line(joined, *world_size, moved_shards));
+            }
             TrainingEvent::Recovering {
                 attempt,
                 resent_shards,
@@ -240,6 +247,11 @@ impl Reporter {
             }),
             TrainingEvent::Epoch(m) => Some(epoch_line(m)),
             TrainingEvent::Shrunk { lost, world_size } => Some(shrunk_line(lost, *world_size)),
+            TrainingEvent::Grown {
+                joined,
+                world_size,
+                moved_shards,
+            } => Some(grown_line(joined, *world_size, moved_shards)),
             TrainingEvent::Recovering {
                 attempt,
                 resent_shards,
@@ -270,6 +282,12 @@ fn shrunk_line(lost: &[String], world_size: u32) -> String {
     format!(
         "no replacement for {}: the job goes on with {world_size} agents, which took over the lost shards",
         lost.join(", ")
+    )
+}
+
+fn grown_line(joined: &str, world_size: u32, moved: &[usize]) -> String {
+    format!(
+        "agent {joined} joined: the job goes on with {world_size} agents, the newcomer holding shard(s) {moved:?}"
     )
 }
 

@@ -2,10 +2,12 @@
 //! model: [`Run`] owns the run's state — its rendezvous client, who holds
 //! each shard, the cancel guard, the executor-push placements, the
 //! reporter, the epochs seen — and runs it: `feed`, `follow`, `recover`
-//! (lost agents replaced or the gang shrunk), `finish`. Rooms: `holders`
-//! (who holds each shard) · `watched` (the job as the rendezvous's watch
-//! shows it) · `recover` (recovery's one home) · this file.
+//! (lost agents replaced or the gang shrunk), `grow` (agents that join),
+//! `finish`. Rooms: `holders` (who holds each shard) · `watched` (the job
+//! as the rendezvous's watch shows it) · `recover` (recovery's one home) ·
+//! `grow` (growth's) · this file.
 
+mod grow;
 mod holders;
 mod recover;
 mod watched;
@@ -121,7 +123,11 @@ impl<'r, 'a> Run<'r, 'a> {
             Source::Fed(..) => pick_agents(&rv, &target, n, &[], spec.model.name()).await?,
             Source::Held(held) => held.agents(&rv).await?,
         };
-        let holders = Self::start_on(job, chosen, &job_id, &target, initial).await?;
+        let mut holders = Self::start_on(job, chosen, &job_id, &target, initial).await?;
+        if let Source::Fed(..) = source {
+            // A job that may grow deals a shard per agent it may grow to.
+            holders = holders.dealt(job.max_slots() as usize);
+        }
         guard.clients = holders.member_clients();
         reporter.emit(TrainingEvent::Started {
             job_id: job_id.clone(),
@@ -301,6 +307,7 @@ impl<'r, 'a> Run<'r, 'a> {
         let mut check = tokio::time::interval(QUIET / 4);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let epochs = self.seen_epochs;
             let ask = tokio::select! {
                 event = follow.next() => {
                     let (status, reports) = event?;
@@ -309,6 +316,13 @@ impl<'r, 'a> Run<'r, 'a> {
                 _ = check.tick() => watch.quiet(&self.holders),
             };
             if ask.is_empty() {
+                // An epoch ended: an agent that joined meanwhile joins now.
+                if self.seen_epochs > epochs
+                    && self.may_grow()
+                    && let Some(newcomer) = self.newcomer().await?
+                {
+                    self.grow(newcomer).await?;
+                }
                 continue;
             }
             let mut statuses = Vec::with_capacity(ask.len());

@@ -93,6 +93,8 @@ pub(super) struct Recovery {
     pub(super) replacement_wait: Duration,
     /// `None`: `num_slots` (no shrinking).
     pub(super) min_slots: Option<u32>,
+    /// `None`: `num_slots` (no growth).
+    pub(super) max_slots: Option<u32>,
     pub(super) client_lease: Duration,
 }
 
@@ -103,6 +105,7 @@ impl Default for Recovery {
             gang_timeout: Duration::from_secs(60),
             replacement_wait: DEFAULT_REPLACEMENT_WAIT,
             min_slots: None,
+            max_slots: None,
             client_lease: DEFAULT_CLIENT_LEASE,
         }
     }
@@ -145,5 +148,10 @@ impl TrainingJob {
     /// The fewest agents the job continues with after losing some.
     pub(super) fn min_slots(&self) -> u32 {
         self.recovery.min_slots.unwrap_or(self.spec.num_slots)
+    }
+
+    /// The most agents the job grows to when agents join the cluster.
+    pub(super) fn max_slots(&self) -> u32 {
+        self.recovery.max_slots.unwrap_or(self.spec.num_slots)
     }
 }

@@ -520,9 +520,11 @@ impl RendezvousClient {
         Ok((next > 0).then_some(next))
     }
 
-    /// Elastic shrink: `attempt` (the current one, still ganging) and every
-    /// later attempt form with `num_slots` members; the gang forms at once
-    /// when that many already joined. Returns the job's new size.
+    /// Elastic resize. Shrink: `attempt` (the current one, still ganging)
+    /// and every later attempt form with `num_slots` members; the gang forms
+    /// at once when that many already joined. Growth: a running `attempt`
+    /// ends and the next forms with `num_slots` members (the ended attempt
+    /// is not counted against `max_attempts`). Returns the job's new size.
     pub async fn resize_job(&self, job_id: &str, attempt: u32, num_slots: u32) -> Result<u32> {
         let request = pb::ResizeJobRequest {
             job_id: job_id.to_owned(),

@@ -83,13 +83,18 @@ impl RendezvousState {
         Ok((rx, deadline))
     }
 
-    /// Elastic shrink: the current attempt, still ganging, forms with
-    /// `num_slots` members, and so does every later one. Forms the gang at
-    /// once when that many members already joined. Returns the new size;
-    /// asking for the current size again changes nothing (a retry).
+    /// Elastic resize. Shrink: the current attempt, still ganging, forms
+    /// with `num_slots` members, and so does every later one; it forms at
+    /// once when that many members already joined. Growth (up to the
+    /// service's `max_slots`): a running attempt is ended (its members
+    /// re-join, the cause says the gang grows) and the next forms with
+    /// `num_slots` members; a growth never uses up one of the job's
+    /// attempts. Returns the new size; asking for the current size again
+    /// changes nothing (a retry).
     pub fn resize_job(&self, job_id: &str, attempt: u32, num_slots: u32) -> Result<u32> {
         require("job_id", job_id)?;
         require_attempt(attempt)?;
+        let max_slots = self.config.max_slots;
         let mut guard = self.lock()?;
         let st = &mut *guard;
         let job = job_mut(&mut st.jobs, job_id)?;
@@ -99,10 +104,14 @@ impl RendezvousState {
         if num_slots == current {
             return Self::commit(st).map(|()| current);
         }
-        if num_slots == 0 || num_slots > current {
+        if num_slots == 0 || num_slots > max_slots {
             return Err(RendezvousError::invalid(format!(
-                "job `{job_id}` can only shrink: num_slots must be in 1..={current}, got {num_slots}"
+                "job `{job_id}`: num_slots must be in 1..={max_slots}, got {num_slots}"
             )));
+        }
+        if num_slots > current {
+            grow(&mut st.agents, job, num_slots);
+            return Self::commit(st).map(|()| num_slots);
         }
         if job.state != JobState::Ganging {
             return Err(job.wrong_state(format!(
@@ -205,6 +214,35 @@ pub(super) fn expire_gang_now(agents: &mut HashMap<String, Agent>, job: &mut Job
             joined,
             expected,
             timeout,
+            next_attempt,
+        }
+    });
+}
+
+/// Grows `job`'s gang to `num_slots`: a running attempt ends (its members
+/// re-join the next, which forms with the newcomers); a ganging one just
+/// waits for more members. The ended attempt is given back, so a growth
+/// never costs the job one of its attempts.
+fn grow(agents: &mut HashMap<String, Agent>, job: &mut JobEntry, num_slots: u32) {
+    let (attempt, from) = (job.attempt, job.config.num_slots);
+    job.config.num_slots = num_slots;
+    tracing::info!(job = %job.config.job_id, attempt, from, to = num_slots, "gang grows");
+    if job.state != JobState::Running {
+        job.publish();
+        return;
+    }
+    job.config.max_attempts += 1;
+    let cause = format!(
+        "the gang grows from {from} to {num_slots} members: attempt {} re-forms with them",
+        attempt + 1
+    );
+    let job_id = job.config.job_id.clone();
+    let failure = cause.clone();
+    fail_attempt(agents, job, RENDEZVOUS_REPORTER, cause, |next_attempt| {
+        RendezvousError::AttemptFailed {
+            job_id,
+            attempt,
+            cause: failure,
             next_attempt,
         }
     });

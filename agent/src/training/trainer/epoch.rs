@@ -477,6 +477,7 @@ impl Sums {
             weight_total: self.weight_total,
             rows_total: self.rows_total,
             secs: self.started.elapsed().as_secs_f64(),
+            world: 0,
         }
     }
 }
@@ -501,12 +502,19 @@ fn checkpoint_inside(
         epoch: epoch - 1,
         step,
     };
-    t.checkpoint(ctx, model, at, Some(sums.partial()))
+    let partial = PartialEpoch {
+        world: ctx.ring.world(),
+        ..sums.partial()
+    };
+    t.checkpoint(ctx, model, at, Some(partial))
 }
 
 /// Trains epoch `epoch` and evaluates it; returns its metrics. With
 /// `resume` (a checkpoint taken inside this epoch), trains the rest of it:
 /// every rank skips the rows its first steps trained, in the same order.
+/// Epochs after the first start once every rank's shard is whole: fed again
+/// after a failure, taken over by a shrunk gang, or moved to a grown gang's
+/// newcomer (the giver's split reopened until the rows it gave are gone).
 pub(super) fn train_epoch(
     ctx: &mut TrainContext,
     t: &mut Trainer,
@@ -518,9 +526,9 @@ pub(super) fn train_epoch(
     let world = ctx.ring.world() as usize;
     let accumulate = t.spec.accumulate.max(1);
     let rows_per_step = t.spec.batch_size as u64 * accumulate as u64;
-    // A resumed epoch waits for every rank's whole shard (a replaced
-    // agent's is fed again): its steps are those of the epoch it resumes.
-    let wait = t.schedule.needs_steps_per_epoch() || resume.is_some();
+    // Only epoch 1 trains rows as they arrive; a later one waits for whole
+    // shards (fed again, taken over or moved), to train each row once.
+    let wait = t.schedule.needs_steps_per_epoch() || resume.is_some() || epoch > 1;
     let (plan, committed) = EpochPlan::agree(ctx, rows_per_step, wait)?;
     plan.check_not_empty(&ctx.job_id)?;
     let live = plan.live;

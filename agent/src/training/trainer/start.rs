@@ -21,8 +21,9 @@ pub(super) fn agree(
     let rank = ctx.ring.rank() as usize;
     let world = ctx.ring.world() as usize;
     // The newest checkpoint whose files are whole (a corrupt one is passed
-    // over for the one before it).
-    let latest = ctx.checkpoints.load_latest()?;
+    // over for the one before it) and that this gang can resume from (not
+    // inside an epoch a gang of another size trained).
+    let latest = ctx.checkpoints.load_latest_for(world as u32)?;
     let mine = latest.as_ref().map(|c| c.meta.position()).unwrap_or_default();
     // Every rank's (epochs, steps), exact in f32 below 2^24 steps.
     let mut at = vec![0f32; 2 * world];

@@ -1,5 +1,7 @@
 //! Who holds each shard of a run: one agent per shard, until an elastic
-//! shrink hands a lost agent's shards to survivors; the rows each holds.
+//! shrink hands a lost agent's shards to survivors (or a job that may grow
+//! deals more shards than agents, and hands some to a newcomer); the rows
+//! each holds.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -38,6 +40,55 @@ impl Holders {
             rows: [vec![0; n], vec![0; n]],
             initial: None,
         }
+    }
+
+    /// `k` shards (at least one per agent) dealt round-robin onto the
+    /// agents: a job that may grow holds one shard per agent it may grow to.
+    pub fn dealt(self, k: usize) -> Self {
+        let n = self.clients.len();
+        if k <= n {
+            return self;
+        }
+        let clients = (0..k).map(|s| self.clients[s % n].clone()).collect();
+        let agent_ids = (0..k).map(|s| self.agent_ids[s % n].clone()).collect();
+        Holders {
+            rows: [vec![0; k], vec![0; k]],
+            ..Holders::new(clients, agent_ids).starting_from(self.initial)
+        }
+    }
+
+    /// How many shards the rows are dealt into.
+    pub fn len(&self) -> usize {
+        self.agent_ids.len()
+    }
+
+    /// The shards a newcomer to the gang takes, from the members holding the
+    /// most: until it holds its fair share (at least one) or no member has
+    /// one to spare. Empty when every member holds one shard.
+    pub fn shards_for_newcomer(&self) -> Vec<usize> {
+        let members = self.members();
+        let mut held: Vec<Vec<usize>> = members
+            .iter()
+            .map(|&m| self.shards_of(&self.agent_ids[m]))
+            .collect();
+        let fair = (self.len() / (members.len() + 1)).max(1);
+        let mut taken = Vec::new();
+        while taken.len() < fair {
+            let Some(most) = held.iter_mut().max_by_key(|h| h.len()) else {
+                break;
+            };
+            if most.len() <= 1 {
+                break;
+            }
+            taken.extend(most.pop());
+        }
+        taken.sort_unstable();
+        taken
+    }
+
+    /// The rows shard `shard` holds of `split`, as last fed.
+    pub fn shard_rows(&self, split: Split, shard: usize) -> u64 {
+        self.rows[split_index(split)][shard]
     }
 
     /// With the initial weights every agent of the job starts from.
@@ -100,5 +151,39 @@ impl Holders {
     pub fn assign(&mut self, shard: usize, client: AgentClient, agent_id: String) {
         self.clients[shard] = client;
         self.agent_ids[shard] = agent_id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holders(agents: usize, k: usize) -> Holders {
+        let clients = (0..agents)
+            .map(|i| AgentClient::connect(&format!("http://127.0.0.1:{}", 1 + i), None).expect("client"))
+            .collect();
+        let ids = (0..agents).map(|i| format!("a{i}")).collect();
+        Holders::new(clients, ids).dealt(k)
+    }
+
+    #[tokio::test]
+    async fn shards_dealt_round_robin_move_to_a_newcomer_from_the_agents_holding_most() {
+        let h = holders(2, 3);
+        assert_eq!(h.agent_ids, ["a0", "a1", "a0"]);
+        assert_eq!(h.members(), [0, 1]);
+        assert_eq!(h.shards_for_newcomer(), [2], "a0 gives its second shard");
+        let mut h = holders(2, 6);
+        assert_eq!(h.shards_for_newcomer(), [4, 5], "two of six for the third agent");
+        for s in [4, 5] {
+            let (c, id) = (h.clients[1].clone(), "a2".to_owned());
+            h.assign(s, c, id);
+        }
+        assert_eq!(h.members().len(), 3);
+        assert_eq!(
+            h.shards_for_newcomer(),
+            [5],
+            "a fourth takes one shard of one of the three"
+        );
+        assert!(holders(2, 2).shards_for_newcomer().is_empty(), "nothing to spare");
     }
 }

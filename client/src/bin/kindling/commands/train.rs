@@ -78,6 +78,10 @@ pub struct TrainArgs {
     /// replacement comes (default: --slots, no shrink).
     #[arg(long)]
     pub min_slots: Option<u32>,
+    /// Elastic growth: the most agents the job may grow to when agents join
+    /// while it trains (default: --slots, no growth; driver relay feed).
+    #[arg(long)]
+    pub max_slots: Option<u32>,
     #[command(flatten)]
     pub training: options::TrainingOptions,
     /// The job's id (default: a fresh `kindling-…`).
@@ -210,6 +214,9 @@ pub fn job(args: &TrainArgs) -> Result<TrainingJob> {
     }
     if let Some(m) = args.min_slots {
         builder = builder.min_slots(m);
+    }
+    if let Some(m) = args.max_slots {
+        builder = builder.max_slots(m);
     }
     if let Some(column) = &args.split_by {
         builder = builder.eval_split_by(column.clone());
