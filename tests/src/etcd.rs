@@ -362,3 +362,24 @@ impl Replica {
         self.proc.wait_ready().await;
     }
 }
+
+/// Which of `replicas` leads: the first a call tried once (with `token`)
+/// is answered by; fails after a minute without a leader.
+pub async fn leader(replicas: &[&Replica], token: &str) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for (i, r) in replicas.iter().enumerate() {
+            let once = kindling_schemas::rendezvous::RendezvousClient::connect_lazy(
+                &r.url,
+                Some(&kindling_schemas::auth::Token::new(token)),
+            )
+            .expect("client")
+            .with_outage_bound(Duration::ZERO);
+            if once.list_jobs().await.is_ok() {
+                return i;
+            }
+        }
+        assert!(Instant::now() < deadline, "no replica leads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

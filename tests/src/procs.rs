@@ -15,10 +15,12 @@ pub const TOKEN: &str = "proc-cluster-token-0123456789";
 /// work dirs under `dir`; every process is SIGKILLed when dropped.
 #[derive(Debug)]
 pub struct ProcCluster {
-    pub rendezvous: Proc,
+    /// `None` when the agents follow a rendezvous started elsewhere
+    /// ([`ProcCluster::on`]: replicas).
+    pub rendezvous: Option<Proc>,
     /// `None` once killed.
     pub agents: Vec<Option<Proc>>,
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (comma-separated replicas for [`ProcCluster::on`]).
     pub rendezvous_url: String,
     /// `http://127.0.0.1:<port>` of each agent.
     pub agent_urls: Vec<String>,
@@ -45,9 +47,27 @@ impl ProcCluster {
         let mut rendezvous = Proc::spawn("rendezvous", c, format!("127.0.0.1:{health}"), dir);
         rendezvous.wait_ready().await;
         let mut cluster = ProcCluster {
-            rendezvous,
+            rendezvous: Some(rendezvous),
             agents: Vec::new(),
             rendezvous_url,
+            agent_urls: Vec::new(),
+            token_file,
+        };
+        for _ in 0..n {
+            cluster.add_agent(dir).await;
+        }
+        cluster
+    }
+
+    /// `n` agents following the rendezvous at `urls` (replicas,
+    /// comma-separated, taking [`TOKEN`]); returns once every agent is ready.
+    pub async fn on(urls: &str, n: usize, dir: &Path) -> ProcCluster {
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, TOKEN).expect("token file");
+        let mut cluster = ProcCluster {
+            rendezvous: None,
+            agents: Vec::new(),
+            rendezvous_url: urls.to_owned(),
             agent_urls: Vec::new(),
             token_file,
         };
@@ -107,7 +127,8 @@ impl ProcCluster {
 
     /// Every process's log, headed by its name.
     pub fn logs(&self) -> String {
-        std::iter::once(&self.rendezvous)
+        self.rendezvous
+            .iter()
             .chain(self.agents.iter().flatten())
             .map(|p| format!("--- {} ---\n{}", p.name, p.logs()))
             .collect()

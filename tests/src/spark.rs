@@ -348,6 +348,26 @@ pub fn rule_sql(rows: usize) -> String {
     )
 }
 
+/// `kindling <command>` of the rule on [`rule_sql`]'s `rows` rows over the
+/// test's Spark: its query, features, label, an `mlp:16` and `slots` agents.
+pub fn rule_cli(command: &str, rows: usize, slots: u32) -> Vec<String> {
+    let args = [command, "--remote", &spark_remote(), "--sql", &rule_sql(rows)]
+        .map(str::to_owned)
+        .into_iter();
+    let rest = [
+        "--features",
+        "x1,x2",
+        "--label",
+        "y",
+        "--model",
+        "mlp:16",
+        "--slots",
+    ];
+    args.chain(rest.map(str::to_owned))
+        .chain([slots.to_string()])
+        .collect()
+}
+
 /// `rows` rows in 4 partitions, computed in Spark: float features `x1`, `x2`
 /// in [-1, 1) (seeded) and the label `y = x1 + 2·x2 > 0.1`, a linear rule a
 /// model can learn to > 95 %.

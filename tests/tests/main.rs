@@ -39,6 +39,7 @@ mod rendezvous_gang;
 mod rendezvous_replicas;
 mod search;
 mod search_faults;
+mod soak;
 mod spark_authenticate;
 mod spark_create_dataframe;
 mod spark_dataframe;

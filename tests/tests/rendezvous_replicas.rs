@@ -137,16 +137,7 @@ async fn replicated_cluster(
 
 /// Which of `replicas` leads: the one a status call is answered by.
 async fn leader(replicas: &[&Replica]) -> usize {
-    let deadline = Instant::now() + GUARD;
-    loop {
-        for (i, r) in replicas.iter().enumerate() {
-            if one_try(&r.url).await.list_jobs().await.is_ok() {
-                return i;
-            }
-        }
-        assert!(Instant::now() < deadline, "no replica leads");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kindling_tests::etcd::leader(replicas, TOKEN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -478,7 +469,6 @@ async fn an_etcd_member_lost_is_invisible_a_lost_quorum_names_etcd_and_its_retur
 async fn kindling_train_rides_out_ten_leader_kills_on_its_first_attempt_and_trains_every_row_once_per_epoch()
 {
     use kindling_schemas::action::{Action, JobList};
-    use kindling_tests::spark::spark_remote;
 
     let rows = 20_000u64;
     let (_etcd, dir, mut replicas, urls, cluster) = replicated_cluster("train").await;
@@ -486,21 +476,10 @@ async fn kindling_train_rides_out_ten_leader_kills_on_its_first_attempt_and_trai
     std::fs::write(&token_file, TOKEN).unwrap();
     // Long enough for ten failovers (each about the 2 s lease) on this kind of machine.
     let epochs = 400;
-    let sql = kindling_tests::spark::rule_sql(rows as usize);
     let mut command =
         std::process::Command::new(kindling_tests::netns::binary("kindling", "KINDLING_CLI_BIN"));
     command
-        .args(["train", "--remote", &spark_remote(), "--sql", &sql])
-        .args([
-            "--features",
-            "x1,x2",
-            "--label",
-            "y",
-            "--model",
-            "mlp:16",
-            "--slots",
-            "2",
-        ])
+        .args(kindling_tests::spark::rule_cli("train", rows as usize, 2))
         .args([
             "--epochs",
             &epochs.to_string(),

@@ -15,7 +15,7 @@ use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_tests::cluster::wait_for_job;
 use kindling_tests::netns::{Proc, binary};
 use kindling_tests::procs::ProcCluster;
-use kindling_tests::spark::{rule_df, rule_job, rule_sql, spark_remote};
+use kindling_tests::spark::{rule_cli, rule_df, rule_job, spark_remote};
 use tokio::sync::mpsc;
 
 fn client(url: &str, cluster: &ProcCluster) -> AgentClient {
@@ -198,20 +198,9 @@ impl Tuning {
     /// run, each agent holds rows of the dataset and every trial trained
     /// an epoch on every agent.
     async fn start(procs: &ProcCluster, dir: &std::path::Path, lease: f64) -> Tuning {
-        let sql = rule_sql(20_000);
         let mut command = std::process::Command::new(binary("kindling", "KINDLING_CLI_BIN"));
         command
-            .args(["tune", "--remote", &spark_remote(), "--sql", &sql])
-            .args([
-                "--features",
-                "x1,x2",
-                "--label",
-                "y",
-                "--model",
-                "mlp:16",
-                "--slots",
-                "2",
-            ])
+            .args(rule_cli("tune", 20_000, 2))
             .args(["--epochs", "500", "--batch-size", "8", "--eval-fraction", "0.2"])
             .args(["--rendezvous", &procs.rendezvous_url])
             .arg("--token-file")

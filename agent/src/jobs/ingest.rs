@@ -82,8 +82,10 @@ pub fn reopen_split(job: &Job, split: Split, drop: &[String]) -> Result<u64, Age
 }
 
 /// What one stream staged for one producer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Staged {
+    /// The producer's name, shared by the origins of its batches.
+    name: Arc<str>,
     /// The producer's committed position when the stream started staging.
     first: u64,
     /// Next expected sequence number.
@@ -178,12 +180,16 @@ impl PutStream {
                     stream_rows: None,
                 });
             }
-            let staged = self.staged.entry(meta.producer.clone()).or_insert(Staged {
-                first: committed.next_seq,
-                next: committed.next_seq,
-                rows: 0,
-                bytes: 0,
-            });
+            let staged = self
+                .staged
+                .entry(meta.producer.clone())
+                .or_insert_with(|| Staged {
+                    name: Arc::from(meta.producer.as_str()),
+                    first: committed.next_seq,
+                    next: committed.next_seq,
+                    rows: 0,
+                    bytes: 0,
+                });
             if meta.seq != staged.next {
                 return Err(IngestError::SequenceGap {
                     producer: meta.producer,
@@ -227,14 +233,20 @@ impl PutStream {
             }
             Err(e) => return Err(e.into()),
         };
-        self.job.lock().ingest.split_mut(self.split).cache.stage_from(
-            self.stream,
-            Some(Origin {
-                producer: Arc::from(meta.producer.as_str()),
-                seq: meta.seq,
-            }),
-            cached,
-        );
+        let producer = self
+            .staged
+            .get(&meta.producer)
+            .map_or_else(|| Arc::from(meta.producer.as_str()), |staged| staged.name.clone());
+        let origin = Origin {
+            producer,
+            seq: meta.seq,
+        };
+        self.job
+            .lock()
+            .ingest
+            .split_mut(self.split)
+            .cache
+            .stage_from(self.stream, Some(origin), cached);
         if let Some(staged) = self.staged.get_mut(&meta.producer) {
             staged.next += 1;
             staged.rows += rows;

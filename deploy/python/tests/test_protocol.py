@@ -249,7 +249,7 @@ def test_start_job_with_another_world_size_is_invalid_argument(
 ) -> None:
     agent = agents[0]
     rv = agent.create_job(job_id, 2)["rendezvous"]
-    for slots, says in ((1, "num_slots 1, but the job at the rendezvous has 2"), (3, "has not shrunk")):
+    for slots, says in ((1, "num_slots 1, but the job at the rendezvous has 2"), (3, "has not been resized")):
         with pytest.raises(InvalidArgument, match=says) as err:
             agent.start_job(job_id, linear_spec(num_slots=slots), rv)
         assert err.value.code == "INVALID_ARGUMENT", err.value
