@@ -216,6 +216,46 @@ pub async fn weights(client: &AgentClient, job_id: &str) -> Vec<(String, Vec<f32
     kindling_fixtures::model_weights(stream).await
 }
 
+/// The weights of `model` by name, each value's bits: two models are the
+/// same when these are equal.
+pub fn weight_bits(model: &kindling::job::TrainedModel) -> Vec<(String, Vec<u32>)> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::Float32Type;
+    let table = model.weights().expect("weights");
+    let names = table.column(0).as_string::<i32>();
+    let values = table.column(2).as_list::<i32>();
+    (0..table.num_rows())
+        .map(|i| {
+            let v = values.value(i);
+            let bits = v
+                .as_primitive::<Float32Type>()
+                .values()
+                .iter()
+                .map(|x| x.to_bits());
+            (names.value(i).to_owned(), bits.collect())
+        })
+        .collect()
+}
+
+/// Asserts that the agent at `url` (its status `s`) resumed inside the
+/// epoch of a kill at `(epoch, step)`, from a checkpoint less than `every`
+/// steps before it (the survivor may have taken one step more); returns the
+/// steps it trains again.
+pub fn resumed_near(url: &str, s: &AgentJobStatus, (epoch, step): (u32, u64), every: u64) -> u64 {
+    let from = s
+        .resumed_from_epoch
+        .unwrap_or_else(|| panic!("{url} resumed: {s:#?}"));
+    let at = s
+        .resumed_from_step
+        .unwrap_or_else(|| panic!("{url} resumed inside an epoch: {s:#?}"));
+    assert_eq!(from + 1, epoch, "{url}: resumed inside the epoch of the kill");
+    assert!(
+        at.is_multiple_of(every) && at <= step + 1 && step < at + every,
+        "{url}: resumed at step {at} for a kill at step {step}"
+    );
+    step.saturating_sub(at)
+}
+
 /// Kills agent `victim` of running job `job_id` once `client`'s status
 /// says `reached`, waits for the survivor to see the attempt fail, then
 /// does the client's part of a recovery: a replacement agent gets the job

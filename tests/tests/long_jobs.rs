@@ -5,15 +5,13 @@
 
 use std::time::Duration;
 
-use arrow::array::AsArray;
-use arrow::datatypes::Float32Type;
 use kindling::SparkSession;
 use kindling::feed::AgentClient;
-use kindling::job::{TrainedModel, TrainingEvent, TrainingJobBuilder};
+use kindling::job::{TrainingEvent, TrainingJobBuilder};
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::spec::CheckpointPolicy;
-use kindling_tests::cluster::wait_for_job;
+use kindling_tests::cluster::{resumed_near, wait_for_job, weight_bits};
 use kindling_tests::procs::ProcCluster;
 use kindling_tests::spark::{rule_df, rule_job, spark_remote};
 
@@ -40,20 +38,6 @@ fn job(procs: &ProcCluster, job_id: &str) -> TrainingJobBuilder {
             every_secs: 0,
             ..Default::default()
         })
-}
-
-/// The weights of `model`, by name.
-fn weights(model: &TrainedModel) -> Vec<(String, Vec<f32>)> {
-    let table = model.weights().expect("weights");
-    let names = table.column(0).as_string::<i32>();
-    let values = table.column(2).as_list::<i32>();
-    (0..table.num_rows())
-        .map(|i| {
-            let v = values.value(i);
-            let v = v.as_primitive::<Float32Type>();
-            (names.value(i).to_owned(), v.values().to_vec())
-        })
-        .collect()
 }
 
 /// The job's status on the agent at `url`, once it ended there.
@@ -139,28 +123,8 @@ async fn a_sigkilled_agent_costs_the_steps_since_the_checkpoint_inside_the_epoch
     for url in &live {
         let s = ended(url, &procs, "killed").await;
         assert_eq!(s.state, AgentJobState::Succeeded, "{s:#?}");
-        let epoch = s
-            .resumed_from_epoch
-            .unwrap_or_else(|| panic!("{url} resumed: {s:#?}"));
-        let step = s
-            .resumed_from_step
-            .unwrap_or_else(|| panic!("{url} resumed inside an epoch: {s:#?}"));
-        assert!(
-            epoch >= 1 && step % EVERY_STEPS == 0,
-            "{url}: epoch {epoch}, step {step}"
-        );
-        eprintln!("{url} resumed {step} steps into epoch {}", epoch + 1);
-        // The work lost: the steps since the last checkpoint, fewer than
-        // the interval (the survivor may have taken one step more).
-        assert_eq!(
-            epoch + 1,
-            at_kill.0,
-            "{url}: resumed inside the epoch of the kill"
-        );
-        assert!(
-            step <= at_kill.1 + 1 && at_kill.1 < step + EVERY_STEPS,
-            "{url}: {step} for {at_kill:?}"
-        );
+        let lost = resumed_near(url, &s, at_kill, EVERY_STEPS);
+        eprintln!("{url} trains {lost} steps again");
         let every_row_once = vec![rows; EPOCHS as usize];
         assert_eq!(s.rows_trained_per_epoch, every_row_once, "{url}");
     }
@@ -170,16 +134,11 @@ async fn a_sigkilled_agent_costs_the_steps_since_the_checkpoint_inside_the_epoch
     for (m, s) in model.history().iter().zip(steady.history()) {
         assert_eq!((m.epoch, m.train_loss), (s.epoch, s.train_loss));
     }
-    let (a, b) = (weights(&steady), weights(&model));
-    assert_eq!(a.len(), b.len());
-    for ((name, x), (other, y)) in a.iter().zip(&b) {
-        assert_eq!(name, other);
-        let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-        assert!(
-            same,
-            "{name}: the killed run's weights differ from the steady run's"
-        );
-    }
+    assert_eq!(
+        weight_bits(&steady),
+        weight_bits(&model),
+        "the killed run's weights are the steady run's"
+    );
 }
 
 /// The checkpoints inside epochs that `agent-<i>` under `dir` holds of

@@ -21,8 +21,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use arrow::array::AsArray;
-use arrow::datatypes::Float32Type;
 use kindling::SparkSession;
 use kindling::feed::AgentClient;
 use kindling::job::{TrainedModel, TrainingEvent};
@@ -31,7 +29,7 @@ use kindling_schemas::auth::Token;
 use kindling_schemas::channel::ChannelConfig;
 use kindling_schemas::rendezvous::RendezvousClient;
 use kindling_schemas::spec::CheckpointPolicy;
-use kindling_tests::cluster::wait_for_job;
+use kindling_tests::cluster::{resumed_near, wait_for_job, weight_bits};
 use kindling_tests::etcd::{EtcdCluster, Replica, leader};
 use kindling_tests::netns::binary;
 use kindling_tests::procs::{ProcCluster, TOKEN};
@@ -61,24 +59,6 @@ async fn kill_leader(replicas: &mut [Replica]) {
     let led = leader(&replicas.iter().collect::<Vec<_>>(), TOKEN).await;
     replicas[led].proc.sigkill();
     replicas[led].restart().await;
-}
-
-/// The weights of `model`, by name.
-fn weights(model: &TrainedModel) -> Vec<(String, Vec<u32>)> {
-    let table = model.weights().expect("weights");
-    let names = table.column(0).as_string::<i32>();
-    let values = table.column(2).as_list::<i32>();
-    (0..table.num_rows())
-        .map(|i| {
-            let v = values.value(i);
-            let bits = v
-                .as_primitive::<Float32Type>()
-                .values()
-                .iter()
-                .map(|x| x.to_bits());
-            (names.value(i).to_owned(), bits.collect())
-        })
-        .collect()
 }
 
 /// `kindling ARGS` against the replicas, its stdout and stderr in
@@ -234,20 +214,7 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
         assert_eq!(s.rows_trained_per_epoch, every_row_once, "{url}");
         // The kill's attempt resumed inside the killed epoch, within one
         // checkpoint interval of the kill.
-        let (epoch, step) = (
-            s.resumed_from_epoch.expect("resumed"),
-            s.resumed_from_step.unwrap_or(0),
-        );
-        assert_eq!(
-            epoch + 1,
-            at_kill.0,
-            "{url}: resumed inside the epoch of the kill"
-        );
-        assert!(
-            step <= at_kill.1 + 1 && at_kill.1 < step + EVERY_STEPS,
-            "{url}: {step} for {at_kill:?}"
-        );
-        lost_steps.push(at_kill.1.saturating_sub(step));
+        lost_steps.push(resumed_near(url, &s, at_kill, EVERY_STEPS));
     }
     let status = rv.status("soak-a").await.expect("status");
     // Attempts: the first, the growth's, the kill's; the leader kill cost none.
@@ -337,8 +304,8 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
         TrainedModel::load(&c_dir).expect("model C"),
     );
     assert_eq!(
-        weights(&b),
-        weights(&c),
+        weight_bits(&b),
+        weight_bits(&c),
         "the re-attached job's model is the fault-free one's"
     );
     let status = rv.status("soak-b").await.expect("status");

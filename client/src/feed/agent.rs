@@ -302,21 +302,10 @@ impl AgentClient {
     /// As [`Self::fetch_model`], the agent's model card (a job's spec and
     /// inputs) kept in the schema's metadata.
     pub async fn fetch_model_with_card(&self, job_id: &str) -> Result<RecordBatch, FeedError> {
-        let ticket = DataPath::Model {
+        let model = DataPath::Model {
             job_id: job_id.into(),
-        }
-        .ticket();
-        let stream = self
-            .inner
-            .clone()
-            .do_get(ticket)
-            .await
-            .map_err(|s| self.status_error(s))?
-            .into_inner();
-        let batches: Vec<RecordBatch> = self
-            .decode(stream.map_err(|s| FlightError::Tonic(Box::new(s))))
-            .try_collect()
-            .await?;
+        };
+        let batches: Vec<RecordBatch> = self.get(model).await?.try_collect().await?;
         let schema = batches
             .first()
             .map(|b| b.schema())
@@ -336,16 +325,23 @@ impl AgentClient {
         split: Split,
         producer: &str,
     ) -> Result<impl Stream<Item = Result<RecordBatch, FeedError>> + Send + 'static, FeedError> {
-        let ticket = DataPath::Rows {
+        let rows = DataPath::Rows {
             job_id: job_id.into(),
             split,
             producer: producer.into(),
-        }
-        .ticket();
+        };
+        self.get(rows).await
+    }
+
+    /// `DoGet` of `path`: its batches as they are read.
+    async fn get(
+        &self,
+        path: DataPath,
+    ) -> Result<impl Stream<Item = Result<RecordBatch, FeedError>> + Send + 'static, FeedError> {
         let stream = self
             .inner
             .clone()
-            .do_get(ticket)
+            .do_get(path.ticket())
             .await
             .map_err(|s| self.status_error(s))?
             .into_inner();
