@@ -161,6 +161,36 @@ def test_a_refused_do_put_surfaces_at_close_in_pyarrow(agents: List[AgentClient]
     agent.cancel_job(job_id, "done")
 
 
+def test_a_producers_rows_are_read_back_in_order_and_dropped_as_a_growing_gang_hands_them_over(
+    agents: List[AgentClient], job_id: str
+) -> None:
+    """docs/protocol.md, "DoGet: a shard's rows": the rows one producer
+    committed, read back with DoGet in its order, put into another agent
+    under the same producer, then dropped where they were (``reopen_split``
+    with ``drop_producers``); the other producer's rows stay."""
+    giver, taker = agents
+    started(giver, job_id)
+    other = f"{job_id}-taker"
+    started(taker, other)
+    kept, moved = rule_table(300, 1), rule_table(200, 2)
+    put_stream(giver, job_id, "train", "kept", kept.to_batches(max_chunksize=100))
+    put_stream(giver, job_id, "train", "moved", moved.to_batches(max_chunksize=50))
+    ticket = fl.Ticket(f"{job_id}/train/moved".encode())
+    back = giver.client.do_get(ticket, options=giver.options).read_all()
+    assert back.column("x1").to_pylist() == moved.column("x1").to_pylist(), "in the producer's order"
+    taken = put_stream(taker, other, "train", "moved", back.to_batches())
+    assert final_of(taken)["rows"] == 200 and [a["seq"] for a in taken["acks"]][:1] == [0]
+    reply = giver.action("reopen_split", {"job_id": job_id, "split": "train", "drop_producers": ["moved"]})
+    assert reply["rows"] == 300, reply
+    assert giver.end_of_data(job_id, "train", expected_rows=300)["rows"] == 300
+    assert taker.end_of_data(other, "train", expected_rows=200)["rows"] == 200
+    # A producer name outside the job id's alphabet is refused.
+    with pytest.raises(pa.ArrowInvalid, match="invalid producer"):
+        giver.client.do_get(fl.Ticket(f"{job_id}/train/a b".encode()), options=giver.options).read_all()
+    giver.cancel_job(job_id, "done")
+    taker.cancel_job(other, "done")
+
+
 def _python_blocks(markdown: str) -> List[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
 
