@@ -163,7 +163,7 @@ impl PutStream {
         }
         schema::validate_batch(&batch, &self.job.spec)?;
         let rows = batch.num_rows() as u64;
-        let placed = {
+        let (placed, producer) = {
             let mut d = self.job.lock();
             let split = d.ingest.split_mut(self.split);
             let committed = split.position(&meta.producer);
@@ -190,6 +190,7 @@ impl PutStream {
                     rows: 0,
                     bytes: 0,
                 });
+            let producer = staged.name.clone();
             if meta.seq != staged.next {
                 return Err(IngestError::SequenceGap {
                     producer: meta.producer,
@@ -208,10 +209,12 @@ impl PutStream {
             // Past half the memory budget staged batches spill.
             let held = d.ingest.staged_bytes();
             let budget = self.job.budget_limit();
-            d.ingest
+            let placed = d
+                .ingest
                 .split_mut(self.split)
                 .cache
-                .place_within(batch, held < budget / 2)?
+                .place_within(batch, held < budget / 2)?;
+            (placed, producer)
         };
         let bytes = placed.bytes();
         let stored = if placed.spills() {
@@ -233,10 +236,6 @@ impl PutStream {
             }
             Err(e) => return Err(e.into()),
         };
-        let producer = self
-            .staged
-            .get(&meta.producer)
-            .map_or_else(|| Arc::from(meta.producer.as_str()), |staged| staged.name.clone());
         let origin = Origin {
             producer,
             seq: meta.seq,

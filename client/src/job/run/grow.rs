@@ -15,6 +15,7 @@ use crate::feed::{AgentClient, FeedError};
 use crate::job::JobError;
 use crate::job::event::TrainingEvent;
 use crate::job::source::Source;
+use crate::job::target::pick_agents;
 
 impl Run<'_, '_> {
     /// Whether the job may grow now: it is fed by this process (not a
@@ -28,19 +29,21 @@ impl Run<'_, '_> {
     }
 
     /// A live agent that is not a member and has the job's model, if one
-    /// registered.
+    /// registered ([`pick_agents`]'s choice; never a local cluster's, which
+    /// does not grow).
     pub(super) async fn newcomer(&self) -> Result<Option<AgentInfo>, JobError> {
-        let members: Vec<&str> = self.holders.agent_ids.iter().map(String::as_str).collect();
-        let model = self.job.spec.model.name();
-        let mut spare: Vec<AgentInfo> = self
-            .rv
-            .list_agents()
-            .await?
-            .into_iter()
-            .filter(|a| !members.contains(&a.agent_id.as_str()) && a.models.iter().any(|m| m == model))
+        let members: Vec<String> = self
+            .holders
+            .member_clients()
+            .iter()
+            .map(|c| c.url().to_owned())
             .collect();
-        spare.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
-        Ok(spare.into_iter().next())
+        let model = self.job.spec.model.name();
+        match pick_agents(&self.rv, &self.target, 1, &members, model).await {
+            Ok(picked) => Ok(picked.into_iter().next()),
+            Err(JobError::NotEnoughAgents { .. } | JobError::ModelUnavailable { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Grows the gang by `newcomer`: the running attempt ends at the
