@@ -254,10 +254,19 @@ def speed_part(args: argparse.Namespace) -> Dict[str, Any]:
         t = next((t for t in torch["rows"] if all(t[f] == k[f] for f in ["model", "batch", "precision"])), None)
         note = f"computed in {k['dtype']}: the adapter has no bf16" if k.get("dtype") not in (None, k["precision"]) else None
         rows.append({**k, "note": note, "torch_samples_per_sec": t and t["samples_per_sec"], "ratio": t and k["samples_per_sec"] / t["samples_per_sec"]})
+    # One agent's step on the device with its batches kept (every model and
+    # precision), set beside the same PyTorch row.
+    kept = []
+    for k in kindling.get("other_paths", []):
+        if not k["path"].startswith("step on the device, batches kept"):
+            continue
+        t = next((t for t in torch["rows"] if all(t[f] == k[f] for f in ["model", "batch", "precision"])), None)
+        ratio = t and k["samples_per_sec"] and k["samples_per_sec"] / t["samples_per_sec"]
+        kept.append({**k, "torch_samples_per_sec": t and t["samples_per_sec"], "ratio": ratio or None})
     for t in torch["rows"]:
         if not any(all(t[f] == r[f] for f in ["model", "batch", "precision"]) for r in rows):
             rows.append({"model": t["model"], "batch": t["batch"], "precision": t["precision"], "samples_per_sec": None, "note": "not measured: the adapter has neither bf16 nor f16", "torch_samples_per_sec": t["samples_per_sec"], "ratio": None})
-    return {"kindling": kindling, "torch": torch, "rows": rows}
+    return {"kindling": kindling, "torch": torch, "rows": rows, "kept": kept}
 
 
 def fmt(x: Optional[float], spec: str) -> str:
@@ -305,7 +314,21 @@ def speed_report(speed: Dict[str, Any]) -> List[str]:
             f"| {r['model']} | {r['batch']} | {r['precision']} | {fmt(r['samples_per_sec'], '.0f')}{note} | "
             f"{fmt(r['torch_samples_per_sec'], '.0f')} | {fmt(r['ratio'], '.2f')}{'×' if r['ratio'] else ''} |"
         )
-    others = [("Kindling", r) for r in speed["kindling"].get("other_paths", [])]
+    if speed.get("kept"):
+        lines += [
+            "",
+            "One agent's step on the device, batches kept (the trainer's epochs after the first), against PyTorch eager:",
+            "",
+            "| model | batch | precision (computed in) | Kindling samples/s | PyTorch samples/s | Kindling / PyTorch |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
+        for r in speed["kept"]:
+            value = f"failed: {r['error']}" if r.get("error") else fmt(r["samples_per_sec"], ".0f")
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['precision']} ({r.get('dtype', r['precision'])}) | {value} | "
+                f"{fmt(r['torch_samples_per_sec'], '.0f')} | {fmt(r['ratio'], '.2f')}{'×' if r['ratio'] else ''} |"
+            )
+    others = [("Kindling", r) for r in speed["kindling"].get("other_paths", []) if not r["path"].startswith("step on the device, batches kept")]
     others += [("PyTorch", r) for r in speed["torch"].get("other_paths", [])]
     if others:
         lines += ["", "Other paths of the step (MLP, f32):", "", "| batch | system | path | samples/s |", "|---:|---|---|---:|"]

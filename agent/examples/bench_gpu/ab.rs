@@ -12,7 +12,7 @@ use crate::common::{arg, mlp_batches};
 use crate::{BurnLoop, DISTINCT, StepPath, burn_alone, data_parallel, device_phases, kindling_step, spec};
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 13] = [
+const AB_PATHS: [&str; 14] = [
     "host round trip (default)",
     "step on the device, loss read each step",
     "step on the device, losses read every 25 steps (the trainer's)",
@@ -26,6 +26,7 @@ const AB_PATHS: [&str; 13] = [
     "data-parallel, 2 ranks on this GPU, step on the device (both ranks' samples)",
     "data-parallel, 2 ranks on this GPU, step on the device, batches kept (both ranks' samples)",
     "step on the device, losses every 25 steps, room on the device for half the batches (data twice what is kept)",
+    "each batch's upload alone (Arrow to the device, no step; waited for every 25)",
 ];
 
 /// The one-agent path the data-parallel ones are held against: the
@@ -60,12 +61,43 @@ fn ab_path(
             run,
             StepPath::DeviceKeptHalf(trainer::LOSS_READ_EVERY),
         )?,
+        13 => upload_alone(spec, layout, data, device, run)?,
         9 => return dp(data_parallel::Path::Host),
         10 => return dp(data_parallel::Path::Device { kept: false }),
         11 => return dp(data_parallel::Path::Device { kept: true }),
         _ => one_rank(which, (spec, layout, data), device, run)?,
     };
     Ok((one, None))
+}
+
+/// Each batch's features and labels made tensors on `device` from Arrow, as
+/// a step's inputs are, with no step: what the upload alone costs (the
+/// bound of every epoch whose batches are not kept), waited for every 25
+/// batches. Samples/s.
+fn upload_alone(
+    spec: &JobSpec,
+    layout: &Layout,
+    data: &[RecordBatch],
+    device: &Device,
+    (steps, warmup): (usize, usize),
+) -> anyhow::Result<f64> {
+    use kindling_agent::models::tensorize;
+    let wait = |x: &burn::tensor::Tensor<2>| {
+        std::hint::black_box(x.clone().slice([0..1, 0..1]).into_scalar::<f32>());
+    };
+    let mut t = std::time::Instant::now();
+    for i in 0..warmup + steps {
+        let b = &data[i % data.len()];
+        let x = tensorize::features(b, layout, device)?;
+        std::hint::black_box(tensorize::targets(b, "y", spec.task, device)?);
+        if i + 1 == warmup {
+            wait(&x);
+            t = std::time::Instant::now();
+        } else if (i + 1) % trainer::LOSS_READ_EVERY == 0 || i + 1 == warmup + steps {
+            wait(&x);
+        }
+    }
+    Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// `--ab`'s one-rank path `which`: samples/s.

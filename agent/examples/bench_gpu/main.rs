@@ -19,6 +19,8 @@
 //! - `step on the device` (MLP, f32): a job of one agent, by default
 //!   ([`DeviceOptimizer`]: the optimizer, its state
 //!   and the master weights on the device, the loss the only read back);
+//! - `step on the device, batches kept` (every model and precision): one
+//!   agent's step in the trainer's epochs after the first;
 //! - `burn alone` (MLP): the same model and batch as device tensors already,
 //!   forward, backward and burn's Adam on the device (no Arrow, no loss read
 //!   back per step): burn's kernels alone.
@@ -33,7 +35,8 @@
 //! alternating rounds: the host round trip; on the device, its losses read
 //! each step or every 25 as the trainer reads them, and with the batches kept
 //! on the device (the trainer's epochs after the first) or with room there
-//! for half of them (a data set twice what an agent may keep); and burn's own loop
+//! for half of them (a data set twice what an agent may keep); each batch's
+//! upload alone (the bound of an epoch whose batches are not kept); and burn's own loop
 //! as it is, with Kindling's optimizer, with each batch converted from Arrow,
 //! and with Adam written out as burn's optimizer adaptor steps (with and
 //! without a second handle on the weights), which splits what Kindling's
@@ -67,6 +70,9 @@ mod ab;
 mod common;
 mod data_parallel;
 use common::{arg, mlp_batches};
+
+/// The one-agent trainer's path in its epochs after the first.
+const KEPT: StepPath = StepPath::DeviceKept(trainer::LOSS_READ_EVERY);
 
 /// Distinct batches cycled through (kept on the host as Arrow, as the cache keeps them).
 pub(crate) const DISTINCT: usize = 4;
@@ -499,9 +505,10 @@ fn main() -> anyhow::Result<()> {
                 let spec = spec(model, batch, precision)?;
                 let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
                 let resident = model == "mlp" && precision == Precision::F32;
-                for path in [StepPath::Host, StepPath::Device] {
-                    if path == StepPath::Host || resident {
-                        kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), path)?;
+                for path in [StepPath::Host, StepPath::Device, KEPT] {
+                    if path != StepPath::Device || resident {
+                        // A path that fails is reported in its timed row.
+                        let _ = kindling_step(&spec, &layout, &data, &autodiff, (1, warmup), path);
                     }
                 }
             }
@@ -516,6 +523,19 @@ fn main() -> anyhow::Result<()> {
                 let sps = kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), StepPath::Host)?;
                 eprintln!("{model} batch {batch} {name} ({dtype}): kindling step {sps:.0} samples/s");
                 rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": "kindling step", "samples_per_sec": sps}));
+                // One agent's step, batches kept on the device: the
+                // trainer's epochs after the first, for every model and precision.
+                let path = "step on the device, batches kept (one agent, epochs after the first)";
+                match kindling_step(&spec, &layout, &data, &autodiff, (steps, warmup), KEPT) {
+                    Ok(sps) => {
+                        eprintln!("{model} batch {batch} {name} ({dtype}): {path} {sps:.0} samples/s");
+                        rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": path, "samples_per_sec": sps}));
+                    }
+                    Err(e) => {
+                        eprintln!("{model} batch {batch} {name} ({dtype}): {path} failed: {e:#}");
+                        rows.push(json!({"model": model, "batch": batch, "precision": name, "dtype": dtype, "path": path, "samples_per_sec": 0.0, "error": format!("{e:#}")}));
+                    }
+                }
             }
             if model == "mlp" {
                 let spec = spec(model, batch, Precision::F32)?;
