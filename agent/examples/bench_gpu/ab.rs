@@ -12,7 +12,7 @@ use crate::common::{arg, mlp_batches};
 use crate::{BurnLoop, DISTINCT, StepPath, burn_alone, data_parallel, device_phases, kindling_step, spec};
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 14] = [
+const AB_PATHS: [&str; 18] = [
     "host round trip (default)",
     "step on the device, loss read each step",
     "step on the device, losses read every 25 steps (the trainer's)",
@@ -27,11 +27,18 @@ const AB_PATHS: [&str; 14] = [
     "data-parallel, 2 ranks on this GPU, step on the device, batches kept (both ranks' samples)",
     "step on the device, losses every 25 steps, room on the device for half the batches (data twice what is kept)",
     "each batch's upload alone (Arrow to the device, no step; waited for every 25)",
+    "data-parallel, 2 processes on this GPU, step on the device, batches kept (both ranks' samples)",
+    "data-parallel, 2 processes on this GPU, step on the device, batches kept, the gradient in one bucket (both ranks' samples)",
+    "data-parallel, 2 ranks on this GPU, step on the device, batches kept, the gradient in one bucket (both ranks' samples)",
+    "step on the device, losses every 25 steps, batches kept, mixed precision (f16 where the adapter has no bf16)",
 ];
 
 /// The one-agent path the data-parallel ones are held against: the
 /// trainer's step on the device.
 const AB_ONE_AGENT: usize = 2;
+
+/// A device bucket that holds the whole gradient: one read a step.
+const ONE_BUCKET: usize = 1 << 28;
 
 /// One run of `--ab`'s path `which`: samples/s, and the all-reduce's
 /// share of the step for a data-parallel path.
@@ -62,6 +69,38 @@ fn ab_path(
             StepPath::DeviceKeptHalf(trainer::LOSS_READ_EVERY),
         )?,
         13 => upload_alone(spec, layout, data, device, run)?,
+        14 | 15 => {
+            let bucket = if which == 14 {
+                arg("--bucket-values", 1 << 16)
+            } else {
+                ONE_BUCKET
+            };
+            let kept = data_parallel::Path::Device { kept: true };
+            let r =
+                data_parallel::run_processes(("mlp", spec.batch_size, Precision::F32), run, kept, bucket)?;
+            return Ok((r.samples_per_sec, Some(r.all_reduce_share)));
+        }
+        16 => {
+            let r = data_parallel::run(
+                (spec, layout, data),
+                device,
+                run,
+                data_parallel::Path::Device { kept: true },
+                ONE_BUCKET,
+            )?;
+            return Ok((r.samples_per_sec, Some(r.all_reduce_share)));
+        }
+        17 => {
+            let mixed = crate::spec("mlp", spec.batch_size, Precision::Bf16)?;
+            kindling_step(
+                &mixed,
+                layout,
+                data,
+                device,
+                run,
+                StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
+            )?
+        }
         9 => return dp(data_parallel::Path::Host),
         10 => return dp(data_parallel::Path::Device { kept: false }),
         11 => return dp(data_parallel::Path::Device { kept: true }),

@@ -224,3 +224,146 @@ fn rank(
     read_losses(&mut pending);
     Ok((t.elapsed(), times))
 }
+
+/// Two ranks as two processes on this GPU (this program run twice with
+/// `--dp-child`), each with its own device, queue and ring, as two agent
+/// processes on one GPU are: their samples/s together and rank 0's
+/// all-reduce share. The children print their collective address, get both
+/// on stdin, train, and print their wall time and share.
+pub fn run_processes(
+    (model, batch, precision): (&str, usize, kindling_schemas::spec::Precision),
+    (steps, warmup): (usize, usize),
+    path: Path,
+    bucket_values: usize,
+) -> anyhow::Result<Run> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let path_arg = match path {
+        Path::Host => "host",
+        Path::Device { kept: false } => "device",
+        Path::Device { kept: true } => "kept",
+    };
+    let precision_arg = match precision {
+        kindling_schemas::spec::Precision::F32 => "f32",
+        _ => "bf16",
+    };
+    let mut children = Vec::new();
+    for rank in 0..2 {
+        let child = Command::new(std::env::current_exe()?)
+            .args([
+                "--dp-child",
+                &rank.to_string(),
+                "--dp-path",
+                path_arg,
+                "--dp-model",
+                model,
+            ])
+            .args(["--dp-precision", precision_arg, "--batch", &batch.to_string()])
+            .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
+            .args(["--bucket-values", &bucket_values.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        children.push(child);
+    }
+    let mut outs = Vec::new();
+    let mut urls = Vec::new();
+    for c in &mut children {
+        let mut out = BufReader::new(c.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        let url = line.trim().strip_prefix("url ").map(str::to_owned);
+        urls.push(url.ok_or_else(|| anyhow::anyhow!("a child said `{}`, not its address", line.trim()))?);
+        outs.push(out);
+    }
+    for c in &mut children {
+        writeln!(c.stdin.take().expect("piped"), "{}", urls.join(","))?;
+    }
+    let mut results = Vec::new();
+    for (mut out, mut c) in outs.into_iter().zip(children) {
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        let status = c.wait()?;
+        let parsed: Option<(f64, f64)> = line
+            .trim()
+            .strip_prefix("result ")
+            .and_then(|r| r.split_once(' '))
+            .and_then(|(w, s)| Some((w.parse().ok()?, s.parse().ok()?)));
+        results.push(
+            parsed.ok_or_else(|| anyhow::anyhow!("a child ended ({status}) saying `{}`", line.trim()))?,
+        );
+    }
+    let wall = results.iter().map(|r| r.0).fold(1e-9, f64::max);
+    Ok(Run {
+        samples_per_sec: (2 * steps * batch) as f64 / wall,
+        all_reduce_share: results[0].1,
+    })
+}
+
+/// `--dp-child RANK`: one rank of [`run_processes`].
+pub fn child(rank: usize) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let value = |name: &str| crate::list(name, "").pop().unwrap_or_default();
+    let path = match value("--dp-path").as_str() {
+        "host" => Path::Host,
+        "device" => Path::Device { kept: false },
+        _ => Path::Device { kept: true },
+    };
+    let precision = match value("--dp-precision").as_str() {
+        "f32" => kindling_schemas::spec::Precision::F32,
+        _ => kindling_schemas::spec::Precision::Bf16,
+    };
+    let batch = crate::arg("--batch", 4096);
+    let (device, _) = kindling_agent::models::backend::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let device = device.autodiff();
+    let data = crate::common::mlp_batches(crate::DISTINCT, batch);
+    let spec = crate::spec(&value("--dp-model"), batch, precision)?;
+    let layout = kindling_schemas::schema::validate(
+        &data[0].schema(),
+        &spec,
+        kindling_schemas::schema::StreamKind::Train,
+    )?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let token = Token::new("bench");
+    let stop = CancellationToken::new();
+    let (url, inbox) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let inbox = kindling_agent::collective::Inbox::new();
+        kindling_agent::collective::listen(
+            listener,
+            None,
+            inbox.clone(),
+            kindling_schemas::auth::BearerCheck::new(Some(token.clone())),
+            stop.clone(),
+        );
+        anyhow::Ok((url, inbox))
+    })?;
+    println!("url {url}");
+    std::io::stdout().flush()?;
+    let mut urls = String::new();
+    std::io::stdin().lock().read_line(&mut urls)?;
+    let urls: Vec<String> = urls.trim().split(',').map(str::to_owned).collect();
+    let ring = ring("bench-gpu-dp", rank, &urls, &token, &inbox)?;
+    let setting = Setting {
+        spec: &spec,
+        layout: &layout,
+        data: &data,
+        device: &device,
+        steps: crate::arg("--steps", 100),
+        warmup: crate::arg("--warmup", 5),
+        path,
+        step: GradientStep {
+            device_bucket_values: crate::arg("--bucket-values", 1 << 16),
+            ..GradientStep::for_spec(&spec)
+        },
+    };
+    let (wall, times) = self::rank(setting, ring, rt.handle(), &Barrier::new(1))?;
+    stop.cancel();
+    let share = (times.all_reduce + times.idle).as_secs_f64() / wall.as_secs_f64().max(1e-9);
+    println!("result {} {share}", wall.as_secs_f64());
+    Ok(())
+}

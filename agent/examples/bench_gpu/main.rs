@@ -455,7 +455,7 @@ pub(crate) fn device_phases(
 }
 
 /// The comma-separated values after `--name`, or `default`'s.
-fn list(name: &str, default: &str) -> Vec<String> {
+pub(crate) fn list(name: &str, default: &str) -> Vec<String> {
     let args: Vec<String> = std::env::args().collect();
     let value = args
         .iter()
@@ -466,6 +466,9 @@ fn list(name: &str, default: &str) -> Vec<String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    if let Some(rank) = list("--dp-child", "").pop().filter(|r| !r.is_empty()) {
+        return data_parallel::child(rank.parse()?);
+    }
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
     let as_json = std::env::args().any(|a| a == "--json");
