@@ -37,6 +37,12 @@ const AB_PATHS: [&str; 18] = [
 /// trainer's step on the device.
 const AB_ONE_AGENT: usize = 2;
 
+/// Whether `--paths` (indices into [`AB_PATHS`], all by default) names path `which`.
+fn chosen(which: usize) -> bool {
+    let paths = crate::list("--paths", "");
+    paths.iter().all(|p| p.is_empty()) || paths.iter().any(|p| p.parse() == Ok(which))
+}
+
 /// A device bucket that holds the whole gradient: one read a step.
 const ONE_BUCKET: usize = 1 << 28;
 
@@ -197,7 +203,7 @@ pub fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usi
         let mut runs: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
         let mut shares: Vec<Vec<f64>> = vec![Vec::new(); AB_PATHS.len()];
         for round in 0..=rounds {
-            for (which, name) in AB_PATHS.iter().enumerate() {
+            for (which, name) in AB_PATHS.iter().enumerate().filter(|(w, _)| chosen(*w)) {
                 let (sps, share) = ab_path(which, (&spec, &layout, &data), autodiff, steps)?;
                 eprintln!("batch {batch} round {round}: {name} {sps:.0} samples/s, all-reduce {share:?}");
                 if round > 0 {
@@ -209,11 +215,17 @@ pub fn device_ab(autodiff: &Device, batches: &[usize], steps: usize, rounds: usi
         let median = |v: &[f64]| {
             let mut v = v.to_vec();
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            // A path `--paths` left out: no figure (its ratios read NaN).
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
         };
         let host = median(&runs[0]);
         let one_agent = median(&runs[AB_ONE_AGENT]);
-        for ((name, v), share) in AB_PATHS.iter().zip(&runs).zip(&shares) {
+        for ((name, v), share) in AB_PATHS
+            .iter()
+            .zip(&runs)
+            .zip(&shares)
+            .filter(|((_, v), _)| !v.is_empty())
+        {
             let m = median(v);
             let each: Vec<String> = v.iter().map(|x| format!("{x:.0}")).collect();
             let share = match share.is_empty() {
