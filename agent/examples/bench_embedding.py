@@ -5,7 +5,8 @@ Four categorical columns (vocabularies 1000, 500, 100, 50) each through an
 embedding of 16, a numeric tower 16 → 32 (ReLU) over 16 float features, the
 concatenation through 96 → 64 (ReLU) → 2, Adam (lr 1e-3), cross-entropy.
 Prints one JSON line with samples/s. Needs PyTorch (CPU build), see
-`bench_mlp.py`.
+`bench_mlp.py`; `--device cuda` trains on the GPU with the data already
+there (`bench_embedding --gpu`'s baseline).
 """
 
 import argparse
@@ -40,13 +41,16 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--rows", type=int, default=32768)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the data and the model on the GPU")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    ids = torch.stack([torch.randint(0, v, (a.rows,)) for v in VOCABULARIES], 1)
-    x = torch.randn(a.rows, FLOATS)
-    y = torch.randint(0, 2, (a.rows,))
-    model = Net()
+    dev = torch.device(a.device)
+    a.rows = max(a.rows, 8 * a.batch)
+    ids = torch.stack([torch.randint(0, v, (a.rows,)) for v in VOCABULARIES], 1).to(dev)
+    x = torch.randn(a.rows, FLOATS).to(dev)
+    y = torch.randint(0, 2, (a.rows,)).to(dev)
+    model = Net().to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     batches = a.rows // a.batch
@@ -61,6 +65,8 @@ def main():
 
     for i in range(a.warmup):
         step(i)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     t = time.perf_counter()
     for i in range(a.steps):
         loss = step(i)
@@ -73,6 +79,7 @@ def main():
                 "threads": torch.get_num_threads(),
                 "torch": torch.__version__,
                 "loss": loss,
+                "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
             }
         ),
         flush=True,

@@ -16,171 +16,45 @@
 //!
 //! Needs PyTorch, see `bench_mlp.rs`. Then:
 //! `cargo run --release -p kindling-agent --example bench_embedding -- --steps 400 --rounds 4`
+//!
+//! `--gpu` (an agent built with `--features gpu`): on the GPU instead, one
+//! agent's step as the trainer runs it there — kept on the device, the
+//! batches' inputs kept on the device once staged (its epochs after the
+//! first), the losses read every 25 steps — at each of `--batches`
+//! (256,4096), against the same model in PyTorch eager on CUDA with its data
+//! already there (`bench_embedding.py --device cuda`; `KINDLING_TORCH_PYTHON`
+//! names the Python, `python3` on the GPU machine).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
-use burn::config::Config;
-use burn::module::Module;
-use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, Relu};
-use burn::tensor::{Device, Tensor};
-use kindling_agent::AgentError;
-use kindling_agent::models::kindling_model::{Batch, Inputs, KindlingModel, ModelRegistry};
+use burn::tensor::Device;
+use kindling_agent::models::kindling_model::{Batch, ModelRegistry};
 use kindling_agent::optim::FlatOptimizer;
 use kindling_agent::training::trainer;
 use kindling_schemas::schema::{self, StreamKind};
-use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
-use rand::{Rng, SeedableRng};
 
 mod common;
 use common::arg;
 
-const VOCABULARIES: [usize; 4] = [1000, 500, 100, 50];
-const CATEGORICAL: [&str; 4] = ["c0", "c1", "c2", "c3"];
-const FLOATS: usize = 16;
+#[path = "common/tabular.rs"]
+mod tabular;
+use tabular::{Tabular, batches, on_gpu, spec, torch};
+
+/// The CPU benchmark's batch.
 const BATCH: usize = 512;
-
-/// Config of [`Tabular`].
-#[derive(Config, Debug)]
-pub struct TabularConfig {
-    /// Embedding width of every categorical column.
-    #[config(default = 16)]
-    pub embedding: usize,
-}
-
-/// Embeddings per categorical column plus a numeric tower.
-#[derive(Module, Debug)]
-pub struct Tabular {
-    embeddings: Vec<Embedding>,
-    tower: Linear,
-    hidden: Linear,
-    head: Linear,
-    activation: Relu,
-}
-
-impl KindlingModel for Tabular {
-    type Config = TabularConfig;
-
-    fn init(config: &TabularConfig, inputs: &Inputs<'_>, device: &Device) -> Result<Self, AgentError> {
-        let embeddings = CATEGORICAL
-            .iter()
-            .map(|c| Ok(EmbeddingConfig::new(inputs.vocabulary(c)?, config.embedding).init(device)))
-            .collect::<Result<Vec<_>, AgentError>>()?;
-        let width = config.embedding * CATEGORICAL.len() + 32;
-        Ok(Tabular {
-            embeddings,
-            tower: LinearConfig::new(inputs.float_width(), 32).init(device),
-            hidden: LinearConfig::new(width, 64).init(device),
-            head: LinearConfig::new(64, inputs.outputs()).init(device),
-            activation: Relu::new(),
-        })
-    }
-
-    fn forward(&self, batch: &Batch<'_>) -> Result<Tensor<2>, AgentError> {
-        let mut parts = Vec::with_capacity(CATEGORICAL.len() + 1);
-        for (column, embedding) in CATEGORICAL.iter().zip(&self.embeddings) {
-            let ids = batch.ids(column)?.unsqueeze_dim(1);
-            parts.push(embedding.forward(ids).squeeze_dim::<2>(1));
-        }
-        parts.push(self.activation.forward(self.tower.forward(batch.features()?)));
-        let hidden = self
-            .activation
-            .forward(self.hidden.forward(Tensor::cat(parts, 1)));
-        Ok(self.head.forward(hidden))
-    }
-}
-
-fn batches(n: usize) -> Vec<RecordBatch> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let item = Arc::new(Field::new("item", DataType::Float32, false));
-    let mut fields: Vec<Field> = CATEGORICAL
-        .iter()
-        .map(|c| Field::new(*c, DataType::Int64, false))
-        .collect();
-    fields.push(Field::new(
-        "x",
-        DataType::FixedSizeList(item.clone(), FLOATS as i32),
-        false,
-    ));
-    fields.push(Field::new("y", DataType::Int32, false));
-    let schema = Arc::new(Schema::new(fields));
-    (0..n)
-        .map(|_| {
-            let mut columns: Vec<ArrayRef> = VOCABULARIES
-                .iter()
-                .map(|&v| {
-                    Arc::new(Int64Array::from_iter_values(
-                        (0..BATCH).map(|_| rng.random_range(0..v as i64)),
-                    )) as ArrayRef
-                })
-                .collect();
-            let values: Vec<f32> = (0..BATCH * FLOATS).map(|_| rng.random_range(-1.0..1.0)).collect();
-            columns.push(Arc::new(FixedSizeListArray::new(
-                item.clone(),
-                FLOATS as i32,
-                Arc::new(Float32Array::from(values)),
-                None,
-            )));
-            columns.push(Arc::new(Int32Array::from_iter_values(
-                (0..BATCH).map(|_| rng.random_range(0..2)),
-            )));
-            RecordBatch::try_new(schema.clone(), columns).expect("batch")
-        })
-        .collect()
-}
-
-/// PyTorch's samples/s over `steps` steps, or `None` when it cannot run.
-fn torch(threads: usize, steps: usize, warmup: usize) -> Option<f64> {
-    let python = std::env::var("KINDLING_TORCH_PYTHON").unwrap_or_else(|_| {
-        format!(
-            "{}/.cache/kindling/torchvenv/bin/python",
-            std::env::var("HOME").unwrap_or_default()
-        )
-    });
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/bench_embedding.py");
-    let out = std::process::Command::new(&python)
-        .args([script, "--threads", &threads.to_string()])
-        .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
-        .output();
-    match out {
-        Ok(out) if out.status.success() => serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v["samples_per_sec"].as_f64()),
-        Ok(out) => {
-            eprintln!(
-                "PyTorch baseline failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            None
-        }
-        Err(e) => {
-            eprintln!("cannot run {python}: {e} (set KINDLING_TORCH_PYTHON)");
-            None
-        }
-    }
-}
 
 fn main() -> anyhow::Result<()> {
     let steps = arg("--steps", 200);
     let warmup = arg("--warmup", 20);
+    if std::env::args().any(|a| a == "--gpu") {
+        return on_gpu(steps, warmup);
+    }
     let rounds = arg("--rounds", 4).max(1);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = arg("--threads", cores);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
-    let mut spec = JobSpec::builder()
-        .task(Task::Classification { num_classes: 2 })
-        .model(ModelSpec::custom("tabular", &TabularConfig::new())?)
-        .optimizer(OptimizerSpec::adam(1e-3))
-        .batch_size(BATCH)
-        .features(CATEGORICAL.iter().copied().chain(["x"]))
-        .label("y");
-    for (c, v) in CATEGORICAL.iter().zip(VOCABULARIES) {
-        spec = spec.categorical(*c, v);
-    }
-    let spec = spec.build()?;
-    let data = batches(64);
+    let spec = spec(BATCH, false)?;
+    let data = batches(64, BATCH);
     let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
     let models = ModelRegistry::empty().with::<Tabular>("tabular");
     models.check(&spec)?;
@@ -210,7 +84,7 @@ fn main() -> anyhow::Result<()> {
                     line += &format!(" kindling {:.0}", (n * BATCH) as f64 / t.elapsed().as_secs_f64());
                 }
             } else if round > 0
-                && let Some(sps) = torch(threads, per_round, warmup)
+                && let Some(sps) = torch(threads, per_round, warmup, &[])
             {
                 line += &format!(" torch {sps:.0}");
                 torch_total += Duration::from_secs_f64((per_round * BATCH) as f64 / sps);

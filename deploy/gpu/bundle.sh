@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, here, everything deploy/gpu/prove.sh needs on a GPU machine that has
 # no Rust toolchain and no package registry: stripped binaries of the GPU agent,
-# the GPU benchmark (agent/examples/bench_gpu.rs) and the rendezvous, packed
+# the GPU benchmark (agent/examples/bench_gpu, which also trains
+# bench_embedding's model) and the rendezvous, packed
 # with xz, and the Vulkan loader's Debian package for an image without
 # libvulkan.so.1. Output: deploy/gpu/bundle/ (git-ignored), checked to be under
 # 60 MiB (what travels to a GPU machine in one call is at most 64 MiB).

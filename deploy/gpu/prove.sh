@@ -18,6 +18,8 @@
 # options) and PyTorch eager's MLP rows, and prints one table of both
 # (deploy/gpu/ab_table.py: × PyTorch eager, × its pinned-copy path, the
 # all-reduce's share): ab.md.
+# PROVE_EMBEDDING=1 also runs the embedding model against PyTorch on CUDA
+# (bench_gpu --embedding: bench_embedding.rs's model; PROVE_EMBEDDING_ARGS its options).
 # PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
 # PROVE_PYTHON names a Python with pyarrow, numpy, scikit-learn and torch
 # (PROVE_TORCH_PYTHON another for torch alone).
@@ -87,6 +89,15 @@ if [ "${PROVE_AB:-0}" = 1 ]; then
 else
   # shellcheck disable=SC2086
   "$python" deploy/gpu/prove.py --bin "$unpacked/bin" --out "$out" --python "$torch_python" ${PROVE_ARGS:-} || status=$?
+fi
+
+# The embedding model (a user's KindlingModel) on the GPU against PyTorch
+# eager on CUDA, batch 256 and 4096: only with PROVE_EMBEDDING=1.
+if [ "${PROVE_EMBEDDING:-0}" = 1 ]; then
+  echo "== the embedding model, one agent's step on the device (bench_gpu --embedding)"
+  # shellcheck disable=SC2086
+  KINDLING_TORCH_PYTHON="$torch_python" "$unpacked/bin/bench_gpu" --embedding ${PROVE_EMBEDDING_ARGS:---steps 100 --warmup 20} \
+    2>&1 | tee "$out/embedding.md" || status=$?
 fi
 
 # Where a Kindling MLP step's device time goes, kernel by kernel (NVIDIA's

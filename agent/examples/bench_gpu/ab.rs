@@ -39,7 +39,7 @@ const AB_ONE_AGENT: usize = 2;
 
 /// Whether `--paths` (indices into [`AB_PATHS`], all by default) names path `which`.
 fn chosen(which: usize) -> bool {
-    let paths = crate::list("--paths", "");
+    let paths = crate::common::list("--paths", "");
     paths.iter().all(|p| p.is_empty()) || paths.iter().any(|p| p.parse() == Ok(which))
 }
 

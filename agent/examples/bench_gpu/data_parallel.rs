@@ -303,7 +303,7 @@ pub fn run_processes(
 /// `--dp-child RANK`: one rank of [`run_processes`].
 pub fn child(rank: usize) -> anyhow::Result<()> {
     use std::io::{BufRead, Write};
-    let value = |name: &str| crate::list(name, "").pop().unwrap_or_default();
+    let value = |name: &str| crate::common::list(name, "").pop().unwrap_or_default();
     let path = match value("--dp-path").as_str() {
         "host" => Path::Host,
         "device" => Path::Device { kept: false },

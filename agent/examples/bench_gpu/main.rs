@@ -30,6 +30,8 @@
 //!
 //! `cargo run --release -p kindling-agent --features gpu --example bench_gpu -- --steps 100`
 //! (`--models mlp,cnn`, `--batches 256,4096` to choose rows);
+//! `--embedding` trains `bench_embedding`'s tabular model instead, one
+//! agent's step kept on the device, against PyTorch eager on CUDA;
 //! `--json` prints one JSON line (the rows, the phases, the adapter) instead
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, in
 //! alternating rounds: the host round trip; on the device, its losses read
@@ -69,7 +71,9 @@ mod ab;
 #[path = "../common/mod.rs"]
 mod common;
 mod data_parallel;
-use common::{arg, mlp_batches};
+#[path = "../common/tabular.rs"]
+mod tabular;
+use common::{arg, list, mlp_batches};
 
 /// The one-agent trainer's path in its epochs after the first.
 const KEPT: StepPath = StepPath::DeviceKept(trainer::LOSS_READ_EVERY);
@@ -454,23 +458,15 @@ pub(crate) fn device_phases(
     Ok(medians)
 }
 
-/// The comma-separated values after `--name`, or `default`'s.
-pub(crate) fn list(name: &str, default: &str) -> Vec<String> {
-    let args: Vec<String> = std::env::args().collect();
-    let value = args
-        .iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, String::as_str);
-    value.split(',').map(str::to_owned).collect()
-}
-
 fn main() -> anyhow::Result<()> {
     if let Some(rank) = list("--dp-child", "").pop().filter(|r| !r.is_empty()) {
         return data_parallel::child(rank.parse()?);
     }
     let steps = arg("--steps", 100);
     let warmup = arg("--warmup", 10);
+    if std::env::args().any(|a| a == "--embedding") {
+        return tabular::on_gpu(steps, warmup);
+    }
     let as_json = std::env::args().any(|a| a == "--json");
     let (gpu, info) = backend::gpu().map_err(|e| anyhow::anyhow!("{e}"))?;
     let autodiff = gpu.clone().autodiff();

@@ -28,6 +28,17 @@ pub fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The comma-separated values after `--name`, or `default`'s.
+pub fn list(name: &str, default: &str) -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let value = args
+        .iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, String::as_str);
+    value.split(',').map(str::to_owned).collect()
+}
+
 /// CPU seconds (user + system) this process has used.
 pub fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
