@@ -2,7 +2,8 @@
 """One table from a `bench_gpu --ab` run and PyTorch eager's MLP rows of the
 same call (deploy/gpu/bench_gpu.py's JSON): each path's samples/s against
 PyTorch eager and against PyTorch copying each batch from pinned memory, with
-the all-reduce's share of the step for the data-parallel paths.
+the all-reduce's share of the step for the data-parallel paths and the
+upload's for the paths that upload batches (from the upload-alone path).
 
     ab_table.py ab.txt torch.json > ab.md
 """
@@ -51,11 +52,20 @@ def main() -> int:
     if not rows:
         print(f"no --ab rows in {sys.argv[1]}", file=sys.stderr)
         return 1
-    print("| batch | path | samples/s | × PyTorch eager | × PyTorch, batch copied from pinned memory | all-reduce's share of the step |")
+    print("| batch | path | samples/s | × PyTorch eager | × PyTorch, batch copied from pinned memory | the all-reduce's or the upload's share of the step |")
     print("|---:|---|---:|---:|---:|---:|")
     ratio = lambda x, base: f"{x / base:.2f}×" if base else "—"
+    # Each batch's upload alone bounds a path that uploads every batch: its
+    # share of such a step is the step's rate over the upload's.
+    upload = {b: v for b, n, v, _ in rows if n.startswith("each batch's upload alone")}
     for batch, name, sps, share in rows:
         base = torch.get(batch, {})
+        # The share of its batches a path uploads each step (room for half: half).
+        uploaded = 0.5 if "half the batches" in name else 1.0 if "the trainer's" in name else 0.0
+        if not share and uploaded and upload.get(batch):
+            share = f"upload {100 * uploaded * sps / upload[batch]:.0f} %"
+        elif share:
+            share = f"all-reduce {share}"
         print(f"| {batch} | {name} | {sps:,.0f} | {ratio(sps, base.get('eager'))} | {ratio(sps, base.get('pinned'))} | {share} |")
     for batch in sorted(torch):
         base = torch[batch]
