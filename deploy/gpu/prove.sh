@@ -17,7 +17,7 @@
 # GPU, batches uploaded each step, kept, or half kept; PROVE_AB_ARGS its
 # options) and PyTorch eager's MLP rows, and prints one table of both
 # (deploy/gpu/ab_table.py: × PyTorch eager, × its pinned-copy path, the
-# all-reduce's share): ab.md.
+# all-reduce's share, the upload's share): ab.md.
 # PROVE_EMBEDDING=1 also runs the embedding model against PyTorch on CUDA
 # (bench_gpu --embedding: bench_embedding.rs's model; PROVE_EMBEDDING_ARGS its options).
 # PROVE_ARGS passes options to prove.py (e.g. "--steps 5" for a rehearsal);
