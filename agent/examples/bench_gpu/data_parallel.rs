@@ -227,7 +227,8 @@ fn rank(
 
 /// Two ranks as two processes on this GPU (this program run twice with
 /// `--dp-child`), each with its own device, queue and ring, as two agent
-/// processes on one GPU are: their samples/s together and rank 0's
+/// processes on one GPU are (with `--dp-one-per-gpu`, each on a GPU of its
+/// own): their samples/s together and rank 0's
 /// all-reduce share. The children print their collective address, get both
 /// on stdin, train, and print their wall time and share.
 pub fn run_processes(
@@ -247,9 +248,16 @@ pub fn run_processes(
         kindling_schemas::spec::Precision::F32 => "f32",
         _ => "bf16",
     };
+    // `--dp-one-per-gpu` (a machine with several GPUs): rank r on the r-th
+    // discrete adapter, as one agent per GPU is, instead of both on the first.
+    let one_per_gpu = std::env::args().any(|a| a == "--dp-one-per-gpu");
     let mut children = Vec::new();
     for rank in 0..2 {
-        let child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        if one_per_gpu {
+            command.env("CUBECL_WGPU_DEFAULT_DEVICE", format!("DiscreteGpu({rank})"));
+        }
+        let child = command
             .args([
                 "--dp-child",
                 &rank.to_string(),
