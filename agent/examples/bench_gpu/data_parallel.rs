@@ -21,8 +21,7 @@ use kindling_schemas::schema::FeatureLayout as Layout;
 use kindling_schemas::spec::JobSpec;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{collective_servers, ring};
-use crate::read_losses;
+use crate::common::{collective_servers, read_losses, ring};
 
 /// How a data-parallel rank steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,16 +74,10 @@ pub fn run(
         steps,
         warmup,
         path,
-        step: GradientStep {
-            device_bucket_values: bucket_values,
-            ..GradientStep::for_spec(spec)
-        },
+        step: step_with(spec, bucket_values),
     };
     const WORLD: usize = 2;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = runtime()?;
     let token = Token::new("bench");
     let stop = CancellationToken::new();
     let rings = rt.block_on(async {
@@ -130,6 +123,22 @@ pub fn run(
         samples_per_sec: (WORLD * steps * spec.batch_size) as f64 / wall,
         all_reduce_share: (times.all_reduce + times.idle).as_secs_f64() / walls[0].as_secs_f64().max(1e-9),
     })
+}
+
+/// The gradient step of `spec`'s job with device buckets of `bucket_values`.
+fn step_with(spec: &JobSpec, bucket_values: usize) -> GradientStep {
+    GradientStep {
+        device_bucket_values: bucket_values,
+        ..GradientStep::for_spec(spec)
+    }
+}
+
+/// The runtime a rank's ring runs on.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
 }
 
 /// One rank's steps: the timed span's wall time and where it went.
@@ -331,31 +340,17 @@ pub fn child(rank: usize) -> anyhow::Result<()> {
         &spec,
         kindling_schemas::schema::StreamKind::Train,
     )?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = runtime()?;
     let token = Token::new("bench");
     let stop = CancellationToken::new();
-    let (url, inbox) = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let inbox = kindling_agent::collective::Inbox::new();
-        kindling_agent::collective::listen(
-            listener,
-            None,
-            inbox.clone(),
-            kindling_schemas::auth::BearerCheck::new(Some(token.clone())),
-            stop.clone(),
-        );
-        anyhow::Ok((url, inbox))
-    })?;
+    let (mut urls, inboxes) = rt.block_on(collective_servers(1, &token, None, &stop))?;
+    let (url, inbox) = (urls.remove(0), &inboxes[0]);
     println!("url {url}");
     std::io::stdout().flush()?;
     let mut urls = String::new();
     std::io::stdin().lock().read_line(&mut urls)?;
     let urls: Vec<String> = urls.trim().split(',').map(str::to_owned).collect();
-    let ring = ring("bench-gpu-dp", rank, &urls, &token, &inbox)?;
+    let ring = ring("bench-gpu-dp", rank, &urls, &token, inbox)?;
     let setting = Setting {
         spec: &spec,
         layout: &layout,
@@ -364,10 +359,7 @@ pub fn child(rank: usize) -> anyhow::Result<()> {
         steps: crate::arg("--steps", 100),
         warmup: crate::arg("--warmup", 5),
         path,
-        step: GradientStep {
-            device_bucket_values: crate::arg("--bucket-values", 1 << 16),
-            ..GradientStep::for_spec(&spec)
-        },
+        step: step_with(&spec, crate::arg("--bucket-values", 1 << 16)),
     };
     let (wall, times) = self::rank(setting, ring, rt.handle(), &Barrier::new(1))?;
     stop.cancel();

@@ -131,15 +131,6 @@ pub(crate) enum StepPath {
     DeviceKeptHalf(usize),
 }
 
-/// Reads back the losses of steps kept on the device that are not read yet,
-/// summed on the device: the wait for every step queued so far.
-pub(crate) fn read_losses(pending: &mut Vec<burn::tensor::Tensor<1>>) {
-    if !pending.is_empty() {
-        let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
-        std::hint::black_box(sum.into_scalar::<f32>());
-    }
-}
-
 /// The trainer's step path, `steps` timed steps after `warmup`: samples/s.
 pub(crate) fn kindling_step(
     spec: &JobSpec,
@@ -169,46 +160,34 @@ pub(crate) fn kindling_step(
         }
         _ => {}
     }
+    if let Some(opt) = on_device.as_mut() {
+        let every = match path {
+            StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) | StepPath::DeviceKeptHalf(k) => k,
+            _ => 1,
+        };
+        return common::device_steps(
+            model,
+            opt,
+            pipeline,
+            (data, layout, spec, device),
+            (steps, warmup),
+            every,
+        );
+    }
     let mut t = Instant::now();
-    let failed = |e| anyhow::anyhow!("{e:?}");
-    // Losses not read yet (summed on the device when read).
-    let mut pending: Vec<burn::tensor::Tensor<1>> = Vec::new();
     for i in 0..warmup + steps {
         if i == warmup {
-            read_losses(&mut pending);
             t = Instant::now();
         }
-        // Reading the loss (or the gradients) back is the step's sync point:
-        // every step timed here has finished on the device. The next batch
-        // is staged meanwhile, as the trainer does on a GPU.
+        // Reading the gradients back is the step's sync point: every step
+        // timed here has finished on the device. The next batch is staged
+        // meanwhile, as the trainer does on a GPU.
         let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
-        let batch = &data[i % data.len()];
-        match on_device.as_mut() {
-            Some(opt) => {
-                let share = pipeline
-                    .run(batch, next, layout, spec, device, |b| {
-                        model.device_gradients(b, opt)
-                    })
-                    .map_err(failed)?;
-                model = model.device_step(opt, (1.0 / share.weight) as f32);
-                pending.extend(share.loss_sum);
-                let every = match path {
-                    StepPath::DeviceEvery(k) | StepPath::DeviceKept(k) | StepPath::DeviceKeptHalf(k) => k,
-                    _ => 1,
-                };
-                if (i + 1) % every == 0 {
-                    read_losses(&mut pending);
-                }
-            }
-            None => {
-                let buf = pipeline
-                    .gradients(model.as_ref(), batch, next, layout, spec, device)
-                    .map_err(failed)?;
-                model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
-            }
-        }
+        let buf = pipeline
+            .gradients(model.as_ref(), &data[i % data.len()], next, layout, spec, device)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        model = trainer::apply_summed_gradients(model, &mut optim, &mut weights, buf).0;
     }
-    read_losses(&mut pending);
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 

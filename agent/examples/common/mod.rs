@@ -39,6 +39,56 @@ pub fn list(name: &str, default: &str) -> Vec<String> {
     value.split(',').map(str::to_owned).collect()
 }
 
+/// Reads back the losses of steps kept on the device that are not read yet,
+/// summed on the device: the wait for every step queued so far.
+pub fn read_losses(pending: &mut Vec<burn::tensor::Tensor<1>>) {
+    if !pending.is_empty() {
+        let sum = burn::tensor::Tensor::cat(std::mem::take(pending), 0).sum();
+        std::hint::black_box(sum.into_scalar::<f32>());
+    }
+}
+
+/// One agent's step kept on the device, as the trainer runs it on a GPU:
+/// `model` stepped by `opt` for `steps` timed steps after `warmup`, the
+/// next batch staged (and kept, as `pipeline` says) meanwhile, the losses
+/// read back every `every` steps and after the last. Samples/s.
+pub fn device_steps(
+    mut model: Box<dyn kindling_agent::models::kindling_model::AnyModel>,
+    opt: &mut kindling_agent::optim::DeviceOptimizer,
+    mut pipeline: kindling_agent::models::kindling_model::staged::Pipeline,
+    (data, layout, spec, device): (
+        &[RecordBatch],
+        &kindling_schemas::schema::FeatureLayout,
+        &kindling_schemas::spec::JobSpec,
+        &burn::tensor::Device,
+    ),
+    (steps, warmup): (usize, usize),
+    every: usize,
+) -> anyhow::Result<f64> {
+    let mut pending = Vec::new();
+    let mut t = std::time::Instant::now();
+    for i in 0..warmup + steps {
+        if i == warmup {
+            read_losses(&mut pending);
+            t = std::time::Instant::now();
+        }
+        let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
+        let share = pipeline
+            .run(&data[i % data.len()], next, layout, spec, device, |b| {
+                model.device_gradients(b, opt)
+            })
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        model = model.device_step(opt, (1.0 / share.weight) as f32);
+        pending.extend(share.loss_sum);
+        if (i + 1) % every == 0 {
+            read_losses(&mut pending);
+        }
+    }
+    // Reading the losses back is the sync point: every timed step has run.
+    read_losses(&mut pending);
+    Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
+}
+
 /// CPU seconds (user + system) this process has used.
 pub fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();

@@ -4,7 +4,6 @@
 //! on the GPU.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -191,37 +190,18 @@ pub fn on_gpu(steps: usize, warmup: usize) -> anyhow::Result<()> {
         let spec = spec(batch, true)?;
         let data = batches(8, batch);
         let layout = schema::validate(&data[0].schema(), &spec, StreamKind::Train)?;
-        let mut model = models.build(&spec, &layout, &device)?;
+        let model = models.build(&spec, &layout, &device)?;
         let weights = model.flat_weights();
         let optim = FlatOptimizer::new(&spec.optimizer, weights.len());
         let mut opt = DeviceOptimizer::upload(&optim, &weights, &model.param_layout(), None, &device);
-        let mut pipeline = Pipeline::new(true).keeping(u64::MAX);
-        let mut pending: Vec<Tensor<1>> = Vec::new();
-        let read = |pending: &mut Vec<Tensor<1>>| {
-            if !pending.is_empty() {
-                std::hint::black_box(Tensor::cat(std::mem::take(pending), 0).sum().into_scalar::<f32>());
-            }
-        };
-        let mut t = Instant::now();
-        for i in 0..warmup + steps {
-            if i == warmup {
-                read(&mut pending);
-                t = Instant::now();
-            }
-            let next = (i + 1 < warmup + steps).then(|| &data[(i + 1) % data.len()]);
-            let share = pipeline
-                .run(&data[i % data.len()], next, &layout, &spec, &device, |b| {
-                    model.device_gradients(b, &mut opt)
-                })
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            model = model.device_step(&mut opt, (1.0 / share.weight) as f32);
-            pending.extend(share.loss_sum);
-            if (i + 1) % trainer::LOSS_READ_EVERY == 0 {
-                read(&mut pending);
-            }
-        }
-        read(&mut pending);
-        let k = (steps * batch) as f64 / t.elapsed().as_secs_f64();
+        let k = crate::common::device_steps(
+            model,
+            &mut opt,
+            Pipeline::new(true).keeping(u64::MAX),
+            (&data, &layout, &spec, &device),
+            (steps, warmup),
+            trainer::LOSS_READ_EVERY,
+        )?;
         let extra = ["--device", "cuda", "--batch", &batch.to_string()];
         match torch(1, steps, warmup, &extra) {
             Some(t) => println!("| {batch} | {k:.0} | {t:.0} | {:.2}× |", k / t),
