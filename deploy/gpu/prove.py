@@ -245,26 +245,35 @@ def run_json(cmd: List[str], what: str, env: Optional[Dict[str, str]] = None) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# bench_gpu's path of one agent's step on the device with its batches kept.
+KEPT = "step on the device, batches kept"
+
+
+def same_config(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Whether two rows measure the same model, batch and precision."""
+    return all(a[f] == b[f] for f in ["model", "batch", "precision"])
+
+
 def speed_part(args: argparse.Namespace) -> Dict[str, Any]:
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batches", args.batches, "--models", args.models]
     kindling = run_json([str(args.bin / "bench_gpu"), *common, "--json"], "bench_gpu")
     torch = run_json([args.python, str(ROOT / "deploy" / "gpu" / "bench_gpu.py"), *common], "bench_gpu.py")
     rows = []
     for k in kindling["rows"]:
-        t = next((t for t in torch["rows"] if all(t[f] == k[f] for f in ["model", "batch", "precision"])), None)
+        t = next((t for t in torch["rows"] if same_config(t, k)), None)
         note = f"computed in {k['dtype']}: the adapter has no bf16" if k.get("dtype") not in (None, k["precision"]) else None
         rows.append({**k, "note": note, "torch_samples_per_sec": t and t["samples_per_sec"], "ratio": t and k["samples_per_sec"] / t["samples_per_sec"]})
     # One agent's step on the device with its batches kept (every model and
     # precision), set beside the same PyTorch row.
     kept = []
     for k in kindling.get("other_paths", []):
-        if not k["path"].startswith("step on the device, batches kept"):
+        if not k["path"].startswith(KEPT):
             continue
-        t = next((t for t in torch["rows"] if all(t[f] == k[f] for f in ["model", "batch", "precision"])), None)
+        t = next((t for t in torch["rows"] if same_config(t, k)), None)
         ratio = t and k["samples_per_sec"] and k["samples_per_sec"] / t["samples_per_sec"]
         kept.append({**k, "torch_samples_per_sec": t and t["samples_per_sec"], "ratio": ratio or None})
     for t in torch["rows"]:
-        if not any(all(t[f] == r[f] for f in ["model", "batch", "precision"]) for r in rows):
+        if not any(same_config(t, r) for r in rows):
             rows.append({"model": t["model"], "batch": t["batch"], "precision": t["precision"], "samples_per_sec": None, "note": "not measured: the adapter has neither bf16 nor f16", "torch_samples_per_sec": t["samples_per_sec"], "ratio": None})
     return {"kindling": kindling, "torch": torch, "rows": rows, "kept": kept}
 
@@ -328,7 +337,7 @@ def speed_report(speed: Dict[str, Any]) -> List[str]:
                 f"| {r['model']} | {r['batch']} | {r['precision']} ({r.get('dtype', r['precision'])}) | {value} | "
                 f"{fmt(r['torch_samples_per_sec'], '.0f')} | {fmt(r['ratio'], '.2f')}{'×' if r['ratio'] else ''} |"
             )
-    others = [("Kindling", r) for r in speed["kindling"].get("other_paths", []) if not r["path"].startswith("step on the device, batches kept")]
+    others = [("Kindling", r) for r in speed["kindling"].get("other_paths", []) if not r["path"].startswith(KEPT)]
     others += [("PyTorch", r) for r in speed["torch"].get("other_paths", [])]
     if others:
         lines += ["", "Other paths of the step (MLP, f32):", "", "| batch | system | path | samples/s |", "|---:|---|---|---:|"]
