@@ -5,7 +5,8 @@
 //! ([`JobStateError`]), training ([`TrainingError`]), the model
 //! ([`ModelError`]), the GPU ([`NoGpu`]), the ring ([`RingError`]), the
 //! rendezvous ([`RendezvousError`]), spill files ([`SpillError`]),
-//! checkpoints ([`CheckpointError`]) and the agent itself
+//! checkpoints ([`CheckpointError`]), a detached job's kept rows
+//! ([`KeptError`]) and the agent itself
 //! ([`InternalError`]). Each room's error says its gRPC code and whether a
 //! retry can help; the map here only asks it.
 
@@ -24,6 +25,7 @@ mod gpu;
 mod ingest;
 mod internal;
 mod job;
+mod kept;
 mod limits;
 mod model;
 mod rendezvous;
@@ -37,6 +39,7 @@ pub use gpu::NoGpu;
 pub use ingest::IngestError;
 pub use internal::InternalError;
 pub use job::JobStateError;
+pub use kept::KeptError;
 pub use limits::LimitError;
 pub use model::ModelError;
 pub use rendezvous::RendezvousError;
@@ -83,6 +86,10 @@ pub enum AgentError {
     /// A checkpoint could not be written, read or received.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A detached job's rows could not be kept on the agent's disk, or
+    /// read back after a restart.
+    #[error(transparent)]
+    Kept(#[from] KeptError),
     /// The agent itself failed.
     #[error(transparent)]
     Internal(#[from] InternalError),
@@ -144,6 +151,7 @@ impl AgentError {
             AgentError::Ring(e) => e.code(),
             AgentError::Rendezvous(e) => e.code(),
             AgentError::Spill(e) => e.code(),
+            AgentError::Kept(e) => e.code(),
             AgentError::Checkpoint(_) | AgentError::Internal(_) => Code::Internal,
         }
     }

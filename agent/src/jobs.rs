@@ -1,10 +1,12 @@
 //! The jobs an agent knows, and starting their lifecycle tasks. Rooms,
 //! lowest first: `splits` (a job's rows per split) · `job` (one job's
-//! data, state and lifecycle) · `ingest`
-//! (exactly-once ingest) · this file (the agent's table of jobs).
+//! data, state and lifecycle) · `ingest` (exactly-once ingest) · `kept`
+//! (a detached job's rows kept across restarts) · this file (the agent's
+//! table of jobs).
 
 pub(crate) mod ingest;
 pub(crate) mod job;
+pub(crate) mod kept;
 pub(crate) mod splits;
 
 use std::collections::HashMap;
@@ -12,7 +14,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kindling_schemas::action::{CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, StartJob};
+use kindling_schemas::action::{
+    CreateJob, CreateJobResponse, CredentialResponse, IssueCredential, KeepRowsResponse, StartJob,
+};
 use kindling_schemas::credential::Claims;
 use kindling_schemas::rendezvous::{JobConfig, RendezvousClient};
 use kindling_schemas::spec::JobKind;
@@ -59,6 +63,8 @@ pub struct JobRegistry {
     tracker: TaskTracker,
     cancel: CancellationToken,
     served: crate::serving::served::ServedModels,
+    /// Held while a job's rows are being kept (`keep_rows`).
+    keeping: tokio::sync::Mutex<()>,
 }
 
 impl JobRegistry {
@@ -71,6 +77,7 @@ impl JobRegistry {
             tracker,
             cancel,
             served: Default::default(),
+            keeping: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -187,24 +194,35 @@ impl JobRegistry {
             JobKind::Trial { dataset } => Some(self.dataset_for(&jobs, &start, dataset)?),
             JobKind::Train | JobKind::Dataset => None,
         };
-        let incarnation = at_rendezvous.incarnation();
-        self.env.inbox.set_incarnation(&start.job_id, incarnation);
         let job = Job::new(
-            start.job_id.clone(),
+            start.job_id,
             start.spec,
             start.rendezvous,
-            incarnation,
+            at_rendezvous.incarnation(),
             device,
             self.env.clone(),
             self.cancel.child_token(),
         )
         .reading(rows)
         .starting_from(initial);
+        Ok(self.launch(&mut jobs, job, at_rendezvous.attempt, rendezvous))
+    }
+
+    /// Puts `job` in the agent's table and runs its lifecycle task, which
+    /// joins its gang (from `attempt`, the rendezvous' current one).
+    fn launch(
+        &self,
+        jobs: &mut HashMap<String, Arc<Job>>,
+        job: Job,
+        attempt: u32,
+        rendezvous: RendezvousClient,
+    ) -> Arc<Job> {
+        self.env.inbox.set_incarnation(&job.job_id, job.incarnation);
         let job = Arc::new(job);
         Job::lend_rows(&job);
         // Until it joins, the job reports the attempt it will join (from 1).
-        job.lock().attempt = at_rendezvous.attempt.max(1);
-        jobs.insert(start.job_id, job.clone());
+        job.lock().attempt = attempt.max(1);
+        jobs.insert(job.job_id.clone(), job.clone());
         // All of the job's work logs under its span, with the trace id of
         // the `fit` that started it; its calls to the rendezvous carry it on.
         let span =
@@ -219,7 +237,139 @@ impl JobRegistry {
                 self.tracker.spawn(run);
             }
         }
-        Ok(job)
+        job
+    }
+
+    /// `keep_rows`: writes the job's rows to this agent's disk once both
+    /// splits ended (a detached job's, so the agent restarted on its node
+    /// takes its place again). Idempotent: a job kept already answers what
+    /// it kept.
+    pub async fn keep_rows(&self, job_id: &str) -> Result<KeepRowsResponse, AgentError> {
+        let job = self.get(job_id)?;
+        // One copy at a time: a repeated call waits for the first's.
+        let _one = self.keeping.lock().await;
+        let answer = |k: &kept::Kept| KeepRowsResponse {
+            job_id: job_id.to_owned(),
+            rows: k.rows,
+            bytes: k.bytes,
+        };
+        if let Some(k) = job.kept.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return Ok(answer(k));
+        }
+        let snap = kept::snapshot(&job)?;
+        let (root, disk) = (self.env.kept_dir.clone(), self.env.disk.clone());
+        let k = tokio::task::spawn_blocking(move || kept::write(&root, snap, &disk))
+            .await
+            .map_err(AgentError::panicked("keep_rows"))??;
+        tracing::info!(job = %job_id, rows = k.rows, bytes = k.bytes, "rows kept on disk");
+        let response = answer(&k);
+        *job.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(k);
+        Ok(response)
+    }
+
+    /// Takes back the detached jobs whose rows this agent kept before it
+    /// restarted: each still running at its rendezvous (the same
+    /// incarnation) starts again here from its kept rows and joins its
+    /// next attempt; the attempt the agent was in when its process ended is
+    /// reported failed first, so its members re-join at once. A job that
+    /// ended meanwhile, or a copy that does not read back whole, is removed.
+    pub async fn restore_kept(self: Arc<Self>) {
+        let mut pending = kept::list(&self.env.kept_dir);
+        let mut backoff = Duration::from_secs(1);
+        while !pending.is_empty() {
+            let mut again = Vec::new();
+            for (dir, read) in pending {
+                let outcome = match read {
+                    Ok(record) => match self.restore(&dir, &record).await {
+                        // Its rendezvous did not answer: the copy stays, asked again.
+                        Err(e) if e.is_retryable() => {
+                            tracing::warn!(dir = %dir.display(), error = %e, retry_in = ?backoff, "kept rows not taken back yet");
+                            again.push((dir, Ok(record)));
+                            continue;
+                        }
+                        outcome => outcome,
+                    },
+                    Err(e) => Err(e.into()),
+                };
+                match outcome {
+                    Ok(Some(job_id)) => {
+                        tracing::info!(job = %job_id, "detached job taken back from its kept rows")
+                    }
+                    Ok(None) => {
+                        tracing::info!(dir = %dir.display(), "kept rows of a job that ended removed");
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "kept rows not taken back: removed");
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                }
+            }
+            pending = again;
+            if !pending.is_empty() {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+
+    /// Starts the kept job `record` (its rows in `dir`) again if it still
+    /// runs at its rendezvous; `None` if it ended there.
+    async fn restore(&self, dir: &Path, record: &kept::KeptRecord) -> Result<Option<String>, AgentError> {
+        let start = &record.start;
+        let rendezvous = self.rendezvous_at(&start.rendezvous)?;
+        let status = match rendezvous.status(&start.job_id).await {
+            Ok(status) => status,
+            Err(e) if e.code() == Some(tonic::Code::NotFound) => return Ok(None),
+            Err(e) => return Err(AgentError::rendezvous(&start.rendezvous, e)),
+        };
+        if status.state.is_terminal() || status.incarnation() != record.incarnation {
+            return Ok(None);
+        }
+        if self.lock().contains_key(&start.job_id) {
+            // Started again from outside meanwhile: that one stands.
+            return Ok(Some(start.job_id.clone()));
+        }
+        // Every call that can fail comes first: a job built on the kept
+        // files removes them when it is dropped.
+        let agent_id = &self.env.agent_id;
+        if status.state == kindling_schemas::rendezvous::JobState::Running
+            && status.members.contains(agent_id)
+        {
+            // Its peers wait on the process that ended until its lease lapses or
+            // their ring times out: said now instead.
+            let cause = format!("agent `{agent_id}` restarted: its process ended");
+            rendezvous
+                .report_failure(&start.job_id, status.attempt, agent_id, &cause)
+                .await
+                .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
+        }
+        let device = crate::models::backend::label(&start.spec)?;
+        self.env.models.check(&start.spec)?;
+        let initial = start.initial_table().map_err(|e| {
+            AgentError::from(crate::error::ModelError::Table(format!("initial_weights: {e}")))
+        })?;
+        let job = Job::new(
+            start.job_id.clone(),
+            start.spec.clone(),
+            start.rendezvous.clone(),
+            record.incarnation,
+            device,
+            self.env.clone(),
+            self.cancel.child_token(),
+        )
+        .starting_from(initial);
+        kept::restore_into(&job, dir, record, &self.env.disk)?;
+        *job.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept::Kept::restored(record));
+        let mut jobs = self.lock();
+        Ok(Some(
+            self.launch(&mut jobs, job, status.attempt, rendezvous)
+                .job_id
+                .clone(),
+        ))
     }
 
     /// The dataset job `start` reads its rows from: on this agent, holding
@@ -333,7 +483,12 @@ impl JobRegistry {
                 // Moved aside while the id is still held: once the job is
                 // unknown its files are gone from their place, and a job
                 // started again under the id cannot lose its own to this.
-                for dir in [self.env.checkpoint_dir.join(id), self.env.spill_dir.join(id)] {
+                let kept = self.env.kept_dir.join(id);
+                for dir in [
+                    self.env.checkpoint_dir.join(id),
+                    self.env.spill_dir.join(id),
+                    kept,
+                ] {
                     let aside = dir.with_file_name(format!(".removing-{id}-{}", uuid::Uuid::new_v4()));
                     match std::fs::rename(&dir, &aside) {
                         Ok(()) => trash.push((id.clone(), aside)),

@@ -8,6 +8,7 @@
 //! | `cancel_job` | [`CancelJob`] | [`AgentJobStatus`] |
 //! | `end_of_data` | [`EndOfData`] | [`EndOfDataResponse`] |
 //! | `reopen_split` | [`ReopenSplit`] | [`EndOfDataResponse`] |
+//! | `keep_rows` | [`JobRef`] | [`KeepRowsResponse`] |
 //! | `list_jobs` | `{}` | [`JobList`] |
 //! | `issue_credential` | [`IssueCredential`] | [`CredentialResponse`] |
 //! | `serve_model` | [`ServeModel`] | [`ServeModelResponse`](crate::model_serving::ServeModelResponse) |
@@ -39,6 +40,9 @@ pub enum ActionKind {
     /// A split that ended takes rows again until its next `end_of_data`
     /// (a client re-feeding lost shards).
     ReopenSplit,
+    /// Write a fed job's rows to the agent's disk, so the agent restarted
+    /// on its node takes its place in the job again (a detached job).
+    KeepRows,
     /// Every job the agent knows.
     ListJobs,
     /// A signed, expiring credential for one role in one job (operator only).
@@ -53,13 +57,14 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every action, for `ListActions`.
-    pub const ALL: [ActionKind; 11] = [
+    pub const ALL: [ActionKind; 12] = [
         ActionKind::CreateJob,
         ActionKind::StartJob,
         ActionKind::JobStatus,
         ActionKind::CancelJob,
         ActionKind::EndOfData,
         ActionKind::ReopenSplit,
+        ActionKind::KeepRows,
         ActionKind::ListJobs,
         ActionKind::IssueCredential,
         ActionKind::ServeModel,
@@ -76,6 +81,7 @@ impl ActionKind {
             ActionKind::CancelJob => "cancel_job",
             ActionKind::EndOfData => "end_of_data",
             ActionKind::ReopenSplit => "reopen_split",
+            ActionKind::KeepRows => "keep_rows",
             ActionKind::ListJobs => "list_jobs",
             ActionKind::IssueCredential => "issue_credential",
             ActionKind::ServeModel => "serve_model",
@@ -100,6 +106,10 @@ impl ActionKind {
             ActionKind::ReopenSplit => {
                 "A split that ended takes rows again until its next end_of_data (operator only): \
                  {job_id, split}."
+            }
+            ActionKind::KeepRows => {
+                "Write a job's rows to this agent's disk once both splits ended, so the agent restarted \
+                 on its node takes its place in the job again (operator only): {job_id}."
             }
             ActionKind::ListJobs => "Every job this agent knows: {}.",
             ActionKind::IssueCredential => {
@@ -138,6 +148,8 @@ pub enum Action {
     EndOfData(EndOfData),
     /// `reopen_split`.
     ReopenSplit(ReopenSplit),
+    /// `keep_rows`.
+    KeepRows(JobRef),
     /// `list_jobs`.
     ListJobs,
     /// `issue_credential`.
@@ -155,7 +167,7 @@ pub enum Action {
 pub enum ActionError {
     /// Unknown action name.
     #[error(
-        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, reopen_split, list_jobs, issue_credential, serve_model, drop_model, served_models"
+        "unknown action `{0}`; known: create_job, start_job, job_status, cancel_job, end_of_data, reopen_split, keep_rows, list_jobs, issue_credential, serve_model, drop_model, served_models"
     )]
     Unknown(String),
     /// The body is not the expected JSON.
@@ -244,6 +256,11 @@ impl Action {
                 check(&a.job_id)?;
                 Action::ReopenSplit(a)
             }
+            ActionKind::KeepRows => {
+                let a: JobRef = json(kind, body)?;
+                check(&a.job_id)?;
+                Action::KeepRows(a)
+            }
             ActionKind::ListJobs => Action::ListJobs,
             ActionKind::IssueCredential => {
                 let a: IssueCredential = json(kind, body)?;
@@ -286,6 +303,7 @@ impl Action {
             Action::CancelJob(_) => ActionKind::CancelJob,
             Action::EndOfData(_) => ActionKind::EndOfData,
             Action::ReopenSplit(_) => ActionKind::ReopenSplit,
+            Action::KeepRows(_) => ActionKind::KeepRows,
             Action::ListJobs => ActionKind::ListJobs,
             Action::IssueCredential(_) => ActionKind::IssueCredential,
             Action::ServeModel(_) => ActionKind::ServeModel,
@@ -303,6 +321,7 @@ impl Action {
             Action::CancelJob(a) => serde_json::to_vec(a),
             Action::EndOfData(a) => serde_json::to_vec(a),
             Action::ReopenSplit(a) => serde_json::to_vec(a),
+            Action::KeepRows(a) => serde_json::to_vec(a),
             Action::ListJobs => Ok(b"{}".to_vec()),
             Action::IssueCredential(a) => serde_json::to_vec(a),
             Action::ServeModel(a) => serde_json::to_vec(a),
@@ -450,6 +469,17 @@ pub struct ReopenSplit {
     pub drop_producers: Vec<String>,
 }
 
+/// Answer to `keep_rows`: what the agent wrote to its disk (both splits).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeepRowsResponse {
+    /// The job.
+    pub job_id: String,
+    /// Rows kept, both splits.
+    pub rows: u64,
+    /// Bytes the kept files take.
+    pub bytes: u64,
+}
+
 /// Answer to `start_job`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartJobResponse {
@@ -513,6 +543,7 @@ mod tests {
                 split: Split::Eval,
                 drop_producers: vec!["shard-2".into()],
             }),
+            Action::KeepRows(JobRef { job_id: "j".into() }),
             Action::ListJobs,
             Action::ServeModel(
                 crate::model_serving::ServeModel::new(

@@ -80,6 +80,24 @@ impl ProcCluster {
     /// Starts one more agent (`agent-<i>`), ready when this returns.
     pub async fn add_agent(&mut self, dir: &Path) -> usize {
         let i = self.agents.len();
+        let (agent, url) = self.spawn_agent(i, dir, format!("agent-{i}")).await;
+        self.agents.push(Some(agent));
+        self.agent_urls.push(url);
+        i
+    }
+
+    /// Starts agent `i` again (killed before) with its id and work dir, as
+    /// a DaemonSet restarts a pod's container on its node: on new ports,
+    /// ready when this returns.
+    pub async fn restart_agent(&mut self, i: usize, dir: &Path) {
+        assert!(self.agents[i].is_none(), "agent-{i} still runs: kill it first");
+        // Its log beside the killed process's.
+        let (agent, url) = self.spawn_agent(i, dir, format!("agent-{i}-restarted")).await;
+        self.agents[i] = Some(agent);
+        self.agent_urls[i] = url;
+    }
+
+    async fn spawn_agent(&self, i: usize, dir: &Path, name: String) -> (Proc, String) {
         let [port, health] = free_ports("127.0.0.1", 2)[..] else {
             unreachable!("two ports")
         };
@@ -94,11 +112,9 @@ impl ProcCluster {
             .arg("--work-dir")
             .arg(dir.join(format!("agent-{i}")))
             .args(["--collective-timeout-ms", "20000", "--log-level", "info"]);
-        let mut agent = Proc::spawn(&format!("agent-{i}"), c, format!("127.0.0.1:{health}"), dir);
+        let mut agent = Proc::spawn(&name, c, format!("127.0.0.1:{health}"), dir);
         agent.wait_ready().await;
-        self.agents.push(Some(agent));
-        self.agent_urls.push(format!("http://127.0.0.1:{port}"));
-        i
+        (agent, format!("http://127.0.0.1:{port}"))
     }
 
     /// The cluster's token.

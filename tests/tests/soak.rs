@@ -9,13 +9,15 @@
 //!   replacement starts. Every epoch trains every row once on every agent;
 //!   the steps lost to the kill are printed and fewer than the interval.
 //! - Job B (`kindling train --detach`, then `kindling wait`): the waiting
-//!   client is SIGKILLed while the job trains and the leader again; a new
-//!   `kindling wait` re-attaches and sees it succeed, `kindling fetch` saves
-//!   it. Its model is bitwise the one the same job trains with no fault
-//!   (job C, on the same agents), and every epoch trained every row once.
+//!   client is SIGKILLed while the job trains and the leader again; then
+//!   one of its agents is SIGKILLed and restarted on its node (its work
+//!   dir kept), with no client: it takes back the rows it kept on its disk
+//!   and its place in the job. A new `kindling wait` re-attaches and sees
+//!   it succeed, `kindling fetch` saves it. Its model is bitwise the one
+//!   the same job trains with no fault (job C, on the same agents), and
+//!   every epoch trained every row once.
 //!
-//! A detached job has no client to feed a lost agent's shard again, and
-//! growth is `fit`'s, so agent faults and growth are job A's.
+//! Growth is `fit`'s (its shards move through the client), so it is job A's.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -112,6 +114,13 @@ async fn submit(procs: &ProcCluster, dir: &Path, job_id: &str) {
     args.extend(["--job-id", job_id, "--detach"].map(str::to_owned));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finished(procs, dir, &format!("submit-{job_id}"), &args).await;
+    // Every agent kept the job's rows on its disk before it was detached.
+    let err = std::fs::read_to_string(dir.join(format!("submit-{job_id}.err"))).expect("stderr");
+    let kept = err
+        .lines()
+        .find(|l| l.contains(&format!("{ROWS_B} rows kept on the agents' disks")))
+        .unwrap_or_else(|| panic!("the rows were kept before the job was detached:\n{err}"));
+    eprintln!("{job_id}: {kept}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -236,27 +245,31 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
     let began = Instant::now();
     submit(&procs, dir.path(), "soak-b").await;
     let mut waiting = kindling(&procs, dir.path(), "wait-b-1", &["wait", "soak-b"]);
-    let agent_of = |id: &str| {
-        let i: usize = id
-            .strip_prefix("agent-")
+    let index_of = |id: &str| -> usize {
+        id.strip_prefix("agent-")
             .and_then(|i| i.parse().ok())
-            .expect("agent-<i>");
-        procs.agent_urls[i].clone()
+            .expect("agent-<i>")
     };
-    let agents: Vec<String> = rv
+    let members: Vec<usize> = rv
         .status("soak-b")
         .await
         .expect("status")
         .members
         .iter()
-        .map(|id| agent_of(id))
+        .map(|id| index_of(id))
         .collect();
-    assert_eq!(agents.len(), 3);
+    assert_eq!(members.len(), 3);
+    let agent = |procs: &ProcCluster, i: usize| {
+        AgentClient::connect_with(
+            &procs.agent_urls[i],
+            Some(&procs.token()),
+            &ChannelConfig::default(),
+        )
+        .expect("agent")
+    };
     // Killed once the job is well into training.
-    let first = AgentClient::connect_with(&agents[0], Some(&procs.token()), &ChannelConfig::default())
-        .expect("agent");
     wait_for_job(
-        &first,
+        &agent(&procs, members[0]),
         "soak-b",
         "job B in epoch 3",
         Duration::from_secs(120),
@@ -275,6 +288,39 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
         !status.state.is_terminal(),
         "job B ended before the leader's kill (make it longer): {status:?}"
     );
+    // With no client: an agent SIGKILLed and restarted on its node, inside
+    // an epoch (frozen while a survivor says where the job is).
+    let (victim, survivor) = (members[1], agent(&procs, members[0]));
+    wait_for_job(
+        &survivor,
+        "soak-b",
+        "job B in epoch 6",
+        Duration::from_secs(120),
+        |s| s.epoch >= 6 || s.state.is_terminal(),
+    )
+    .await;
+    let at_kill = loop {
+        procs.freeze_agent(victim, true);
+        let s = survivor.job_status("soak-b").await.expect("status");
+        assert!(
+            !s.state.is_terminal(),
+            "job B ended before the agent's kill (make it longer): {s:?}"
+        );
+        if s.step > 0 && s.step + 1 < s.steps_per_epoch {
+            procs.kill_agent(victim);
+            break s;
+        }
+        procs.freeze_agent(victim, false);
+        wait_for_job(
+            &survivor,
+            "soak-b",
+            "job B inside an epoch",
+            Duration::from_secs(60),
+            |t| (t.epoch, t.step) != (s.epoch, s.step),
+        )
+        .await;
+    };
+    procs.restart_agent(victim, dir.path()).await;
     let waited = finished(&procs, dir.path(), "wait-b-2", &["wait", "soak-b"]).await;
     assert!(
         waited.contains(&format!("job soak-b succeeded: {EPOCHS_B} epochs")),
@@ -308,18 +354,35 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
         weight_bits(&c),
         "the re-attached job's model is the fault-free one's"
     );
+    // One failed attempt, the agent's kill's; the leader's cost none.
     let status = rv.status("soak-b").await.expect("status");
-    assert_eq!((status.attempt, status.failures.len()), (1, 0), "{status:?}");
-    for url in &agents {
+    assert_eq!((status.attempt, status.failures.len()), (2, 1), "{status:?}");
+    let mut redone = Vec::new();
+    for &i in &members {
+        let url = &procs.agent_urls[i];
         let s = ended(url, "soak-b").await;
         assert_eq!(
             s.rows_trained_per_epoch,
             vec![ROWS_B as u64; EPOCHS_B as usize],
-            "{url}"
+            "agent-{i} at {url}"
         );
+        // Job B checkpoints at each epoch's end only: the restart's attempt
+        // resumed from the end of the epoch before the kill's.
+        let from = s
+            .resumed_from_epoch
+            .unwrap_or_else(|| panic!("agent-{i} resumed: {s:#?}"));
+        assert_eq!(
+            from + 1,
+            at_kill.epoch,
+            "agent-{i}: resumed at the killed epoch's start"
+        );
+        redone.push(at_kill.step - s.resumed_from_step.unwrap_or(0));
     }
     eprintln!(
         "job B: {ROWS_B} rows × {EPOCHS_B} epochs on 3 agents in {b_secs:?}: its client killed and \
-         re-attached, the leader killed, no step trained again; its model bitwise job C's"
+         re-attached, the leader killed, an agent killed at epoch {} step {} of {} and restarted with \
+         no client (steps trained again per agent: {redone:?}, interval: an epoch); its model \
+         bitwise job C's",
+        at_kill.epoch, at_kill.step, at_kill.steps_per_epoch
     );
 }

@@ -35,6 +35,8 @@ pub struct JobEnv {
     pub spill_dir: PathBuf,
     /// Root of checkpoint directories.
     pub checkpoint_dir: PathBuf,
+    /// Root of the directories of detached jobs' kept rows.
+    pub kept_dir: PathBuf,
     /// The agent's cache budget.
     pub budget: Arc<MemoryBudget>,
     /// The agent's disk watermark, over all jobs' spill files.
@@ -134,6 +136,8 @@ pub struct Job {
     borrowers: Mutex<Borrowers>,
     /// The weights to start from (`init_from`), as a weights table.
     initial: Option<arrow::array::RecordBatch>,
+    /// Its rows as kept on this agent's disk (`keep_rows`), if they are.
+    pub kept: Mutex<Option<crate::jobs::kept::Kept>>,
 }
 
 /// The jobs reading a dataset's rows, and whether the rows went (then no
@@ -184,6 +188,7 @@ impl Job {
             rows: None,
             borrowers: Mutex::default(),
             initial: None,
+            kept: Mutex::default(),
         }
     }
 
@@ -223,6 +228,11 @@ impl Job {
         if ended {
             job.cancel(&format!("its dataset `{}` ended", d.job_id));
         }
+    }
+
+    /// The weights it starts from (`init_from`), if any.
+    pub fn initial_table(&self) -> Option<&arrow::array::RecordBatch> {
+        self.initial.as_ref()
     }
 
     /// The job whose rows this job trains on: its dataset, or itself.

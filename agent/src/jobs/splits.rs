@@ -42,6 +42,11 @@ impl SplitIngest {
         self.producers.get(producer).copied().unwrap_or_default()
     }
 
+    /// Every producer's committed position.
+    pub fn positions(&self) -> impl Iterator<Item = (&str, ProducerPosition)> {
+        self.producers.iter().map(|(p, pos)| (p.as_str(), *pos))
+    }
+
     /// Whether the split's producers said they are done.
     pub fn ended(&self) -> bool {
         self.ended
@@ -122,6 +127,11 @@ impl IngestState {
         let (m1, d1) = self.train.cache.bytes();
         let (m2, d2) = self.eval.cache.bytes();
         (m1 + m2, d1 + d2)
+    }
+
+    /// Both splits, to change, with their names.
+    pub fn splits_mut(&mut self) -> [(Split, &mut SplitIngest); 2] {
+        [(Split::Train, &mut self.train), (Split::Eval, &mut self.eval)]
     }
 
     /// Numbers a new `DoPut` stream.

@@ -421,6 +421,7 @@ impl FlightService for AgentFlightService {
                     rows,
                 })
             }
+            Action::KeepRows(r) => ok_json(&self.jobs.keep_rows(&r.job_id).await?),
             Action::ListJobs => ok_json(&JobList {
                 jobs: self.jobs.all().iter().map(|j| j.status()).collect(),
             }),

@@ -461,6 +461,9 @@ pub async fn start(config: AgentConfig) -> Result<AgentHandle, AgentError> {
         });
         rendezvous = Some((rv.clone(), client));
     }
+    // A detached job whose rows this agent kept before it restarted takes
+    // it back, once the agent serves (its peers dial it).
+    tracker.spawn(jobs.clone().restore_kept());
     tracing::info!(agent = %config.agent_id, %url, "agent serving");
     Ok(AgentHandle {
         addr,
@@ -538,7 +541,8 @@ async fn bind(config: &AgentConfig) -> Result<(TcpListener, std::net::SocketAddr
 }
 
 /// What every job on the agent shares: its trainers' thread count, the
-/// cache budget, the spill and checkpoint folders (cleaned after a crash).
+/// cache budget, the spill and checkpoint folders (cleaned after a crash),
+/// the folder of detached jobs' kept rows (kept across restarts).
 fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -> Result<JobEnv, AgentError> {
     let spill_dir = config.work_dir.join("spill").join(&config.agent_id);
     let checkpoint_dir = config.work_dir.join("checkpoints").join(&config.agent_id);
@@ -548,6 +552,7 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         agent_id: config.agent_id.clone(),
         spill_dir,
         checkpoint_dir,
+        kept_dir: config.work_dir.join("kept").join(&config.agent_id),
         budget,
         disk: config.staging.disk(),
         inbox,

@@ -14,7 +14,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use futures::{Stream, StreamExt, TryStreamExt};
 use kindling_schemas::action::{
     Action, AgentJobStatus, CancelJob, CreateJob, CreateJobResponse, CredentialResponse, EndOfData,
-    EndOfDataResponse, IssueCredential, JobRef, ReopenSplit, StartJob, StartJobResponse,
+    EndOfDataResponse, IssueCredential, JobRef, KeepRowsResponse, ReopenSplit, StartJob, StartJobResponse,
 };
 use kindling_schemas::auth::{BearerAttach, Token};
 use kindling_schemas::channel::ChannelConfig;
@@ -269,6 +269,15 @@ impl AgentClient {
             job_id: job_id.into(),
             split,
             drop_producers: producers.to_vec(),
+        }))
+        .await
+    }
+
+    /// Writes `job_id`'s rows to this agent's disk (both splits ended), so
+    /// the agent restarted on its node takes its place in the job again.
+    pub async fn keep_rows(&self, job_id: &str) -> Result<KeepRowsResponse, FeedError> {
+        self.action(&Action::KeepRows(JobRef {
+            job_id: job_id.into(),
         }))
         .await
     }

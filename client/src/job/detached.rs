@@ -32,8 +32,12 @@ impl TrainingJob {
     /// handle (or one made later from the job's id, anywhere) waits for the
     /// job and fetches its model.
     ///
-    /// A detached job has no client to feed a lost agent's shard again: an
-    /// agent lost after the feed fails the job once its attempts are spent.
+    /// Before it detaches, every agent keeps its rows on its disk
+    /// (`keep_rows`): an agent restarted on its node (its process killed,
+    /// its container restarted) takes them back and its place in the job,
+    /// which resumes from its last checkpoint. An agent lost for good (its
+    /// node gone) fails the job once its attempts are spent: no client
+    /// feeds its shard to another.
     /// Local mode (the agents live in this process) and MLflow tracking
     /// (which follows the job from its client) are refused.
     ///

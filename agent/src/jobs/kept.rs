@@ -1,0 +1,429 @@
+//! A detached job's rows kept on the agent's disk (`keep_rows`), so that
+//! the agent, restarted on its node after a crash (its container
+//! restarted, its process SIGKILLed), takes its place in the job again
+//! with no client to feed it: each split's committed batches in commit
+//! order with their origins, the producers' positions and the job's start,
+//! under `<work-dir>/kept/<agent>/<job>/`. Crash-safe as checkpoints are:
+//! every file flushed to the disk, a temporary directory renamed into
+//! place, `kept.json` recording each file's length and SHA-256, so a torn
+//! copy is found at restart and passed over. Written by hand: the layout
+//! is the shard cache's own (origins, positions), which no format knows.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::ipc::reader::FileReader;
+use arrow::ipc::writer::FileWriter;
+use kindling_schemas::action::StartJob;
+use kindling_schemas::descriptor::Split;
+use kindling_schemas::schema::{self, StreamKind};
+use kindling_schemas::spec::JobKind;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cache::{CachedBatch, DiskBudget, Origin, Reservation};
+use crate::error::{AgentError, KeptError};
+use crate::jobs::job::Job;
+use crate::training::checkpoint::{sync_dir, write_durably};
+
+/// The record of what a kept job's directory holds.
+const RECORD: &str = "kept.json";
+/// What a directory being written is named until it is renamed into place.
+const TEMPORARY: &str = ".writing-";
+
+/// What a kept job's directory holds: the job's start, which job under
+/// its id, and both splits.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KeptRecord {
+    /// The job's start, as the agent took it (spec, rendezvous, initial weights).
+    pub start: StartJob,
+    /// Which job under the id: the rendezvous' incarnation.
+    pub incarnation: u64,
+    /// The train split.
+    pub train: KeptSplit,
+    /// The eval split.
+    pub eval: KeptSplit,
+}
+
+/// One split's kept batches, in commit order, and its producers' positions.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct KeptSplit {
+    /// The batches, in commit order.
+    pub batches: Vec<KeptBatch>,
+    /// Each producer's committed position: `(next sequence number, rows)`.
+    pub producers: BTreeMap<String, (u64, u64)>,
+    /// Whether the split ended (a job with no eval split never ends it).
+    #[serde(default)]
+    pub ended: bool,
+}
+
+/// One kept batch: its file, what it holds, and where it came from.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct KeptBatch {
+    /// The file, relative to the job's directory.
+    pub file: String,
+    /// Rows in it.
+    pub rows: u64,
+    /// The file's length.
+    pub len: u64,
+    /// The file's SHA-256, lower-case hex.
+    pub sha256: String,
+    /// The producer that sent it (none for a batch staged without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<String>,
+    /// Its sequence number there.
+    #[serde(default)]
+    pub seq: u64,
+}
+
+impl KeptRecord {
+    /// Rows kept, both splits.
+    pub fn rows(&self) -> u64 {
+        self.splits()
+            .map(|(_, s)| s.batches.iter().map(|b| b.rows).sum::<u64>())
+            .sum()
+    }
+
+    /// Bytes the kept batches' files take.
+    pub fn bytes(&self) -> u64 {
+        self.splits()
+            .map(|(_, s)| s.batches.iter().map(|b| b.len).sum::<u64>())
+            .sum()
+    }
+
+    fn splits(&self) -> impl Iterator<Item = (Split, &KeptSplit)> {
+        [(Split::Train, &self.train), (Split::Eval, &self.eval)].into_iter()
+    }
+}
+
+/// What a job's rows are kept as on this agent: the record, and the disk
+/// the copy takes below the watermark (given back when the job is removed).
+#[derive(Debug)]
+pub struct Kept {
+    /// What was kept.
+    pub rows: u64,
+    /// The kept files' bytes.
+    pub bytes: u64,
+    /// The copy's bytes below the disk watermark (none when the job's
+    /// cached batches are the kept files themselves: after a restart).
+    _reserved: Option<Reservation>,
+}
+
+impl Kept {
+    /// A job restored from its kept files, whose batches are those files.
+    pub fn restored(record: &KeptRecord) -> Self {
+        Kept {
+            rows: record.rows(),
+            bytes: record.bytes(),
+            _reserved: None,
+        }
+    }
+}
+
+/// One split's committed batches and origins, its producers' positions,
+/// and whether it ended.
+type SplitCopy = (
+    Vec<Arc<CachedBatch>>,
+    Vec<Option<Origin>>,
+    BTreeMap<String, (u64, u64)>,
+    bool,
+);
+
+/// A job's rows as they stand, to write outside the job's lock.
+pub struct Snapshot {
+    start: StartJob,
+    incarnation: u64,
+    splits: [SplitCopy; 2],
+}
+
+/// The job's rows as they stand, once the train split ended and the eval
+/// split too if it has rows: only a job that trains on rows of its own
+/// keeps them.
+pub fn snapshot(job: &Job) -> Result<Snapshot, AgentError> {
+    if job.spec.kind() != JobKind::Train {
+        return Err(AgentError::wrong_state(
+            &job.job_id,
+            job.lock().state,
+            "only a job that trains on rows of its own keeps them",
+        ));
+    }
+    let initial_weights = job
+        .initial_table()
+        .map(kindling_schemas::model_serving::encode_weights)
+        .transpose()
+        .map_err(|e| crate::error::ModelError::Table(format!("initial weights: {e}")))?;
+    let d = job.lock();
+    if d.state.is_terminal() {
+        return Err(AgentError::wrong_state(&job.job_id, d.state, "its rows are gone"));
+    }
+    let copy = |split: Split| -> Result<SplitCopy, AgentError> {
+        let s = d.ingest.split(split);
+        // A job fed no eval split never ends it.
+        let none = split == Split::Eval && s.committed_rows() == 0 && s.cache.staged_bytes() == 0;
+        if !s.ended() && !none {
+            return Err(AgentError::wrong_state(
+                &job.job_id,
+                d.state,
+                format!(
+                    "its {} split has not ended: rows are kept once every row is fed (end_of_data)",
+                    split.as_str()
+                ),
+            ));
+        }
+        let batches = s.cache.snapshot();
+        let origins = s.cache.origins(batches.len());
+        let positions = s
+            .positions()
+            .map(|(p, pos)| (p.to_owned(), (pos.next_seq, pos.rows)))
+            .collect();
+        Ok((batches, origins, positions, s.ended()))
+    };
+    let splits = [copy(Split::Train)?, copy(Split::Eval)?];
+    Ok(Snapshot {
+        start: StartJob {
+            job_id: job.job_id.clone(),
+            spec: job.spec.clone(),
+            rendezvous: job.rendezvous.clone(),
+            initial_weights,
+        },
+        incarnation: job.incarnation,
+        splits,
+    })
+}
+
+/// Writes `snap` under `root` (crash-safe; blocking I/O), its bytes
+/// reserved below `disk`'s watermark first: a copy that does not fit is
+/// refused before anything is written. A copy of an earlier job under the
+/// same id is replaced.
+pub fn write(root: &Path, snap: Snapshot, disk: &Arc<DiskBudget>) -> Result<Kept, KeptError> {
+    let job_id = snap.start.job_id.clone();
+    let io = |context: String| move |source| KeptError::Io { context, source };
+    // Each batch's Arrow size, give or take the IPC framing: what the copy takes.
+    let mut needed = 0u64;
+    for (batches, ..) in &snap.splits {
+        for b in batches {
+            needed += match b.as_ref() {
+                CachedBatch::Memory { bytes, .. } | CachedBatch::Disk { bytes, .. } => *bytes,
+            };
+        }
+    }
+    let refused = |source| KeptError::Disk {
+        job_id: job_id.clone(),
+        needed,
+        source,
+    };
+    std::fs::create_dir_all(root).map_err(io(format!("create {}", root.display())))?;
+    disk.check_free(root, needed).map_err(refused)?;
+    let reserved = disk.reserve(needed).map_err(refused)?;
+    let tmp = root.join(format!("{TEMPORARY}{job_id}-{}", uuid::Uuid::new_v4()));
+    let written = write_into(&tmp, snap);
+    let record = match written {
+        Ok(record) => record,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    let place = root.join(&job_id);
+    match std::fs::remove_dir_all(&place) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(format!("remove the earlier {}", place.display()))(e)),
+    }
+    std::fs::rename(&tmp, &place).map_err(io(format!("rename into {}", place.display())))?;
+    sync_dir(root).map_err(io(format!("flush {}", root.display())))?;
+    let bytes = record.bytes();
+    Ok(Kept {
+        rows: record.rows(),
+        bytes,
+        _reserved: Some(reserved.resize(bytes)),
+    })
+}
+
+/// Writes every batch and then the record into `dir`, each file flushed.
+fn write_into(dir: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
+    let io = |context: String| move |source| KeptError::Io { context, source };
+    let job_id = snap.start.job_id.clone();
+    let mut kept = [KeptSplit::default(), KeptSplit::default()];
+    for ((split, (batches, origins, producers, ended)), out) in [Split::Train, Split::Eval]
+        .into_iter()
+        .zip(snap.splits)
+        .zip(&mut kept)
+    {
+        let sub = dir.join(split.as_str());
+        std::fs::create_dir_all(&sub).map_err(io(format!("create {}", sub.display())))?;
+        for (i, (batch, origin)) in batches.iter().zip(origins).enumerate() {
+            let loaded = batch.load().map_err(|e| KeptError::Io {
+                context: format!("read job `{job_id}`'s batch to keep"),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            let bytes = ipc_file(&loaded).map_err(|source| KeptError::Arrow {
+                job_id: job_id.clone(),
+                source,
+            })?;
+            let file = format!("{}/batch-{i:08}.arrow", split.as_str());
+            let path = dir.join(&file);
+            write_durably(&path, &bytes).map_err(io(format!("write {}", path.display())))?;
+            out.batches.push(KeptBatch {
+                file,
+                rows: loaded.num_rows() as u64,
+                len: bytes.len() as u64,
+                sha256: hex(&Sha256::digest(&bytes)),
+                producer: origin.as_ref().map(|o| o.producer.to_string()),
+                seq: origin.map_or(0, |o| o.seq),
+            });
+        }
+        out.producers = producers;
+        out.ended = ended;
+        sync_dir(&sub).map_err(io(format!("flush {}", sub.display())))?;
+    }
+    let [train, eval] = kept;
+    let record = KeptRecord {
+        start: snap.start,
+        incarnation: snap.incarnation,
+        train,
+        eval,
+    };
+    let json = serde_json::to_vec_pretty(&record).map_err(|source| KeptError::Meta {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let path = dir.join(RECORD);
+    write_durably(&path, &json).map_err(io(format!("write {}", path.display())))?;
+    sync_dir(dir).map_err(io(format!("flush {}", dir.display())))?;
+    Ok(record)
+}
+
+/// `batch` as an Arrow IPC file.
+fn ipc_file(batch: &RecordBatch) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    let mut w = FileWriter::try_new(Vec::new(), &batch.schema())?;
+    w.write(batch)?;
+    w.finish()?;
+    w.into_inner()
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Every kept job's directory under `root`, with its record read and every
+/// file checked against it; leftovers of a write a crash cut short are
+/// removed.
+pub fn list(root: &Path) -> Vec<(PathBuf, Result<KeptRecord, KeptError>)> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        if e.file_name().to_string_lossy().starts_with(TEMPORARY) {
+            let _ = std::fs::remove_dir_all(&path);
+        } else if path.is_dir() {
+            let read = read(&path);
+            found.push((path, read));
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+/// The record in `dir`, every file it names checked: length and digest.
+pub fn read(dir: &Path) -> Result<KeptRecord, KeptError> {
+    let path = dir.join(RECORD);
+    let json = std::fs::read(&path).map_err(|source| KeptError::Io {
+        context: format!("read {}", path.display()),
+        source,
+    })?;
+    let record: KeptRecord = serde_json::from_slice(&json).map_err(|source| KeptError::Meta {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    for (_, split) in record.splits() {
+        for b in &split.batches {
+            let place = dir.join(&b.file);
+            let corrupt = |reason: String| KeptError::Corrupt {
+                place: place.clone(),
+                reason,
+            };
+            if b.file.contains("..") || Path::new(&b.file).is_absolute() {
+                return Err(corrupt("names a file outside its directory".into()));
+            }
+            let bytes = std::fs::read(&place).map_err(|e| corrupt(e.to_string()))?;
+            if bytes.len() as u64 != b.len {
+                return Err(corrupt(format!(
+                    "{} bytes, the record says {}",
+                    bytes.len(),
+                    b.len
+                )));
+            }
+            if hex(&Sha256::digest(&bytes)) != b.sha256 {
+                return Err(corrupt("its SHA-256 differs from the record's".into()));
+            }
+        }
+    }
+    Ok(record)
+}
+
+/// Puts the kept rows in `dir` (`record`) into `job`'s splits as committed
+/// batches — the kept files themselves, read as spill files are, each
+/// reserved below `disk`'s watermark — with their origins and producers'
+/// positions, ends both splits and sets the job's layout from the first
+/// batch's schema.
+pub fn restore_into(
+    job: &Job,
+    dir: &Path,
+    record: &KeptRecord,
+    disk: &Arc<DiskBudget>,
+) -> Result<(), AgentError> {
+    let mut first: Option<PathBuf> = None;
+    let mut d = job.lock();
+    let stream = d.ingest.open_stream();
+    for ((_, kept), (_, split)) in record.splits().zip(d.ingest.splits_mut()) {
+        for b in &kept.batches {
+            let path = dir.join(&b.file);
+            first.get_or_insert_with(|| path.clone());
+            let reserved = disk.reserve(b.len)?;
+            let origin = b.producer.as_deref().map(|p| Origin {
+                producer: Arc::from(p),
+                seq: b.seq,
+            });
+            let batch = CachedBatch::Disk {
+                path,
+                bytes: b.len,
+                rows: b.rows as usize,
+                reserved,
+            };
+            split.cache.stage_from(stream, origin, batch);
+        }
+        split.cache.commit(stream);
+        for (producer, &(next_seq, rows)) in &kept.producers {
+            split.advance(producer, next_seq, rows);
+        }
+        if kept.ended {
+            split.end();
+        }
+    }
+    let first = first.ok_or_else(|| KeptError::Corrupt {
+        place: dir.to_owned(),
+        reason: "no rows kept".into(),
+    })?;
+    let schema = FileReader::try_new(
+        std::fs::File::open(&first).map_err(|source| KeptError::Io {
+            context: format!("open {}", first.display()),
+            source,
+        })?,
+        None,
+    )
+    .map_err(|source| KeptError::Arrow {
+        job_id: job.job_id.clone(),
+        source,
+    })?
+    .schema();
+    d.layout = Some(schema::validate(&schema, &job.spec, StreamKind::Train)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
