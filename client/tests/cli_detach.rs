@@ -9,6 +9,10 @@
 //!   (it predicts as they do).
 //! - `train --detach` SIGKILLed while it is still feeding cancels its job
 //!   within the lease, as a client that is not detached does.
+//! - A job whose rows do not fit an agent's disk watermark, where every
+//!   agent keeps them before the job is detached, fails `train --detach`
+//!   naming the watermark; the job is cancelled, never detached, and no
+//!   agent keeps a copy.
 
 use crate::common;
 
@@ -108,7 +112,10 @@ async fn wait_for<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() 
 }
 
 async fn cluster(dir: &Path) -> (LocalCluster, RendezvousClient, Vec<AgentClient>) {
-    let mut config = LocalClusterConfig::new(dir.join("cluster"));
+    cluster_with(LocalClusterConfig::new(dir.join("cluster"))).await
+}
+
+async fn cluster_with(mut config: LocalClusterConfig) -> (LocalCluster, RendezvousClient, Vec<AgentClient>) {
     config.lease = Duration::from_millis(600);
     let cluster = LocalCluster::start(2, config).await.expect("cluster");
     let rv = RendezvousClient::connect(cluster.rendezvous_url(), cluster.token())
@@ -265,4 +272,55 @@ async fn a_detached_client_killed_while_feeding_still_cancels_its_job() {
         "{status:?}"
     );
     cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_detached_job_whose_rows_do_not_fit_the_agents_disks_is_refused_and_cancelled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = LocalClusterConfig::new(dir.path().join("cluster"));
+    // Room for the agents' spill files, none for a copy of 4,000 rows.
+    config.staging.disk_watermark = Some(4_096);
+    let (cluster, rv, _agents) = cluster_with(config).await;
+    let job = "no-room-to-keep";
+    let exit = train_detached(&cluster, dir.path(), job, 4_000, 50)
+        .wait()
+        .expect("kindling");
+    let err = std::fs::read_to_string(dir.path().join(format!("{job}.err"))).expect("stderr");
+    assert!(!exit.success(), "{err}");
+    assert!(
+        err.contains(&format!("keeping job `{job}`'s rows"))
+            && err.contains("disk watermark")
+            && err.contains("the job is not detached"),
+        "{err}"
+    );
+    let status = wait_for(
+        "the job to be cancelled",
+        Duration::from_secs(LEASE_SECS + 10),
+        async || {
+            let s = rv.status(job).await.ok()?;
+            assert!(!s.detached, "{s:?}");
+            (s.state == JobState::Cancelled).then_some(s)
+        },
+    )
+    .await;
+    assert!(!status.detached);
+    let kept: Vec<_> = walk(&dir.path().join("cluster"))
+        .into_iter()
+        .filter(|p| p.components().any(|c| c.as_os_str() == "kept") && p.is_file())
+        .collect();
+    assert!(kept.is_empty(), "no agent keeps a copy: {kept:?}");
+    cluster.shutdown().await;
+}
+
+/// Every path under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        }
+        found.push(path);
+    }
+    found
 }
