@@ -17,7 +17,7 @@ use tracing::Instrument as _;
 
 use super::event::TrainingEvent;
 use super::progress::Reporter;
-use super::run::{Follow, Holders, QUIET, Run, Watched};
+use super::run::{Holders, Run, Seen, Watcher};
 use super::source::Source;
 use super::{JobError, ProgressMode, ServingCluster, TrainedModel, TrainingJob};
 use crate::feed::AgentClient;
@@ -208,40 +208,46 @@ impl JobHandle {
     pub async fn wait(&self) -> Result<AgentJobStatus, JobError> {
         let rv = self.connect().await?;
         let mut reporter = Reporter::new(self.progress, self.events.clone());
-        let mut follow = Follow::new(rv.clone(), &self.job_id);
-        let mut watch = Watched::new(&self.job_id);
-        // The members the rendezvous names, and those of them that are live.
-        let mut named: Vec<String> = Vec::new();
+        let mut watcher = Watcher::new(rv.clone(), &self.job_id);
+        // The members the rendezvous names (in which attempt: a member
+        // restarted on its node may serve at another address), and those
+        // of them that are live.
+        let mut named: (u32, Vec<String>) = (0, Vec::new());
         let mut members: Option<Holders> = None;
         let mut succeeded = false;
         let mut seen_epochs = 0;
-        let mut check = tokio::time::interval(QUIET / 4);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let ask = tokio::select! {
-                event = follow.next() => {
-                    let (status, reports) = event?;
+            let ask = match watcher.next().await? {
+                Seen::Event(status, reports) => {
                     if matches!(status.state, JobState::Failed | JobState::Cancelled) {
                         return Err(self.failed(&status));
                     }
                     succeeded = status.state == JobState::Succeeded;
-                    if !status.members.is_empty() && status.members != named {
-                        named = status.members.clone();
-                        members = self.live_members(&rv, &named).await?;
+                    if !status.members.is_empty() && (status.attempt, &status.members) != (named.0, &named.1)
+                    {
+                        named = (status.attempt, status.members.clone());
+                        members = self.live_members(&rv, &named.1).await?;
                     }
                     match &members {
-                        Some(h) => watch.on_event(&mut reporter, h, &status, &reports, &mut seen_epochs)?,
+                        Some(h) => {
+                            watcher
+                                .watched
+                                .on_event(&mut reporter, h, &status, &reports, &mut seen_epochs)?
+                        }
                         None => Vec::new(),
                     }
                 }
-                _ = check.tick() => members.as_ref().map(|h| watch.quiet(h)).unwrap_or_default(),
+                Seen::Check => members
+                    .as_ref()
+                    .map(|h| watcher.watched.quiet(h))
+                    .unwrap_or_default(),
             };
             let Some(holders) = &members else { continue };
             for s in ask {
                 let c = &holders.clients[s];
                 match c.job_status(&self.job_id).await {
                     Ok(st) => {
-                        watch.heard_from(&mut reporter, &st)?;
+                        watcher.watched.heard_from(&mut reporter, &st)?;
                         if succeeded && st.state == AgentJobState::Succeeded {
                             for m in st.history.iter().skip(seen_epochs) {
                                 reporter.emit(TrainingEvent::Epoch(m.clone()));

@@ -30,7 +30,7 @@ use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, Window};
 use crate::feed::{AgentClient, PushedPartition};
 pub(super) use holders::Holders;
-pub(super) use watched::{Follow, QUIET, Watched};
+pub(super) use watched::{Seen, Watcher};
 
 /// Cancels the job at the rendezvous and on its agents unless disarmed, so a
 /// client that goes away (error, cancelled future) leaves nothing running.
@@ -298,22 +298,22 @@ impl<'r, 'a> Run<'r, 'a> {
     /// which carries what its agents report of it in their heartbeats: the
     /// agents' progress and logs as they change; an agent asked directly
     /// only when an attempt failed, when it has not been heard from for
-    /// [`QUIET`], or once the job succeeded (for its final status). Lost
+    /// [`QUIET`](watched::QUIET), or once the job succeeded (for its final status). Lost
     /// agents are replaced (their shards fed again, or the gang shrunk).
     /// Returns the status of an agent that finished.
     pub async fn follow(&mut self) -> Result<AgentJobStatus, JobError> {
-        let mut follow = Follow::new(self.rv.clone(), &self.job_id);
-        let mut watch = Watched::new(&self.job_id);
-        let mut check = tokio::time::interval(QUIET / 4);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watcher = Watcher::new(self.rv.clone(), &self.job_id);
         loop {
             let epochs = self.seen_epochs;
-            let ask = tokio::select! {
-                event = follow.next() => {
-                    let (status, reports) = event?;
-                    watch.on_event(&mut self.reporter, &self.holders, &status, &reports, &mut self.seen_epochs)?
-                }
-                _ = check.tick() => watch.quiet(&self.holders),
+            let ask = match watcher.next().await? {
+                Seen::Event(status, reports) => watcher.watched.on_event(
+                    &mut self.reporter,
+                    &self.holders,
+                    &status,
+                    &reports,
+                    &mut self.seen_epochs,
+                )?,
+                Seen::Check => watcher.watched.quiet(&self.holders),
             };
             if ask.is_empty() {
                 // An epoch ended: an agent that joined meanwhile joins now.
@@ -339,7 +339,7 @@ impl<'r, 'a> Run<'r, 'a> {
                 }
             }
             for st in &statuses {
-                watch.heard_from(&mut self.reporter, st)?;
+                watcher.watched.heard_from(&mut self.reporter, st)?;
             }
             if !lost.is_empty() {
                 self.recover(&lost).await?;

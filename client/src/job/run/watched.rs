@@ -2,7 +2,8 @@
 //! (their heartbeat reports) and their direct answers: each log entry once,
 //! the epochs and steps, failures, and when each agent was last heard from —
 //! so that an agent is asked directly only when something calls for it —
-//! and [`Follow`], the watch stream it is read from.
+//! [`Follow`], the watch stream it is read from, and [`Watcher`], both with
+//! the check for quiet agents, as every follower of a job reads them.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -226,6 +227,48 @@ impl Follow {
                     tokio::time::sleep(REOPEN).await;
                 }
             }
+        }
+    }
+}
+
+/// One follower's view of a job — `Run::follow`'s and `JobHandle::wait`'s:
+/// the rendezvous's watch ([`Follow`]), what was seen of the agents
+/// ([`Watched`]), and a check every quarter of [`QUIET`] between events
+/// for agents not heard from.
+pub(crate) struct Watcher {
+    follow: Follow,
+    /// What was seen of the job's agents.
+    pub watched: Watched,
+    check: tokio::time::Interval,
+}
+
+/// What a [`Watcher`] saw next.
+pub(crate) enum Seen {
+    /// An event of the watch: the job's state and its members' reports.
+    Event(JobStatus, Vec<MemberReport>),
+    /// The check's tick: time to ask the agents not heard from.
+    Check,
+}
+
+impl Watcher {
+    pub fn new(rv: RendezvousClient, job_id: &str) -> Self {
+        let mut check = tokio::time::interval(QUIET / 4);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Watcher {
+            follow: Follow::new(rv, job_id),
+            watched: Watched::new(job_id),
+            check,
+        }
+    }
+
+    /// The next event of the watch, or the check's next tick.
+    pub async fn next(&mut self) -> Result<Seen, JobError> {
+        tokio::select! {
+            event = self.follow.next() => {
+                let (status, reports) = event?;
+                Ok(Seen::Event(status, reports))
+            }
+            _ = self.check.tick() => Ok(Seen::Check),
         }
     }
 }
