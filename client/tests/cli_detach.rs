@@ -66,12 +66,19 @@ fn finished(mut child: Child, dir: &Path, name: &str) -> String {
 /// `kindling train --detach` of job `job_id` on `rows` rows of a rule
 /// (y = x1 + x2 > 1), for `epochs` epochs.
 fn train_detached(cluster: &LocalCluster, dir: &Path, job_id: &str, rows: u64, epochs: u32) -> Child {
+    let args = train_args(job_id, rows, epochs);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kindling(cluster, dir, job_id, &args)
+}
+
+/// [`train_detached`]'s arguments.
+fn train_args(job_id: &str, rows: u64, epochs: u32) -> Vec<String> {
     let sql = format!(
         "SELECT x1, x2, CAST(x1 + x2 > 1.0 AS INT) AS y \
          FROM (SELECT rand(1) AS x1, rand(2) AS x2 FROM range({rows}))"
     );
     let (epochs, lease) = (epochs.to_string(), LEASE_SECS.to_string());
-    let args = [
+    [
         "train",
         "--remote",
         &spark_remote(),
@@ -96,8 +103,9 @@ fn train_detached(cluster: &LocalCluster, dir: &Path, job_id: &str, rows: u64, e
         "--job-id",
         job_id,
         "--detach",
-    ];
-    kindling(cluster, dir, job_id, &args)
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 async fn wait_for<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
@@ -281,6 +289,22 @@ async fn a_detached_job_whose_rows_do_not_fit_the_agents_disks_is_refused_and_ca
     // Room for the agents' spill files, none for a copy of 4,000 rows.
     config.staging.disk_watermark = Some(4_096);
     let (cluster, rv, _agents) = cluster_with(config).await;
+    // A detached job does not grow: max_slots above the slots is refused
+    // before anything runs.
+    let grows = "would-grow";
+    let mut args = train_args(grows, 4_000, 50);
+    args.extend(["--max-slots".to_owned(), "3".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let exit = kindling(&cluster, dir.path(), grows, &args)
+        .wait()
+        .expect("kindling");
+    let err = std::fs::read_to_string(dir.path().join(format!("{grows}.err"))).expect("stderr");
+    assert!(!exit.success(), "{err}");
+    assert!(
+        err.contains("max_slots") && err.contains("a detached job does not grow"),
+        "{err}"
+    );
+    assert!(rv.status(grows).await.is_err(), "no job was created");
     let job = "no-room-to-keep";
     let exit = train_detached(&cluster, dir.path(), job, 4_000, 50)
         .wait()

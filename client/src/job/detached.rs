@@ -38,8 +38,9 @@ impl TrainingJob {
     /// which resumes from its last checkpoint. An agent lost for good (its
     /// node gone) fails the job once its attempts are spent: no client
     /// feeds its shard to another.
-    /// Local mode (the agents live in this process) and MLflow tracking
-    /// (which follows the job from its client) are refused.
+    /// Local mode (the agents live in this process), MLflow tracking
+    /// (which follows the job from its client) and growth (`max_slots`
+    /// above `num_slots`: no client moves shards to a newcomer) are refused.
     ///
     /// ```no_run
     /// # async fn demo(job: kindling::job::TrainingJob, df: kindling::DataFrame)
@@ -59,6 +60,18 @@ impl TrainingJob {
                 reason: "a detached job needs a cluster whose agents outlive this process: set \
                          rendezvous(..) (kindling train --rendezvous)"
                     .into(),
+            });
+        }
+        if self.max_slots() > self.spec.num_slots {
+            return Err(JobError::Setting {
+                setting: "max_slots",
+                reason: format!(
+                    "a detached job does not grow: no client is there to move shards to an agent that \
+                     joins, and its rows would be dealt into {} shards on {} agents for nothing; leave \
+                     max_slots at num_slots (kindling train --max-slots), or follow the job with fit",
+                    self.max_slots(),
+                    self.spec.num_slots
+                ),
             });
         }
         if self.reporting.mlflow.is_some() {
