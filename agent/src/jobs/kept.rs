@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
-use kindling_schemas::action::StartJob;
+use kindling_schemas::action::{AgentJobState, StartJob};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::JobKind;
@@ -155,7 +155,9 @@ pub fn snapshot(job: &Job) -> Result<Snapshot, AgentError> {
         .transpose()
         .map_err(|e| crate::error::ModelError::Table(format!("initial weights: {e}")))?;
     let d = job.lock();
-    if d.state.is_terminal() {
+    // A job that succeeded holds its rows until it is removed; one that
+    // failed or was cancelled dropped them.
+    if matches!(d.state, AgentJobState::Failed | AgentJobState::Cancelled) {
         return Err(AgentError::wrong_state(&job.job_id, d.state, "its rows are gone"));
     }
     let copy = |split: Split| -> Result<SplitCopy, AgentError> {

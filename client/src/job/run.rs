@@ -373,7 +373,11 @@ impl<'r, 'a> Run<'r, 'a> {
             began.elapsed().as_secs_f64()
         ));
         if let Err(e) = self.rv.detach_job(&self.job_id).await {
-            return Err(self.failed_at_rendezvous().await.unwrap_or(e.into()));
+            // A short job may have finished already: nothing left to detach.
+            let finished = self.rv.status(&self.job_id).await.ok();
+            if !finished.is_some_and(|s| s.state == JobState::Succeeded) {
+                return Err(self.failed_at_rendezvous().await.unwrap_or(e.into()));
+            }
         }
         self.guard.armed = false;
         self.reporter.note(&format!(

@@ -34,6 +34,7 @@ from .job import Job
 from .messages import (
     CreateJobReply,
     EndOfDataReply,
+    KeepRowsReply,
     EpochMetrics,
     JobStatus,
     PutAck,
@@ -71,6 +72,7 @@ __all__ = [
     "CreateJobReply",
     "StartJobReply",
     "EndOfDataReply",
+    "KeepRowsReply",
     "EpochMetrics",
     "JobStatus",
     "PutAck",

@@ -16,6 +16,7 @@ from .errors import KindlingError, ProtocolError, from_flight
 from .messages import (
     CreateJobReply,
     EndOfDataReply,
+    KeepRowsReply,
     JobStatus,
     PutAck,
     PutResult,
@@ -238,6 +239,17 @@ class AgentClient:
         if expected_rows is not None:
             body["expected_rows"] = expected_rows
         return self.action("end_of_data", body)  # type: ignore[no-any-return]
+
+    def keep_rows(self, job_id: str) -> KeepRowsReply:
+        """Has the agent keep the job's rows on its disk (operator token only).
+
+        Once the train split ended (and the eval split, if it was fed): a
+        job whose agent restarts on its node then takes its rows back and
+        its place in the job with no client to feed it. Raises
+        :class:`~kindling_client.FailedPrecondition` before the split ended;
+        a repeated call answers what the first kept.
+        """
+        return self.action("keep_rows", {"job_id": job_id})  # type: ignore[no-any-return]
 
     def list_jobs(self) -> List[JobStatus]:
         """Every job this agent knows."""

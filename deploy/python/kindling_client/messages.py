@@ -8,6 +8,7 @@ __all__ = [
     "CreateJobReply",
     "StartJobReply",
     "EndOfDataReply",
+    "KeepRowsReply",
     "EpochMetrics",
     "JobStatus",
     "PutAck",
@@ -36,6 +37,14 @@ class EndOfDataReply(TypedDict):
     job_id: str
     split: str
     rows: int
+
+
+class KeepRowsReply(TypedDict):
+    """``keep_rows``'s reply: the ``rows`` (both splits) and ``bytes`` the agent kept on its disk."""
+
+    job_id: str
+    rows: int
+    bytes: int
 
 
 class EpochMetrics(TypedDict):

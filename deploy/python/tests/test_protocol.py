@@ -81,6 +81,23 @@ def test_final_acks_count_the_producer_and_the_stream(agents: List[AgentClient],
     assert final["rows_trained_per_epoch"] == [1100, 1100]
 
 
+def test_keep_rows_writes_a_fed_jobs_rows_once_its_split_ended(agents: List[AgentClient], job_id: str) -> None:
+    """``keep_rows`` before the train split ended is refused and keeps
+    nothing; after it, it counts the split's rows, and a repeat answers the same."""
+    agent = agents[0]
+    started(agent, job_id)
+    put_stream(agent, job_id, "train", "kept", rule_table(600, 3).to_batches(max_chunksize=200))
+    with pytest.raises(FailedPrecondition, match="train split has not ended"):
+        agent.keep_rows(job_id)
+    assert agent.end_of_data(job_id, "train", expected_rows=600)["rows"] == 600
+    kept = agent.keep_rows(job_id)
+    assert (kept["job_id"], kept["rows"]) == (job_id, 600)
+    assert kept["bytes"] > 0
+    assert agent.keep_rows(job_id) == kept
+    final = agent.wait(job_id, timeout=300)
+    assert final["state"] == "succeeded", final["error"]
+
+
 def test_ack_bytes_are_the_batch_arrow_bytes(agents: List[AgentClient], job_id: str) -> None:
     """Per batch, ``bytes`` is pyarrow's ``RecordBatch.nbytes`` of the batch
     sent; the final ack's is the sum this stream committed."""
