@@ -385,4 +385,29 @@ async fn soak_long_jobs_ride_out_agent_leader_and_client_kills_and_a_joining_age
          bitwise job C's",
         at_kill.epoch, at_kill.step, at_kill.steps_per_epoch
     );
+    // Every agent of B and C kept their rows; one restarted after both
+    // ended removes its copies (their jobs ended at the rendezvous).
+    let kept = |i: usize, job: &str| {
+        dir.path()
+            .join(format!("agent-{i}/kept/agent-{i}/{job}/kept.json"))
+            .exists()
+    };
+    for &i in &members {
+        assert!(
+            kept(i, "soak-b") && kept(i, "soak-c"),
+            "agent-{i} kept B's and C's rows"
+        );
+    }
+    let again = members[2];
+    procs.kill_agent(again);
+    procs.restart_agent(again, dir.path()).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while kept(again, "soak-b") || kept(again, "soak-c") {
+        assert!(
+            Instant::now() < deadline,
+            "agent-{again} restarted removes the copies of jobs that ended\n{}",
+            procs.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
