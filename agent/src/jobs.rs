@@ -154,15 +154,7 @@ impl JobRegistry {
         if let Some(running) = self.running(&start)? {
             return Ok(running);
         }
-        // A job asking for a GPU this agent lacks is refused here, before it gangs.
-        let device = crate::models::backend::label(&start.spec)?;
-        // So is a model this agent does not have, or a config it refuses.
-        self.env.models.check(&start.spec)?;
-        // So are initial weights that are not a weights table (whether they
-        // fit the model is known once the first batch gives the layout).
-        let initial = start.initial_table().map_err(|e| {
-            AgentError::from(crate::error::ModelError::Table(format!("initial_weights: {e}")))
-        })?;
+        let (device, initial) = self.runnable(&start)?;
         let rendezvous = self.rendezvous_at(&start.rendezvous)?;
         let at_rendezvous = match rendezvous.status(&start.job_id).await {
             Ok(status) => status,
@@ -206,6 +198,20 @@ impl JobRegistry {
         .reading(rows)
         .starting_from(initial);
         Ok(self.launch(&mut jobs, job, at_rendezvous.attempt, rendezvous))
+    }
+
+    /// What this agent runs `start` with — its device's label and the
+    /// initial weights — or why it cannot, before the job gangs: a GPU it
+    /// lacks, a model it does not have or a config it refuses, initial
+    /// weights that are not a weights table (whether they fit the model is
+    /// known once the first batch gives the layout).
+    fn runnable(&self, start: &StartJob) -> Result<(String, Option<arrow::array::RecordBatch>), AgentError> {
+        let device = crate::models::backend::label(&start.spec)?;
+        self.env.models.check(&start.spec)?;
+        let initial = start.initial_table().map_err(|e| {
+            AgentError::from(crate::error::ModelError::Table(format!("initial_weights: {e}")))
+        })?;
+        Ok((device, initial))
     }
 
     /// Puts `job` in the agent's table and runs its lifecycle task, which
@@ -335,6 +341,7 @@ impl JobRegistry {
         }
         // Every call that can fail comes first: a job built on the kept
         // files removes them when it is dropped.
+        let (device, initial) = self.runnable(start)?;
         let agent_id = &self.env.agent_id;
         if status.state == kindling_schemas::rendezvous::JobState::Running
             && status.members.contains(agent_id)
@@ -347,11 +354,6 @@ impl JobRegistry {
                 .await
                 .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
         }
-        let device = crate::models::backend::label(&start.spec)?;
-        self.env.models.check(&start.spec)?;
-        let initial = start.initial_table().map_err(|e| {
-            AgentError::from(crate::error::ModelError::Table(format!("initial_weights: {e}")))
-        })?;
         let job = Job::new(
             start.job_id.clone(),
             start.spec.clone(),

@@ -21,12 +21,11 @@ use kindling_schemas::descriptor::Split;
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::JobKind;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::cache::{CachedBatch, DiskBudget, Origin, Reservation};
 use crate::error::{AgentError, KeptError};
 use crate::jobs::job::Job;
-use crate::training::checkpoint::{sync_dir, write_durably};
+use crate::training::checkpoint::{FileDigest, sync_dir, write_durably};
 
 /// The record of what a kept job's directory holds.
 const RECORD: &str = "kept.json";
@@ -62,14 +61,12 @@ pub struct KeptSplit {
 /// One kept batch: its file, what it holds, and where it came from.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct KeptBatch {
-    /// The file, relative to the job's directory.
-    pub file: String,
+    /// The file (its name relative to the job's directory), its length and
+    /// SHA-256, recorded as a checkpoint's files are.
+    #[serde(flatten)]
+    pub file: FileDigest,
     /// Rows in it.
     pub rows: u64,
-    /// The file's length.
-    pub len: u64,
-    /// The file's SHA-256, lower-case hex.
-    pub sha256: String,
     /// The producer that sent it (none for a batch staged without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producer: Option<String>,
@@ -89,7 +86,7 @@ impl KeptRecord {
     /// Bytes the kept batches' files take.
     pub fn bytes(&self) -> u64 {
         self.splits()
-            .map(|(_, s)| s.batches.iter().map(|b| b.len).sum::<u64>())
+            .map(|(_, s)| s.batches.iter().map(|b| b.file.len).sum::<u64>())
             .sum()
     }
 
@@ -269,10 +266,8 @@ fn write_into(dir: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
             let path = dir.join(&file);
             write_durably(&path, &bytes).map_err(io(format!("write {}", path.display())))?;
             out.batches.push(KeptBatch {
-                file,
+                file: FileDigest::of(&file, &bytes),
                 rows: loaded.num_rows() as u64,
-                len: bytes.len() as u64,
-                sha256: hex(&Sha256::digest(&bytes)),
                 producer: origin.as_ref().map(|o| o.producer.to_string()),
                 seq: origin.map_or(0, |o| o.seq),
             });
@@ -304,10 +299,6 @@ fn ipc_file(batch: &RecordBatch) -> Result<Vec<u8>, arrow::error::ArrowError> {
     w.write(batch)?;
     w.finish()?;
     w.into_inner()
-}
-
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every kept job's directory under `root`, with its record read and every
@@ -344,23 +335,23 @@ pub fn read(dir: &Path) -> Result<KeptRecord, KeptError> {
     })?;
     for (_, split) in record.splits() {
         for b in &split.batches {
-            let place = dir.join(&b.file);
+            let place = dir.join(&b.file.name);
             let corrupt = |reason: String| KeptError::Corrupt {
                 place: place.clone(),
                 reason,
             };
-            if b.file.contains("..") || Path::new(&b.file).is_absolute() {
+            if b.file.name.contains("..") || Path::new(&b.file.name).is_absolute() {
                 return Err(corrupt("names a file outside its directory".into()));
             }
             let bytes = std::fs::read(&place).map_err(|e| corrupt(e.to_string()))?;
-            if bytes.len() as u64 != b.len {
+            let got = FileDigest::of(&b.file.name, &bytes);
+            if got.len != b.file.len {
                 return Err(corrupt(format!(
                     "{} bytes, the record says {}",
-                    bytes.len(),
-                    b.len
+                    got.len, b.file.len
                 )));
             }
-            if hex(&Sha256::digest(&bytes)) != b.sha256 {
+            if got.sha256 != b.file.sha256 {
                 return Err(corrupt("its SHA-256 differs from the record's".into()));
             }
         }
@@ -382,18 +373,19 @@ pub fn restore_into(
     let mut first: Option<PathBuf> = None;
     let mut d = job.lock();
     let stream = d.ingest.open_stream();
-    for ((_, kept), (_, split)) in record.splits().zip(d.ingest.splits_mut()) {
+    for (name, kept) in record.splits() {
+        let split = d.ingest.split_mut(name);
         for b in &kept.batches {
-            let path = dir.join(&b.file);
+            let path = dir.join(&b.file.name);
             first.get_or_insert_with(|| path.clone());
-            let reserved = disk.reserve(b.len)?;
+            let reserved = disk.reserve(b.file.len)?;
             let origin = b.producer.as_deref().map(|p| Origin {
                 producer: Arc::from(p),
                 seq: b.seq,
             });
             let batch = CachedBatch::Disk {
                 path,
-                bytes: b.len,
+                bytes: b.file.len,
                 rows: b.rows as usize,
                 reserved,
             };

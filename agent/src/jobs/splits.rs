@@ -129,11 +129,6 @@ impl IngestState {
         (m1 + m2, d1 + d2)
     }
 
-    /// Both splits, to change, with their names.
-    pub fn splits_mut(&mut self) -> [(Split, &mut SplitIngest); 2] {
-        [(Split::Train, &mut self.train), (Split::Eval, &mut self.eval)]
-    }
-
     /// Numbers a new `DoPut` stream.
     pub fn open_stream(&mut self) -> u64 {
         self.next_stream += 1;

@@ -133,7 +133,8 @@ pub struct FileDigest {
 }
 
 impl FileDigest {
-    fn of(name: &str, bytes: &[u8]) -> FileDigest {
+    /// `bytes`' length and SHA-256, as the file `name` must hold them.
+    pub(crate) fn of(name: &str, bytes: &[u8]) -> FileDigest {
         let digest = Sha256::digest(bytes);
         FileDigest {
             name: name.to_owned(),

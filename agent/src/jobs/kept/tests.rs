@@ -109,7 +109,12 @@ fn kept_rows_read_back_whole_with_their_origins_and_positions() {
     assert_eq!(record.start, start());
     let files: Vec<&KeptBatch> = record.train.batches.iter().chain(&record.eval.batches).collect();
     for (b, want) in files.iter().zip(&batches) {
-        assert_eq!(&load(&root.join("kept-1").join(&b.file)), want, "{}", b.file);
+        assert_eq!(
+            &load(&root.join("kept-1").join(&b.file.name)),
+            want,
+            "{}",
+            b.file.name
+        );
     }
     let origins: Vec<(Option<&str>, u64)> = record
         .train
