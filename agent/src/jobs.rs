@@ -249,26 +249,22 @@ impl JobRegistry {
     /// `keep_rows`: writes the job's rows to this agent's disk once both
     /// splits ended (a detached job's, so the agent restarted on its node
     /// takes its place again). Idempotent: a job kept already answers what
-    /// it kept.
+    /// it kept, until a split is reopened (rows handed over to an agent
+    /// that joined the job): the next call writes the copy again.
     pub async fn keep_rows(&self, job_id: &str) -> Result<KeepRowsResponse, AgentError> {
         let job = self.get(job_id)?;
         // One copy at a time: a repeated call waits for the first's.
         let _one = self.keeping.lock().await;
-        let answer = |k: &kept::Kept| KeepRowsResponse {
-            job_id: job_id.to_owned(),
-            rows: k.rows,
-            bytes: k.bytes,
-        };
         if let Some(k) = job.kept.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            return Ok(answer(k));
+            return Ok(k.answer.clone());
         }
         let snap = kept::snapshot(&job)?;
         let (root, disk) = (self.env.kept_dir.clone(), self.env.disk.clone());
         let k = tokio::task::spawn_blocking(move || kept::write(&root, snap, &disk))
             .await
             .map_err(AgentError::panicked("keep_rows"))??;
-        tracing::info!(job = %job_id, rows = k.rows, bytes = k.bytes, "rows kept on disk");
-        let response = answer(&k);
+        let response = k.answer.clone();
+        tracing::info!(job = %job_id, rows = response.rows, bytes = response.bytes, "rows kept on disk");
         *job.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(k);
         Ok(response)
     }

@@ -289,22 +289,6 @@ async fn a_detached_job_whose_rows_do_not_fit_the_agents_disks_is_refused_and_ca
     // Room for the agents' spill files, none for a copy of 4,000 rows.
     config.staging.disk_watermark = Some(4_096);
     let (cluster, rv, _agents) = cluster_with(config).await;
-    // A detached job does not grow: max_slots above the slots is refused
-    // before anything runs.
-    let grows = "would-grow";
-    let mut args = train_args(grows, 4_000, 50);
-    args.extend(["--max-slots".to_owned(), "3".to_owned()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let exit = kindling(&cluster, dir.path(), grows, &args)
-        .wait()
-        .expect("kindling");
-    let err = std::fs::read_to_string(dir.path().join(format!("{grows}.err"))).expect("stderr");
-    assert!(!exit.success(), "{err}");
-    assert!(
-        err.contains("max_slots") && err.contains("a detached job does not grow"),
-        "{err}"
-    );
-    assert!(rv.status(grows).await.is_err(), "no job was created");
     let job = "no-room-to-keep";
     let exit = train_detached(&cluster, dir.path(), job, 4_000, 50)
         .wait()

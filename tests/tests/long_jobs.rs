@@ -192,50 +192,39 @@ async fn a_checkpoint_by_time_is_written_by_every_rank_after_the_same_step() {
     assert_eq!(a, b, "every rank wrote each after the same step");
 }
 
-/// Elastic growth: a job of 2 agents that may grow to 3; a third agent
-/// starts after the job did (both members held with SIGSTOP until it has
-/// registered, so it is there before the first epoch ends). At that
-/// epoch's end the gang re-forms with 3 ranks: shard 2's rows move from
-/// the agent holding two shards to the newcomer (no Spark query runs
-/// again), every row on exactly one agent, and the last epochs train every
-/// row once on 3 ranks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_epochs_run_on_three_ranks() {
-    const EPOCHS: u32 = 4;
-    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
-    let df = rule_df(&spark, 12_000).await;
-    let dir = tempfile::tempdir().expect("dir");
-    // A long lease: the members are held stopped while the newcomer starts.
-    let mut procs = ProcCluster::start(2, dir.path(), 60_000).await;
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
-    let grown = rule_job()
+/// The rule job on `procs` that may grow from 2 agents to 3, its events
+/// sent to `tx`.
+fn growing_job(
+    procs: &ProcCluster,
+    job_id: &str,
+    epochs: u32,
+    tx: tokio::sync::mpsc::Sender<TrainingEvent>,
+) -> kindling::job::TrainingJob {
+    rule_job()
         .local_mode(false)
         .rendezvous(procs.rendezvous_url.clone())
         .token(procs.token())
-        .job_id("grown")
-        .epochs(EPOCHS)
+        .job_id(job_id)
+        .epochs(epochs)
         .batch_size(8)
         .max_slots(3)
         .events(tx)
         .build()
-        .expect("job");
-    let fit = {
-        let df = df.clone();
-        tokio::spawn(async move { grown.fit(&df).await })
-    };
-    let members = loop {
-        if let TrainingEvent::Started { agents, .. } = rx.recv().await.expect("started") {
-            break agents;
-        }
-    };
-    let held: Vec<usize> = members
-        .iter()
-        .map(|u| procs.index_of(u).expect("member"))
-        .collect();
-    for &i in &held {
+        .expect("job")
+}
+
+/// Starts a third agent while the members `held` are stopped (SIGSTOP),
+/// so that it registers before their epoch ends; returns its index and a
+/// rendezvous client. The members stay stopped: [`thaw`] lets them go.
+async fn newcomer_while_held(
+    procs: &mut ProcCluster,
+    dir: &std::path::Path,
+    held: &[usize],
+) -> (usize, kindling_schemas::rendezvous::RendezvousClient) {
+    for &i in held {
         procs.freeze_agent(i, true);
     }
-    let newcomer = procs.add_agent(dir.path()).await;
+    let newcomer = procs.add_agent(dir).await;
     let rv = kindling_schemas::rendezvous::RendezvousClient::connect_with(
         &procs.rendezvous_url,
         Some(&procs.token()),
@@ -251,11 +240,38 @@ async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for &i in &held {
+    (newcomer, rv)
+}
+
+fn thaw(procs: &ProcCluster, held: &[usize]) {
+    for &i in held {
         procs.freeze_agent(i, false);
     }
-    let (mut fed, mut growth) = (std::collections::HashMap::new(), None);
-    while let Some(e) = rx.recv().await {
+}
+
+/// The job grew by `agent-2`, to 3 ranks, taking shard 2 of the three
+/// dealt onto two agents.
+fn grew_by_agent_2(growth: Option<(String, u32, Vec<usize>)>, fed: &Fed, procs: &ProcCluster) {
+    let (joined, world, moved) = growth.unwrap_or_else(|| panic!("the job grew\n{}", procs.logs()));
+    assert_eq!(
+        (joined.as_str(), world, moved.as_slice()),
+        ("agent-2", 3, &[2][..])
+    );
+    assert_eq!(
+        (fed["train"].len(), fed["eval"].len()),
+        (3, 3),
+        "three shards dealt onto two agents"
+    );
+}
+
+/// Rows fed per shard, by split.
+type Fed = std::collections::HashMap<&'static str, Vec<u64>>;
+
+/// What a job's events said of its feed and its growth (who joined, the
+/// gang's new size, the shards moved).
+fn fed_and_grown(events: Vec<TrainingEvent>) -> (Fed, Option<(String, u32, Vec<usize>)>) {
+    let (mut fed, mut growth) = (Fed::new(), None);
+    for e in events {
         match e {
             TrainingEvent::Fed {
                 split,
@@ -272,22 +288,53 @@ async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_
             _ => {}
         }
     }
+    (fed, growth)
+}
+
+/// Elastic growth: a job of 2 agents that may grow to 3; a third agent
+/// starts after the job did (both members held with SIGSTOP until it has
+/// registered, so it is there before the first epoch ends). At that
+/// epoch's end the gang re-forms with 3 ranks: shard 2's rows move from
+/// the agent holding two shards to the newcomer (no Spark query runs
+/// again), every row on exactly one agent, and the last epochs train every
+/// row once on 3 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_epochs_run_on_three_ranks() {
+    const EPOCHS: u32 = 4;
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 12_000).await;
+    let dir = tempfile::tempdir().expect("dir");
+    // A long lease: the members are held stopped while the newcomer starts.
+    let mut procs = ProcCluster::start(2, dir.path(), 60_000).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let grown = growing_job(&procs, "grown", EPOCHS, tx);
+    let fit = {
+        let df = df.clone();
+        tokio::spawn(async move { grown.fit(&df).await })
+    };
+    let members = loop {
+        if let TrainingEvent::Started { agents, .. } = rx.recv().await.expect("started") {
+            break agents;
+        }
+    };
+    let held: Vec<usize> = members
+        .iter()
+        .map(|u| procs.index_of(u).expect("member"))
+        .collect();
+    let (newcomer, rv) = newcomer_while_held(&mut procs, dir.path(), &held).await;
+    thaw(&procs, &held);
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    let (fed, growth) = fed_and_grown(events);
     let model = fit
         .await
         .expect("task")
         .unwrap_or_else(|e| panic!("fit grows: {e}\n{}", procs.logs()));
     assert_eq!(model.history().len(), EPOCHS as usize);
-    let (joined, world, moved) = growth.unwrap_or_else(|| panic!("the job grew\n{}", procs.logs()));
-    assert_eq!(
-        (joined.as_str(), world, moved.as_slice()),
-        ("agent-2", 3, &[2][..])
-    );
+    grew_by_agent_2(growth, &fed, &procs);
     let (train, eval) = (&fed["train"], &fed["eval"]);
-    assert_eq!(
-        (train.len(), eval.len()),
-        (3, 3),
-        "three shards dealt onto two agents"
-    );
     let status = rv.status("grown").await.expect("status");
     assert_eq!(status.num_slots, 3, "{status:?}");
     // Who holds what: shards 0 and 2 were dealt to the first member, 1 to
@@ -313,4 +360,81 @@ async fn an_agent_that_joins_mid_job_takes_shards_at_an_epochs_end_and_the_last_
         train[2] > 0 && eval[2] > 0,
         "the newcomer took rows: {train:?} {eval:?}"
     );
+}
+
+/// Growth of a detached job: submitted on 2 agents with `max_slots` 3
+/// (three shards dealt onto them), both members held with SIGSTOP while a
+/// third agent starts and a follower attaches (`JobHandle::wait`). At the
+/// next epoch's end the follower moves shard 2's rows to the newcomer (no
+/// Spark query runs again), every member keeps its rows on its disk again
+/// — the giver without shard 2, the newcomer with it — and the last epochs
+/// train every row once on 3 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_detached_job_grows_by_an_agent_that_joins_while_a_follower_waits_and_its_copies_follow_the_move() {
+    // The first epoch ends after the feed (submit's return) at the
+    // earliest: epochs to spare for the growth at the next epoch's end.
+    const EPOCHS: u32 = 5;
+    const JOB: &str = "grown-detached";
+    let spark = SparkSession::connect(&spark_remote()).await.expect("spark");
+    let df = rule_df(&spark, 12_000).await;
+    let dir = tempfile::tempdir().expect("dir");
+    // A long lease: the members are held stopped while the newcomer starts.
+    let mut procs = ProcCluster::start(2, dir.path(), 60_000).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(4096);
+    let job = growing_job(&procs, JOB, EPOCHS, tx);
+    let handle = job
+        .submit(&df)
+        .await
+        .unwrap_or_else(|e| panic!("submit: {e}\n{}", procs.logs()));
+    let (newcomer, rv) = newcomer_while_held(&mut procs, dir.path(), &[0, 1]).await;
+    let follower = tokio::spawn(async move { handle.wait().await });
+    thaw(&procs, &[0, 1]);
+    let last = follower
+        .await
+        .expect("task")
+        .unwrap_or_else(|e| panic!("the detached job grows and succeeds: {e}\n{}", procs.logs()));
+    assert_eq!(last.history.len(), EPOCHS as usize);
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let (fed, growth) = fed_and_grown(events);
+    grew_by_agent_2(growth, &fed, &procs);
+    let (train, eval) = (&fed["train"], &fed["eval"]);
+    assert!(
+        train[2] > 0 && eval[2] > 0,
+        "the newcomer took rows: {train:?} {eval:?}"
+    );
+    assert_eq!(rv.status(JOB).await.expect("status").num_slots, 3);
+    // Shards 0 and 2 were dealt to agent-0, 1 to agent-1; 2 is agent-2's now.
+    let every_row_once = vec![train.iter().sum::<u64>(); EPOCHS as usize];
+    for (i, shard) in [(0, 0usize), (1, 1), (newcomer, 2)] {
+        let url = procs.agent_urls[i].clone();
+        let s = ended(&url, &procs, JOB).await;
+        assert_eq!(s.state, AgentJobState::Succeeded, "agent-{i}: {s:#?}");
+        assert_eq!(
+            (s.rows_train, s.rows_eval),
+            (train[shard], eval[shard]),
+            "agent-{i}"
+        );
+        assert_eq!(s.rows_trained_per_epoch, every_row_once, "agent-{i}");
+        // Its copy on its disk holds the shard it holds now, and no other.
+        let record = dir
+            .path()
+            .join(format!("agent-{i}/kept/agent-{i}/{JOB}/kept.json"));
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&record).expect("kept.json")).expect("json");
+        for split in ["train", "eval"] {
+            let producers: Vec<&String> = record[split]["producers"]
+                .as_object()
+                .expect("producers")
+                .keys()
+                .collect();
+            assert_eq!(
+                producers,
+                [&format!("shard-{shard}")],
+                "agent-{i}'s kept {split} rows"
+            );
+        }
+    }
 }

@@ -70,6 +70,9 @@ pub fn end_of_data(job: &Job, split: Split, expected_rows: Option<u64>) -> Resul
 /// rows `drop` (producers) committed here: handed over to an agent that
 /// joined a growing gang. Returns the committed rows.
 pub fn reopen_split(job: &Job, split: Split, drop: &[String]) -> Result<u64, AgentError> {
+    refuse_if_terminal(job, &job.lock())?;
+    // The rows change: a copy kept on the disk no longer holds them.
+    crate::jobs::kept::forget(job)?;
     let mut d = job.lock();
     refuse_if_terminal(job, &d)?;
     let s = d.ingest.split_mut(split);

@@ -201,6 +201,11 @@ impl Job {
         }
     }
 
+    /// Where its rows are kept on this agent's disk (`keep_rows`).
+    pub fn kept_place(&self) -> PathBuf {
+        self.env.kept_dir.join(&self.job_id)
+    }
+
     /// The job, training on the rows of `dataset` (a job holding rows on
     /// this agent) rather than its own; [`Job::lend_rows`] registers it
     /// with the dataset once it is shared.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::ipc::reader::FileReader;
 use arrow::ipc::writer::FileWriter;
-use kindling_schemas::action::{AgentJobState, StartJob};
+use kindling_schemas::action::{AgentJobState, KeepRowsResponse, KeptSplitRows, StartJob};
 use kindling_schemas::descriptor::Split;
 use kindling_schemas::schema::{self, StreamKind};
 use kindling_schemas::spec::JobKind;
@@ -93,16 +93,35 @@ impl KeptRecord {
     fn splits(&self) -> impl Iterator<Item = (Split, &KeptSplit)> {
         [(Split::Train, &self.train), (Split::Eval, &self.eval)].into_iter()
     }
+
+    /// `keep_rows`' answer for this copy.
+    pub fn answer(&self) -> KeepRowsResponse {
+        let rows = |s: &KeptSplit| KeptSplitRows {
+            producers: s
+                .producers
+                .iter()
+                .map(|(p, &(_, rows))| (p.clone(), rows))
+                .collect(),
+            ended: s.ended,
+        };
+        KeepRowsResponse {
+            job_id: self.start.job_id.clone(),
+            rows: self.rows(),
+            bytes: self.bytes(),
+            train: rows(&self.train),
+            eval: rows(&self.eval),
+            start: self.start.clone(),
+        }
+    }
 }
 
-/// What a job's rows are kept as on this agent: the record, and the disk
-/// the copy takes below the watermark (given back when the job is removed).
+/// What a job's rows are kept as on this agent: `keep_rows`' answer, and
+/// the disk the copy takes below the watermark (given back when the job is
+/// removed or its copy is rewritten).
 #[derive(Debug)]
 pub struct Kept {
     /// What was kept.
-    pub rows: u64,
-    /// The kept files' bytes.
-    pub bytes: u64,
+    pub answer: KeepRowsResponse,
     /// The copy's bytes below the disk watermark (none when the job's
     /// cached batches are the kept files themselves: after a restart).
     _reserved: Option<Reservation>,
@@ -112,10 +131,35 @@ impl Kept {
     /// A job restored from its kept files, whose batches are those files.
     pub fn restored(record: &KeptRecord) -> Self {
         Kept {
-            rows: record.rows(),
-            bytes: record.bytes(),
+            answer: record.answer(),
             _reserved: None,
         }
+    }
+}
+
+/// Takes `job`'s kept copy back because its rows change (a split reopened:
+/// rows handed over to an agent that joined, or fed again): the record goes
+/// from the disk first, so an agent that restarts before the copy is
+/// written again does not take back rows it no longer holds. The files stay
+/// (a job restored from them reads them) until the next copy or the job's
+/// removal.
+pub fn forget(job: &Job) -> Result<(), KeptError> {
+    if job
+        .kept
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .is_none()
+    {
+        return Ok(());
+    }
+    let place = job.kept_place();
+    let record = place.join(RECORD);
+    let io = |context: String| move |source| KeptError::Io { context, source };
+    match std::fs::remove_file(&record) {
+        Ok(()) => sync_dir(&place).map_err(io(format!("flush {}", place.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(format!("remove {}", record.display()))(e)),
     }
 }
 
@@ -194,18 +238,24 @@ pub fn snapshot(job: &Job) -> Result<Snapshot, AgentError> {
 
 /// Writes `snap` under `root` (crash-safe; blocking I/O), its bytes
 /// reserved below `disk`'s watermark first: a copy that does not fit is
-/// refused before anything is written. A copy of an earlier job under the
-/// same id is replaced.
+/// refused before anything is written. The first copy is written aside and
+/// renamed into place; a later one (the job's rows changed) is written in
+/// its place — with no record until it is whole, keeping the files the job
+/// reads from there — and the files no longer named are removed.
 pub fn write(root: &Path, snap: Snapshot, disk: &Arc<DiskBudget>) -> Result<Kept, KeptError> {
     let job_id = snap.start.job_id.clone();
     let io = |context: String| move |source| KeptError::Io { context, source };
-    // Each batch's Arrow size, give or take the IPC framing: what the copy takes.
-    let mut needed = 0u64;
+    let place = root.join(&job_id);
+    // Each batch's Arrow size, give or take the IPC framing: what the copy
+    // takes beyond the files already in place.
+    let (mut needed, mut reused) = (0u64, 0u64);
     for (batches, ..) in &snap.splits {
         for b in batches {
-            needed += match b.as_ref() {
-                CachedBatch::Memory { bytes, .. } | CachedBatch::Disk { bytes, .. } => *bytes,
-            };
+            match b.as_ref() {
+                // Reserved already, by the job that reads it.
+                CachedBatch::Disk { path, bytes, .. } if path.starts_with(&place) => reused += *bytes,
+                CachedBatch::Memory { bytes, .. } | CachedBatch::Disk { bytes, .. } => needed += *bytes,
+            }
         }
     }
     let refused = |source| KeptError::Disk {
@@ -216,33 +266,63 @@ pub fn write(root: &Path, snap: Snapshot, disk: &Arc<DiskBudget>) -> Result<Kept
     std::fs::create_dir_all(root).map_err(io(format!("create {}", root.display())))?;
     disk.check_free(root, needed).map_err(refused)?;
     let reserved = disk.reserve(needed).map_err(refused)?;
-    let tmp = root.join(format!("{TEMPORARY}{job_id}-{}", uuid::Uuid::new_v4()));
-    let written = write_into(&tmp, snap);
-    let record = match written {
-        Ok(record) => record,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
+    let record = if place.is_dir() {
+        rewrite(&place, snap)?
+    } else {
+        let tmp = root.join(format!("{TEMPORARY}{job_id}-{}", uuid::Uuid::new_v4()));
+        let record = match write_into(&tmp, snap, "") {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(e);
+            }
+        };
+        std::fs::rename(&tmp, &place).map_err(io(format!("rename into {}", place.display())))?;
+        sync_dir(root).map_err(io(format!("flush {}", root.display())))?;
+        record
     };
-    let place = root.join(&job_id);
-    match std::fs::remove_dir_all(&place) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(format!("remove the earlier {}", place.display()))(e)),
-    }
-    std::fs::rename(&tmp, &place).map_err(io(format!("rename into {}", place.display())))?;
-    sync_dir(root).map_err(io(format!("flush {}", root.display())))?;
-    let bytes = record.bytes();
     Ok(Kept {
-        rows: record.rows(),
-        bytes,
-        _reserved: Some(reserved.resize(bytes)),
+        answer: record.answer(),
+        _reserved: Some(reserved.resize(record.bytes().saturating_sub(reused))),
     })
 }
 
-/// Writes every batch and then the record into `dir`, each file flushed.
-fn write_into(dir: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
+/// Writes `snap` again in `place`, which holds an earlier copy: its record
+/// goes first, the batches the job reads from `place` (restored there) are
+/// named as they are, the others written under new names, the record
+/// written whole and renamed into place, and the files it does not name
+/// removed.
+fn rewrite(place: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
+    let io = |context: String| move |source| KeptError::Io { context, source };
+    let record_path = place.join(RECORD);
+    match std::fs::remove_file(&record_path) {
+        Ok(()) => sync_dir(place).map_err(io(format!("flush {}", place.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(format!("remove {}", record_path.display()))(e)),
+    }
+    let generation = uuid::Uuid::new_v4().simple().to_string();
+    let record = write_into(place, snap, &generation[..8])?;
+    let named: std::collections::HashSet<PathBuf> = record
+        .splits()
+        .flat_map(|(_, s)| s.batches.iter().map(|b| place.join(&b.file.name)))
+        .collect();
+    for split in [Split::Train, Split::Eval] {
+        let Ok(entries) = std::fs::read_dir(place.join(split.as_str())) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !named.contains(&e.path()) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(record)
+}
+
+/// Writes every batch and then the record into `dir`, each file flushed:
+/// a batch read from a file in `dir` already is named as it is, the others
+/// are written as `<split>/batch-[<generation>-]<n>.arrow`.
+fn write_into(dir: &Path, snap: Snapshot, generation: &str) -> Result<KeptRecord, KeptError> {
     let io = |context: String| move |source| KeptError::Io { context, source };
     let job_id = snap.start.job_id.clone();
     let mut kept = [KeptSplit::default(), KeptSplit::default()];
@@ -254,20 +334,37 @@ fn write_into(dir: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
         let sub = dir.join(split.as_str());
         std::fs::create_dir_all(&sub).map_err(io(format!("create {}", sub.display())))?;
         for (i, (batch, origin)) in batches.iter().zip(origins).enumerate() {
-            let loaded = batch.load().map_err(|e| KeptError::Io {
-                context: format!("read job `{job_id}`'s batch to keep"),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            let bytes = ipc_file(&loaded).map_err(|source| KeptError::Arrow {
-                job_id: job_id.clone(),
-                source,
-            })?;
-            let file = format!("{}/batch-{i:08}.arrow", split.as_str());
-            let path = dir.join(&file);
-            write_durably(&path, &bytes).map_err(io(format!("write {}", path.display())))?;
+            let (file, rows) = match batch.as_ref() {
+                CachedBatch::Disk { path, rows, .. } if path.starts_with(dir) => {
+                    let name = path
+                        .strip_prefix(dir)
+                        .unwrap_or(path)
+                        .to_string_lossy()
+                        .into_owned();
+                    let bytes = std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
+                    (FileDigest::of(&name, &bytes), *rows as u64)
+                }
+                _ => {
+                    let loaded = batch.load().map_err(|e| KeptError::Io {
+                        context: format!("read job `{job_id}`'s batch to keep"),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+                    let bytes = ipc_file(&loaded).map_err(|source| KeptError::Arrow {
+                        job_id: job_id.clone(),
+                        source,
+                    })?;
+                    let file = match generation {
+                        "" => format!("{}/batch-{i:08}.arrow", split.as_str()),
+                        g => format!("{}/batch-{g}-{i:08}.arrow", split.as_str()),
+                    };
+                    let path = dir.join(&file);
+                    write_durably(&path, &bytes).map_err(io(format!("write {}", path.display())))?;
+                    (FileDigest::of(&file, &bytes), loaded.num_rows() as u64)
+                }
+            };
             out.batches.push(KeptBatch {
-                file: FileDigest::of(&file, &bytes),
-                rows: loaded.num_rows() as u64,
+                file,
+                rows,
                 producer: origin.as_ref().map(|o| o.producer.to_string()),
                 seq: origin.map_or(0, |o| o.seq),
             });
@@ -287,8 +384,10 @@ fn write_into(dir: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
         dir: dir.to_owned(),
         source,
     })?;
-    let path = dir.join(RECORD);
-    write_durably(&path, &json).map_err(io(format!("write {}", path.display())))?;
+    // Whole or absent: written aside, then renamed into place.
+    let (aside, path) = (dir.join(format!("{RECORD}.tmp")), dir.join(RECORD));
+    write_durably(&aside, &json).map_err(io(format!("write {}", aside.display())))?;
+    std::fs::rename(&aside, &path).map_err(io(format!("rename into {}", path.display())))?;
     sync_dir(dir).map_err(io(format!("flush {}", dir.display())))?;
     Ok(record)
 }

@@ -181,6 +181,12 @@ pub(crate) fn producer_of(shard: usize) -> String {
     format!("shard-{shard}")
 }
 
+/// The shard whose rows `producer` ([`producer_of`]) sent, if it is one.
+pub(crate) fn shard_of(producer: &str) -> Option<usize> {
+    let n = producer.strip_prefix("shard-")?;
+    n.parse().ok().filter(|s| producer_of(*s) == producer)
+}
+
 /// Deals the rows of a stream of batches out to `n` shards, deterministically
 /// and evenly: each batch is cut into `n` contiguous slices whose sizes differ
 /// by at most one row, and the shard that takes the first of the larger

@@ -380,7 +380,9 @@ impl TrainingJobBuilder {
     /// and training resumes from that epoch's checkpoint on more ranks. The
     /// learning rate is kept: each rank still steps `batch_size` rows, so
     /// the global batch grows with the gang. Needs the driver relay feed
-    /// (the default); a detached job or a search's trial does not grow.
+    /// (the default); a search's trial does not grow, a detached job
+    /// ([`submit`](crate::job::TrainingJob::submit)) grows while a follower
+    /// waits on it ([`JobHandle::wait`](crate::job::JobHandle::wait)).
     pub fn max_slots(mut self, max_slots: u32) -> Self {
         self.recovery.max_slots = Some(max_slots);
         self

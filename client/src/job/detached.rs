@@ -3,7 +3,10 @@
 //! lease) and returns a [`JobHandle`]; the job trains on without the client.
 //! A `JobHandle` made from the job's id, on any machine with the cluster's
 //! credentials, follows it to its end ([`JobHandle::wait`]) and fetches its
-//! model from the agents ([`JobHandle::fetch`]).
+//! model from the agents ([`JobHandle::fetch`]); while it follows, the job
+//! grows by agents that join (`grow`).
+
+mod grow;
 
 use arrow::array::RecordBatch;
 use kindling_schemas::action::{AgentJobState, AgentJobStatus};
@@ -38,9 +41,13 @@ impl TrainingJob {
     /// which resumes from its last checkpoint. An agent lost for good (its
     /// node gone) fails the job once its attempts are spent: no client
     /// feeds its shard to another.
-    /// Local mode (the agents live in this process), MLflow tracking
-    /// (which follows the job from its client) and growth (`max_slots`
-    /// above `num_slots`: no client moves shards to a newcomer) are refused.
+    ///
+    /// A job that may grow (`max_slots` above `num_slots`) grows while a
+    /// follower waits on it ([`JobHandle::wait`], `kindling wait`): at an
+    /// epoch's end, an agent that registered meanwhile takes shards from
+    /// the members, as under `fit`. With no follower it trains on as it is.
+    /// Local mode (the agents live in this process) and MLflow tracking
+    /// (which follows the job from its client) are refused.
     ///
     /// ```no_run
     /// # async fn demo(job: kindling::job::TrainingJob, df: kindling::DataFrame)
@@ -60,18 +67,6 @@ impl TrainingJob {
                 reason: "a detached job needs a cluster whose agents outlive this process: set \
                          rendezvous(..) (kindling train --rendezvous)"
                     .into(),
-            });
-        }
-        if self.max_slots() > self.spec.num_slots {
-            return Err(JobError::Setting {
-                setting: "max_slots",
-                reason: format!(
-                    "a detached job does not grow: no client is there to move shards to an agent that \
-                     joins, and its rows would be dealt into {} shards on {} agents for nothing; leave \
-                     max_slots at num_slots (kindling train --max-slots), or follow the job with fit",
-                    self.max_slots(),
-                    self.spec.num_slots
-                ),
             });
         }
         if self.reporting.mlflow.is_some() {
@@ -217,7 +212,12 @@ impl JobHandle {
     /// Follows the job to its end, showing its progress as `fit` does, and
     /// returns the final status of one of its agents (every epoch's
     /// metrics), or the job's error when it failed or was cancelled.
-    /// Dropping the future leaves the job running.
+    /// A job submitted with `max_slots` above `num_slots` grows meanwhile:
+    /// at an epoch's end, an agent that registered since takes shards from
+    /// the members (the job's rows move between agents; no query runs),
+    /// and every member keeps its rows again. Dropping the future leaves
+    /// the job running (between two calls of a move, the move is left
+    /// half done: the job then fails once its gang times out).
     pub async fn wait(&self) -> Result<AgentJobStatus, JobError> {
         let rv = self.connect().await?;
         let mut reporter = Reporter::new(self.progress, self.events.clone());
@@ -230,6 +230,7 @@ impl JobHandle {
         let mut succeeded = false;
         let mut seen_epochs = 0;
         loop {
+            let epochs = seen_epochs;
             let ask = match watcher.next().await? {
                 Seen::Event(status, reports) => {
                     if matches!(status.state, JobState::Failed | JobState::Cancelled) {
@@ -255,6 +256,11 @@ impl JobHandle {
                     .map(|h| watcher.watched.quiet(h))
                     .unwrap_or_default(),
             };
+            // An epoch ended: an agent that joined meanwhile joins now.
+            if ask.is_empty() && seen_epochs > epochs && !succeeded {
+                self.grow_if_joined(&rv, &named.1, &mut reporter, seen_epochs)
+                    .await?;
+            }
             let Some(holders) = &members else { continue };
             for s in ask {
                 let c = &holders.clients[s];

@@ -29,6 +29,7 @@ use super::{Feed, JobError, TrainedModel, TrainingJob};
 use crate::feed::push::{self, Placements, PushCtx};
 use crate::feed::relay::{self, Rows, Window};
 use crate::feed::{AgentClient, PushedPartition};
+pub(super) use grow::{Growth, newcomer};
 pub(super) use holders::Holders;
 pub(super) use watched::{Seen, Watcher};
 
@@ -319,7 +320,9 @@ impl<'r, 'a> Run<'r, 'a> {
                 // An epoch ended: an agent that joined meanwhile joins now.
                 if self.seen_epochs > epochs
                     && self.may_grow()
-                    && let Some(newcomer) = self.newcomer().await?
+                    && let Some(newcomer) =
+                        grow::newcomer(&self.rv, &self.target, &self.holders, self.job.spec.model.name())
+                            .await?
                 {
                     self.grow(newcomer).await?;
                 }

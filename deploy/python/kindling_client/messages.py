@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, TypedDict
+from typing import Any, Dict, List, Optional, TypedDict
 
 __all__ = [
     "CreateJobReply",
@@ -39,12 +39,23 @@ class EndOfDataReply(TypedDict):
     rows: int
 
 
+class KeptSplitRows(TypedDict):
+    """One split in ``keep_rows``' reply: committed rows by producer, and whether the split ended."""
+
+    producers: Dict[str, int]
+    ended: bool
+
+
 class KeepRowsReply(TypedDict):
-    """``keep_rows``'s reply: the ``rows`` (both splits) and ``bytes`` the agent kept on its disk."""
+    """``keep_rows``'s reply: the ``rows`` (both splits) and ``bytes`` the agent kept on its disk,
+    each split's rows by producer, and the job's ``start`` (``start_job``'s body)."""
 
     job_id: str
     rows: int
     bytes: int
+    train: KeptSplitRows
+    eval: KeptSplitRows
+    start: Dict[str, Any]
 
 
 class EpochMetrics(TypedDict):

@@ -93,6 +93,9 @@ def test_keep_rows_writes_a_fed_jobs_rows_once_its_split_ended(agents: List[Agen
     kept = agent.keep_rows(job_id)
     assert (kept["job_id"], kept["rows"]) == (job_id, 600)
     assert kept["bytes"] > 0
+    assert kept["train"] == {"producers": {"kept": 600}, "ended": True}
+    assert kept["eval"] == {"producers": {}, "ended": False}
+    assert kept["start"]["job_id"] == job_id
     assert agent.keep_rows(job_id) == kept
     final = agent.wait(job_id, timeout=300)
     assert final["state"] == "succeeded", final["error"]

@@ -95,16 +95,25 @@ fn kept_rows_read_back_whole_with_their_origins_and_positions() {
     let disk = DiskBudget::unbounded();
     let root = dir.path().join("kept");
     let kept = write(&root, snap, &disk).expect("kept");
-    assert_eq!(kept.rows, 310);
+    let answer = &kept.answer;
+    assert_eq!(answer.rows, 310);
     assert_eq!(
         disk.used(),
-        kept.bytes,
+        answer.bytes,
         "the copy is reserved below the watermark"
     );
+    assert_eq!(
+        answer.train.producers,
+        BTreeMap::from([("p0".to_owned(), 200), ("p1".to_owned(), 100)]),
+        "the rows of each producer: the shards it holds"
+    );
+    assert_eq!(answer.eval.producers, BTreeMap::from([("p0".to_owned(), 10)]));
+    assert!(answer.train.ended && answer.eval.ended);
+    assert_eq!(answer.start, start(), "what starts an agent that joins the job");
     let record = read(&root.join("kept-1")).expect("reads back");
     assert_eq!(
         (record.incarnation, record.rows(), record.bytes()),
-        (7, 310, kept.bytes)
+        (7, 310, kept.answer.bytes)
     );
     assert_eq!(record.start, start());
     let files: Vec<&KeptBatch> = record.train.batches.iter().chain(&record.eval.batches).collect();
@@ -133,35 +142,122 @@ fn kept_rows_read_back_whole_with_their_origins_and_positions() {
 #[test]
 fn a_torn_or_flipped_kept_file_or_an_unreadable_record_is_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let root = dir.path().join("kept");
-    let job = root.join("kept-1");
-    let file = job.join("train/batch-00000001.arrow");
-    let damages: [(&str, &dyn Fn()); 3] = [
-        ("flipped", &|| {
-            let mut bytes = std::fs::read(&file).expect("read");
-            let mid = bytes.len() / 2;
-            bytes[mid] ^= 1;
-            std::fs::write(&file, bytes).expect("write");
-        }),
-        ("torn", &|| {
-            let bytes = std::fs::read(&file).expect("read");
-            std::fs::write(&file, &bytes[..bytes.len() - 3]).expect("write");
-        }),
-        ("record", &|| {
-            std::fs::write(job.join(RECORD), b"{\"start\": ").expect("write");
-        }),
-    ];
-    for (what, damage) in damages {
+    for what in ["flipped", "torn", "record"] {
+        let root = dir.path().join(format!("kept-{what}"));
+        let job = root.join("kept-1");
+        let file = job.join("train/batch-00000001.arrow");
         let (snap, _) = snapshot(&dir.path().join(format!("spill-{what}")));
         write(&root, snap, &DiskBudget::unbounded()).expect("kept");
         read(&job).expect("whole before the damage");
-        damage();
+        damage(what, &job, &file);
         let e = read(&job).expect_err(what);
         match (what, &e) {
             ("record", KeptError::Meta { .. }) => {}
             (_, KeptError::Corrupt { place, .. }) => assert_eq!(place, &file, "{e}"),
             _ => panic!("{what}: {e}"),
         }
+    }
+}
+
+/// Damages a kept copy: a byte of `file` flipped, its end torn off, or the
+/// record cut short.
+fn damage(what: &str, job: &Path, file: &Path) {
+    match what {
+        "flipped" => {
+            let mut bytes = std::fs::read(file).expect("read");
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 1;
+            std::fs::write(file, bytes).expect("write");
+        }
+        "torn" => {
+            let bytes = std::fs::read(file).expect("read");
+            std::fs::write(file, &bytes[..bytes.len() - 3]).expect("write");
+        }
+        _ => std::fs::write(job.join(RECORD), b"{\"start\": ").expect("write"),
+    }
+}
+
+/// A job restored from its copy (its batches the copy's files) hands
+/// producer `p1`'s rows over and takes a new batch: the copy written again
+/// names the files the job reads as they are, writes the new batch, drops
+/// `p1`'s file and reads back whole; the job's files are never touched.
+#[test]
+fn a_copy_written_again_keeps_the_files_a_restored_job_reads_and_drops_the_rows_handed_over() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (snap, _) = snapshot(&dir.path().join("spill"));
+    let disk = DiskBudget::unbounded();
+    let root = dir.path().join("kept");
+    let place = root.join("kept-1");
+    drop(write(&root, snap, &disk).expect("kept"));
+    let first = read(&place).expect("first copy");
+    // The restored job's train batches: the copy's files, p1's handed over.
+    let mut cached = Vec::new();
+    let mut origins = Vec::new();
+    for b in first
+        .train
+        .batches
+        .iter()
+        .filter(|b| b.producer.as_deref() != Some("p1"))
+    {
+        cached.push(Arc::new(CachedBatch::Disk {
+            path: place.join(&b.file.name),
+            bytes: b.file.len,
+            rows: b.rows as usize,
+            reserved: disk.reserve(b.file.len).expect("reserve"),
+        }));
+        origins.push(origin("p0", b.seq));
+    }
+    let mut more = ShardCache::new(dir.path().join("spill-2"), MemoryBudget::new(u64::MAX));
+    more.append(2, batch(500, 7)).expect("append");
+    more.commit(2);
+    cached.extend(more.snapshot());
+    origins.push(origin("p2", 0));
+    let held = cached.clone();
+    let positions = BTreeMap::from([("p0".to_owned(), (2, 200)), ("p2".to_owned(), (1, 7))]);
+    let again = Snapshot {
+        start: start(),
+        incarnation: 7,
+        splits: [
+            (cached, origins, positions, true),
+            (Vec::new(), Vec::new(), BTreeMap::new(), true),
+        ],
+    };
+    let kept = write(&root, again, &disk).expect("written again");
+    assert_eq!(kept.answer.rows, 207);
+    assert_eq!(
+        kept.answer.train.producers,
+        BTreeMap::from([("p0".to_owned(), 200), ("p2".to_owned(), 7)])
+    );
+    let record = read(&place).expect("reads back whole");
+    let names: Vec<&str> = record
+        .train
+        .batches
+        .iter()
+        .map(|b| b.file.name.as_str())
+        .collect();
+    assert_eq!(
+        &names[..2],
+        ["train/batch-00000000.arrow", "train/batch-00000002.arrow"],
+        "the job's files as they are"
+    );
+    assert!(
+        names[2].starts_with("train/batch-") && names[2] != "train/batch-00000002.arrow",
+        "{names:?}"
+    );
+    assert_eq!(load(&place.join(names[2])), batch(500, 7));
+    assert!(
+        !place.join("train/batch-00000001.arrow").exists(),
+        "p1's rows are gone"
+    );
+    assert!(
+        !place.join("eval/batch-00000000.arrow").exists(),
+        "so are the eval rows no longer held"
+    );
+    for b in &held[..2] {
+        let CachedBatch::Disk { path, .. } = b.as_ref() else {
+            panic!("on disk")
+        };
+        assert!(path.exists(), "{} is the job's", path.display());
     }
 }
 

@@ -42,6 +42,16 @@ impl Holders {
         }
     }
 
+    /// Shard `s` held by `clients[s]` (`agent_ids[s]`) with `rows[0][s]`
+    /// train and `rows[1][s]` eval rows: a detached job's holders, rebuilt
+    /// by its follower from what each member keeps.
+    pub fn held(clients: Vec<AgentClient>, agent_ids: Vec<String>, rows: [Vec<u64>; 2]) -> Self {
+        Holders {
+            rows,
+            ..Holders::new(clients, agent_ids)
+        }
+    }
+
     /// `k` shards (at least one per agent) dealt round-robin onto the
     /// agents: a job that may grow holds one shard per agent it may grow to.
     pub fn dealt(self, k: usize) -> Self {

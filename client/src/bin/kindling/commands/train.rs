@@ -79,8 +79,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub min_slots: Option<u32>,
     /// Elastic growth: the most agents the job may grow to when agents join
-    /// while it trains (default: --slots, no growth; driver relay feed; not
-    /// with --detach: a detached job does not grow).
+    /// while it trains (default: --slots, no growth; driver relay feed; with
+    /// --detach, while `kindling wait` follows the job).
     #[arg(long)]
     pub max_slots: Option<u32>,
     #[command(flatten)]
