@@ -229,6 +229,8 @@ impl JobHandle {
         let mut members: Option<Holders> = None;
         let mut succeeded = false;
         let mut seen_epochs = 0;
+        // Until the job is found unable to grow (as many shards as members).
+        let mut may_grow = true;
         loop {
             let epochs = seen_epochs;
             let ask = match watcher.next().await? {
@@ -257,8 +259,9 @@ impl JobHandle {
                     .unwrap_or_default(),
             };
             // An epoch ended: an agent that joined meanwhile joins now.
-            if ask.is_empty() && seen_epochs > epochs && !succeeded {
-                self.grow_if_joined(&rv, &named.1, &mut reporter, seen_epochs)
+            if may_grow && ask.is_empty() && seen_epochs > epochs && !succeeded {
+                may_grow = self
+                    .grow_if_joined(&rv, &named.1, &mut reporter, seen_epochs)
                     .await?;
             }
             let Some(holders) = &members else { continue };

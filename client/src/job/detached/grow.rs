@@ -25,40 +25,42 @@ impl JobHandle {
     /// Grows the job (its members `named`, `seen_epochs` trained) by an
     /// agent that joined, if one did and the job may grow: it was dealt
     /// more shards than it has members (`max_slots`) and has epochs left.
+    /// Returns whether it may grow at a later epoch's end.
     pub(super) async fn grow_if_joined(
         &self,
         rv: &RendezvousClient,
         named: &[String],
         reporter: &mut Reporter,
         seen_epochs: usize,
-    ) -> Result<(), JobError> {
+    ) -> Result<bool, JobError> {
         let agents = rv.list_agents().await?;
         if !agents.iter().any(|a| !named.contains(&a.agent_id)) {
-            return Ok(());
+            return Ok(true);
         }
         let mut members = Vec::with_capacity(named.len());
         for id in named {
             // A member not live is recovery's business, not growth's.
             let Some(a) = agents.iter().find(|a| &a.agent_id == id) else {
-                return Ok(());
+                return Ok(true);
             };
             let client = AgentClient::connect_with(&a.flight_address, self.token.as_ref(), &self.channel)?;
             let kept = client.keep_rows(&self.job_id).await?;
             members.push((client, id.clone(), kept));
         }
+        // Producers that are not the shards 0..k, or no shard to spare: it never grows.
         let Some(mut holders) = holders_of(&members) else {
-            return Ok(());
+            return Ok(false);
         };
         let start = &members[0].2.start;
         if holders.members().len() >= holders.len() || seen_epochs >= start.spec.epochs as usize {
-            return Ok(());
+            return Ok(false);
         }
         let target = Target::Remote {
             url: &self.rendezvous,
             token: self.token.clone(),
         };
         let Some(joined) = newcomer(rv, &target, &holders, start.spec.model.name()).await? else {
-            return Ok(());
+            return Ok(true);
         };
         holders = holders.starting_from(start.initial_weights.as_deref().map(Arc::from));
         let feeding = Feeding::default();
@@ -79,7 +81,7 @@ impl JobHandle {
         if growth.grow(&mut holders, reporter, joined).await? {
             keep_again(&self.job_id, &holders, reporter).await;
         }
-        Ok(())
+        Ok(true)
     }
 }
 
