@@ -17,7 +17,8 @@ pub struct JobsArgs {
     pub cluster: ClusterArgs,
 }
 
-/// `kindling wait JOB`.
+/// `kindling wait JOB`: follows the job to its end; a job submitted with
+/// `--max-slots` above `--slots` grows meanwhile by agents that join.
 #[derive(Debug, clap::Args)]
 pub struct WaitArgs {
     /// The job (`kindling train --detach` printed its id).
