@@ -153,11 +153,16 @@ pub fn forget(job: &Job) -> Result<(), KeptError> {
     {
         return Ok(());
     }
-    let place = job.kept_place();
+    remove_record(&job.kept_place())
+}
+
+/// Removes the record of the copy in `place` (none there is fine), the
+/// directory flushed: its files are no longer a copy a restart takes back.
+fn remove_record(place: &Path) -> Result<(), KeptError> {
     let record = place.join(RECORD);
     let io = |context: String| move |source| KeptError::Io { context, source };
     match std::fs::remove_file(&record) {
-        Ok(()) => sync_dir(&place).map_err(io(format!("flush {}", place.display()))),
+        Ok(()) => sync_dir(place).map_err(io(format!("flush {}", place.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io(format!("remove {}", record.display()))(e)),
     }
@@ -293,13 +298,7 @@ pub fn write(root: &Path, snap: Snapshot, disk: &Arc<DiskBudget>) -> Result<Kept
 /// written whole and renamed into place, and the files it does not name
 /// removed.
 fn rewrite(place: &Path, snap: Snapshot) -> Result<KeptRecord, KeptError> {
-    let io = |context: String| move |source| KeptError::Io { context, source };
-    let record_path = place.join(RECORD);
-    match std::fs::remove_file(&record_path) {
-        Ok(()) => sync_dir(place).map_err(io(format!("flush {}", place.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(format!("remove {}", record_path.display()))(e)),
-    }
+    remove_record(place)?;
     let generation = uuid::Uuid::new_v4().simple().to_string();
     let record = write_into(place, snap, &generation[..8])?;
     let named: std::collections::HashSet<PathBuf> = record

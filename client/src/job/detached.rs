@@ -242,7 +242,7 @@ impl JobHandle {
                     if !status.members.is_empty() && (status.attempt, &status.members) != (named.0, &named.1)
                     {
                         named = (status.attempt, status.members.clone());
-                        members = self.live_members(&rv, &named.1).await?;
+                        members = self.live_members(&rv.list_agents().await?, &named.1)?;
                     }
                     match &members {
                         Some(h) => {
@@ -365,10 +365,9 @@ impl JobHandle {
         Ok(model)
     }
 
-    /// The job's members (`ids`) that are live, as a run's holders; `None`
-    /// when none is.
-    async fn live_members(&self, rv: &RendezvousClient, ids: &[String]) -> Result<Option<Holders>, JobError> {
-        let agents = rv.list_agents().await?;
+    /// The job's members (`ids`) that are live among `agents`, as a run's
+    /// holders; `None` when none is.
+    fn live_members(&self, agents: &[AgentInfo], ids: &[String]) -> Result<Option<Holders>, JobError> {
         let mut clients = Vec::new();
         let mut live = Vec::new();
         for id in ids {

@@ -37,15 +37,17 @@ impl JobHandle {
         if !agents.iter().any(|a| !named.contains(&a.agent_id)) {
             return Ok(true);
         }
+        // A member not live is recovery's business, not growth's.
+        let Some(live) = self.live_members(&agents, named)? else {
+            return Ok(true);
+        };
+        if live.len() < named.len() {
+            return Ok(true);
+        }
         let mut members = Vec::with_capacity(named.len());
-        for id in named {
-            // A member not live is recovery's business, not growth's.
-            let Some(a) = agents.iter().find(|a| &a.agent_id == id) else {
-                return Ok(true);
-            };
-            let client = AgentClient::connect_with(&a.flight_address, self.token.as_ref(), &self.channel)?;
+        for (client, id) in live.clients.into_iter().zip(live.agent_ids) {
             let kept = client.keep_rows(&self.job_id).await?;
-            members.push((client, id.clone(), kept));
+            members.push((client, id, kept));
         }
         // Producers that are not the shards 0..k, or no shard to spare: it never grows.
         let Some(mut holders) = holders_of(&members) else {
