@@ -165,7 +165,7 @@ def digits(model: str, seed: int = 0) -> Dict[str, pa.Table]:
 
 
 MODELS: Dict[str, Dict[str, Any]] = {
-    # The demo's MLP (client/examples/train_digits.rs).
+    # The demo's MLP (examples/digits/src/main.rs).
     "mlp": {"kind": "mlp", "hidden": [64]},
     # Two 3×3 conv blocks (+ReLU +2×2 max-pool) over the 8×8 image, then 64 wide.
     "cnn": {"kind": "cnn", "channels": 1, "height": 8, "width": 8, "conv": [16, 32], "dense": 64},

@@ -2,7 +2,7 @@
 # The end-to-end demo on one machine: starts the local Spark Connect server,
 # writes scikit-learn's bundled digits data set as CSV, runs the ETL in Spark,
 # trains on 2 local agents with progress, prints test accuracy and predicts
-# back into Spark (client/examples/train_digits.rs).
+# back into Spark (examples/digits/src/main.rs).
 #
 # The example compiles while the rest is set up: only what the build needs
 # (protoc, a C compiler) is installed before cargo starts; Java, the Spark
@@ -17,7 +17,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KINDLING_HOME/target}"
 mkdir -p "$KINDLING_HOME"
 BUILD_LOG="$KINDLING_HOME/demo-build.log"
 echo "[demo] compiling the example in the background (log: $BUILD_LOG)" >&2
-(cd "$ROOT" && cargo build -p kindling --example train_digits) > "$BUILD_LOG" 2>&1 &
+(cd "$ROOT" && cargo build -p kindling-example-digits) > "$BUILD_LOG" 2>&1 &
 build=$!
 # A failed set-up stops the build too.
 trap 'kill "$build" 2>/dev/null || true' EXIT
@@ -32,4 +32,4 @@ if ! wait "$build"; then
 fi
 trap - EXIT
 cd "$ROOT"
-cargo run --quiet -p kindling --example train_digits -- "sc://127.0.0.1:${KINDLING_SPARK_PORT:-15002}" "$DATA"
+cargo run --quiet -p kindling-example-digits -- "sc://127.0.0.1:${KINDLING_SPARK_PORT:-15002}" "$DATA"

@@ -52,7 +52,7 @@ builds=(
   "test --workspace --lib --bins --tests --no-run"
   "clippy --workspace --all-targets --features kindling/bench-parquet"
   "clippy -p kindling --no-default-features --lib"
-  "build -p kindling --example train_digits"
+  "build -p kindling-example-digits"
 )
 if [ "${KINDLING_GPU_TESTS:-0}" = 1 ]; then
   builds+=(

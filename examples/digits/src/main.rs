@@ -4,7 +4,7 @@
 //! predictions written back into Spark, and every metric of the test rows
 //! (`TrainedModel::evaluate`) — no files in between.
 //!
-//! `cargo run --example train_digits -- sc://127.0.0.1:15002 <dir with digits.csv, writers.csv>`
+//! `cargo run -p kindling-example-digits -- sc://127.0.0.1:15002 <dir with digits.csv, writers.csv>`
 use kindling::functions::{col, count, lit, mean, stddev};
 use kindling::spark::JoinType;
 use kindling::{EarlyStopping, Metric, ModelSpec, OptimizerSpec, Schedule, SparkSession, Task, TrainingJob};
