@@ -16,13 +16,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$KINDLING_HOME/target}"
 "$HERE/setup.sh" build
 mkdir -p "$KINDLING_HOME"
 BUILD_LOG="$KINDLING_HOME/demo-build.log"
-# The agent unoptimised for the demo alone: on a new machine its build is on
-# the critical path (52 s at the dev profile's opt-level 1, 15 s at 0), and
-# the demo's small MLP trains as fast either way (docs/benchmarks.md, "Build
-# and first run"). The tests, which train far more, build it at level 1.
-DEMO_BUILD=(--config 'profile.dev.package.kindling-agent.opt-level=0' -p kindling-example-digits)
 echo "[demo] compiling the example in the background (log: $BUILD_LOG)" >&2
-(cd "$ROOT" && cargo build "${DEMO_BUILD[@]}") > "$BUILD_LOG" 2>&1 &
+(cd "$ROOT" && cargo build -p kindling-example-digits) > "$BUILD_LOG" 2>&1 &
 build=$!
 # A failed set-up stops the build too.
 trap 'kill "$build" 2>/dev/null || true' EXIT
@@ -37,4 +32,4 @@ if ! wait "$build"; then
 fi
 trap - EXIT
 cd "$ROOT"
-cargo run --quiet "${DEMO_BUILD[@]}" -- "sc://127.0.0.1:${KINDLING_SPARK_PORT:-15002}" "$DATA"
+cargo run --quiet -p kindling-example-digits -- "sc://127.0.0.1:${KINDLING_SPARK_PORT:-15002}" "$DATA"
