@@ -350,7 +350,7 @@ impl JobRegistry {
                 .await
                 .map_err(|e| AgentError::rendezvous(&start.rendezvous, e))?;
         }
-        let job = Job::new(
+        let mut job = Job::new(
             start.job_id.clone(),
             start.spec.clone(),
             start.rendezvous.clone(),
@@ -360,7 +360,7 @@ impl JobRegistry {
             self.cancel.child_token(),
         )
         .starting_from(initial);
-        kept::restore_into(&job, dir, record, &self.env.disk)?;
+        kept::restore_into(&mut job, dir, record, &self.env.disk)?;
         *job.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept::Kept::restored(record));
         let mut jobs = self.lock();
         Ok(Some(

@@ -138,6 +138,9 @@ pub struct Job {
     initial: Option<arrow::array::RecordBatch>,
     /// Its rows as kept on this agent's disk (`keep_rows`), if they are.
     pub kept: Mutex<Option<crate::jobs::kept::Kept>>,
+    /// The kept files its batches are, restored from a copy, with their
+    /// digests as the copy's record gave them (none unless restored).
+    pub kept_files: crate::jobs::kept::KeptFiles,
 }
 
 /// The jobs reading a dataset's rows, and whether the rows went (then no
@@ -189,6 +192,7 @@ impl Job {
             borrowers: Mutex::default(),
             initial: None,
             kept: Mutex::default(),
+            kept_files: Default::default(),
         }
     }
 

@@ -58,6 +58,12 @@ pub struct KeptSplit {
     pub ended: bool,
 }
 
+/// The kept files a restored job's batches are, by path, with their
+/// digests as the copy's record gave them: a later copy names them
+/// without reading them again, and a file damaged since stays found
+/// damaged instead of recorded anew.
+pub type KeptFiles = std::collections::HashMap<PathBuf, FileDigest>;
+
 /// One kept batch: its file, what it holds, and where it came from.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct KeptBatch {
@@ -182,6 +188,7 @@ pub struct Snapshot {
     start: StartJob,
     incarnation: u64,
     splits: [SplitCopy; 2],
+    known: KeptFiles,
 }
 
 /// The job's rows as they stand, once the train split ended and the eval
@@ -238,6 +245,7 @@ pub fn snapshot(job: &Job) -> Result<Snapshot, AgentError> {
         },
         incarnation: job.incarnation,
         splits,
+        known: job.kept_files.clone(),
     })
 }
 
@@ -335,13 +343,16 @@ fn write_into(dir: &Path, snap: Snapshot, generation: &str) -> Result<KeptRecord
         for (i, (batch, origin)) in batches.iter().zip(origins).enumerate() {
             let (file, rows) = match batch.as_ref() {
                 CachedBatch::Disk { path, rows, .. } if path.starts_with(dir) => {
-                    let name = path
-                        .strip_prefix(dir)
-                        .unwrap_or(path)
-                        .to_string_lossy()
-                        .into_owned();
-                    let bytes = std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
-                    (FileDigest::of(&name, &bytes), *rows as u64)
+                    let file = match snap.known.get(path) {
+                        Some(file) => file.clone(),
+                        None => {
+                            let name = path.strip_prefix(dir).unwrap_or(path).to_string_lossy();
+                            let bytes =
+                                std::fs::read(path).map_err(io(format!("read {}", path.display())))?;
+                            FileDigest::of(&name, &bytes)
+                        }
+                    };
+                    (file, *rows as u64)
                 }
                 _ => {
                     let loaded = batch.load().map_err(|e| KeptError::Io {
@@ -460,14 +471,19 @@ pub fn read(dir: &Path) -> Result<KeptRecord, KeptError> {
 /// Puts the kept rows in `dir` (`record`) into `job`'s splits as committed
 /// batches — the kept files themselves, read as spill files are, each
 /// reserved below `disk`'s watermark — with their origins and producers'
-/// positions, ends both splits and sets the job's layout from the first
-/// batch's schema.
+/// positions, ends both splits, sets the job's layout from the first
+/// batch's schema and notes the files' digests ([`Job::kept_files`]).
 pub fn restore_into(
-    job: &Job,
+    job: &mut Job,
     dir: &Path,
     record: &KeptRecord,
     disk: &Arc<DiskBudget>,
 ) -> Result<(), AgentError> {
+    job.kept_files = record
+        .splits()
+        .flat_map(|(_, s)| s.batches.iter())
+        .map(|b| (dir.join(&b.file.name), b.file.clone()))
+        .collect();
     let mut first: Option<PathBuf> = None;
     let mut d = job.lock();
     let stream = d.ingest.open_stream();

@@ -73,6 +73,7 @@ fn snapshot(spill: &Path) -> (Snapshot, Vec<RecordBatch>) {
             (batches, origins, positions, true),
             (eval.snapshot(), vec![origin("p0", 0)], eval_positions, true),
         ],
+        known: KeptFiles::new(),
     };
     let mut all = train.to_vec();
     all.push(batch(1000, 10));
@@ -177,37 +178,36 @@ fn damage(what: &str, job: &Path, file: &Path) {
     }
 }
 
-/// A job restored from its copy (its batches the copy's files) hands
-/// producer `p1`'s rows over and takes a new batch: the copy written again
-/// names the files the job reads as they are, writes the new batch, drops
-/// `p1`'s file and reads back whole; the job's files are never touched.
-#[test]
-fn a_copy_written_again_keeps_the_files_a_restored_job_reads_and_drops_the_rows_handed_over() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (snap, _) = snapshot(&dir.path().join("spill"));
-    let disk = DiskBudget::unbounded();
-    let root = dir.path().join("kept");
+/// A first copy of [`snapshot`] in `<dir>/kept/kept-1`, and the snapshot
+/// of the job restored from it once p1's rows were handed over and p2's
+/// fed: its train batches are the copy's files (their digests as the
+/// record gave them) and one new batch in memory. Also the batches.
+fn restored_and_changed(dir: &Path, disk: &Arc<DiskBudget>) -> (Snapshot, Vec<Arc<CachedBatch>>) {
+    let (snap, _) = snapshot(&dir.join("spill"));
+    let root = dir.join("kept");
     let place = root.join("kept-1");
-    drop(write(&root, snap, &disk).expect("kept"));
+    drop(write(&root, snap, disk).expect("kept"));
     let first = read(&place).expect("first copy");
-    // The restored job's train batches: the copy's files, p1's handed over.
     let mut cached = Vec::new();
     let mut origins = Vec::new();
+    let mut known = KeptFiles::new();
     for b in first
         .train
         .batches
         .iter()
         .filter(|b| b.producer.as_deref() != Some("p1"))
     {
+        let path = place.join(&b.file.name);
+        known.insert(path.clone(), b.file.clone());
         cached.push(Arc::new(CachedBatch::Disk {
-            path: place.join(&b.file.name),
+            path,
             bytes: b.file.len,
             rows: b.rows as usize,
             reserved: disk.reserve(b.file.len).expect("reserve"),
         }));
         origins.push(origin("p0", b.seq));
     }
-    let mut more = ShardCache::new(dir.path().join("spill-2"), MemoryBudget::new(u64::MAX));
+    let mut more = ShardCache::new(dir.join("spill-2"), MemoryBudget::new(u64::MAX));
     more.append(2, batch(500, 7)).expect("append");
     more.commit(2);
     cached.extend(more.snapshot());
@@ -221,7 +221,22 @@ fn a_copy_written_again_keeps_the_files_a_restored_job_reads_and_drops_the_rows_
             (cached, origins, positions, true),
             (Vec::new(), Vec::new(), BTreeMap::new(), true),
         ],
+        known,
     };
+    (again, held)
+}
+
+/// A job restored from its copy (its batches the copy's files) hands
+/// producer `p1`'s rows over and takes a new batch: the copy written again
+/// names the files the job reads as they are, writes the new batch, drops
+/// `p1`'s file and reads back whole; the job's files are never touched.
+#[test]
+fn a_copy_written_again_keeps_the_files_a_restored_job_reads_and_drops_the_rows_handed_over() {
+    let dir = tempfile::tempdir().expect("dir");
+    let disk = DiskBudget::unbounded();
+    let (again, held) = restored_and_changed(dir.path(), &disk);
+    let root = dir.path().join("kept");
+    let place = root.join("kept-1");
     let kept = write(&root, again, &disk).expect("written again");
     assert_eq!(kept.answer.rows, 207);
     assert_eq!(
@@ -259,6 +274,27 @@ fn a_copy_written_again_keeps_the_files_a_restored_job_reads_and_drops_the_rows_
         };
         assert!(path.exists(), "{} is the job's", path.display());
     }
+}
+
+/// The copy written again names the restored job's files with the digests
+/// their record gave them, not read again: a file damaged since (a byte
+/// flipped on the disk) is found damaged when the copy is taken back, not
+/// recorded anew as whole.
+#[test]
+fn a_kept_file_damaged_after_its_restore_stays_found_damaged_when_the_copy_is_written_again() {
+    let dir = tempfile::tempdir().expect("dir");
+    let disk = DiskBudget::unbounded();
+    let (again, _held) = restored_and_changed(dir.path(), &disk);
+    let root = dir.path().join("kept");
+    let place = root.join("kept-1");
+    let file = place.join("train/batch-00000002.arrow");
+    damage("flipped", &place, &file);
+    write(&root, again, &disk).expect("written again");
+    let e = read(&place).expect_err("the damaged file");
+    assert!(
+        matches!(&e, KeptError::Corrupt { place, reason } if place == &file && reason.contains("SHA-256")),
+        "{e}"
+    );
 }
 
 #[test]
