@@ -192,6 +192,7 @@ mod on_gpu {
     use std::time::{Duration, Instant};
 
     use arrow::array::RecordBatch;
+    use kindling_agent::models::backend::GpuInfo;
     use kindling_fixtures::{committed_rows, model_weights, pieces, put_messages, rule_batch};
     use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData};
     use kindling_schemas::descriptor::{DataPath, Split};
@@ -403,28 +404,47 @@ mod on_gpu {
         let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
 
         // Mixed precision: half-precision compute (bf16, or f16 where the
-        // adapter has no bf16) with f32 master weights and all-reduce. It
-        // learns the rule as well as the f32 run, its status names the half
-        // type, and its weights are not the f32 run's (it did compute in half).
+        // adapter has no bf16) with f32 master weights and all-reduce.
         let mixed_spec = JobSpec {
             precision: Precision::Bf16,
             ..mlp(true)
         };
-        if !(info.bf16 || info.f16) {
+        if let Some(half) = half_precision(&info) {
+            let (mixed, mixed_weights) = train(&local, "mixed", &mixed_spec).await;
+            assert_mixed_like_f32(&info, half, &mixed, &mixed_weights, accuracy, &gpu_weights);
+        } else {
             eprintln!(
                 "NOT TRAINED IN HALF PRECISION: the adapter has neither bf16 nor f16; checking the refusal"
             );
             let err = local.start_job("mixed", &mixed_spec).await.expect_err("refused");
             assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
             assert!(err.message().contains("supports neither bf16 nor f16"), "{err}");
-            local.stop().await;
-            return;
         }
-        let (mixed, mixed_weights) = train(&local, "mixed", &mixed_spec).await;
-        let half = match info.bf16 {
-            true => ", bf16 compute",
-            false => ", f16 compute (no bf16 on this adapter)",
-        };
+        local.stop().await;
+    }
+
+    /// What a mixed-precision job's device label adds on `info`'s adapter:
+    /// `None` where it has neither bf16 nor f16 (the job is refused).
+    fn half_precision(info: &GpuInfo) -> Option<&'static str> {
+        match (info.bf16, info.f16) {
+            (true, _) => Some(", bf16 compute"),
+            (false, true) => Some(", f16 compute (no bf16 on this adapter)"),
+            (false, false) => None,
+        }
+    }
+
+    /// A mixed-precision run (`mixed`, `mixed_weights`) computed in `half`
+    /// on `info`'s adapter and learned the rule as well as the f32 run of
+    /// the same job (`accuracy`, `f32_weights`), whose weights it does not
+    /// equal bit for bit (it did compute in half).
+    fn assert_mixed_like_f32(
+        info: &GpuInfo,
+        half: &str,
+        mixed: &AgentJobStatus,
+        mixed_weights: &Weights,
+        accuracy: f64,
+        f32_weights: &Weights,
+    ) {
         assert_eq!(mixed.device, format!("gpu (wgpu: {info}){half}"));
         let mixed_accuracy = mixed
             .history
@@ -441,7 +461,7 @@ mod on_gpu {
         );
         let half_diff = mixed_weights
             .iter()
-            .zip(&gpu_weights)
+            .zip(f32_weights)
             .flat_map(|((_, m), (_, g))| m.iter().zip(g).map(|(m, g)| (m - g).abs()))
             .fold(0f32, f32::max);
         eprintln!(
@@ -451,11 +471,12 @@ mod on_gpu {
             half_diff > 0.0,
             "the mixed-precision weights equal the f32 run's bit for bit"
         );
-        local.stop().await;
     }
 
-    /// `--gpu-step-on-device`: the same job with its optimizer, state and
-    /// master weights kept on the device gives the CPU's answer too.
+    /// `--gpu-step-on-device` (the agents' default): the same job with its
+    /// optimizer, state and master weights kept on the device gives the
+    /// CPU's answer too, and in mixed precision learns the rule as the f32
+    /// kept step does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_step_kept_on_the_device_matches_the_cpu() {
         if kindling_agent::models::backend::gpu().is_err() {
@@ -469,7 +490,16 @@ mod on_gpu {
         let local = Local::start_with(true, 1).await;
         let (gpu, gpu_weights) = train(&local, "resident", &mlp(true)).await;
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
-        assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        let info = kindling_agent::models::backend::gpu().expect("adapter").1;
+        if let Some(half) = half_precision(&info) {
+            let mixed_spec = JobSpec {
+                precision: Precision::Bf16,
+                ..mlp(true)
+            };
+            let (mixed, mixed_weights) = train(&local, "resident-mixed", &mixed_spec).await;
+            assert_mixed_like_f32(&info, half, &mixed, &mixed_weights, accuracy, &gpu_weights);
+        }
         local.stop().await;
     }
 
@@ -508,7 +538,8 @@ mod on_gpu {
     /// device and all-reduces its gradient sums bucket by bucket: in 4
     /// buckets a step (read back while the ring runs) it gives
     /// the answer of the same two agents on the CPU, step by step, and both
-    /// ranks end with the same weights.
+    /// ranks end with the same weights; in mixed precision (half compute,
+    /// f32 master weights and all-reduce) too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_data_parallel_job_steps_on_the_device_like_the_cpu() {
         if kindling_agent::models::backend::gpu().is_err() {
@@ -527,8 +558,21 @@ mod on_gpu {
         let (gpu, [gpu_weights, gpu_rank1]) = train_pair(&local, "pair-gpu", &pair(true)).await;
         let (cpu, [cpu_weights, _]) = train_pair(&local, "pair-cpu", &pair(false)).await;
         assert_eq!(gpu.history[0].rows, 1000, "each rank trained its half");
-        assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
         assert_eq!(gpu_weights, gpu_rank1, "the ranks' weights are identical");
+        let info = kindling_agent::models::backend::gpu().expect("adapter").1;
+        if let Some(half) = half_precision(&info) {
+            let mixed_spec = JobSpec {
+                precision: Precision::Bf16,
+                ..pair(true)
+            };
+            let (mixed, [mixed_weights, mixed_rank1]) = train_pair(&local, "pair-mixed", &mixed_spec).await;
+            assert_mixed_like_f32(&info, half, &mixed, &mixed_weights, accuracy, &gpu_weights);
+            assert_eq!(
+                mixed_weights, mixed_rank1,
+                "the ranks' master weights are identical in mixed precision"
+            );
+        }
         local.stop().await;
     }
 }
