@@ -36,11 +36,13 @@ struct Local {
 
 impl Local {
     async fn start() -> Local {
-        Local::start_with(false, 1).await
+        Local::start_with(false, 1, None).await
     }
 
-    /// `n` agents that keep a GPU job's step on the device with `step_on_device`.
-    async fn start_with(step_on_device: bool, n: usize) -> Local {
+    /// `n` agents that keep a GPU job's step on the device with
+    /// `step_on_device` and its batches there up to `kept_bytes`
+    /// (`--gpu-kept-bytes`; `None`: a quarter of the adapter's memory).
+    async fn start_with(step_on_device: bool, n: usize, kept_bytes: Option<u64>) -> Local {
         let token = Some(Token::new(TOKEN));
         let rendezvous = EmbeddedRendezvous::start(RendezvousConfig::default(), token.clone())
             .await
@@ -52,6 +54,7 @@ impl Local {
             config.token = token.clone();
             config.rendezvous = Some(rendezvous.url());
             config.gpu_step_on_device = step_on_device;
+            config.gpu_kept_bytes = kept_bytes;
             // Buckets of 16 values: the test MLP's 42 weights go in 4, so a
             // step reads back, rings and writes back as a pipeline.
             config.gpu_bucket_values = 16;
@@ -487,7 +490,7 @@ mod on_gpu {
             eprintln!("NOT TRAINED ON A GPU: no adapter (the other test says why)");
             return;
         }
-        let local = Local::start_with(true, 1).await;
+        let local = Local::start_with(true, 1, None).await;
         let (gpu, gpu_weights) = train(&local, "resident", &mlp(true)).await;
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
         let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
@@ -500,6 +503,27 @@ mod on_gpu {
             let (mixed, mixed_weights) = train(&local, "resident-mixed", &mixed_spec).await;
             assert_mixed_like_f32(&info, half, &mixed, &mixed_weights, accuracy, &gpu_weights);
         }
+        local.stop().await;
+    }
+
+    /// A dataset larger than the device memory the agent keeps batches in
+    /// (`--gpu-kept-bytes` of 4 KiB: the inputs of 8 to 10 of its 63 batches):
+    /// every epoch trains on the kept batches and uploads the others as it
+    /// goes, and gives the CPU's answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dataset_larger_than_the_device_memory_kept_trains_like_the_cpu() {
+        if kindling_agent::models::backend::gpu().is_err() {
+            assert!(
+                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
+                "KINDLING_GPU_TESTS=1 but no GPU"
+            );
+            eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
+            return;
+        }
+        let local = Local::start_with(true, 1, Some(4 << 10)).await;
+        let (gpu, gpu_weights) = train(&local, "partly-kept", &mlp(true)).await;
+        let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
+        assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
         local.stop().await;
     }
 
@@ -550,7 +574,7 @@ mod on_gpu {
             eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
             return;
         }
-        let local = Local::start_with(true, 2).await;
+        let local = Local::start_with(true, 2, None).await;
         let pair = |use_gpu: bool| JobSpec {
             num_slots: 2,
             ..mlp(use_gpu)

@@ -47,10 +47,8 @@ pub struct JobEnv {
     pub token: Option<Token>,
     /// How long a ring operation waits for a peer.
     pub collective_timeout: Duration,
-    /// A GPU job keeps its step on the device.
-    pub gpu_step_on_device: bool,
-    /// Gradient values per all-reduce bucket of a step kept on the device.
-    pub gpu_bucket_values: usize,
+    /// How a GPU job uses the device.
+    pub gpu: crate::training::trainer::GpuSettings,
     /// How long rendezvous calls retry an unreachable rendezvous.
     pub rendezvous_outage: Duration,
     /// Threads each job's trainer computes on (0: one per core), in a pool
@@ -626,9 +624,8 @@ impl Job {
             progress: self.progress.clone(),
             cancel,
             shuffle: self.spec.shuffle,
-            step_on_device: self.env.gpu_step_on_device,
+            gpu: self.env.gpu,
             initial: self.initial.clone(),
-            device_bucket_values: self.env.gpu_bucket_values,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.env.train_threads)

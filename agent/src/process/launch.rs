@@ -141,6 +141,13 @@ struct Cli {
     #[arg(long, env = "KINDLING_GPU_BUCKET_VALUES", default_value_t = crate::training::gradients::DEVICE_BUCKET_VALUES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     gpu_bucket_values: usize,
+    /// Device memory a GPU job keeps its staged batches' inputs in for the
+    /// epochs after the first, which then upload nothing (`8GiB`, `512MiB`,
+    /// bytes; `0` uploads every batch every epoch); a quarter of the
+    /// adapter's memory when unset (`--check-gpu` prints it). Agent
+    /// processes sharing a GPU each keep up to this much.
+    #[arg(long, env = "KINDLING_GPU_KEPT_BYTES", value_parser = parse_bytes)]
+    gpu_kept_bytes: Option<u64>,
     /// How long calls to the rendezvous ride out its outage (a restart) —
     /// retrying with jittered backoff — before a job gives up on it (s).
     #[arg(long, env = "KINDLING_RENDEZVOUS_OUTAGE_SECS", default_value_t = 60)]
@@ -296,6 +303,7 @@ impl TryFrom<&Cli> for AgentConfig {
             collective_timeout: Duration::from_millis(cli.collective_timeout_ms),
             gpu_step_on_device: cli.gpu_step_on_device,
             gpu_bucket_values: cli.gpu_bucket_values,
+            gpu_kept_bytes: cli.gpu_kept_bytes,
             rendezvous_outage: Duration::from_secs(cli.rendezvous_outage_secs),
             channel: ChannelConfig::default()
                 .with_keepalive(
@@ -503,6 +511,28 @@ mod tests {
         ]);
         let config = AgentConfig::try_from(&cli).expect("config");
         assert_eq!(config.agent_id, "n1", "the agent id defaults to the node name");
+    }
+
+    /// `--gpu-kept-bytes` takes a size; unset, the agent keeps a quarter of
+    /// the adapter's memory (`None`).
+    #[test]
+    fn the_device_memory_kept_for_batches_is_a_size_or_the_adapters_quarter() {
+        let agent = |more: &[&str]| {
+            let base = [
+                "kindling-agent",
+                "--node-name=n1",
+                "--listen=127.0.0.1:0",
+                "--token=t",
+                "--rendezvous=http://rv:7070",
+            ];
+            let cli = Cli::try_parse_from(base.iter().chain(more))?;
+            Ok::<_, clap::Error>(AgentConfig::try_from(&cli).expect("config").gpu_kept_bytes)
+        };
+        assert_eq!(agent(&[]).expect("parses"), None);
+        assert_eq!(agent(&["--gpu-kept-bytes=8GiB"]).expect("parses"), Some(8 << 30));
+        assert_eq!(agent(&["--gpu-kept-bytes", "0"]).expect("parses"), Some(0));
+        let err = agent(&["--gpu-kept-bytes=lots"]).expect_err("not a size");
+        assert!(err.to_string().contains("--gpu-kept-bytes"), "{err}");
     }
 
     #[test]

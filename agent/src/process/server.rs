@@ -63,6 +63,10 @@ pub struct AgentConfig {
     /// the device ([`DEVICE_BUCKET_VALUES`](crate::training::gradients::DEVICE_BUCKET_VALUES)
     /// by default).
     pub gpu_bucket_values: usize,
+    /// Device bytes a GPU job keeps its staged batches' inputs in for the
+    /// epochs after the first; `None` (the default): a quarter of the
+    /// adapter's memory.
+    pub gpu_kept_bytes: Option<u64>,
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.
     pub rendezvous_outage: Duration,
@@ -117,6 +121,7 @@ impl AgentConfig {
             collective_timeout: Duration::from_secs(60),
             gpu_step_on_device: true,
             gpu_bucket_values: crate::training::gradients::DEVICE_BUCKET_VALUES,
+            gpu_kept_bytes: None,
             rendezvous_outage: kindling_schemas::rendezvous::DEFAULT_OUTAGE_BOUND,
             channel: ChannelConfig::default(),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
@@ -558,8 +563,11 @@ fn job_env(config: &AgentConfig, inbox: Arc<Inbox>, budget: Arc<MemoryBudget>) -
         inbox,
         token: config.token.clone(),
         collective_timeout: config.collective_timeout,
-        gpu_step_on_device: config.gpu_step_on_device,
-        gpu_bucket_values: config.gpu_bucket_values.max(1),
+        gpu: crate::training::trainer::GpuSettings {
+            step_on_device: config.gpu_step_on_device,
+            bucket_values: config.gpu_bucket_values.max(1),
+            kept_bytes: config.gpu_kept_bytes,
+        },
         rendezvous_outage: config.rendezvous_outage,
         models: config.models.clone(),
         rendezvous: config.rendezvous.clone(),

@@ -134,14 +134,24 @@ pub struct TrainContext {
     pub cancel: CancellationToken,
     /// Shuffle the order of cached batches every epoch.
     pub shuffle: bool,
-    /// On a GPU, keep the step on the device (only the gradients leave it,
-    /// for a data-parallel job's all-reduce).
-    pub step_on_device: bool,
+    /// How a GPU job uses the device (the agent's `--gpu-*` flags).
+    pub gpu: GpuSettings,
     /// The weights to start from (`init_from`) instead of seeded ones.
     pub initial: Option<arrow::array::RecordBatch>,
+}
+
+/// How a GPU job uses its device: the agent's `--gpu-*` flags.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuSettings {
+    /// Keep the step on the device (only the gradients leave it, for a
+    /// data-parallel job's all-reduce).
+    pub step_on_device: bool,
     /// Gradient values per all-reduce bucket of a data-parallel step kept
     /// on the device.
-    pub device_bucket_values: usize,
+    pub bucket_values: usize,
+    /// Device bytes the job keeps its staged batches' inputs in for the
+    /// epochs after the first; `None`: a quarter of the adapter's memory.
+    pub kept_bytes: Option<u64>,
 }
 
 /// How long a rank with no full batch waits for rows before it tells its
@@ -212,11 +222,15 @@ struct Trainer {
 }
 
 /// Device bytes a GPU job keeps its batches' inputs in for the epochs after
-/// the first ([`Pipeline::keeping`]): a quarter of the adapter's memory; none
-/// off the GPU or where the adapter states no size.
-fn kept_batches_budget(device: &Device) -> u64 {
+/// the first ([`Pipeline::keeping`]): `kept` where the agent says, else a
+/// quarter of the adapter's memory; none off the GPU or where the adapter
+/// states no size.
+fn kept_batches_budget(device: &Device, kept: Option<u64>) -> u64 {
     if !crate::models::backend::is_gpu(device) {
         return 0;
+    }
+    if let Some(bytes) = kept {
+        return bytes;
     }
     crate::models::backend::gpu()
         .ok()
@@ -250,11 +264,11 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let optim = FlatOptimizer::for_job(&spec, &model.param_layout())?;
     let mut t = Trainer {
         pipeline: Pipeline::new(crate::models::backend::is_gpu(&device))
-            .keeping(kept_batches_budget(&device)),
+            .keeping(kept_batches_budget(&device, ctx.gpu.kept_bytes)),
         device,
         weights: Vec::new(),
         gradient_step: GradientStep {
-            device_bucket_values: ctx.device_bucket_values,
+            device_bucket_values: ctx.gpu.bucket_values,
             ..GradientStep::for_spec(&spec)
         },
         times: StepTimes::default(),
@@ -271,7 +285,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     let (mut model, start) = start::agree(&mut ctx, &mut t, model)?;
     let mut resume = Some(start).filter(|s| s.at.step > 0);
     t.weights = model.flat_weights();
-    if ctx.step_on_device && crate::models::backend::is_gpu(&t.device) {
+    if ctx.gpu.step_on_device && crate::models::backend::is_gpu(&t.device) {
         let layout = model.param_layout();
         let clip_norm = t.gradient_step.clip_norm;
         t.resident = Some(DeviceOptimizer::upload(
