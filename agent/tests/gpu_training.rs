@@ -197,7 +197,7 @@ mod on_gpu {
     use arrow::array::RecordBatch;
     use kindling_agent::models::backend::GpuInfo;
     use kindling_fixtures::{committed_rows, model_weights, pieces, put_messages, rule_batch};
-    use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData};
+    use kindling_schemas::action::{Action, AgentJobState, AgentJobStatus, EndOfData, EventLevel, JobEvent};
     use kindling_schemas::descriptor::{DataPath, Split};
     use kindling_schemas::spec::{JobSpec, Precision};
 
@@ -426,6 +426,12 @@ mod on_gpu {
         local.stop().await;
     }
 
+    /// The events of `status` saying that batches did not fit on the device.
+    fn said_not_kept(status: &AgentJobStatus) -> Vec<&JobEvent> {
+        let said = |e: &&JobEvent| e.message.contains("--gpu-kept-bytes");
+        status.events.iter().filter(said).collect()
+    }
+
     /// What a mixed-precision job's device label adds on `info`'s adapter:
     /// `None` where it has neither bf16 nor f16 (the job is refused).
     fn half_precision(info: &GpuInfo) -> Option<&'static str> {
@@ -490,10 +496,18 @@ mod on_gpu {
             eprintln!("NOT TRAINED ON A GPU: no adapter (the other test says why)");
             return;
         }
-        let local = Local::start_with(true, 1, None).await;
+        // Room for every batch (lavapipe states no memory size, so the
+        // default, a quarter of it, would keep none): the epochs after the
+        // first gather their batches from the cached batches kept whole.
+        let local = Local::start_with(true, 1, Some(64 << 20)).await;
         let (gpu, gpu_weights) = train(&local, "resident", &mlp(true)).await;
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
         let accuracy = assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        assert!(
+            said_not_kept(&gpu).is_empty(),
+            "every batch kept: {:#?}",
+            gpu.events
+        );
         let info = kindling_agent::models::backend::gpu().expect("adapter").1;
         if let Some(half) = half_precision(&info) {
             let mixed_spec = JobSpec {
@@ -507,9 +521,11 @@ mod on_gpu {
     }
 
     /// A dataset larger than the device memory the agent keeps batches in
-    /// (`--gpu-kept-bytes` of 4 KiB: the inputs of 8 to 10 of its 63 batches):
-    /// every epoch trains on the kept batches and uploads the others as it
-    /// goes, and gives the CPU's answer.
+    /// (`--gpu-kept-bytes` of 4 KiB: the inputs of one of the eight cached
+    /// batches of 250 rows the rows arrived in): every epoch gathers the
+    /// batches cut from the kept one on the device and uploads the others
+    /// as it goes, and gives the CPU's answer. The job's log says so once, naming
+    /// the flag.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dataset_larger_than_the_device_memory_kept_trains_like_the_cpu() {
         if kindling_agent::models::backend::gpu().is_err() {
@@ -524,6 +540,15 @@ mod on_gpu {
         let (gpu, gpu_weights) = train(&local, "partly-kept", &mlp(true)).await;
         let (cpu, cpu_weights) = train(&local, "cpu", &mlp(false)).await;
         assert_like_the_cpu(&gpu, &gpu_weights, &cpu, &cpu_weights);
+        assert_eq!(said_not_kept(&gpu).len(), 1, "{:#?}", gpu.events);
+        let said = said_not_kept(&gpu)[0];
+        assert_eq!(said.level, EventLevel::Warn);
+        assert!(
+            said.message
+                .contains("did not fit in the 4.0 KiB of device memory"),
+            "{}",
+            said.message
+        );
         local.stop().await;
     }
 

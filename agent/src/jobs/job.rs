@@ -625,6 +625,10 @@ impl Job {
             cancel,
             shuffle: self.spec.shuffle,
             gpu: self.env.gpu,
+            report: trainer::Report(Arc::new({
+                let job = self.clone();
+                move |level, message: &str| job.report(level, message)
+            })),
             initial: self.initial.clone(),
         };
         let pool = rayon::ThreadPoolBuilder::new()

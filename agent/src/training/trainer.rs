@@ -52,7 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use burn::tensor::Device;
-use kindling_schemas::action::EpochMetrics;
+use kindling_schemas::action::{EpochMetrics, EventLevel};
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 use tokio_util::sync::CancellationToken;
@@ -136,8 +136,24 @@ pub struct TrainContext {
     pub shuffle: bool,
     /// How a GPU job uses the device (the agent's `--gpu-*` flags).
     pub gpu: GpuSettings,
+    /// Where it tells the job's users what they should know.
+    pub report: Report,
     /// The weights to start from (`init_from`) instead of seeded ones.
     pub initial: Option<arrow::array::RecordBatch>,
+}
+
+/// Says a warning or an error in the job's log (`job_status` and the
+/// client show it) and the agent's.
+#[derive(Clone)]
+pub struct Report(pub Arc<ReportFn>);
+
+/// What [`Report`] calls: the event's level and message.
+pub type ReportFn = dyn Fn(EventLevel, &str) + Send + Sync;
+
+impl std::fmt::Debug for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Report")
+    }
 }
 
 /// How a GPU job uses its device: the agent's `--gpu-*` flags.
@@ -219,6 +235,8 @@ struct Trainer {
     /// When the last checkpoint was written (or training started): rank 0
     /// asks for one inside an epoch `checkpoint.every_secs` later.
     last_checkpoint: std::time::Instant,
+    /// Whether it said that batches did not fit on the device.
+    warned_not_kept: bool,
 }
 
 /// Device bytes a GPU job keeps its batches' inputs in for the epochs after
@@ -279,6 +297,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         best: None,
         resident: None,
         last_checkpoint: std::time::Instant::now(),
+        warned_not_kept: false,
         optim,
         spec,
     };
@@ -296,6 +315,7 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
     for epoch in start.at.epoch + 1..=t.spec.epochs {
         let (trained, metrics) = epoch::train_epoch(&mut ctx, &mut t, model, epoch, resume.take())?;
         model = trained;
+        t.say_if_batches_not_kept(&ctx, epoch);
         let stop = t.observe(&mut ctx, model.as_ref(), metrics)?;
         let every = t.spec.checkpoint.every_epochs;
         if every > 0 && (epoch % every == 0 || epoch == t.spec.epochs || stop) {
@@ -320,6 +340,40 @@ pub fn train(mut ctx: TrainContext) -> Result<TrainOutcome, AgentError> {
         model: model.valid(),
         history: t.history,
     })
+}
+
+impl Trainer {
+    /// Warns, once, when the epoch staged batches it could not keep on the
+    /// device and more epochs follow: they upload them again.
+    fn say_if_batches_not_kept(&mut self, ctx: &TrainContext, epoch: u32) {
+        let passed_over = self.pipeline.take_passed_over();
+        let budget = self.pipeline.kept_budget();
+        if passed_over == 0 || budget == 0 || epoch >= self.spec.epochs || self.warned_not_kept {
+            return;
+        }
+        self.warned_not_kept = true;
+        (ctx.report.0)(
+            EventLevel::Warn,
+            &format!(
+                "{} of this rank's batches (inputs) did not fit in the {} of device memory the agent \
+                 keeps them in ({} kept): every epoch uploads them again, which slows it; raise the \
+                 agent's --gpu-kept-bytes if the GPU has the room",
+                size(passed_over),
+                size(budget),
+                size(self.pipeline.kept_bytes()),
+            ),
+        );
+    }
+}
+
+/// `bytes` for a reader, in GiB, MiB or KiB.
+fn size(bytes: u64) -> String {
+    let (unit, scale) = match bytes {
+        b if b >= 1 << 30 => ("GiB", 1u64 << 30),
+        b if b >= 1 << 20 => ("MiB", 1 << 20),
+        _ => ("KiB", 1 << 10),
+    };
+    format!("{:.1} {unit}", bytes as f64 / scale as f64)
 }
 
 /// The error when `field` watches an eval metric and the job has no eval

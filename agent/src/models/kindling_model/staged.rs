@@ -8,17 +8,22 @@
 //! Batches staged are also kept on the device up to a budget (`Kept`), so
 //! that the epochs after the first train on them with no upload at all: on an
 //! H200 the upload of a batch of 4096 MNIST rows cost more than the step.
+//! The trainer's batches are cut anew each epoch from the shard's cached
+//! batches (rows shuffled): what it keeps is each cached batch whole, and a
+//! training batch cut from kept ones is gathered on the device by its rows
+//! ([`Piece`]); a batch passed as it is (the benchmarks') is kept as itself.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use arrow::array::Array;
 
 use arrow::array::RecordBatch;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
 
 use super::{AnyModel, Batch, StepError};
+use crate::cache::CachedBatch;
 use crate::models::tensorize::Targets;
 
 /// Which inputs a model read from a batch: what the next batch stages.
@@ -88,6 +93,56 @@ impl Staged {
         }
     }
 
+    /// The rows of `parts` (each a kept cached batch's inputs and the piece
+    /// of its rows), in order, gathered on `device`; an input some part
+    /// lacks is left out.
+    fn gather(parts: &[(&Staged, &Piece)], device: &Device) -> Staged {
+        let rows: Vec<Tensor<1, Int>> = parts
+            .iter()
+            .map(|(_, p)| {
+                let at = p.indices();
+                let n = at.len();
+                Tensor::from_data(TensorData::new(at, [n]), device)
+            })
+            .collect();
+        let pick = |of: &dyn Fn(&Staged) -> Option<Tensor<2>>| -> Option<Tensor<2>> {
+            let picked = parts
+                .iter()
+                .zip(&rows)
+                .map(|((s, _), at)| Some(of(s)?.select(0, at.clone())))
+                .collect::<Option<Vec<_>>>()?;
+            Some(Tensor::cat(picked, 0))
+        };
+        let targets = match parts.first().and_then(|(s, _)| s.targets.as_ref()) {
+            Some(Targets::Classes(_)) => parts
+                .iter()
+                .zip(&rows)
+                .map(|((s, _), at)| match &s.targets {
+                    Some(Targets::Classes(t)) => Some(t.clone().select(0, at.clone())),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(|t| Targets::Classes(Tensor::cat(t, 0))),
+            Some(Targets::Values(_)) => pick(&|s| match &s.targets {
+                Some(Targets::Values(t)) => Some(t.clone()),
+                _ => None,
+            })
+            .map(Targets::Values),
+            None => None,
+        };
+        let first = parts.first().map(|(s, _)| s);
+        Staged {
+            features: pick(&|s| s.features.clone()),
+            floats: first
+                .map(|s| s.floats.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|c| Some((c.clone(), pick(&|s| s.float(&c))?)))
+                .collect(),
+            targets,
+        }
+    }
+
     pub(crate) fn float(&self, column: &str) -> Option<Tensor<2>> {
         self.floats
             .iter()
@@ -116,47 +171,185 @@ impl Staged {
 struct Kept {
     budget: u64,
     used: u64,
-    batches: Vec<(Columns, Staged, u64)>,
+    batches: Vec<(Key, Staged, u64)>,
+    /// Bytes of staged batches not kept for want of room, since last asked.
+    passed_over: u64,
+    /// Device bytes per row of the last cached batch kept whole.
+    bytes_per_row: Option<f64>,
 }
 
-/// A kept batch's column arrays, held weakly.
-type Columns = Vec<Weak<dyn Array>>;
+/// What a kept batch's inputs belong to, held weakly.
+#[derive(Debug)]
+enum Key {
+    /// A batch passed as it is: its column arrays.
+    Columns(Vec<Weak<dyn Array>>),
+    /// A shard's cached batch, kept whole.
+    Cached(Weak<CachedBatch>),
+}
+
+impl Key {
+    fn alive(&self) -> bool {
+        match self {
+            Key::Columns(cols) => cols.iter().all(|w| w.strong_count() > 0),
+            Key::Cached(c) => c.strong_count() > 0,
+        }
+    }
+}
 
 impl Kept {
     fn find(&mut self, batch: &RecordBatch) -> Option<Staged> {
         self.forget_dropped();
         self.batches
             .iter()
-            .find(|(cols, ..)| {
-                cols.len() == batch.num_columns()
-                    && cols
-                        .iter()
-                        .zip(batch.columns())
-                        .all(|(w, c)| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(c)))
+            .find(|(key, ..)| match key {
+                Key::Columns(cols) => {
+                    cols.len() == batch.num_columns()
+                        && cols
+                            .iter()
+                            .zip(batch.columns())
+                            .all(|(w, c)| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(c)))
+                }
+                Key::Cached(_) => false,
             })
             .map(|(_, s, _)| s.clone())
     }
 
+    /// The inputs kept for `cached` whole.
+    fn cached(&self, cached: &Arc<CachedBatch>) -> Option<&Staged> {
+        self.batches
+            .iter()
+            .find(|(key, ..)| matches!(key, Key::Cached(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(cached))))
+            .map(|(_, s, _)| s)
+    }
+
+    /// The batch cut as `pieces`, gathered from the cached batches kept
+    /// whole, or `None` unless every one of them is.
+    fn gather(&mut self, pieces: &[Piece], device: &Device) -> Option<Staged> {
+        self.forget_dropped();
+        let parts = pieces
+            .iter()
+            .map(|p| Some((self.cached(&p.cached)?, p)))
+            .collect::<Option<Vec<_>>>()?;
+        (!parts.is_empty()).then(|| Staged::gather(&parts, device))
+    }
+
+    /// Whether the cached batches of `pieces` not kept yet would fit whole
+    /// (as far as the rows kept so far tell).
+    fn room_for(&self, pieces: &[Piece]) -> bool {
+        let rows: usize = missing(pieces, self).iter().map(|c| c.rows()).sum();
+        let need = self.bytes_per_row.map_or(0, |b| (b * rows as f64) as u64);
+        self.budget > 0 && self.used + need <= self.budget
+    }
+
     /// Keeps `staged` for `batch` if it fits in what is left of the budget.
     fn keep(&mut self, batch: &RecordBatch, staged: &Staged) {
+        let cols = batch.columns().iter().map(Arc::downgrade).collect();
+        self.keep_as(Key::Columns(cols), staged);
+    }
+
+    /// Keeps `staged`, the inputs of `cached` whole, if they fit.
+    fn keep_cached(&mut self, cached: &Arc<CachedBatch>, staged: &Staged) {
+        if cached.rows() > 0 {
+            self.bytes_per_row = Some(staged.bytes() as f64 / cached.rows() as f64);
+        }
+        self.keep_as(Key::Cached(Arc::downgrade(cached)), staged);
+    }
+
+    fn keep_as(&mut self, key: Key, staged: &Staged) {
         let bytes = staged.bytes();
         if self.used + bytes > self.budget {
+            self.passed_over += bytes;
             return;
         }
         self.used += bytes;
-        let cols = batch.columns().iter().map(Arc::downgrade).collect();
-        self.batches.push((cols, staged.clone(), bytes));
+        self.batches.push((key, staged.clone(), bytes));
     }
 
     fn forget_dropped(&mut self) {
         let used = &mut self.used;
-        self.batches.retain(|(cols, _, bytes)| {
-            let alive = cols.iter().all(|w| w.strong_count() > 0);
+        self.batches.retain(|(key, _, bytes)| {
+            let alive = key.alive();
             if !alive {
                 *used -= bytes;
             }
             alive
         });
+    }
+}
+
+/// The cached batches of `pieces` that `kept` does not hold whole, once each.
+fn missing(pieces: &[Piece], kept: &Kept) -> Vec<Arc<CachedBatch>> {
+    let mut out: Vec<Arc<CachedBatch>> = Vec::new();
+    for p in pieces {
+        if kept.cached(&p.cached).is_none() && !out.iter().any(|c| Arc::ptr_eq(c, &p.cached)) {
+            out.push(p.cached.clone());
+        }
+    }
+    out
+}
+
+/// Where some of a training batch's rows come from: `len` rows from
+/// `start` of a shard's cached batch as the cursor read it (its rows in
+/// `order`, a permutation, or as stored).
+#[derive(Debug, Clone)]
+pub struct Piece {
+    cached: Arc<CachedBatch>,
+    order: Option<Arc<[u32]>>,
+    start: usize,
+    len: usize,
+}
+
+impl Piece {
+    /// None of `cached`'s rows yet, read in `order` (as stored if `None`).
+    pub fn of(cached: Arc<CachedBatch>, order: Option<Arc<[u32]>>) -> Piece {
+        Piece {
+            cached,
+            order,
+            start: 0,
+            len: 0,
+        }
+    }
+
+    /// `len` rows from `start` of the same cached batch, as read.
+    pub fn rows(&self, start: usize, len: usize) -> Piece {
+        Piece {
+            start,
+            len,
+            ..self.clone()
+        }
+    }
+
+    /// Its rows' places in the cached batch as stored.
+    fn indices(&self) -> Vec<i64> {
+        let range = self.start..self.start + self.len;
+        match &self.order {
+            Some(order) => order[range].iter().map(|&i| i64::from(i)).collect(),
+            None => range.map(|i| i as i64).collect(),
+        }
+    }
+}
+
+/// The batch a step stages while it runs: one passed as it is, or one cut
+/// from a shard's cached batches (with its rows' [`Piece`]s).
+#[derive(Debug, Clone, Copy)]
+pub enum Next<'a> {
+    /// A batch as it is.
+    Batch(&'a RecordBatch),
+    /// A training batch and the pieces it was cut from.
+    Cut(&'a RecordBatch, &'a [Piece]),
+}
+
+impl<'a> From<&'a RecordBatch> for Next<'a> {
+    fn from(batch: &'a RecordBatch) -> Self {
+        Next::Batch(batch)
+    }
+}
+
+impl Next<'_> {
+    fn batch(&self) -> &RecordBatch {
+        match self {
+            Next::Batch(b) | Next::Cut(b, _) => b,
+        }
     }
 }
 
@@ -194,14 +387,25 @@ impl Pipeline {
         self.kept.used
     }
 
+    /// Device bytes it may keep batches' inputs in.
+    pub fn kept_budget(&self) -> u64 {
+        self.kept.budget
+    }
+
+    /// Bytes of batches' inputs staged but not kept for want of room since
+    /// the last call: each epoch uploads them again.
+    pub fn take_passed_over(&mut self) -> u64 {
+        std::mem::take(&mut self.kept.passed_over)
+    }
+
     /// `model`'s gradients for `records` ([`AnyModel::gradients`]); while they
     /// are computed, `next` (the batch the caller will pass next) has the
     /// inputs the model read this step converted and queued to the device.
-    pub fn gradients(
+    pub fn gradients<'n>(
         &mut self,
         model: &dyn AnyModel,
         records: &RecordBatch,
-        next: Option<&RecordBatch>,
+        next: Option<impl Into<Next<'n>>>,
         layout: &FeatureLayout,
         spec: &JobSpec,
         device: &Device,
@@ -214,10 +418,10 @@ impl Pipeline {
     /// `step` (a model's gradients, on the host or kept on the device) on
     /// `records`, with `next`'s inputs staged meanwhile as
     /// [`gradients`](Self::gradients) does.
-    pub fn run<T>(
+    pub fn run<'n, T>(
         &mut self,
         records: &RecordBatch,
-        next: Option<&RecordBatch>,
+        next: Option<impl Into<Next<'n>>>,
         layout: &FeatureLayout,
         spec: &JobSpec,
         device: &Device,
@@ -230,30 +434,85 @@ impl Pipeline {
             .map(|(_, s)| s);
         let log = AskLog::default();
         let batch = Batch::new(records, layout, spec, device).with_staged(staged.as_ref(), &log);
-        let asked = &self.asked;
-        let next = next.filter(|_| self.staging && asked.any());
-        // A batch kept from an earlier epoch needs no staging.
-        let kept_next = next.and_then(|n| Some((n.clone(), self.kept.find(n)?)));
+        let next: Option<Next<'n>> = next.map(Into::into).filter(|_| self.staging && self.asked.any());
+        // A batch kept from an earlier epoch, or cut from cached batches kept
+        // whole, needs no staging.
+        let kept_next = next.and_then(|n| {
+            let staged = match n {
+                Next::Batch(b) => self.kept.find(b),
+                Next::Cut(_, pieces) => self.kept.gather(pieces, device),
+            }?;
+            Some((n.batch().clone(), staged))
+        });
         let next = next.filter(|_| kept_next.is_none());
+        // A cut batch's cached batches not kept yet are staged whole to keep,
+        // where they fit.
+        let wholes = match next {
+            Some(Next::Cut(_, pieces)) if self.kept.room_for(pieces) => missing(pieces, &self.kept),
+            _ => Vec::new(),
+        };
+        let asked = &self.asked;
         let (result, ahead) = std::thread::scope(|scope| {
             let stager = next.map(|n| {
-                scope.spawn(move || {
-                    (
-                        n.clone(),
-                        Staged::make(&Batch::new(n, layout, spec, device), asked),
-                    )
-                })
+                let wholes = &wholes;
+                scope.spawn(move || stage(n, wholes, asked, (layout, spec, device)))
             });
             let result = step(&batch);
             (result, stager.and_then(|h| h.join().ok()))
         });
         self.asked = log.take();
-        if let Some((batch, staged)) = &ahead {
-            self.kept.keep(batch, staged);
-        }
-        self.ahead = ahead.or(kept_next);
+        self.ahead = match (ahead, next) {
+            (Some(Stage::Batch(staged)), Some(n)) => {
+                match n {
+                    Next::Batch(b) => self.kept.keep(b, &staged),
+                    Next::Cut(..) if self.kept.budget > 0 => self.kept.passed_over += staged.bytes(),
+                    Next::Cut(..) => {}
+                }
+                Some((n.batch().clone(), *staged))
+            }
+            (Some(Stage::Wholes(made)), Some(Next::Cut(b, pieces))) => {
+                for (cached, staged) in wholes.iter().zip(&made) {
+                    self.kept.keep_cached(cached, staged);
+                }
+                // Whole ones that did not fit after all: the step converts it.
+                self.kept.gather(pieces, device).map(|s| (b.clone(), s))
+            }
+            _ => kept_next,
+        };
         result
     }
+}
+
+/// What the stager thread made for the next batch.
+enum Stage {
+    /// Its inputs.
+    Batch(Box<Staged>),
+    /// The inputs of the cached batches it was cut from, whole.
+    Wholes(Vec<Staged>),
+}
+
+/// Stages `next`: the cached batches in `wholes` whole where there are
+/// any (and each reads), else the batch itself.
+fn stage(
+    next: Next<'_>,
+    wholes: &[Arc<CachedBatch>],
+    asked: &Asked,
+    (layout, spec, device): (&FeatureLayout, &JobSpec, &Device),
+) -> Stage {
+    if !wholes.is_empty() {
+        let made = wholes
+            .iter()
+            .map(|c| {
+                let whole = c.load().ok()?;
+                Some(Staged::make(&Batch::new(&whole, layout, spec, device), asked))
+            })
+            .collect::<Option<Vec<_>>>();
+        if let Some(made) = made {
+            return Stage::Wholes(made);
+        }
+    }
+    let batch = Batch::new(next.batch(), layout, spec, device);
+    Stage::Batch(Box::new(Staged::make(&batch, asked)))
 }
 
 /// Whether `a` and `b` are the same batch (the same column arrays).
@@ -267,169 +526,4 @@ fn same_batch(a: &RecordBatch, b: &RecordBatch) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{Float32Array, Int64Array, RecordBatch};
-    use arrow::datatypes::{DataType, Field, Schema};
-    use burn::tensor::Device;
-    use kindling_schemas::schema::{FeatureLayout, StreamKind, validate};
-    use kindling_schemas::spec::{JobSpec, ModelSpec, OptimizerSpec, Task};
-
-    use super::{Asked, Pipeline};
-    use crate::models::kindling_model::{AnyModel, Batch, ModelRegistry};
-
-    fn spec() -> JobSpec {
-        JobSpec::builder()
-            .task(Task::Classification { num_classes: 3 })
-            .model(ModelSpec::Mlp { hidden: vec![8] })
-            .optimizer(OptimizerSpec::adam(0.01))
-            .features(["a", "b"])
-            .label("y")
-            .build()
-            .expect("spec")
-    }
-
-    /// Batch `k` of 16 rows (different values for each `k`).
-    fn batch(k: i64) -> RecordBatch {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("a", DataType::Float32, false),
-            Field::new("b", DataType::Float32, false),
-            Field::new("y", DataType::Int64, false),
-        ]));
-        let a = (0..16).map(|i| ((i * 7 + k * 3) % 11) as f32 / 11.0);
-        let b = (0..16).map(|i| ((i * 5 + k) % 13) as f32 / 13.0 - 0.5);
-        RecordBatch::try_new(
-            schema,
-            vec![
-                Arc::new(Float32Array::from_iter_values(a)),
-                Arc::new(Float32Array::from_iter_values(b)),
-                Arc::new(Int64Array::from_iter_values((0..16).map(|i| (i + k) % 3))),
-            ],
-        )
-        .expect("batch")
-    }
-
-    /// The spec, the CPU device, the batches' layout and a model for them.
-    fn setup() -> (JobSpec, Device, FeatureLayout, Box<dyn AnyModel>) {
-        let spec = spec();
-        let device = Device::default().autodiff();
-        let layout = validate(&batch(0).schema(), &spec, StreamKind::Train).expect("layout");
-        let model = ModelRegistry::builtin()
-            .build(&spec, &layout, &device)
-            .expect("model");
-        (spec, device, layout, model)
-    }
-
-    #[test]
-    fn staged_inputs_give_the_step_the_same_gradients_and_only_for_the_batch_they_were_made_for() {
-        let (spec, device, layout, model) = setup();
-        let batches: Vec<RecordBatch> = (0..4).map(batch).collect();
-        let direct = |b: &RecordBatch| {
-            model
-                .gradients(&Batch::new(b, &layout, &spec, &device))
-                .expect("gradients")
-        };
-        let mut pipeline = Pipeline::new(true);
-        for (i, b) in batches.iter().enumerate() {
-            // Step 3 is handed a batch other than the one staged for it (a copy of
-            // batch 3 with its own arrays): the staged inputs must not be used.
-            let b = if i == 3 { &batch(3) } else { b };
-            let staged_for_this = pipeline.ahead.as_ref().map(|(s, _)| super::same_batch(s, b));
-            let got = pipeline
-                .gradients(model.as_ref(), b, batches.get(i + 1), &layout, &spec, &device)
-                .expect("gradients");
-            assert_eq!(got, direct(b), "step {i}: staged and direct gradients differ");
-            match i {
-                // What the model reads is known after its first step: the
-                // second is not staged yet, the third is.
-                0 | 1 => assert_eq!(staged_for_this, None),
-                2 => assert_eq!(staged_for_this, Some(true), "step {i} was not staged"),
-                _ => assert_eq!(staged_for_this, Some(false)),
-            }
-            if (1..3).contains(&i) {
-                let (_, staged) = pipeline.ahead.as_ref().expect("the next batch staged");
-                assert!(staged.features.is_some() && staged.targets.is_some());
-                assert!(staged.floats.is_empty(), "the MLP reads features() only");
-            }
-        }
-        assert!(pipeline.asked.features && pipeline.asked.targets);
-        assert_eq!(pipeline.kept_bytes(), 0, "nothing kept without a budget");
-        // Without staging (the CPU's trainer) nothing is made ahead.
-        let mut plain = Pipeline::new(false);
-        for (i, b) in batches.iter().enumerate() {
-            let got = plain
-                .gradients(model.as_ref(), b, batches.get(i + 1), &layout, &spec, &device)
-                .expect("gradients");
-            assert_eq!(got, direct(b));
-            assert!(plain.ahead.is_none());
-        }
-    }
-
-    /// With a budget, the batches staged in the first epoch are kept on the
-    /// device and the next epochs use them, with the same gradients; the
-    /// budget bounds what is kept, and a batch dropped by its owner is
-    /// forgotten.
-    #[test]
-    fn batches_kept_on_the_device_serve_the_next_epochs_within_the_budget() {
-        let (spec, device, layout, model) = setup();
-        let direct = |b: &RecordBatch| {
-            model
-                .gradients(&Batch::new(b, &layout, &spec, &device))
-                .expect("gradients")
-        };
-        let mut batches: Vec<RecordBatch> = (0..4).map(batch).collect();
-        // One batch's inputs on the device (16 rows × 2 features and 16
-        // labels): room for two batches.
-        let asked = Asked {
-            features: true,
-            targets: true,
-            ..Asked::default()
-        };
-        let one = super::Staged::make(&Batch::new(&batches[0], &layout, &spec, &device), &asked).bytes();
-        assert!(one >= 16 * 2 * 4 + 16 * 4, "{one} bytes");
-        let mut pipeline = Pipeline::new(true).keeping(2 * one + one / 2);
-        for epoch in 0..3 {
-            for (i, b) in batches.iter().enumerate() {
-                let kept_before = pipeline.kept_bytes();
-                let got = pipeline
-                    .gradients(model.as_ref(), b, batches.get(i + 1), &layout, &spec, &device)
-                    .expect("gradients");
-                assert_eq!(got, direct(b), "epoch {epoch} step {i}");
-                if epoch > 0 {
-                    assert_eq!(
-                        pipeline.kept_bytes(),
-                        kept_before,
-                        "kept once, in the first epoch"
-                    );
-                }
-            }
-            // Batches 2 and 3 were staged (the first two are made by the step).
-            assert_eq!(pipeline.kept_bytes(), 2 * one, "epoch {epoch}: two batches kept");
-        }
-        // The next epoch's batch 2 comes from what was kept: the staged
-        // inputs ahead are the kept ones.
-        pipeline
-            .gradients(
-                model.as_ref(),
-                &batches[1],
-                Some(&batches[2]),
-                &layout,
-                &spec,
-                &device,
-            )
-            .expect("gradients");
-        let (ahead, _) = pipeline.ahead.as_ref().expect("ahead");
-        assert!(super::same_batch(ahead, &batches[2]));
-        // A batch its owner drops is forgotten.
-        pipeline.ahead = None;
-        assert!(
-            pipeline.kept.find(&batches[1]).is_none(),
-            "batch 1 was never kept"
-        );
-        assert_eq!(pipeline.kept_bytes(), 2 * one);
-        batches.truncate(2);
-        pipeline.kept.forget_dropped();
-        assert_eq!(pipeline.kept_bytes(), 0, "batches 2 and 3 are gone");
-    }
-}
+mod tests;

@@ -18,8 +18,9 @@ use crate::error::AgentError;
 /// What [`BatchCursor::pull`] found.
 #[derive(Debug)]
 pub enum Pull {
-    /// A training batch of `batch_size` rows (fewer only at the shard's end).
-    Ready(RecordBatch),
+    /// A training batch of `batch_size` rows (fewer only at the shard's end)
+    /// and where its rows come from, in order.
+    Ready(RecordBatch, Vec<Piece>),
     /// The shard is still arriving and has no full batch yet.
     NotYet,
     /// The shard has ended and every row was handed out.
@@ -42,6 +43,8 @@ enum Order {
     },
 }
 
+pub use crate::models::kindling_model::staged::Piece;
+
 /// Cuts a shard's cached batches, in a given order (or in commit order as
 /// they arrive), into training batches of `batch_size` rows (the last may be
 /// smaller), concatenating across cached batches when needed. Holds at most
@@ -49,8 +52,10 @@ enum Order {
 #[derive(Debug)]
 pub struct BatchCursor {
     source: Order,
-    current: Option<(RecordBatch, usize)>,
+    /// The cached batch being cut (as read: permuted), how far, and whence.
+    current: Option<(RecordBatch, usize, Piece)>,
     parts: Vec<RecordBatch>,
+    pieces: Vec<Piece>,
     have: usize,
     batch_size: usize,
     /// Permute the rows of each cached batch as it is loaded (seed, batches loaded).
@@ -94,6 +99,7 @@ impl BatchCursor {
             source,
             current: None,
             parts: Vec::new(),
+            pieces: Vec::new(),
             have: 0,
             batch_size,
             shuffle_rows: None,
@@ -109,16 +115,21 @@ impl BatchCursor {
         self
     }
 
-    fn permuted(&mut self, batch: RecordBatch) -> Result<RecordBatch, AgentError> {
+    /// `cached` read (its rows permuted when shuffling), and a piece of
+    /// none of its rows yet that says so.
+    fn read(&mut self, cached: Arc<CachedBatch>) -> Result<(RecordBatch, usize, Piece), AgentError> {
+        let batch = cached.load()?;
         let Some((seed, loaded)) = self.shuffle_rows.as_mut() else {
-            return Ok(batch);
+            return Ok((batch, 0, Piece::of(cached, None)));
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(*seed ^ loaded.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         *loaded += 1;
         let mut rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
         rows.shuffle(&mut rng);
-        arrow::compute::take_record_batch(&batch, &arrow::array::UInt32Array::from(rows))
-            .map_err(AgentError::arrow)
+        let permuted =
+            arrow::compute::take_record_batch(&batch, &arrow::array::UInt32Array::from(rows.clone()))
+                .map_err(AgentError::arrow)?;
+        Ok((permuted, 0, Piece::of(cached, Some(rows.into()))))
     }
 
     /// The next cached batch: `Ok(Some(Some))`, `Ok(Some(None))` when the
@@ -162,11 +173,11 @@ impl BatchCursor {
     /// over unread; the batch the position falls in is read.
     pub fn skip_rows(&mut self, mut rows: u64) -> Result<(), AgentError> {
         while rows > 0 {
-            if let Some((batch, pos)) = self.current.take() {
+            if let Some((batch, pos, piece)) = self.current.take() {
                 let take = (batch.num_rows() - pos).min(rows as usize);
                 rows -= take as u64;
                 if pos + take < batch.num_rows() {
-                    self.current = Some((batch, pos + take));
+                    self.current = Some((batch, pos + take, piece));
                 }
                 continue;
             }
@@ -180,7 +191,7 @@ impl BatchCursor {
                 }
                 continue;
             }
-            self.current = Some((self.permuted(cached.load()?)?, 0));
+            self.current = Some(self.read(cached)?);
         }
         Ok(())
     }
@@ -189,10 +200,10 @@ impl BatchCursor {
     /// rows before answering [`Pull::NotYet`] (the rows gathered so far stay).
     pub fn pull(&mut self, wait: Duration) -> Result<Pull, AgentError> {
         while self.have < self.batch_size {
-            let (batch, pos) = match self.current.take() {
+            let (batch, pos, piece) = match self.current.take() {
                 Some(c) => c,
                 None => match self.next_cached(wait) {
-                    Some(Some(cached)) => (self.permuted(cached.load()?)?, 0),
+                    Some(Some(cached)) => self.read(cached)?,
                     Some(None) => break,
                     None => return Ok(Pull::NotYet),
                 },
@@ -200,21 +211,23 @@ impl BatchCursor {
             let take = (self.batch_size - self.have).min(batch.num_rows() - pos);
             if take > 0 {
                 self.parts.push(batch.slice(pos, take));
+                self.pieces.push(piece.rows(pos, take));
                 self.have += take;
             }
             if pos + take < batch.num_rows() {
-                self.current = Some((batch, pos + take));
+                self.current = Some((batch, pos + take, piece));
             }
         }
         self.have = 0;
         let mut parts = std::mem::take(&mut self.parts);
+        let pieces = std::mem::take(&mut self.pieces);
         match parts.len() {
             0 => Ok(Pull::Exhausted),
-            1 => Ok(Pull::Ready(parts.pop().expect("one part"))),
+            1 => Ok(Pull::Ready(parts.pop().expect("one part"), pieces)),
             _ => {
                 let schema = parts[0].schema();
                 arrow::compute::concat_batches(&schema, &parts)
-                    .map(Pull::Ready)
+                    .map(|b| Pull::Ready(b, pieces))
                     .map_err(AgentError::arrow)
             }
         }
@@ -301,7 +314,7 @@ mod tests {
             None => cursor,
         };
         let mut out = Vec::new();
-        while let Pull::Ready(b) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
+        while let Pull::Ready(b, _) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
             out.push(b.column(0).as_primitive::<Int64Type>().values().to_vec());
         }
         out
@@ -310,7 +323,7 @@ mod tests {
     /// Every id a cursor still hands out, in order.
     fn rest(mut cursor: BatchCursor) -> Vec<i64> {
         let mut out = Vec::new();
-        while let Pull::Ready(b) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
+        while let Pull::Ready(b, _) = cursor.pull(std::time::Duration::ZERO).expect("pull") {
             out.extend(b.column(0).as_primitive::<Int64Type>().values().iter());
         }
         out

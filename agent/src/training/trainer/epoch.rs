@@ -11,6 +11,7 @@ use super::cursor::{BatchCursor, Pull};
 use super::start::Start;
 use super::{LIVE_WAIT, Progress, TrainContext, Trainer, eval, lock};
 use crate::error::{AgentError, JobStateError, TrainingError};
+use crate::models::kindling_model::staged::Next;
 use crate::models::kindling_model::{AnyModel, DeviceShare, StepError};
 use crate::training::checkpoint::{PartialEpoch, Position};
 use crate::training::gradients::Trailer;
@@ -257,7 +258,7 @@ impl Gather {
                 None => self.cursor.pull(LIVE_WAIT)?,
             };
             let batch = match pulled {
-                Pull::Ready(batch) => batch,
+                Pull::Ready(batch, _) => batch,
                 Pull::NotYet => return Ok(true),
                 Pull::Exhausted => {
                     self.drained = true;
@@ -270,7 +271,7 @@ impl Gather {
                 next => Some(next),
             };
             let next = match &self.ahead {
-                Some(Pull::Ready(next)) => Some(next),
+                Some(Pull::Ready(next, pieces)) => Some(Next::Cut(next, pieces.as_slice())),
                 _ => None,
             };
             let computing = Instant::now();
