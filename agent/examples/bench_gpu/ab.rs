@@ -12,7 +12,7 @@ use crate::common::{arg, mlp_batches};
 use crate::{BurnLoop, DISTINCT, StepPath, burn_alone, data_parallel, device_phases, kindling_step, spec};
 
 /// The paths `--ab` alternates, in each round's order.
-const AB_PATHS: [&str; 18] = [
+const AB_PATHS: [&str; 19] = [
     "host round trip (default)",
     "step on the device, loss read each step",
     "step on the device, losses read every 25 steps (the trainer's)",
@@ -31,6 +31,7 @@ const AB_PATHS: [&str; 18] = [
     "data-parallel, 2 processes on this GPU, step on the device, batches kept, the gradient in one bucket (both ranks' samples)",
     "data-parallel, 2 ranks on this GPU, step on the device, batches kept, the gradient in one bucket (both ranks' samples)",
     "step on the device, losses every 25 steps, batches kept, mixed precision (f16 where the adapter has no bf16)",
+    "step on the device, losses every 25 steps, batches kept as a job keeps them (cut anew each epoch from 32 cached batches kept whole, rows shuffled, gathered on the device)",
 ];
 
 /// The one-agent path the others are held against: the trainer's step on
@@ -112,6 +113,7 @@ fn ab_path(
                 StepPath::DeviceKept(trainer::LOSS_READ_EVERY),
             )?
         }
+        18 => cut_from_kept((spec, layout, data), device, run)?,
         9 => return dp(data_parallel::Path::Host),
         10 => return dp(data_parallel::Path::Device { kept: false }),
         11 => return dp(data_parallel::Path::Device { kept: true }),
@@ -147,6 +149,77 @@ fn upload_alone(
             wait(&x);
         }
     }
+    Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The trainer's step kept on the device in a job's epochs after the first,
+/// as a job runs it: each epoch's batches cut anew by the trainer's cursor
+/// from the shard's cached batches (`data` cycled to 32 of them, a batch of
+/// rows each), their rows shuffled, and gathered on the device from the
+/// cached batches kept whole; the first batch of each epoch converted as it
+/// comes (as the trainer's is). The first epoch (each cached batch uploaded
+/// whole) runs untimed. Samples/s.
+fn cut_from_kept(
+    (spec, layout, data): (&JobSpec, &Layout, &[RecordBatch]),
+    device: &Device,
+    (steps, warmup): (usize, usize),
+) -> anyhow::Result<f64> {
+    use kindling_agent::cache::{CachedBatch, MemoryBudget};
+    use kindling_agent::models::kindling_model::ModelRegistry;
+    use kindling_agent::models::kindling_model::staged::{Next, Pipeline};
+    use kindling_agent::optim::{DeviceOptimizer, FlatOptimizer};
+    use kindling_agent::training::trainer::cursor::{BatchCursor, Pull};
+    let budget = MemoryBudget::new(u64::MAX);
+    let cached: Vec<_> = (0..32)
+        .map(|i| {
+            std::sync::Arc::new(CachedBatch::Memory {
+                batch: data[i % data.len()].clone(),
+                bytes: 0,
+                budget: budget.clone(),
+            })
+        })
+        .collect();
+    let mut model = ModelRegistry::builtin().build(spec, layout, device)?;
+    let weights = model.flat_weights();
+    let optim = FlatOptimizer::new(&spec.optimizer, weights.len());
+    let mut opt = DeviceOptimizer::upload(&optim, &weights, &model.param_layout(), None, device);
+    let mut pipeline = Pipeline::new(true).keeping(u64::MAX);
+    let warmup = warmup + cached.len();
+    let (mut pending, mut t, mut done) = (Vec::new(), std::time::Instant::now(), 0);
+    for epoch in 1.. {
+        let order = (0..cached.len()).collect();
+        let mut cursor = BatchCursor::new(cached.clone(), order, spec.batch_size).shuffling_rows(epoch);
+        let mut ahead = cursor.pull(std::time::Duration::ZERO)?;
+        while done < warmup + steps {
+            let Pull::Ready(batch, _) = std::mem::replace(&mut ahead, Pull::Exhausted) else {
+                break;
+            };
+            ahead = cursor.pull(std::time::Duration::ZERO)?;
+            if done == warmup {
+                crate::common::read_losses(&mut pending);
+                t = std::time::Instant::now();
+            }
+            let next = match &ahead {
+                Pull::Ready(n, pieces) => Some(Next::Cut(n, pieces)),
+                _ => None,
+            };
+            let share = pipeline
+                .run(&batch, next, layout, spec, device, |b| {
+                    model.device_gradients(b, &mut opt)
+                })
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            model = model.device_step(&mut opt, (1.0 / share.weight) as f32);
+            pending.extend(share.loss_sum);
+            done += 1;
+            if done % trainer::LOSS_READ_EVERY == 0 {
+                crate::common::read_losses(&mut pending);
+            }
+        }
+        if done >= warmup + steps {
+            break;
+        }
+    }
+    crate::common::read_losses(&mut pending);
     Ok((steps * spec.batch_size) as f64 / t.elapsed().as_secs_f64())
 }
 

@@ -36,7 +36,9 @@
 //! of the tables; `--ab` (`--rounds 5`) measures only the MLP step, f32, in
 //! alternating rounds: the host round trip; on the device, its losses read
 //! each step or every 25 as the trainer reads them, and with the batches kept
-//! on the device (the trainer's epochs after the first) or with room there
+//! on the device as themselves or as a job keeps them (its epochs after the
+//! first: the trainer's cursor cutting each epoch's batches from cached
+//! batches kept whole, gathered on the device) or with room there
 //! for half of them (a data set twice what an agent may keep); each batch's
 //! upload alone (the bound of an epoch whose batches are not kept); and burn's own loop
 //! as it is, with Kindling's optimizer, with each batch converted from Arrow,

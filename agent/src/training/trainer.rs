@@ -67,7 +67,7 @@ use crate::training::checkpoint::{Checkpoint, CheckpointMeta, CheckpointStore, P
 use crate::training::gradients::{GradientStep, StepTimes};
 use crate::training::schedule::{LrSchedule, Stopper};
 
-mod cursor;
+pub mod cursor;
 mod epoch;
 mod eval;
 mod start;
