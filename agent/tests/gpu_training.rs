@@ -432,6 +432,20 @@ mod on_gpu {
         status.events.iter().filter(said).collect()
     }
 
+    /// Whether there is no adapter to train on: said, and a failure under
+    /// `KINDLING_GPU_TESTS=1` (the first test says why there is none).
+    fn no_gpu() -> bool {
+        if kindling_agent::models::backend::gpu().is_ok() {
+            return false;
+        }
+        assert!(
+            !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
+            "KINDLING_GPU_TESTS=1 but no GPU"
+        );
+        eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
+        true
+    }
+
     /// What a mixed-precision job's device label adds on `info`'s adapter:
     /// `None` where it has neither bf16 nor f16 (the job is refused).
     fn half_precision(info: &GpuInfo) -> Option<&'static str> {
@@ -488,12 +502,7 @@ mod on_gpu {
     /// kept step does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_step_kept_on_the_device_matches_the_cpu() {
-        if kindling_agent::models::backend::gpu().is_err() {
-            assert!(
-                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
-                "KINDLING_GPU_TESTS=1 but no GPU"
-            );
-            eprintln!("NOT TRAINED ON A GPU: no adapter (the other test says why)");
+        if no_gpu() {
             return;
         }
         // Room for every batch (lavapipe states no memory size, so the
@@ -524,16 +533,11 @@ mod on_gpu {
     /// (`--gpu-kept-bytes` of 4 KiB: the inputs of one of the eight cached
     /// batches of 250 rows the rows arrived in): every epoch gathers the
     /// batches cut from the kept one on the device and uploads the others
-    /// as it goes, and gives the CPU's answer. The job's log says so once, naming
-    /// the flag.
+    /// as it goes, and gives the CPU's answer; the job's log says so once,
+    /// naming the flag.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dataset_larger_than_the_device_memory_kept_trains_like_the_cpu() {
-        if kindling_agent::models::backend::gpu().is_err() {
-            assert!(
-                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
-                "KINDLING_GPU_TESTS=1 but no GPU"
-            );
-            eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
+        if no_gpu() {
             return;
         }
         let local = Local::start_with(true, 1, Some(4 << 10)).await;
@@ -591,12 +595,7 @@ mod on_gpu {
     /// f32 master weights and all-reduce) too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_data_parallel_job_steps_on_the_device_like_the_cpu() {
-        if kindling_agent::models::backend::gpu().is_err() {
-            assert!(
-                !std::env::var("KINDLING_GPU_TESTS").is_ok_and(|v| v == "1"),
-                "KINDLING_GPU_TESTS=1 but no GPU"
-            );
-            eprintln!("NOT TRAINED ON A GPU: no adapter (the first test says why)");
+        if no_gpu() {
             return;
         }
         let local = Local::start_with(true, 2, None).await;
