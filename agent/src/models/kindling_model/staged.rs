@@ -238,7 +238,7 @@ impl Kept {
     fn room_for(&self, pieces: &[Piece]) -> bool {
         let rows: usize = missing(pieces, self).iter().map(|c| c.rows()).sum();
         let need = self.bytes_per_row.map_or(0, |b| (b * rows as f64) as u64);
-        self.budget > 0 && self.used + need <= self.budget
+        self.budget > 0 && self.used.saturating_add(need) <= self.budget
     }
 
     /// Keeps `staged` for `batch` if it fits in what is left of the budget.
@@ -257,7 +257,7 @@ impl Kept {
 
     fn keep_as(&mut self, key: Key, staged: &Staged) {
         let bytes = staged.bytes();
-        if self.used + bytes > self.budget {
+        if self.used.saturating_add(bytes) > self.budget {
             self.passed_over += bytes;
             return;
         }
