@@ -141,11 +141,12 @@ struct Cli {
     #[arg(long, env = "KINDLING_GPU_BUCKET_VALUES", default_value_t = crate::training::gradients::DEVICE_BUCKET_VALUES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     gpu_bucket_values: usize,
-    /// Device memory a GPU job keeps its staged batches' inputs in for the
-    /// epochs after the first, which then upload nothing (`8GiB`, `512MiB`,
-    /// bytes; `0` uploads every batch every epoch); a quarter of the
-    /// adapter's memory when unset (`--check-gpu` prints it). Agent
-    /// processes sharing a GPU each keep up to this much.
+    /// Device memory a GPU job keeps its rows' inputs in (each cached batch
+    /// whole): the epochs after the first gather their batches there
+    /// instead of uploading them (`8GiB`, `512MiB`, bytes; `0` uploads every
+    /// batch every epoch); a quarter of the adapter's memory when unset
+    /// (`--check-gpu` prints it). Agent processes sharing a GPU each keep up
+    /// to this much.
     #[arg(long, env = "KINDLING_GPU_KEPT_BYTES", value_parser = parse_bytes)]
     gpu_kept_bytes: Option<u64>,
     /// How long calls to the rendezvous ride out its outage (a restart) —

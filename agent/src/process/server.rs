@@ -63,9 +63,9 @@ pub struct AgentConfig {
     /// the device ([`DEVICE_BUCKET_VALUES`](crate::training::gradients::DEVICE_BUCKET_VALUES)
     /// by default).
     pub gpu_bucket_values: usize,
-    /// Device bytes a GPU job keeps its staged batches' inputs in for the
-    /// epochs after the first; `None` (the default): a quarter of the
-    /// adapter's memory.
+    /// Device bytes a GPU job keeps its rows' inputs in (each cached batch
+    /// whole) for the epochs after the first; `None` (the default): a
+    /// quarter of the adapter's memory.
     pub gpu_kept_bytes: Option<u64>,
     /// How long rendezvous calls ride out an unreachable rendezvous (a
     /// restart) before failing; see `kindling_schemas::rendezvous::retry`.

@@ -165,8 +165,9 @@ pub struct GpuSettings {
     /// Gradient values per all-reduce bucket of a data-parallel step kept
     /// on the device.
     pub bucket_values: usize,
-    /// Device bytes the job keeps its staged batches' inputs in for the
-    /// epochs after the first; `None`: a quarter of the adapter's memory.
+    /// Device bytes the job keeps its rows' inputs in (each cached batch
+    /// whole) for the epochs after the first; `None`: a quarter of the
+    /// adapter's memory.
     pub kept_bytes: Option<u64>,
 }
 
