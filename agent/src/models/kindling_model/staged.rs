@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 use arrow::array::Array;
 
 use arrow::array::RecordBatch;
+use arrow::buffer::ScalarBuffer;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use kindling_schemas::schema::FeatureLayout;
 use kindling_schemas::spec::JobSpec;
@@ -105,39 +106,33 @@ impl Staged {
                 Tensor::from_data(TensorData::new(at, [n]), device)
             })
             .collect();
-        let pick = |of: &dyn Fn(&Staged) -> Option<Tensor<2>>| -> Option<Tensor<2>> {
-            let picked = parts
-                .iter()
-                .zip(&rows)
-                .map(|((s, _), at)| Some(of(s)?.select(0, at.clone())))
-                .collect::<Option<Vec<_>>>()?;
-            Some(Tensor::cat(picked, 0))
+        let classes = |s: &Staged| match &s.targets {
+            Some(Targets::Classes(t)) => Some(t.clone()),
+            _ => None,
+        };
+        let values = |s: &Staged| match &s.targets {
+            Some(Targets::Values(t)) => Some(t.clone()),
+            _ => None,
         };
         let targets = match parts.first().and_then(|(s, _)| s.targets.as_ref()) {
-            Some(Targets::Classes(_)) => parts
-                .iter()
-                .zip(&rows)
-                .map(|((s, _), at)| match &s.targets {
-                    Some(Targets::Classes(t)) => Some(t.clone().select(0, at.clone())),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .map(|t| Targets::Classes(Tensor::cat(t, 0))),
-            Some(Targets::Values(_)) => pick(&|s| match &s.targets {
-                Some(Targets::Values(t)) => Some(t.clone()),
-                _ => None,
-            })
-            .map(Targets::Values),
+            Some(Targets::Classes(_)) => {
+                select_rows(parts.iter().map(|(s, _)| classes(s)), &rows).map(Targets::Classes)
+            }
+            Some(Targets::Values(_)) => {
+                select_rows(parts.iter().map(|(s, _)| values(s)), &rows).map(Targets::Values)
+            }
             None => None,
         };
-        let first = parts.first().map(|(s, _)| s);
         Staged {
-            features: pick(&|s| s.features.clone()),
-            floats: first
-                .map(|s| s.floats.iter().map(|(c, _)| c.clone()).collect::<Vec<_>>())
-                .unwrap_or_default()
+            features: select_rows(parts.iter().map(|(s, _)| s.features.clone()), &rows),
+            floats: parts
+                .first()
                 .into_iter()
-                .filter_map(|c| Some((c.clone(), pick(&|s| s.float(&c))?)))
+                .flat_map(|(s, _)| &s.floats)
+                .filter_map(|(c, _)| {
+                    let picked = select_rows(parts.iter().map(|(s, _)| s.float(c)), &rows)?;
+                    Some((c.clone(), picked))
+                })
                 .collect(),
             targets,
         }
@@ -162,6 +157,19 @@ impl Staged {
             + self.floats.iter().map(|(_, t)| size(t)).sum::<u64>()
             + targets
     }
+}
+
+/// Each part's rows `rows[i]` (one tensor a part), in order, as one
+/// tensor; `None` where a part has none.
+fn select_rows<const D: usize, K: burn::tensor::kind::Basic>(
+    parts: impl Iterator<Item = Option<Tensor<D, K>>>,
+    rows: &[Tensor<1, Int>],
+) -> Option<Tensor<D, K>> {
+    let picked = parts
+        .zip(rows)
+        .map(|(t, at)| Some(t?.select(0, at.clone())))
+        .collect::<Option<Vec<_>>>()?;
+    Some(Tensor::cat(picked, 0))
 }
 
 /// Batches' inputs kept on the device, up to `budget` bytes, each known by its
@@ -233,12 +241,24 @@ impl Kept {
         (!parts.is_empty()).then(|| Staged::gather(&parts, device))
     }
 
-    /// Whether the cached batches of `pieces` not kept yet would fit whole
-    /// (as far as the rows kept so far tell).
-    fn room_for(&self, pieces: &[Piece]) -> bool {
-        let rows: usize = missing(pieces, self).iter().map(|c| c.rows()).sum();
+    /// The cached batches of `pieces` not kept yet, once each, where they
+    /// would fit whole (as far as the rows kept so far tell); else none.
+    fn to_keep(&self, pieces: &[Piece]) -> Vec<Arc<CachedBatch>> {
+        if self.budget == 0 {
+            return Vec::new();
+        }
+        let mut missing: Vec<Arc<CachedBatch>> = Vec::new();
+        for p in pieces {
+            if self.cached(&p.cached).is_none() && !missing.iter().any(|c| Arc::ptr_eq(c, &p.cached)) {
+                missing.push(p.cached.clone());
+            }
+        }
+        let rows: usize = missing.iter().map(|c| c.rows()).sum();
         let need = self.bytes_per_row.map_or(0, |b| (b * rows as f64) as u64);
-        self.budget > 0 && self.used.saturating_add(need) <= self.budget
+        match self.used.saturating_add(need) <= self.budget {
+            true => missing,
+            false => Vec::new(),
+        }
     }
 
     /// Keeps `staged` for `batch` if it fits in what is left of the budget.
@@ -277,31 +297,20 @@ impl Kept {
     }
 }
 
-/// The cached batches of `pieces` that `kept` does not hold whole, once each.
-fn missing(pieces: &[Piece], kept: &Kept) -> Vec<Arc<CachedBatch>> {
-    let mut out: Vec<Arc<CachedBatch>> = Vec::new();
-    for p in pieces {
-        if kept.cached(&p.cached).is_none() && !out.iter().any(|c| Arc::ptr_eq(c, &p.cached)) {
-            out.push(p.cached.clone());
-        }
-    }
-    out
-}
-
 /// Where some of a training batch's rows come from: `len` rows from
 /// `start` of a shard's cached batch as the cursor read it (its rows in
 /// `order`, a permutation, or as stored).
 #[derive(Debug, Clone)]
 pub struct Piece {
     cached: Arc<CachedBatch>,
-    order: Option<Arc<[u32]>>,
+    order: Option<ScalarBuffer<u32>>,
     start: usize,
     len: usize,
 }
 
 impl Piece {
     /// None of `cached`'s rows yet, read in `order` (as stored if `None`).
-    pub fn of(cached: Arc<CachedBatch>, order: Option<Arc<[u32]>>) -> Piece {
+    pub fn of(cached: Arc<CachedBatch>, order: Option<ScalarBuffer<u32>>) -> Piece {
         Piece {
             cached,
             order,
@@ -448,7 +457,7 @@ impl Pipeline {
         // A cut batch's cached batches not kept yet are staged whole to keep,
         // where they fit.
         let wholes = match next {
-            Some(Next::Cut(_, pieces)) if self.kept.room_for(pieces) => missing(pieces, &self.kept),
+            Some(Next::Cut(_, pieces)) => self.kept.to_keep(pieces),
             _ => Vec::new(),
         };
         let asked = &self.asked;
@@ -465,8 +474,7 @@ impl Pipeline {
             (Some(Stage::Batch(staged)), Some(n)) => {
                 match n {
                     Next::Batch(b) => self.kept.keep(b, &staged),
-                    Next::Cut(..) if self.kept.budget > 0 => self.kept.passed_over += staged.bytes(),
-                    Next::Cut(..) => {}
+                    Next::Cut(..) => self.kept.passed_over += staged.bytes(),
                 }
                 Some((n.batch().clone(), *staged))
             }

@@ -126,10 +126,10 @@ impl BatchCursor {
         *loaded += 1;
         let mut rows: Vec<u32> = (0..batch.num_rows() as u32).collect();
         rows.shuffle(&mut rng);
-        let permuted =
-            arrow::compute::take_record_batch(&batch, &arrow::array::UInt32Array::from(rows.clone()))
-                .map_err(AgentError::arrow)?;
-        Ok((permuted, 0, Piece::of(cached, Some(rows.into()))))
+        // The permutation's buffer serves the take and then the pieces.
+        let rows = arrow::array::UInt32Array::from(rows);
+        let permuted = arrow::compute::take_record_batch(&batch, &rows).map_err(AgentError::arrow)?;
+        Ok((permuted, 0, Piece::of(cached, Some(rows.values().clone()))))
     }
 
     /// The next cached batch: `Ok(Some(Some))`, `Ok(Some(None))` when the

@@ -209,9 +209,10 @@ fn batches_cut_from_cached_batches_kept_whole_are_gathered_row_for_row() {
     }
     cache.commit(1);
     let cached = cache.snapshot();
-    let order: Arc<[u32]> = [3, 14, 0, 9, 12, 5, 1, 15, 7, 2, 11, 4, 13, 8, 10, 6].into();
+    let order =
+        arrow::buffer::ScalarBuffer::from(vec![3u32, 14, 0, 9, 12, 5, 1, 15, 7, 2, 11, 4, 13, 8, 10, 6]);
     let read = |c: usize| {
-        let rows = arrow::array::UInt32Array::from(order.to_vec());
+        let rows = arrow::array::UInt32Array::new(order.clone(), None);
         let whole = cached[c].load().expect("load");
         arrow::compute::take_record_batch(&whole, &rows).expect("permute")
     };
